@@ -1,0 +1,275 @@
+package wire
+
+import (
+	"encoding/hex"
+	"fmt"
+)
+
+// Message is one control frame's payload. The concrete types are the structs below.
+type Message interface {
+	// Type is the frame type the message travels as.
+	Type() Type
+	// Validate reports whether the fields are within the protocol's limits.
+	Validate() error
+}
+
+// Hello is the connector's first frame on the control stream.
+type Hello struct {
+	Version int    `json:"version"`
+	Token   string `json:"token,omitempty"`
+	// Client names the connector software, for logs ("warren/0.1").
+	Client string `json:"client,omitempty"`
+}
+
+// Welcome accepts a Hello.
+type Welcome struct {
+	Version   int    `json:"version"`
+	SessionID string `json:"session_id"`
+	RegionID  string `json:"region_id,omitempty"`
+}
+
+// Error codes carried by Error and Rejected. The connector maps them back to sentinel errors.
+const (
+	CodeUnauthorized       = "unauthorized"
+	CodeUnsupportedVersion = "unsupported_version"
+	CodeProtocol           = "protocol_error"
+	CodeShuttingDown       = "shutting_down"
+	CodeKeyMismatch        = "group_key_mismatch"
+	CodeInUse              = "in_use"
+	CodeProtoMismatch      = "proto_mismatch"
+	CodeNoPorts            = "no_ports"
+	CodeLimit              = "limit"
+	CodeInvalid            = "invalid"
+	CodeInternal           = "internal"
+)
+
+// Error is a fatal, session-wide error; the edge closes the connection after sending it.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Protocols a tunnel can carry.
+const (
+	ProtoHTTP  = "http"
+	ProtoHTTPS = "https"
+	ProtoTCP   = "tcp"
+)
+
+// HealthInfo describes a tunnel's health check as far as the edge needs it: whether the member
+// starts unhealthy, what kind of probe reports on it, and where to alert.
+type HealthInfo struct {
+	// Kind is "tcp", "http" or "func".
+	Kind       string `json:"kind"`
+	Path       string `json:"path,omitempty"`
+	IntervalMS int64  `json:"interval_ms,omitempty"`
+	TimeoutMS  int64  `json:"timeout_ms,omitempty"`
+	MaxFailed  int    `json:"max_failed,omitempty"`
+	// AlertWebhook is the tenant's URL to POST to when the tunnel's group reaches zero healthy
+	// members. Only the edge holds it; no API returns it.
+	AlertWebhook string `json:"alert_webhook,omitempty"`
+}
+
+// Register asks the edge to create or join a route.
+type Register struct {
+	// Req is chosen by the connector and echoed in Registered or Rejected.
+	Req   uint32 `json:"req"`
+	Proto string `json:"proto"`
+	// Label is the subdomain for http/https, the group name for grouped tcp, and a
+	// display name for solo tcp.
+	Label string `json:"label"`
+	// Group is the pool's display name; empty for a solo tunnel.
+	Group string `json:"group,omitempty"`
+	// KeyHash is the hex SHA-256 of the group key; required with Group. The raw key never
+	// crosses the wire.
+	KeyHash string      `json:"key_hash,omitempty"`
+	Health  *HealthInfo `json:"health,omitempty"`
+}
+
+// Registered answers a Register that succeeded.
+type Registered struct {
+	Req      uint32 `json:"req"`
+	TunnelID string `json:"tunnel_id"`
+	// URL is the public URL (http/https) or "tcp://host:port".
+	URL string `json:"url"`
+	// Port is the public TCP port for tcp tunnels.
+	Port int `json:"port,omitempty"`
+	// Group is the pool's name as the first member set it; empty for solo tunnels.
+	Group string `json:"group,omitempty"`
+}
+
+// Rejected answers a Register that failed; Message is the edge's words, shown to the user verbatim.
+type Rejected struct {
+	Req     uint32 `json:"req"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Health reports a change of a tunnel's health, sent only on edges of the probe state.
+type Health struct {
+	TunnelID string `json:"tunnel_id"`
+	Healthy  bool   `json:"healthy"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// Drain asks the edge to stop selecting a tunnel, let its open streams finish (bounded by the
+// edge's drain timeout), then remove it and answer Deregistered.
+type Drain struct {
+	TunnelID string `json:"tunnel_id"`
+}
+
+// Deregister removes a tunnel at once.
+type Deregister struct {
+	TunnelID string `json:"tunnel_id"`
+}
+
+// Deregistered tells the connector a tunnel is gone.
+type Deregistered struct {
+	TunnelID string `json:"tunnel_id"`
+	Reason   string `json:"reason,omitempty"`
+}
+
+// Type implements Message.
+func (*Hello) Type() Type { return TypeHello }
+
+// Type implements Message.
+func (*Welcome) Type() Type { return TypeWelcome }
+
+// Type implements Message.
+func (*Error) Type() Type { return TypeError }
+
+// Type implements Message.
+func (*Register) Type() Type { return TypeRegister }
+
+// Type implements Message.
+func (*Registered) Type() Type { return TypeRegistered }
+
+// Type implements Message.
+func (*Rejected) Type() Type { return TypeRejected }
+
+// Type implements Message.
+func (*Health) Type() Type { return TypeHealth }
+
+// Type implements Message.
+func (*Drain) Type() Type { return TypeDrain }
+
+// Type implements Message.
+func (*Deregister) Type() Type { return TypeDeregister }
+
+// Type implements Message.
+func (*Deregistered) Type() Type { return TypeDeregistered }
+
+func maxLen(field, s string, n int) error {
+	if len(s) > n {
+		return fmt.Errorf("%w: %s is %d bytes, the limit is %d", ErrMalformed, field, len(s), n)
+	}
+	return nil
+}
+
+func nonEmpty(field, s string) error {
+	if s == "" {
+		return fmt.Errorf("%w: %s is empty", ErrMalformed, field)
+	}
+	return nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate implements Message.
+func (m *Hello) Validate() error {
+	return firstErr(maxLen("token", m.Token, MaxTokenLen), maxLen("client", m.Client, MaxLabelLen))
+}
+
+// Validate implements Message.
+func (m *Welcome) Validate() error {
+	return firstErr(maxLen("session_id", m.SessionID, MaxTunnelIDLen), maxLen("region_id", m.RegionID, MaxLabelLen))
+}
+
+// Validate implements Message.
+func (m *Error) Validate() error {
+	return firstErr(maxLen("code", m.Code, MaxLabelLen), maxLen("message", m.Message, MaxErrorMessage))
+}
+
+// Validate implements Message.
+func (m *Register) Validate() error {
+	switch m.Proto {
+	case ProtoHTTP, ProtoHTTPS, ProtoTCP:
+	default:
+		return fmt.Errorf("%w: unknown proto %q", ErrMalformed, truncate(m.Proto, 16))
+	}
+	if err := firstErr(maxLen("label", m.Label, MaxLabelLen), maxLen("group", m.Group, MaxGroupLen)); err != nil {
+		return err
+	}
+	if m.KeyHash != "" {
+		if b, err := hex.DecodeString(m.KeyHash); err != nil || len(b) != 32 {
+			return fmt.Errorf("%w: key_hash is not a hex SHA-256", ErrMalformed)
+		}
+	}
+	if m.Group != "" && m.KeyHash == "" {
+		return fmt.Errorf("%w: group %q without key_hash", ErrMalformed, m.Group)
+	}
+	if h := m.Health; h != nil {
+		switch h.Kind {
+		case "tcp", "http", "func":
+		default:
+			return fmt.Errorf("%w: unknown health kind %q", ErrMalformed, truncate(h.Kind, 16))
+		}
+		if h.IntervalMS < 0 || h.TimeoutMS < 0 || h.MaxFailed < 0 {
+			return fmt.Errorf("%w: negative health setting", ErrMalformed)
+		}
+		if err := firstErr(maxLen("health.path", h.Path, MaxURLLen), maxLen("health.alert_webhook", h.AlertWebhook, MaxURLLen)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Validate implements Message.
+func (m *Registered) Validate() error {
+	if m.Port < 0 || m.Port > 65535 {
+		return fmt.Errorf("%w: port %d out of range", ErrMalformed, m.Port)
+	}
+	return firstErr(nonEmpty("tunnel_id", m.TunnelID), maxLen("tunnel_id", m.TunnelID, MaxTunnelIDLen),
+		maxLen("url", m.URL, MaxURLLen), maxLen("group", m.Group, MaxGroupLen))
+}
+
+// Validate implements Message.
+func (m *Rejected) Validate() error {
+	return firstErr(maxLen("code", m.Code, MaxLabelLen), maxLen("message", m.Message, MaxErrorMessage))
+}
+
+// Validate implements Message.
+func (m *Health) Validate() error {
+	return firstErr(nonEmpty("tunnel_id", m.TunnelID), maxLen("tunnel_id", m.TunnelID, MaxTunnelIDLen),
+		maxLen("reason", m.Reason, MaxReasonLen))
+}
+
+// Validate implements Message.
+func (m *Drain) Validate() error {
+	return firstErr(nonEmpty("tunnel_id", m.TunnelID), maxLen("tunnel_id", m.TunnelID, MaxTunnelIDLen))
+}
+
+// Validate implements Message.
+func (m *Deregister) Validate() error {
+	return firstErr(nonEmpty("tunnel_id", m.TunnelID), maxLen("tunnel_id", m.TunnelID, MaxTunnelIDLen))
+}
+
+// Validate implements Message.
+func (m *Deregistered) Validate() error {
+	return firstErr(nonEmpty("tunnel_id", m.TunnelID), maxLen("tunnel_id", m.TunnelID, MaxTunnelIDLen),
+		maxLen("reason", m.Reason, MaxReasonLen))
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}

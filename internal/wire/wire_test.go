@@ -1,0 +1,179 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const hash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+
+func allMessages() []Message {
+	return []Message{
+		&Hello{Version: Version, Token: "tok", Client: "warren/test"},
+		&Welcome{Version: Version, SessionID: "s1", RegionID: "eu"},
+		&Error{Code: CodeUnauthorized, Message: "invalid auth token"},
+		&Register{Req: 7, Proto: ProtoHTTP, Label: "pool", Group: "web", KeyHash: hash,
+			Health: &HealthInfo{Kind: "tcp", IntervalMS: 10000, TimeoutMS: 3000, MaxFailed: 3, AlertWebhook: "https://hooks.example/x"}},
+		&Register{Req: 8, Proto: ProtoTCP, Label: "db"},
+		&Registered{Req: 7, TunnelID: "t1", URL: "http://pool.example.com", Group: "web"},
+		&Registered{Req: 8, TunnelID: "t2", URL: "tcp://example.com:20000", Port: 20000},
+		&Rejected{Req: 7, Code: CodeKeyMismatch, Message: "group key does not match"},
+		&Health{TunnelID: "t1", Healthy: false, Reason: "3 consecutive probe failures"},
+		&Drain{TunnelID: "t1"},
+		&Deregister{TunnelID: "t1"},
+		&Deregistered{TunnelID: "t1", Reason: "drained"},
+	}
+}
+
+func TestFrameRoundTrip(t *testing.T) {
+	var buf bytes.Buffer
+	for _, m := range allMessages() {
+		require.NoError(t, WriteFrame(&buf, m))
+	}
+	for _, want := range allMessages() {
+		got, err := ReadFrame(&buf)
+		require.NoError(t, err)
+		require.Equal(t, want, got)
+	}
+	_, err := ReadFrame(&buf)
+	require.ErrorIs(t, err, io.EOF, "clean end between frames is io.EOF")
+}
+
+func frame(t Type, payload string) []byte {
+	b := []byte{byte(t), 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(b[1:], uint32(len(payload)))
+	return append(b, payload...)
+}
+
+func TestReadFrameRejectsBadInput(t *testing.T) {
+	oversized := []byte{byte(TypeHello), 0xff, 0xff, 0xff, 0xff}
+	cases := []struct {
+		name string
+		in   []byte
+		want error
+	}{
+		{"oversized announces 4 GiB", oversized, ErrFrameTooLarge},
+		{"just over the limit", frame(TypeHello, strings.Repeat(" ", MaxFrameSize+1))[:headerSize], ErrFrameTooLarge},
+		{"unknown type", frame(Type(99), "{}"), ErrUnknownFrame},
+		{"zero type", frame(Type(0), "{}"), ErrUnknownFrame},
+		{"not json", frame(TypeHello, "{nope"), ErrMalformed},
+		{"wrong json type", frame(TypeHello, `{"version":"one"}`), ErrMalformed},
+		{"truncated payload", frame(TypeHello, `{"version":1}`)[:9], io.ErrUnexpectedEOF},
+		{"truncated header", []byte{byte(TypeHello), 0, 0}, io.ErrUnexpectedEOF},
+		{"bad proto", frame(TypeRegister, `{"proto":"udp","label":"x"}`), ErrMalformed},
+		{"group without key", frame(TypeRegister, `{"proto":"tcp","label":"x","group":"g"}`), ErrMalformed},
+		{"key hash not hex", frame(TypeRegister, `{"proto":"tcp","label":"x","group":"g","key_hash":"zz"}`), ErrMalformed},
+		{"label too long", frame(TypeRegister, `{"proto":"http","label":"`+strings.Repeat("a", MaxLabelLen+1)+`"}`), ErrMalformed},
+		{"health for no tunnel", frame(TypeHealth, `{"healthy":true}`), ErrMalformed},
+		{"negative interval", frame(TypeRegister, `{"proto":"tcp","label":"x","health":{"kind":"tcp","interval_ms":-1}}`), ErrMalformed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ReadFrame(bytes.NewReader(tc.in))
+			require.ErrorIs(t, err, tc.want)
+		})
+	}
+}
+
+func TestWriteFrameRefusesInvalid(t *testing.T) {
+	var buf bytes.Buffer
+	err := WriteFrame(&buf, &Health{})
+	require.ErrorIs(t, err, ErrMalformed)
+	require.Zero(t, buf.Len(), "nothing is written for an invalid message")
+	err = WriteFrame(&buf, &Rejected{Message: strings.Repeat("x", MaxErrorMessage+1)})
+	require.ErrorIs(t, err, ErrMalformed)
+}
+
+func TestEnvelopeRoundTrip(t *testing.T) {
+	for _, e := range []Envelope{
+		{TunnelID: "t1", RemoteAddr: "203.0.113.9:51234", Proto: ProtoHTTP},
+		{TunnelID: strings.Repeat("i", MaxTunnelIDLen), RemoteAddr: "[2001:db8::1]:443", Proto: ProtoHTTPS},
+		{TunnelID: "t", Proto: ProtoTCP},
+	} {
+		b, err := AppendEnvelope(nil, e)
+		require.NoError(t, err)
+		require.LessOrEqual(t, len(b), MaxEnvelopeSize)
+		r := bytes.NewReader(append(b, "payload"...))
+		got, err := ReadEnvelope(r)
+		require.NoError(t, err)
+		require.Equal(t, e, got)
+		rest, _ := io.ReadAll(r)
+		require.Equal(t, "payload", string(rest), "the envelope reader consumes exactly the envelope")
+	}
+}
+
+func TestEnvelopeLongRemoteAddrIsTruncated(t *testing.T) {
+	b, err := AppendEnvelope(nil, Envelope{TunnelID: "t", Proto: ProtoTCP, RemoteAddr: strings.Repeat("a", 400)})
+	require.NoError(t, err)
+	got, err := ReadEnvelope(bytes.NewReader(b))
+	require.NoError(t, err)
+	require.Len(t, got.RemoteAddr, MaxRemoteAddr)
+}
+
+func TestEnvelopeRejectsBadInput(t *testing.T) {
+	_, err := AppendEnvelope(nil, Envelope{TunnelID: "", Proto: ProtoTCP})
+	require.ErrorIs(t, err, ErrMalformed)
+	_, err = AppendEnvelope(nil, Envelope{TunnelID: "t", Proto: "udp"})
+	require.ErrorIs(t, err, ErrMalformed)
+
+	cases := map[string]struct {
+		in   []byte
+		want error
+	}{
+		"empty":           {nil, io.EOF},
+		"bad version":     {[]byte{9, 1, 1, 'a', 0}, ErrMalformed},
+		"bad proto":       {[]byte{1, 9, 1, 'a', 0}, ErrMalformed},
+		"zero id":         {[]byte{1, 1, 0, 0}, ErrMalformed},
+		"id too long":     {[]byte{1, 1, MaxTunnelIDLen + 1}, ErrMalformed},
+		"truncated id":    {[]byte{1, 1, 5, 'a'}, io.ErrUnexpectedEOF},
+		"truncated addr":  {[]byte{1, 1, 1, 'a', 9, '1'}, io.ErrUnexpectedEOF},
+		"missing addrlen": {[]byte{1, 1, 1, 'a'}, io.ErrUnexpectedEOF},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := ReadEnvelope(bytes.NewReader(tc.in))
+			require.ErrorIs(t, err, tc.want)
+		})
+	}
+}
+
+func BenchmarkEnvelopeEncode(b *testing.B) {
+	e := Envelope{TunnelID: "3f9c2a71d0b84e55", RemoteAddr: "203.0.113.9:51234", Proto: ProtoHTTP}
+	buf := make([]byte, 0, MaxEnvelopeSize)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf, _ = AppendEnvelope(buf[:0], e)
+	}
+}
+
+func BenchmarkEnvelopeDecode(b *testing.B) {
+	enc, _ := AppendEnvelope(nil, Envelope{TunnelID: "3f9c2a71d0b84e55", RemoteAddr: "203.0.113.9:51234", Proto: ProtoHTTP})
+	r := bytes.NewReader(enc)
+	b.ReportAllocs()
+	for b.Loop() {
+		r.Reset(enc)
+		if _, err := ReadEnvelope(r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkFrameRoundTrip(b *testing.B) {
+	m := &Health{TunnelID: "3f9c2a71d0b84e55", Healthy: true, Reason: "probe succeeded"}
+	var buf bytes.Buffer
+	b.ReportAllocs()
+	for b.Loop() {
+		buf.Reset()
+		if err := WriteFrame(&buf, m); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := ReadFrame(&buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
