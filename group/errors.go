@@ -1,0 +1,35 @@
+package group
+
+import "errors"
+
+// Sentinel errors for the documented rejections. Join returns them wrapped in an *Error whose
+// message is the user-facing sentence; test with errors.Is.
+var (
+	// ErrKeyMismatch: the route belongs to a pool with another key, or to a solo tunnel.
+	ErrKeyMismatch = errors.New("group key does not match")
+	// ErrInUse: the subdomain is owned by another identity.
+	ErrInUse = errors.New("already in use")
+	// ErrProtoMismatch: the pool's members speak another protocol (http vs https).
+	ErrProtoMismatch = errors.New("protocol mismatch")
+	// ErrNoPorts: the TCP port range has no free port.
+	ErrNoPorts = errors.New("no TCP ports available")
+	// ErrInvalid: the join request itself is malformed (empty label, unknown protocol).
+	ErrInvalid = errors.New("invalid registration")
+	// ErrPortUnavailable is returned by a Config.OnCreate hook when the port it was given cannot
+	// be used (bound by another process); Join then tries the next port.
+	ErrPortUnavailable = errors.New("port unavailable")
+)
+
+// Error is a rejection: Msg is the sentence shown to the user, Err the sentinel it is an
+// instance of.
+type Error struct {
+	Err error
+	Msg string
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// Unwrap returns the sentinel.
+func (e *Error) Unwrap() error { return e.Err }
+
+func reject(sentinel error, msg string) error { return &Error{Err: sentinel, Msg: msg} }

@@ -1,0 +1,191 @@
+package group
+
+import (
+	"encoding/hex"
+	"sync"
+	"sync/atomic"
+
+	"github.com/warren-tunnel/warren/dispatch"
+)
+
+// Kind is what public traffic for a route arrives as.
+type Kind uint8
+
+// Route kinds.
+const (
+	// KindHTTP routes by Host: the route label is the subdomain.
+	KindHTTP Kind = iota + 1
+	// KindTCP routes by port: the route label is the group name (or the tunnel id of a solo tunnel).
+	KindTCP
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindHTTP:
+		return "http"
+	case KindTCP:
+		return "tcp"
+	}
+	return "unknown"
+}
+
+// KeyHash is the SHA-256 of a group key. Only the hash ever reaches the edge.
+type KeyHash [32]byte
+
+// Short is the first 8 hex characters, safe to log and to show.
+func (h KeyHash) Short() string { return hex.EncodeToString(h[:4]) }
+
+// Group is a pool of members sharing one route. A solo tunnel is a group of one.
+type Group struct {
+	// Kind is the route kind.
+	Kind Kind
+	// Proto is the members' protocol: "http", "https" or "tcp".
+	Proto string
+	// Label is the subdomain (http) or the TCP group name or tunnel label.
+	Label string
+	// Name is the pool's display name as the first joiner set it; "" for a solo tunnel.
+	Name string
+	// KeyHash is the pool's key hash (zero for a solo tunnel).
+	KeyHash KeyHash
+	// Port is the public TCP port (tcp only).
+	Port int
+	// ID is unique per group instance on this edge, also across re-creations of a route.
+	ID string
+
+	key      string // the registry key
+	strategy dispatch.Strategy
+
+	// snap is the immutable list of selectable members, swapped on every change.
+	snap       atomic.Pointer[snapshot]
+	dispatches atomic.Uint64
+
+	mu      sync.Mutex // guards members, removed and member histories
+	members []*Member
+	removed bool
+}
+
+// Solo reports whether the group is a single, ungrouped tunnel.
+func (g *Group) Solo() bool { return g.Name == "" }
+
+// snapshot is the view a dispatch strategy picks from.
+type snapshot struct{ members []*Member }
+
+func (s *snapshot) Len() int          { return len(s.members) }
+func (s *snapshot) Load(i int) int64 { return s.members[i].Active() }
+
+// except hides one member of a snapshot (the one a retry must avoid).
+type except struct {
+	s    *snapshot
+	skip int
+}
+
+func (e *except) Len() int { return len(e.s.members) - 1 }
+func (e *except) Load(i int) int64 {
+	if i >= e.skip {
+		i++
+	}
+	return e.s.members[i].Active()
+}
+
+var emptySnapshot = &snapshot{}
+
+// Pick chooses a healthy, non-draining member with the group's strategy and acquires a stream
+// on it (the caller must Release it). It returns nil when no member is selectable. Pick takes
+// no lock and allocates nothing.
+func (g *Group) Pick() *Member {
+	for range 4 {
+		s := g.snap.Load()
+		i := g.strategy.Pick(s)
+		if i < 0 {
+			return nil
+		}
+		if m := s.members[i]; m.Acquire() {
+			g.dispatches.Add(1)
+			return m
+		}
+		// The member started draining after the snapshot was taken; the next snapshot
+		// (already published: draining publishes before it closes) no longer has it.
+	}
+	return nil
+}
+
+// PickExcept is Pick among all selectable members but skip: the edge's one retry after a
+// failed stream open. It returns nil if no other member is selectable.
+func (g *Group) PickExcept(skip *Member) *Member {
+	for range 4 {
+		s := g.snap.Load()
+		at := -1
+		for i, m := range s.members {
+			if m == skip {
+				at = i
+				break
+			}
+		}
+		var i int
+		if at < 0 {
+			i = g.strategy.Pick(s)
+		} else if i = g.strategy.Pick(&except{s, at}); i >= at {
+			i++
+		}
+		if i < 0 {
+			return nil
+		}
+		if m := s.members[i]; m.Acquire() {
+			g.dispatches.Add(1)
+			return m
+		}
+	}
+	return nil
+}
+
+// Dispatches is the number of streams handed to the group's members so far.
+func (g *Group) Dispatches() uint64 { return g.dispatches.Load() }
+
+// Members returns the group's current members (a copy).
+func (g *Group) Members() []*Member {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]*Member(nil), g.members...)
+}
+
+// Counts returns the number of members, how many have their health bit set, and how many are
+// selectable (healthy and not draining).
+func (g *Group) Counts() (members, healthy, selectable int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.countsLocked()
+}
+
+func (g *Group) countsLocked() (members, healthy, selectable int) {
+	for _, m := range g.members {
+		if m.Healthy() {
+			healthy++
+			if !m.Draining() {
+				selectable++
+			}
+		}
+	}
+	return len(g.members), healthy, selectable
+}
+
+// Removed reports whether the group's last member has left and the route is gone.
+func (g *Group) Removed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.removed
+}
+
+// publishLocked rebuilds the selectable snapshot; the caller holds g.mu.
+func (g *Group) publishLocked() {
+	var sel []*Member
+	for _, m := range g.members {
+		if m.Healthy() && !m.Draining() {
+			sel = append(sel, m)
+		}
+	}
+	if len(sel) == 0 {
+		g.snap.Store(emptySnapshot)
+		return
+	}
+	g.snap.Store(&snapshot{members: sel})
+}

@@ -1,0 +1,116 @@
+package group
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// HistoryLen is how many health transitions a member keeps.
+const HistoryLen = 50
+
+// closedBit marks a member that takes no new streams (draining or gone); the low bits of the
+// state word count its active streams.
+const closedBit = uint64(1) << 63
+
+// Transition is one change of a member's health bit.
+type Transition struct {
+	At      time.Time `json:"at"`
+	Healthy bool      `json:"healthy"`
+	Reason  string    `json:"reason"`
+}
+
+// Member is one tunnel inside a group.
+type Member struct {
+	// ID is the tunnel id the edge assigned.
+	ID string
+	// Tenant is the identity the member's connector authenticated as ("" for none).
+	Tenant string
+	// HealthKind is the probe type reporting on the member: "tcp", "http", "func" or "none".
+	HealthKind string
+	// AlertWebhook is the tenant URL to alert when the group reaches zero healthy members.
+	AlertWebhook string
+	// Value is the caller's payload (the edge keeps its session handle here).
+	Value any
+	// Joined is when the member joined.
+	Joined time.Time
+
+	group *Group
+	// state packs closedBit and the active stream count so that Acquire is one CAS.
+	state   atomic.Uint64
+	healthy atomic.Bool
+
+	drainOnce sync.Once
+	drained   chan struct{}
+	draining  atomic.Bool
+
+	// history is guarded by group.mu.
+	history []Transition
+	histPos int
+}
+
+// Group returns the member's group.
+func (m *Member) Group() *Group { return m.group }
+
+// Healthy reports the member's health bit.
+func (m *Member) Healthy() bool { return m.healthy.Load() }
+
+// Draining reports whether the member has been asked to drain (or has left).
+func (m *Member) Draining() bool { return m.draining.Load() }
+
+// Active is the member's number of active streams.
+func (m *Member) Active() int64 { return int64(m.state.Load() &^ closedBit) }
+
+// Acquire counts one more active stream on the member, unless it is draining or gone.
+// Every successful Acquire must be matched by one Release.
+func (m *Member) Acquire() bool {
+	for {
+		s := m.state.Load()
+		if s&closedBit != 0 {
+			return false
+		}
+		if m.state.CompareAndSwap(s, s+1) {
+			return true
+		}
+	}
+}
+
+// Release ends a stream counted by Acquire.
+func (m *Member) Release() {
+	if m.state.Add(^uint64(0)) == closedBit {
+		m.markDrained()
+	}
+}
+
+// Drained is closed once the member is draining (or gone) and its last active stream ended.
+func (m *Member) Drained() <-chan struct{} { return m.drained }
+
+func (m *Member) close() {
+	if m.state.Or(closedBit)&^closedBit == 0 {
+		m.markDrained()
+	}
+}
+
+func (m *Member) markDrained() { m.drainOnce.Do(func() { close(m.drained) }) }
+
+// History returns the member's last HistoryLen health transitions, oldest first.
+func (m *Member) History() []Transition {
+	m.group.mu.Lock()
+	defer m.group.mu.Unlock()
+	out := make([]Transition, 0, len(m.history))
+	if len(m.history) < HistoryLen {
+		return append(out, m.history...)
+	}
+	out = append(out, m.history[m.histPos:]...)
+	return append(out, m.history[:m.histPos]...)
+}
+
+// record appends a transition; the caller holds group.mu.
+func (m *Member) record(t Transition) {
+	if len(m.history) < HistoryLen {
+		m.history = append(m.history, t)
+		return
+	}
+	m.history[m.histPos] = t
+	m.histPos = (m.histPos + 1) % HistoryLen
+}

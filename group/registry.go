@@ -1,0 +1,474 @@
+// Package group keeps the edge's routing table: which groups exist, who their members are,
+// which members are healthy, and which one gets the next request.
+//
+// A route is (http, subdomain) or (tcp, group name). Connectors that present the same route and
+// the same key hash join one Group; the Registry decides create, join or reject in one call
+// under the route's lock, so two concurrent first registrations produce one group and a join
+// never lands in a group that is being removed. Dispatch (Group.Pick) reads an immutable
+// snapshot behind an atomic pointer and takes no lock.
+//
+// The package knows nothing of the wire or of HTTP: the edge stores its own handle in
+// Member.Value and reacts to Events.
+package group
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warren-tunnel/warren/dispatch"
+)
+
+// Protocols a member can speak.
+const (
+	ProtoHTTP  = "http"
+	ProtoHTTPS = "https"
+	ProtoTCP   = "tcp"
+)
+
+// PortRange is an inclusive range of TCP ports.
+type PortRange struct{ Lo, Hi int }
+
+// Config configures a Registry. The zero value is a registry with load balancing off and no
+// TCP ports.
+type Config struct {
+	// LoadBalancing is the kill switch: when false, group fields are ignored and every
+	// registration is solo.
+	LoadBalancing bool
+	// Ports is where TCP groups take their public port from.
+	Ports PortRange
+	// NewStrategy makes each new group's dispatch strategy; nil means least-streams.
+	NewStrategy func() dispatch.Strategy
+	// OnCreate is called under the route's lock when a group is created, before its first
+	// member joins (the edge binds the TCP listener here). An error aborts the join; an error
+	// wrapping ErrPortUnavailable makes Join try the next port.
+	OnCreate func(g *Group) error
+	// OnRemove is called under the route's lock after the last member left, before the port
+	// is returned to the range.
+	OnRemove func(g *Group)
+	// OnEvent is called for every membership and health change, under the group's lock so
+	// that events of one group arrive in order. It must not block and must not call back into
+	// the registry.
+	OnEvent func(Event)
+}
+
+// EventKind says what changed.
+type EventKind uint8
+
+// Event kinds.
+const (
+	EventJoined EventKind = iota + 1
+	EventLeft
+	EventHealth
+	EventDraining
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventJoined:
+		return "joined"
+	case EventLeft:
+		return "left"
+	case EventHealth:
+		return "health"
+	case EventDraining:
+		return "draining"
+	}
+	return "unknown"
+}
+
+// Event describes one change to a group. The counts are taken after the change.
+type Event struct {
+	Kind   EventKind
+	Group  *Group
+	Member *Member
+	// Healthy and Reason are the member's health after the change.
+	Healthy bool
+	Reason  string
+	// Members, Healthy and Selectable count the group's members, those with the health
+	// bit set, and those healthy and not draining.
+	MemberCount, HealthyCount, SelectableCount int
+	// GroupRemoved is set on the EventLeft of the last member.
+	GroupRemoved bool
+	At           time.Time
+}
+
+// JoinRequest is one registration.
+type JoinRequest struct {
+	// ID is the new member's tunnel id; required and unique.
+	ID string
+	// Proto is "http", "https" or "tcp".
+	Proto string
+	// Label is the subdomain (http/https), the group name (grouped tcp) or a display label
+	// (solo tcp).
+	Label string
+	// Group is the pool's name; "" registers a solo tunnel.
+	Group string
+	// KeyHash is the SHA-256 of the group key; compared in constant time.
+	KeyHash KeyHash
+	// HealthKind is the probe type that will report on the member ("tcp", "http", "func");
+	// "" or "none" means no probe: the member is healthy for good. With a probe the member
+	// starts unhealthy and joins dispatch after its first healthy report.
+	HealthKind   string
+	AlertWebhook string
+	Tenant       string
+	Value        any
+}
+
+const shardCount = 64
+
+type shard struct {
+	mu sync.Mutex
+	_  [56]byte // keep shards' locks on separate cache lines
+}
+
+// Registry is the edge's table of groups. It is safe for concurrent use.
+type Registry struct {
+	cfg    Config
+	seed   maphash.Seed
+	shards [shardCount]shard
+	// http maps subdomain → *Group and tcp maps key → *Group. Writes happen under the
+	// key's shard lock; reads (the per-request Host lookup) take no lock.
+	http, tcp sync.Map
+	ports     portPool
+	seq       atomic.Uint64
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry(cfg Config) *Registry {
+	if cfg.NewStrategy == nil {
+		cfg.NewStrategy = func() dispatch.Strategy { return new(dispatch.LeastStreams) }
+	}
+	r := &Registry{cfg: cfg, seed: maphash.MakeSeed()}
+	r.ports.init(cfg.Ports)
+	return r
+}
+
+// LoadBalancing reports whether grouping is enabled.
+func (r *Registry) LoadBalancing() bool { return r.cfg.LoadBalancing }
+
+// LookupHTTP returns the group serving a subdomain (already lower-case), or nil. It takes no
+// lock and allocates nothing.
+func (r *Registry) LookupHTTP(subdomain string) *Group {
+	v, ok := r.http.Load(subdomain)
+	if !ok {
+		return nil
+	}
+	return v.(*Group)
+}
+
+// Groups returns every live group, in no particular order.
+func (r *Registry) Groups() []*Group {
+	var out []*Group
+	collect := func(_, v any) bool { out = append(out, v.(*Group)); return true }
+	r.http.Range(collect)
+	r.tcp.Range(collect)
+	return out
+}
+
+func (r *Registry) shardFor(key string) *shard {
+	return &r.shards[maphash.String(r.seed, key)%shardCount]
+}
+
+// Join creates, joins or rejects in one step under the route's lock. Rejections are *Error
+// values wrapping ErrKeyMismatch, ErrInUse, ErrProtoMismatch, ErrNoPorts or ErrInvalid, with
+// the seed documents' wording.
+func (r *Registry) Join(req JoinRequest) (*Member, error) {
+	if req.ID == "" {
+		return nil, reject(ErrInvalid, "tunnel id is empty")
+	}
+	kind := KindHTTP
+	switch req.Proto {
+	case ProtoHTTP, ProtoHTTPS:
+		if req.Label == "" {
+			return nil, reject(ErrInvalid, "subdomain is empty")
+		}
+	case ProtoTCP:
+		kind = KindTCP
+	default:
+		return nil, reject(ErrInvalid, fmt.Sprintf("unknown protocol %q", req.Proto))
+	}
+	grouped := req.Group != "" && r.cfg.LoadBalancing
+	if !grouped {
+		req.Group, req.KeyHash = "", KeyHash{}
+	}
+	if kind == KindTCP && grouped {
+		req.Label = req.Group
+	}
+
+	var key string
+	var routes *sync.Map
+	switch {
+	case kind == KindHTTP:
+		key, routes = req.Label, &r.http
+	case grouped:
+		key, routes = req.Group+"\x00"+string(req.KeyHash[:]), &r.tcp
+	default:
+		key, routes = "\x00solo\x00"+req.ID, &r.tcp
+	}
+
+	sh := r.shardFor(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	var g *Group
+	if v, ok := routes.Load(key); ok {
+		g = v.(*Group)
+		if err := admit(g, req, grouped); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if g, err = r.create(kind, key, req, grouped); err != nil {
+			return nil, err
+		}
+		routes.Store(key, g)
+	}
+
+	m := &Member{
+		ID:           req.ID,
+		Tenant:       req.Tenant,
+		HealthKind:   req.HealthKind,
+		AlertWebhook: req.AlertWebhook,
+		Value:        req.Value,
+		Joined:       time.Now(),
+		group:        g,
+		drained:      make(chan struct{}),
+	}
+	reason := "registered"
+	if req.HealthKind == "" || req.HealthKind == "none" {
+		m.HealthKind = "none"
+		m.healthy.Store(true)
+	} else {
+		reason = "registered; waiting for the first health probe"
+	}
+
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.members = append(g.members, m)
+	m.record(Transition{At: m.Joined, Healthy: m.Healthy(), Reason: reason})
+	g.publishLocked()
+	r.emitLocked(EventJoined, g, m, reason, false)
+	return m, nil
+}
+
+// admit decides whether req may join the existing group g; the caller holds the route lock.
+func admit(g *Group, req JoinRequest, grouped bool) error {
+	if g.Kind == KindTCP {
+		// TCP routes include the key hash, so an existing route always matches.
+		return nil
+	}
+	switch {
+	case !grouped:
+		return reject(ErrInUse, fmt.Sprintf("subdomain '%s' is already in use", req.Label))
+	case g.Solo() || subtle.ConstantTimeCompare(g.KeyHash[:], req.KeyHash[:]) != 1:
+		return reject(ErrKeyMismatch, fmt.Sprintf("group key does not match for subdomain '%s'", req.Label))
+	case g.Proto != req.Proto:
+		return reject(ErrProtoMismatch, fmt.Sprintf("protocol mismatch: group '%s' on subdomain '%s' serves %s, this tunnel is %s",
+			g.Name, req.Label, g.Proto, req.Proto))
+	}
+	return nil
+}
+
+// create makes a new group for req, taking a port for TCP; the caller holds the route lock.
+func (r *Registry) create(kind Kind, key string, req JoinRequest, grouped bool) (*Group, error) {
+	g := &Group{
+		Kind:     kind,
+		Proto:    req.Proto,
+		Label:    req.Label,
+		ID:       strconv.FormatUint(r.seq.Add(1), 10),
+		key:      key,
+		strategy: r.cfg.NewStrategy(),
+	}
+	if grouped {
+		g.Name, g.KeyHash = req.Group, req.KeyHash
+	}
+	g.snap.Store(emptySnapshot)
+	if kind != KindTCP {
+		return g, r.onCreate(g)
+	}
+	var unavailable []int
+	defer func() { r.ports.release(unavailable...) }()
+	for {
+		port, ok := r.ports.take()
+		if !ok {
+			return nil, reject(ErrNoPorts, "no TCP ports available")
+		}
+		g.Port = port
+		err := r.onCreate(g)
+		if err == nil {
+			return g, nil
+		}
+		if !errors.Is(err, ErrPortUnavailable) {
+			r.ports.release(port)
+			return nil, err
+		}
+		unavailable = append(unavailable, port)
+	}
+}
+
+func (r *Registry) onCreate(g *Group) error {
+	if r.cfg.OnCreate == nil {
+		return nil
+	}
+	return r.cfg.OnCreate(g)
+}
+
+// Leave removes m from its group at once. When m was the last member the group is removed,
+// OnRemove runs and the port returns to the range. Leave is idempotent.
+func (r *Registry) Leave(m *Member) {
+	g := m.group
+	sh := r.shardFor(g.key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	g.mu.Lock()
+	i := slices.Index(g.members, m)
+	if i < 0 {
+		g.mu.Unlock()
+		return
+	}
+	g.members = slices.Delete(g.members, i, i+1)
+	m.draining.Store(true)
+	g.publishLocked()
+	m.close()
+	last := len(g.members) == 0
+	if last {
+		g.removed = true
+	}
+	r.emitLocked(EventLeft, g, m, "left", last)
+	g.mu.Unlock()
+
+	if !last {
+		return
+	}
+	if g.Kind == KindHTTP {
+		r.http.Delete(g.key)
+	} else {
+		r.tcp.Delete(g.key)
+	}
+	if r.cfg.OnRemove != nil {
+		r.cfg.OnRemove(g)
+	}
+	if g.Kind == KindTCP {
+		r.ports.release(g.Port)
+	}
+}
+
+// Drain stops selecting m for new streams. The returned channel is closed once m's active
+// streams have all ended; the caller then calls Leave (or gives up waiting and calls it
+// anyway). Drain is idempotent.
+func (r *Registry) Drain(m *Member) <-chan struct{} {
+	g := m.group
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if m.draining.Load() {
+		return m.drained
+	}
+	m.draining.Store(true)
+	// Publish the snapshot without m before closing it to new streams, so that a pick that
+	// fails to acquire m finds the new snapshot on its next look.
+	g.publishLocked()
+	m.close()
+	if slices.Contains(g.members, m) {
+		r.emitLocked(EventDraining, g, m, "draining", false)
+	}
+	return m.drained
+}
+
+// SetHealth sets m's health bit and reports whether it changed. A change is recorded in m's
+// history, republishes the group's snapshot and emits EventHealth. Reports for a member that
+// has left, or that has no health check, change nothing.
+func (r *Registry) SetHealth(m *Member, healthy bool, reason string) bool {
+	g := m.group
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if m.HealthKind == "none" || m.healthy.Load() == healthy || !slices.Contains(g.members, m) {
+		return false
+	}
+	m.healthy.Store(healthy)
+	m.record(Transition{At: time.Now(), Healthy: healthy, Reason: reason})
+	g.publishLocked()
+	r.emitLocked(EventHealth, g, m, reason, false)
+	return true
+}
+
+func (r *Registry) emitLocked(kind EventKind, g *Group, m *Member, reason string, removed bool) {
+	if r.cfg.OnEvent == nil {
+		return
+	}
+	members, healthy, selectable := g.countsLocked()
+	r.cfg.OnEvent(Event{
+		Kind:            kind,
+		Group:           g,
+		Member:          m,
+		Healthy:         m.Healthy(),
+		Reason:          reason,
+		MemberCount:     members,
+		HealthyCount:    healthy,
+		SelectableCount: selectable,
+		GroupRemoved:    removed,
+		At:              time.Now(),
+	})
+}
+
+// portPool hands out TCP ports next-fit from the last one given, so that a port just
+// returned is not reused at once (late packets for the old pool go nowhere).
+type portPool struct {
+	mu     sync.Mutex
+	lo     int
+	inUse  []bool
+	cursor int
+}
+
+func (p *portPool) init(r PortRange) {
+	if r.Lo <= 0 || r.Hi < r.Lo {
+		return
+	}
+	p.lo = r.Lo
+	p.inUse = make([]bool, r.Hi-r.Lo+1)
+}
+
+func (p *portPool) take() (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.inUse)
+	for k := range n {
+		i := (p.cursor + k) % n
+		if !p.inUse[i] {
+			p.inUse[i] = true
+			p.cursor = (i + 1) % n
+			return p.lo + i, true
+		}
+	}
+	return 0, false
+}
+
+func (p *portPool) release(ports ...int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, port := range ports {
+		if i := port - p.lo; i >= 0 && i < len(p.inUse) {
+			p.inUse[i] = false
+		}
+	}
+}
+
+// PortsInUse returns the number of TCP ports currently taken (for invariant checks and metrics).
+func (r *Registry) PortsInUse() int {
+	r.ports.mu.Lock()
+	defer r.ports.mu.Unlock()
+	n := 0
+	for _, u := range r.ports.inUse {
+		if u {
+			n++
+		}
+	}
+	return n
+}
