@@ -70,7 +70,7 @@ func (g *Group) Solo() bool { return g.Name == "" }
 // snapshot is the view a dispatch strategy picks from.
 type snapshot struct{ members []*Member }
 
-func (s *snapshot) Len() int          { return len(s.members) }
+func (s *snapshot) Len() int         { return len(s.members) }
 func (s *snapshot) Load(i int) int64 { return s.members[i].Active() }
 
 // except hides one member of a snapshot (the one a retry must avoid).
