@@ -1,0 +1,83 @@
+package webhook_test
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"time"
+
+	"github.com/warren-tunnel/warren/webhook"
+)
+
+// The edge feeds every health change into a Debouncer and, on a downward
+// edge, sends one alert to the operator URL and the group's tenant URLs.
+func Example() {
+	// A stand-in for the operator's alert receiver.
+	received := make(chan string, 1)
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		received <- string(body)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer receiver.Close()
+
+	outcomes := make(chan webhook.Result, 1)
+	sender := webhook.NewSender(webhook.SenderConfig{
+		OnResult: func(_ webhook.Destination, r webhook.Result, _ error) { outcomes <- r },
+	})
+	defer sender.Close()
+
+	debouncer := webhook.NewDebouncer()
+	keyHash := sha256.Sum256([]byte("shared-secret-for-this-pool"))
+	// Tenant URLs collected from the group's members; none here.
+	dests := webhook.Destinations(receiver.URL, nil)
+
+	for _, healthy := range []int{2, 1, 0, 0} {
+		if !debouncer.Observe("web", healthy) {
+			continue
+		}
+		sender.Send(dests, webhook.Payload{
+			Event:        webhook.EventGroupZeroHealthy,
+			RegionID:     "eu",
+			Protocol:     "http",
+			Label:        "pool",
+			GroupName:    "web",
+			KeyHashShort: webhook.ShortHash(keyHash),
+			MemberCount:  2,
+			At:           webhook.FormatTime(time.Date(2026, 5, 6, 13, 24, 55, 0, time.UTC)),
+		})
+	}
+
+	fmt.Println(<-received)
+	fmt.Println(<-outcomes)
+	// Output:
+	// {"event":"group_zero_healthy","region_id":"eu","protocol":"http","label":"pool","group_name":"web","key_hash_short":"569b69cd","member_count":2,"at":"2026-05-06T13:24:55+00:00"}
+	// success
+}
+
+// A Debouncer fires once per fall to zero, and not for a pool that never
+// had a healthy member.
+func ExampleDebouncer() {
+	d := webhook.NewDebouncer()
+	for _, healthy := range []int{0, 2, 1, 0, 0, 1, 0} {
+		fmt.Print(d.Observe("web", healthy), " ")
+	}
+	fmt.Println()
+	// Output: false false false true false false true
+}
+
+// Destinations puts the trusted operator URL first and sends each unique
+// tenant URL once.
+func ExampleDestinations() {
+	for _, d := range webhook.Destinations("https://ops.example/hook", []string{
+		"https://hooks.example/team-a", "https://hooks.example/team-a", "https://hooks.example/team-b",
+	}) {
+		fmt.Println(d.URL, d.Trusted)
+	}
+	// Output:
+	// https://ops.example/hook true
+	// https://hooks.example/team-a false
+	// https://hooks.example/team-b false
+}
