@@ -1,0 +1,24 @@
+// Package config reads the configuration files of Warren's example mains:
+// server.toml for the edge (examples/edge -config FILE) and config.yml for
+// the connector (examples/connector start --config FILE, default
+// ~/.warren/config.yml).
+//
+// [LoadServer] and [LoadClient] read a file, [ParseServer] and
+// [ParseClient] parse bytes; all four apply the documented defaults,
+// validate every rule and return plain structs ([Server], [Client]) that the
+// mains convert into the tunnel package's options. The package imports no
+// other Warren package.
+//
+// Files written for rustunnel or frp are read by operators who migrate, so
+// every problem is reported precisely: each is an [*Error] naming the file,
+// the line and the dotted key, for example
+//
+//	server.toml:14: limits.tcp_port_range: low port 30000 is above high port 20000
+//	config.yml:9: tunnels.a.health_check.path: required when type is "http"
+//	server.toml:3: server.domian: unknown key; did you mean "domain"?
+//
+// All problems of a file are collected into one [ErrorList], ordered by
+// line; only a syntax error stops parsing early. Unknown keys and values of
+// the wrong type are errors. Durations are written in seconds (keys ending
+// in _secs), as integers or fractions greater than 0.
+package config

@@ -1,0 +1,597 @@
+package config_test
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/warren-tunnel/warren/examples/internal/config"
+)
+
+const serverSample = "../../edge/server.example.toml"
+
+func TestServerSampleParses(t *testing.T) {
+	cfg, err := config.LoadServer(serverSample)
+	require.NoError(t, err)
+	require.Equal(t, serverSample, cfg.File)
+	require.Equal(t, "localhost", cfg.Server.Domain)
+	require.Equal(t, netip.MustParseAddr("127.0.0.1"), cfg.Server.Bind)
+	require.Equal(t, 8080, cfg.Server.HTTPPort)
+	require.Equal(t, 4040, cfg.Server.ControlPort)
+	require.Equal(t, 9090, cfg.Server.AdminPort)
+	require.True(t, cfg.LoadBalancing.Enabled)
+	require.False(t, cfg.TLS.Enabled())
+	require.NoError(t, cfg.Validate())
+}
+
+func TestServerDefaults(t *testing.T) {
+	cfg, err := config.ParseServer("server.toml", []byte("[server]\ndomain = \"tunnel.example.com\"\n"))
+	require.NoError(t, err)
+	require.Equal(t, &config.Server{
+		File: "server.toml",
+		Server: config.ServerSection{
+			Domain:      "tunnel.example.com",
+			Bind:        netip.MustParseAddr("0.0.0.0"),
+			HTTPPort:    8080,
+			HTTPSPort:   0,
+			ControlPort: 4040,
+			AdminPort:   9090,
+			RegionID:    "local",
+		},
+		Limits: config.Limits{
+			TCPPortRange:         config.PortRange{Low: 20000, High: 20100},
+			MaxTunnelsPerSession: 16,
+			DrainTimeout:         30 * time.Second,
+		},
+		LoadBalancing: config.LoadBalancing{Strategy: config.StrategyLeastStreams},
+	}, cfg)
+	require.Equal(t, "0.0.0.0:8080", cfg.Server.Addr(cfg.Server.HTTPPort))
+	require.Equal(t, "", cfg.Server.Addr(cfg.Server.HTTPSPort))
+}
+
+func TestServerEveryKey(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := writeFile(t, dir, "edge.crt"), writeFile(t, dir, "edge.key")
+	doc := fmt.Sprintf(`
+[server]
+domain = "edge.example.org"
+bind = "::1"
+http_port = 0
+https_port = 8443
+control_port = 7000
+admin_port = 0
+region_id = "eu-1"
+
+[tls]
+cert_path = '%s'
+key_path = '%s'
+
+[auth]
+require_auth = true
+tokens = ["t1", "t2"]
+admin_token = "admin"
+[[auth.tenants]]
+name = "acme"
+token = "acme-token"
+[[auth.tenants]]
+name = "globex"
+token = "globex-token"
+
+[limits]
+tcp_port_range = [30000, 30000]
+max_tunnels_per_session = 1
+request_body_max_bytes = 1048576
+drain_timeout_secs = 0.05
+max_concurrent_per_member = 8
+
+[load_balancing]
+enabled = true
+strategy = "random"
+alert_webhook_url = "https://hooks.example.com/ops?x=1"
+allow_private_alert_webhooks = true
+`, cert, key)
+	cfg, err := config.ParseServer("edge.toml", []byte(doc))
+	require.NoError(t, err)
+	require.Equal(t, &config.Server{
+		File: "edge.toml",
+		Server: config.ServerSection{
+			Domain: "edge.example.org", Bind: netip.MustParseAddr("::1"),
+			HTTPSPort: 8443, ControlPort: 7000, RegionID: "eu-1",
+		},
+		TLS: config.ServerTLS{CertPath: cert, KeyPath: key},
+		Auth: config.Auth{
+			RequireAuth: true,
+			Tokens:      []string{"t1", "t2"},
+			AdminToken:  "admin",
+			Tenants:     []config.Tenant{{Name: "acme", Token: "acme-token"}, {Name: "globex", Token: "globex-token"}},
+		},
+		Limits: config.Limits{
+			TCPPortRange:           config.PortRange{Low: 30000, High: 30000},
+			MaxTunnelsPerSession:   1,
+			RequestBodyMaxBytes:    1 << 20,
+			DrainTimeout:           50 * time.Millisecond,
+			MaxConcurrentPerMember: 8,
+		},
+		LoadBalancing: config.LoadBalancing{
+			Enabled: true, Strategy: config.StrategyRandom,
+			AlertWebhookURL:           "https://hooks.example.com/ops?x=1",
+			AllowPrivateAlertWebhooks: true,
+		},
+	}, cfg)
+	require.True(t, cfg.TLS.Enabled())
+	require.Equal(t, "[::1]:8443", cfg.Server.Addr(cfg.Server.HTTPSPort))
+	require.True(t, cfg.Limits.TCPPortRange.Contains(30000))
+	require.False(t, cfg.Limits.TCPPortRange.Contains(30001))
+}
+
+func TestServerAlternativeSyntax(t *testing.T) {
+	// Dotted keys, inline tables and an inline array of tenants are the
+	// same document to TOML and must read the same.
+	doc := `server.domain = "localhost"
+limits = { drain_timeout_secs = 2, tcp_port_range = [
+  21000,
+  21010,
+] }
+auth.tenants = [ { name = "a", token = "ta" }, { name = "b", token = "tb" } ]
+`
+	cfg, err := config.ParseServer("server.toml", []byte(doc))
+	require.NoError(t, err)
+	require.Equal(t, "localhost", cfg.Server.Domain)
+	require.Equal(t, 2*time.Second, cfg.Limits.DrainTimeout)
+	require.Equal(t, config.PortRange{Low: 21000, High: 21010}, cfg.Limits.TCPPortRange)
+	require.Equal(t, []config.Tenant{{Name: "a", Token: "ta"}, {Name: "b", Token: "tb"}}, cfg.Auth.Tenants)
+
+	_, err = config.ParseServer("server.toml", []byte(doc+"auth.tenants = 1\n"))
+	requireProblems(t, err, "server.toml", want{7, "auth.tenants", config.ErrSyntax, "already"})
+}
+
+func TestServerDurations(t *testing.T) {
+	for _, tc := range []struct {
+		value string
+		want  time.Duration
+	}{
+		{"5", 5 * time.Second},
+		{"0.05", 50 * time.Millisecond},
+		{"1.5", 1500 * time.Millisecond},
+		{"1e-9", time.Nanosecond},
+		{"86400", 24 * time.Hour},
+	} {
+		t.Run(tc.value, func(t *testing.T) {
+			cfg, err := config.ParseServer("s.toml", []byte("[server]\ndomain = \"localhost\"\n[limits]\ndrain_timeout_secs = "+tc.value+"\n"))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, cfg.Limits.DrainTimeout)
+		})
+	}
+}
+
+// serverDoc prefixes a valid [server] table (lines 1-2) to rest, which
+// therefore starts on line 3.
+func serverDoc(rest string) string {
+	return "[server]\ndomain = \"localhost\"\n" + rest
+}
+
+func TestServerErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		doc   string
+		wants []want
+	}{
+		// [server]
+		{"domain missing", "[server]\nbind = \"127.0.0.1\"\n",
+			[]want{{1, "server.domain", config.ErrRequired, "required"}}},
+		{"server table missing", "[limits]\nmax_tunnels_per_session = 2\n",
+			[]want{{1, "server.domain", config.ErrRequired, "required"}}},
+		{"domain empty", "[server]\ndomain = \"\"\n",
+			[]want{{2, "server.domain", config.ErrRequired, "must not be empty"}}},
+		{"domain uppercase", "[server]\ndomain = \"Tunnel.example.com\"\n",
+			[]want{{2, "server.domain", config.ErrInvalid, "must be lowercase"}}},
+		{"domain empty label", "[server]\ndomain = \"a..b\"\n",
+			[]want{{2, "server.domain", config.ErrInvalid, "empty label"}}},
+		{"domain trailing dot", "[server]\ndomain = \"example.com.\"\n",
+			[]want{{2, "server.domain", config.ErrInvalid, "empty label"}}},
+		{"domain bad character", "[server]\ndomain = \"a_b.example.com\"\n",
+			[]want{{2, "server.domain", config.ErrInvalid, "may only hold"}}},
+		{"domain leading hyphen", "[server]\ndomain = \"-a.example.com\"\n",
+			[]want{{2, "server.domain", config.ErrInvalid, "must not start or end"}}},
+		{"domain IP", "[server]\ndomain = \"127.0.0.1\"\n",
+			[]want{{2, "server.domain", config.ErrInvalid, "IP address"}}},
+		{"bind not an IP", serverDoc("bind = \"localhost\"\n"),
+			[]want{{3, "server.bind", config.ErrInvalid, `"localhost" is not an IP address`}}},
+		{"http port too big", serverDoc("http_port = 70000\n"),
+			[]want{{3, "server.http_port", config.ErrInvalid, "70000 is out of range 0-65535"}}},
+		{"https port negative", serverDoc("https_port = -1\n"),
+			[]want{{3, "server.https_port", config.ErrInvalid, "-1 is out of range 0-65535"}}},
+		{"admin port too big", serverDoc("admin_port = 65536\n"),
+			[]want{{3, "server.admin_port", config.ErrInvalid, "out of range"}}},
+		{"control port zero", serverDoc("control_port = 0\n"),
+			[]want{{3, "server.control_port", config.ErrInvalid, "0 is out of range 1-65535"}}},
+		{"ports not distinct", serverDoc("http_port = 9000\nadmin_port = 9000\n"),
+			[]want{{4, "server.admin_port", config.ErrInvalid, "port 9000 is already used by server.http_port (line 3)"}}},
+		{"port clashes with a default", serverDoc("admin_port = 4040\n"),
+			[]want{{3, "server.admin_port", config.ErrInvalid, "already used by server.control_port"}}},
+		{"port inside tcp range", serverDoc("http_port = 20050\n"),
+			[]want{{3, "server.http_port", config.ErrInvalid, "inside limits.tcp_port_range 20000-20100"}}},
+		{"https without tls", serverDoc("https_port = 8443\n"),
+			[]want{{3, "server.https_port", config.ErrInvalid, "needs a [tls] table"}}},
+		{"region empty", serverDoc("region_id = \"\"\n"),
+			[]want{{3, "server.region_id", config.ErrInvalid, "must not be empty"}}},
+
+		// [auth]
+		{"require_auth without tokens", serverDoc("[auth]\nrequire_auth = true\n"),
+			[]want{{4, "auth.require_auth", config.ErrInvalid, "neither auth.tokens nor auth.tenants"}}},
+		{"require_auth with empty token list", serverDoc("[auth]\nrequire_auth = true\ntokens = []\n"),
+			[]want{{4, "auth.require_auth", config.ErrInvalid, "no connector could authenticate"}}},
+		{"empty token", serverDoc("[auth]\ntokens = [\n  \"a\",\n  \"\",\n]\n"),
+			[]want{{6, "auth.tokens[1]", config.ErrInvalid, "must not be empty"}}},
+		{"token twice in tokens", serverDoc("[auth]\ntokens = [\"a\", \"b\",\n  \"a\"]\n"),
+			[]want{{5, "auth.tokens[2]", config.ErrInvalid, "already used by auth.tokens[0] (line 4)"}}},
+		{"tenant token equals token", serverDoc("[auth]\ntokens = [\"s3cret\"]\n[[auth.tenants]]\nname = \"acme\"\ntoken = \"s3cret\"\n"),
+			[]want{{7, "auth.tenants[0].token", config.ErrInvalid, "already used by auth.tokens[0]"}}},
+		{"admin token equals tenant token", serverDoc("[auth]\nadmin_token = \"s3cret\"\n[[auth.tenants]]\nname = \"acme\"\ntoken = \"s3cret\"\n"),
+			[]want{{4, "auth.admin_token", config.ErrInvalid, "already used by auth.tenants[0].token (line 7)"}}},
+		{"tenant name missing", serverDoc("[[auth.tenants]]\ntoken = \"t\"\n"),
+			[]want{{3, "auth.tenants[0].name", config.ErrRequired, "non-empty name"}}},
+		{"tenant name empty", serverDoc("[[auth.tenants]]\nname = \"\"\ntoken = \"t\"\n"),
+			[]want{{4, "auth.tenants[0].name", config.ErrRequired, "non-empty name"}}},
+		{"tenant token missing", serverDoc("[[auth.tenants]]\nname = \"acme\"\n"),
+			[]want{{3, "auth.tenants[0].token", config.ErrRequired, "non-empty token"}}},
+		{"tenant names not unique", serverDoc("[[auth.tenants]]\nname = \"acme\"\ntoken = \"a\"\n[[auth.tenants]]\nname = \"acme\"\ntoken = \"b\"\n"),
+			[]want{{7, "auth.tenants[1].name", config.ErrInvalid, `tenant "acme" is already defined by auth.tenants[0] (line 3)`}}},
+		{"secrets stay out of messages", serverDoc("[auth]\ntokens = [\"hunter2\", \"hunter2\"]\n"),
+			[]want{{4, "auth.tokens[1]", config.ErrInvalid, "every token must be distinct"}}},
+
+		// [limits]
+		{"tcp range reversed", serverDoc("[limits]\ntcp_port_range = [30000, 20000]\n"),
+			[]want{{4, "limits.tcp_port_range", config.ErrInvalid, "low port 30000 is above high port 20000"}}},
+		{"tcp range low zero", serverDoc("[limits]\ntcp_port_range = [0, 10]\n"),
+			[]want{{4, "limits.tcp_port_range", config.ErrInvalid, "low port 0 is out of range 1-65535"}}},
+		{"tcp range high too big", serverDoc("[limits]\ntcp_port_range = [10, 65536]\n"),
+			[]want{{4, "limits.tcp_port_range", config.ErrInvalid, "high port 65536 is out of range 1-65535"}}},
+		{"tcp range one value", serverDoc("[limits]\ntcp_port_range = [10]\n"),
+			[]want{{4, "limits.tcp_port_range", config.ErrInvalid, "must be two ports [low, high], got 1 values"}}},
+		{"tcp range string element", serverDoc("[limits]\ntcp_port_range = [\"a\", 10]\n"),
+			[]want{{4, "limits.tcp_port_range[0]", config.ErrType, "expected an integer, got a string"}}},
+		{"max tunnels zero", serverDoc("[limits]\nmax_tunnels_per_session = 0\n"),
+			[]want{{4, "limits.max_tunnels_per_session", config.ErrInvalid, "must be at least 1, got 0"}}},
+		{"body limit negative", serverDoc("[limits]\nrequest_body_max_bytes = -1\n"),
+			[]want{{4, "limits.request_body_max_bytes", config.ErrInvalid, "must be 0 (unlimited) or more, got -1"}}},
+		{"drain zero", serverDoc("[limits]\ndrain_timeout_secs = 0\n"),
+			[]want{{4, "limits.drain_timeout_secs", config.ErrInvalid, "must be greater than 0 seconds, got 0"}}},
+		{"drain negative fraction", serverDoc("[limits]\ndrain_timeout_secs = -0.5\n"),
+			[]want{{4, "limits.drain_timeout_secs", config.ErrInvalid, "got -0.5"}}},
+		{"drain not a number", serverDoc("[limits]\ndrain_timeout_secs = nan\n"),
+			[]want{{4, "limits.drain_timeout_secs", config.ErrInvalid, "finite"}}},
+		{"drain infinite", serverDoc("[limits]\ndrain_timeout_secs = inf\n"),
+			[]want{{4, "limits.drain_timeout_secs", config.ErrInvalid, "finite"}}},
+		{"drain too long", serverDoc("[limits]\ndrain_timeout_secs = 1e300\n"),
+			[]want{{4, "limits.drain_timeout_secs", config.ErrInvalid, "too long"}}},
+		{"drain below resolution", serverDoc("[limits]\ndrain_timeout_secs = 1e-12\n"),
+			[]want{{4, "limits.drain_timeout_secs", config.ErrInvalid, "1ns resolution"}}},
+		{"concurrency negative", serverDoc("[limits]\nmax_concurrent_per_member = -3\n"),
+			[]want{{4, "limits.max_concurrent_per_member", config.ErrInvalid, "got -3"}}},
+
+		// [load_balancing]
+		{"unknown strategy", serverDoc("[load_balancing]\nstrategy = \"round_robin\"\n"),
+			[]want{{4, "load_balancing.strategy", config.ErrInvalid, `"round_robin" is not a strategy; use "least_streams" or "random"`}}},
+		{"webhook not http", serverDoc("[load_balancing]\nalert_webhook_url = \"ftp://hooks.example.com/x\"\n"),
+			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "absolute http:// or https:// URL"}}},
+		{"webhook relative", serverDoc("[load_balancing]\nalert_webhook_url = \"hooks.example.com/x\"\n"),
+			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "absolute http:// or https:// URL"}}},
+		{"webhook without host", serverDoc("[load_balancing]\nalert_webhook_url = \"https:///x\"\n"),
+			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "has no host"}}},
+		{"webhook bad port", serverDoc("[load_balancing]\nalert_webhook_url = \"https://h:99999/\"\n"),
+			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "invalid port"}}},
+		{"webhook unparsable", serverDoc("[load_balancing]\nalert_webhook_url = \"http://[::1\"\n"),
+			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "is not a URL"}}},
+
+		// Several problems are all reported, in line order.
+		{"all problems collected", "[limits]\nmax_tunnels_per_session = 0\n[server]\ndomain = \"X\"\nhttp_port = 1.5\n",
+			[]want{
+				{2, "limits.max_tunnels_per_session", config.ErrInvalid, "at least 1"},
+				{4, "server.domain", config.ErrInvalid, "lowercase"},
+				{5, "server.http_port", config.ErrType, "expected an integer, got a floating-point number"},
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.ParseServer("server.toml", []byte(tc.doc))
+			require.Nil(t, cfg)
+			requireProblems(t, err, "server.toml", tc.wants...)
+			if tc.name == "secrets stay out of messages" {
+				require.NotContains(t, err.Error(), "hunter2")
+			}
+		})
+	}
+}
+
+func TestServerErrorFormat(t *testing.T) {
+	doc := "[server]\ndomain = \"localhost\"\n\n[load_balancing]\nenabled = true\n\n\n\n\n\n\n\n[limits]\ntcp_port_range = [30000, 20000]\n"
+	_, err := config.ParseServer("server.toml", []byte(doc))
+	require.EqualError(t, err, "server.toml:14: limits.tcp_port_range: low port 30000 is above high port 20000")
+
+	_, err = config.ParseServer("server.toml", []byte("[server]\n\ndomian = \"x\"\ndomain = \"x\"\n"))
+	require.EqualError(t, err, `server.toml:3: server.domian: unknown key; did you mean "domain"?`)
+}
+
+func TestServerUnknownKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		doc  string
+		want want
+	}{
+		{"root table", serverDoc("[serve]\nx = 1\n"), want{3, "serve", config.ErrUnknownKey, `did you mean "server"?`}},
+		{"root key", "domain = \"localhost\"\n" + serverDoc(""), want{1, "domain", config.ErrUnknownKey, "expected one of: auth, limits, load_balancing, server, tls"}},
+		{"server", serverDoc("http-port = 1\n"), want{3, "server.http-port", config.ErrUnknownKey, `did you mean "http_port"?`}},
+		{"server camelCase", serverDoc("controlPort = 1\n"), want{3, "server.controlPort", config.ErrUnknownKey, `did you mean "control_port"?`}},
+		{"tls", serverDoc("[tls]\ncert = \"x\"\n"), want{4, "tls.cert", config.ErrUnknownKey, "unknown key"}},
+		{"auth", serverDoc("[auth]\ntoken = \"x\"\n"), want{4, "auth.token", config.ErrUnknownKey, `did you mean "tokens"?`}},
+		{"tenant", serverDoc("[[auth.tenants]]\nname = \"a\"\ntoken = \"t\"\nrole = \"admin\"\n"), want{6, "auth.tenants[0].role", config.ErrUnknownKey, "expected one of: name, token"}},
+		{"second tenant", serverDoc("[[auth.tenants]]\nname = \"a\"\ntoken = \"t\"\n[[auth.tenants]]\nname = \"b\"\ntoken = \"u\"\nrole = 1\n"), want{9, "auth.tenants[1].role", config.ErrUnknownKey, "unknown key"}},
+		{"limits", serverDoc("[limits]\nmax_tunnels = 3\n"), want{4, "limits.max_tunnels", config.ErrUnknownKey, "unknown key"}},
+		{"load_balancing", serverDoc("[load_balancing]\nenable = true\n"), want{4, "load_balancing.enable", config.ErrUnknownKey, `did you mean "enabled"?`}},
+		{"dotted key", "limits.foo.bar = 1\n" + serverDoc(""), want{1, "limits.foo", config.ErrUnknownKey, "unknown key"}},
+		{"inline table", "load_balancing = { enabled = true,\n  stratgy = \"random\" }\n" + serverDoc(""), want{2, "load_balancing.stratgy", config.ErrUnknownKey, `did you mean "strategy"?`}},
+		{"quoted key", serverDoc("\"region.id\" = \"x\"\n"), want{3, `server."region.id"`, config.ErrUnknownKey, "unknown key"}},
+		{"sub-table of a scalar section", serverDoc("[server.extra]\nx = 1\n"), want{3, "server.extra", config.ErrUnknownKey, "unknown key"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.ParseServer("server.toml", []byte(tc.doc))
+			requireProblems(t, err, "server.toml", tc.want)
+		})
+	}
+}
+
+func TestServerWrongTypes(t *testing.T) {
+	for _, tc := range []struct {
+		table, key, value, msg string
+	}{
+		{"server", "domain", "1", "expected a string, got an integer"},
+		{"server", "bind", "true", "expected a string, got a boolean"},
+		{"server", "http_port", `"8080"`, "expected an integer, got a string"},
+		{"server", "https_port", "443.0", "expected an integer, got a floating-point number"},
+		{"server", "control_port", "[4040]", "expected an integer, got an array"},
+		{"server", "admin_port", "{ port = 1 }", "expected an integer, got a table"},
+		{"server", "region_id", "1979-05-27", "expected a string, got a date"},
+		{"tls", "cert_path", "1", "expected a string, got an integer"},
+		{"tls", "key_path", "false", "expected a string, got a boolean"},
+		{"auth", "require_auth", `"yes"`, "expected a boolean (true or false), got a string"},
+		{"auth", "tokens", `"abc"`, "expected an array of strings, got a string"},
+		{"auth", "admin_token", "12", "expected a string, got an integer"},
+		{"auth", "tenants", `"acme"`, "expected an array, got a string"},
+		{"limits", "tcp_port_range", "20000", "expected an array, got an integer"},
+		{"limits", "max_tunnels_per_session", `"16"`, "expected an integer, got a string"},
+		{"limits", "request_body_max_bytes", "1.5", "expected an integer, got a floating-point number"},
+		{"limits", "drain_timeout_secs", `"30"`, "expected a number of seconds, got a string"},
+		{"limits", "drain_timeout_secs", "true", "expected a number of seconds, got a boolean"},
+		{"limits", "max_concurrent_per_member", "[]", "expected an integer, got an array"},
+		{"load_balancing", "enabled", `"true"`, "expected a boolean (true or false), got a string"},
+		{"load_balancing", "strategy", "1", "expected a string, got an integer"},
+		{"load_balancing", "alert_webhook_url", "07:32:00", "expected a string, got a time"},
+		{"load_balancing", "allow_private_alert_webhooks", "1", "expected a boolean (true or false), got an integer"},
+	} {
+		t.Run(tc.table+"."+tc.key+"="+tc.value, func(t *testing.T) {
+			doc := "[server]\n"
+			if tc.key != "domain" {
+				doc += "domain = \"localhost\"\n"
+			}
+			if tc.table != "server" {
+				doc += "[" + tc.table + "]\n"
+			}
+			doc += tc.key + " = " + tc.value + "\n"
+			line := strings.Count(doc, "\n")
+			// Exactly one problem: a wrong type must not cause follow-up
+			// complaints such as "required".
+			_, err := config.ParseServer("server.toml", []byte(doc))
+			requireProblems(t, err, "server.toml", want{line, tc.table + "." + tc.key, config.ErrType, tc.msg})
+		})
+	}
+
+	t.Run("element types", func(t *testing.T) {
+		_, err := config.ParseServer("server.toml", []byte(serverDoc("[auth]\ntokens = [\"a\", 1]\n")))
+		requireProblems(t, err, "server.toml", want{4, "auth.tokens[1]", config.ErrType, "expected a string, got an integer"})
+		_, err = config.ParseServer("server.toml", []byte(serverDoc("[auth]\ntenants = [1]\n")))
+		requireProblems(t, err, "server.toml", want{4, "auth.tenants[0]", config.ErrType, "expected a table, got an integer"})
+		_, err = config.ParseServer("server.toml", []byte(serverDoc("[[auth.tenants]]\nname = 1\ntoken = \"t\"\n")))
+		requireProblems(t, err, "server.toml", want{4, "auth.tenants[0].name", config.ErrType, "expected a string, got an integer"})
+	})
+	t.Run("sections", func(t *testing.T) {
+		_, err := config.ParseServer("server.toml", []byte("server = \"localhost\"\n"))
+		requireProblems(t, err, "server.toml", want{1, "server", config.ErrType, "expected a table, got a string"})
+		_, err = config.ParseServer("server.toml", []byte(serverDoc("limits = 5\n")))
+		requireProblems(t, err, "server.toml", want{3, "server.limits", config.ErrUnknownKey, "unknown key"})
+		_, err = config.ParseServer("server.toml", []byte("limits = 5\n"+serverDoc("")))
+		requireProblems(t, err, "server.toml", want{1, "limits", config.ErrType, "expected a table, got an integer"})
+	})
+}
+
+func TestServerSyntaxErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		doc  string
+		want want
+	}{
+		{"unclosed header", "[server\ndomain = \"x\"\n", want{1, "", config.ErrSyntax, "invalid TOML"}},
+		{"missing value", serverDoc("http_port =\n"), want{3, "", config.ErrSyntax, "invalid TOML"}},
+		{"unterminated string", serverDoc("region_id = \"eu\n"), want{3, "", config.ErrSyntax, "invalid TOML"}},
+		{"duplicate key", serverDoc("\ndomain = \"y\"\n"), want{4, "server.domain", config.ErrSyntax, "already defined"}},
+		{"duplicate table", serverDoc("[limits]\n[server]\n"), want{4, "server", config.ErrSyntax, "already"}},
+		{"integer overflow", serverDoc("http_port = 99999999999999999999\n"), want{3, "server.http_port", config.ErrSyntax, "64-bit"}},
+		{"invalid UTF-8", serverDoc("region_id = \"\xff\"\n"), want{3, "", config.ErrSyntax, "invalid TOML"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.ParseServer("server.toml", []byte(tc.doc))
+			var list config.ErrorList
+			require.ErrorAs(t, err, &list)
+			require.Len(t, list, 1, "%v", err)
+			e := list[0]
+			require.Equal(t, "server.toml", e.File)
+			require.Equal(t, tc.want.line, e.Line, "%v", e)
+			if tc.want.key != "" {
+				require.Equal(t, tc.want.key, e.Key, "%v", e)
+			}
+			require.ErrorIs(t, e, tc.want.err)
+			require.Contains(t, e.Msg, tc.want.msg)
+		})
+	}
+}
+
+func TestServerEmptyFile(t *testing.T) {
+	for _, doc := range []string{"", "\n\n", "# only a comment\n"} {
+		_, err := config.ParseServer("server.toml", []byte(doc))
+		requireProblems(t, err, "server.toml", want{1, "server.domain", config.ErrRequired, "required"})
+	}
+}
+
+func TestServerTLSFiles(t *testing.T) {
+	dir := t.TempDir()
+	cert, key := writeFile(t, dir, "edge.crt"), writeFile(t, dir, "edge.key")
+	missing := filepath.Join(dir, "missing.pem")
+	tlsDoc := func(lines string) string { return serverDoc("[tls]\n" + lines) }
+
+	for _, tc := range []struct {
+		name  string
+		doc   string
+		wants []want
+	}{
+		{"cert without key", tlsDoc("cert_path = '" + cert + "'\n"),
+			[]want{{3, "tls.key_path", config.ErrRequired, "required when tls.cert_path is set"}}},
+		{"key without cert", tlsDoc("key_path = '" + key + "'\n"),
+			[]want{{3, "tls.cert_path", config.ErrRequired, "required when tls.key_path is set"}}},
+		{"cert missing on disk", tlsDoc("cert_path = '" + missing + "'\nkey_path = '" + key + "'\n"),
+			[]want{{4, "tls.cert_path", config.ErrInvalid, "no such file or directory"}}},
+		{"key is a directory", tlsDoc("cert_path = '" + cert + "'\nkey_path = '" + dir + "'\n"),
+			[]want{{5, "tls.key_path", config.ErrInvalid, "is a directory"}}},
+		{"https with half a tls table", serverDoc("https_port = 8443\n[tls]\ncert_path = '" + cert + "'\n"),
+			[]want{
+				{3, "server.https_port", config.ErrInvalid, "needs a [tls] table"},
+				{4, "tls.key_path", config.ErrRequired, "required"},
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.ParseServer("server.toml", []byte(tc.doc))
+			requireProblems(t, err, "server.toml", tc.wants...)
+		})
+	}
+
+	t.Run("both empty means off", func(t *testing.T) {
+		cfg, err := config.ParseServer("server.toml", []byte(tlsDoc("cert_path = \"\"\nkey_path = \"\"\n")))
+		require.NoError(t, err)
+		require.False(t, cfg.TLS.Enabled())
+	})
+
+	t.Run("relative paths follow the file", func(t *testing.T) {
+		require.NoError(t, os.Mkdir(filepath.Join(dir, "certs"), 0o755))
+		writeFile(t, filepath.Join(dir, "certs"), "a.crt")
+		writeFile(t, filepath.Join(dir, "certs"), "a.key")
+		path := filepath.Join(dir, "server.toml")
+		require.NoError(t, os.WriteFile(path, []byte(serverDoc("https_port = 8443\n[tls]\ncert_path = \"certs/a.crt\"\nkey_path = \"certs/a.key\"\n")), 0o600))
+		cfg, err := config.LoadServer(path)
+		require.NoError(t, err)
+		require.Equal(t, filepath.Join(dir, "certs", "a.crt"), cfg.TLS.CertPath)
+		require.Equal(t, filepath.Join(dir, "certs", "a.key"), cfg.TLS.KeyPath)
+
+		// ParseServer has no file location: the same text resolves against
+		// the working directory, where these files do not exist.
+		_, err = config.ParseServer("server.toml", []byte(serverDoc("[tls]\ncert_path = \"certs/a.crt\"\nkey_path = \"certs/a.key\"\n")))
+		requireProblems(t, err, "server.toml",
+			want{4, "tls.cert_path", config.ErrInvalid, `cannot use "certs/a.crt"`},
+			want{5, "tls.key_path", config.ErrInvalid, `cannot use "certs/a.key"`})
+	})
+}
+
+func TestLoadServerFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "nope.toml")
+	_, err := config.LoadServer(missing)
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	require.Contains(t, err.Error(), missing)
+	var e *config.Error
+	require.ErrorAs(t, err, &e)
+	require.Equal(t, missing, e.File)
+
+	_, err = config.LoadServer(dir)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), dir+": cannot read the configuration file")
+
+	big := filepath.Join(dir, "big.toml")
+	require.NoError(t, os.WriteFile(big, []byte(strings.Repeat("# padding\n", 30_000)), 0o600))
+	_, err = config.LoadServer(big)
+	require.ErrorIs(t, err, config.ErrInvalid)
+	require.Contains(t, err.Error(), "larger than")
+
+	bad := filepath.Join(dir, "bad.toml")
+	require.NoError(t, os.WriteFile(bad, []byte("[server]\ndomain = 1\n"), 0o600))
+	_, err = config.LoadServer(bad)
+	require.EqualError(t, err, bad+":2: server.domain: expected a string, got an integer")
+}
+
+func TestServerValidate(t *testing.T) {
+	cfg, err := config.LoadServer(serverSample)
+	require.NoError(t, err)
+
+	cfg.Limits.TCPPortRange = config.PortRange{Low: 500, High: 400}
+	cfg.LoadBalancing.Strategy = "fastest"
+	cfg.Auth.Tenants = append(cfg.Auth.Tenants, config.Tenant{Name: "x", Token: cfg.Auth.Tokens[0]})
+	err = cfg.Validate()
+	requireProblems(t, err, serverSample,
+		want{0, "auth.tenants[0].token", config.ErrInvalid, "already used by auth.tokens[0]"},
+		want{0, "limits.tcp_port_range", config.ErrInvalid, "low port 500 is above high port 400"},
+		want{0, "load_balancing.strategy", config.ErrInvalid, `"fastest" is not a strategy`},
+	)
+	require.Contains(t, err.Error(), serverSample+": limits.tcp_port_range: low port 500")
+
+	var zero config.Server
+	err = zero.Validate()
+	require.ErrorIs(t, err, config.ErrRequired)
+	require.ErrorIs(t, err, config.ErrInvalid)
+
+	var nilCfg *config.Server
+	require.ErrorIs(t, nilCfg.Validate(), config.ErrRequired)
+}
+
+func TestErrorFormatting(t *testing.T) {
+	for _, tc := range []struct {
+		err  config.Error
+		want string
+	}{
+		{config.Error{File: "a.toml", Line: 3, Key: "server.x", Msg: "m"}, "a.toml:3: server.x: m"},
+		{config.Error{File: "a.toml", Line: 3, Msg: "m"}, "a.toml:3: m"},
+		{config.Error{File: "a.toml", Key: "k", Msg: "m"}, "a.toml: k: m"},
+		{config.Error{Key: "k", Msg: "m"}, "k: m"},
+	} {
+		require.Equal(t, tc.want, tc.err.Error())
+	}
+	list := config.ErrorList{
+		{File: "f", Line: 1, Key: "a", Msg: "x", Err: config.ErrInvalid},
+		{File: "f", Line: 2, Key: "b", Msg: "y", Err: config.ErrType},
+	}
+	require.Equal(t, "f:1: a: x\nf:2: b: y", list.Error())
+	require.ErrorIs(t, list, config.ErrType)
+	require.False(t, errors.Is(list, config.ErrSyntax))
+}
+
+// writeFile creates an empty file named name in dir and returns its path.
+func writeFile(t *testing.T, dir, name string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	require.NoError(t, os.WriteFile(p, []byte("-----BEGIN PLACEHOLDER-----\n"), 0o600))
+	return p
+}
+
+func TestServerCRLF(t *testing.T) {
+	sample, err := os.ReadFile(serverSample)
+	require.NoError(t, err)
+	crlf := strings.ReplaceAll(string(sample), "\n", "\r\n")
+	_, err = config.ParseServer("server.toml", []byte(crlf))
+	require.NoError(t, err)
+
+	_, err = config.ParseServer("server.toml", []byte("[server]\r\ndomain = \"localhost\"\r\n\r\nhttp_port = -5\r\n"))
+	requireProblems(t, err, "server.toml", want{4, "server.http_port", config.ErrInvalid, "-5 is out of range"})
+}
