@@ -1,0 +1,491 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/internal/wire"
+)
+
+// Session is a connector: one multiplexed connection to an edge that carries any number of
+// tunnels. When the connection is lost it reconnects with exponential backoff and jitter and
+// registers every tunnel again. Create it with Dial; end it with Close.
+type Session struct {
+	addr string
+	opts dialOptions
+	log  *zap.Logger
+
+	ctx    context.Context // cancelled by Close or a permanent failure
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	conn    *clientConn         // the live connection; nil while reconnecting
+	up      chan struct{}       // closed when conn becomes non-nil
+	tunnels map[*clientTunnel]struct{}
+	err     error
+	done    chan struct{}
+	closing bool
+
+	reqs atomic.Uint32
+	wg   sync.WaitGroup
+}
+
+// clientConn is one connection generation of a session.
+type clientConn struct {
+	s         *Session
+	ctx       context.Context // cancelled when the connection is lost or the session closes
+	cancel    context.CancelFunc
+	mux       *yamux.Session
+	ctrl      net.Conn
+	sessionID string
+	started   time.Time
+
+	wmu sync.Mutex
+
+	mu          sync.Mutex
+	pending     map[uint32]chan wire.Message
+	registering map[uint32]*clientTunnel // the tunnel each pending Register is for
+	byID        map[string]*clientTunnel
+	fatal       error // an Error frame the edge sent
+}
+
+// Dial connects a connector to the edge at addr ("host:port"), says hello with the token and
+// returns the session. It fails if the edge cannot be reached or refuses the token; once it
+// has succeeded, later connection losses are retried in the background.
+func Dial(ctx context.Context, addr string, opts ...Option) (*Session, error) {
+	o := defaultDialOptions()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	s := &Session{
+		addr:    addr,
+		opts:    o,
+		log:     o.log.With(zap.String("edge", addr)),
+		up:      make(chan struct{}),
+		tunnels: map[*clientTunnel]struct{}{},
+		done:    make(chan struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	c, err := s.connect(ctx)
+	if err != nil {
+		s.cancel()
+		return nil, err
+	}
+	s.attach(c)
+	s.wg.Go(func() { s.supervise(c) })
+	return s, nil
+}
+
+// connect dials the edge, runs yamux and the hello exchange.
+func (s *Session) connect(ctx context.Context) (*clientConn, error) {
+	raw, err := s.opts.dial(ctx, "tcp", s.addr)
+	if err != nil {
+		return nil, fmt.Errorf("tunnel: dial %s: %w", s.addr, err)
+	}
+	if cfg := s.opts.tlsConfig; cfg != nil {
+		cfg = cfg.Clone()
+		if cfg.ServerName == "" {
+			host, _, _ := net.SplitHostPort(s.addr)
+			cfg.ServerName = host
+		}
+		tc := tls.Client(raw, cfg)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = raw.Close()
+			return nil, fmt.Errorf("tunnel: TLS handshake with %s: %w", s.addr, err)
+		}
+		raw = tc
+	}
+	mux, err := newMux(raw, false, s.log)
+	if err != nil {
+		_ = raw.Close()
+		return nil, err
+	}
+	fail := func(err error) (*clientConn, error) {
+		_ = mux.Close()
+		return nil, err
+	}
+	ctrl, err := mux.OpenStream()
+	if err != nil {
+		return fail(fmt.Errorf("tunnel: opening the control stream: %w", err))
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = ctrl.SetDeadline(dl)
+	} else {
+		_ = ctrl.SetDeadline(time.Now().Add(30 * time.Second))
+	}
+	stop := context.AfterFunc(ctx, func() { _ = ctrl.SetDeadline(pastTime) })
+	defer stop()
+	if err := wire.WriteFrame(ctrl, &wire.Hello{Version: wire.Version, Token: s.opts.token, Client: s.opts.client}); err != nil {
+		return fail(fmt.Errorf("tunnel: sending hello: %w", err))
+	}
+	msg, err := wire.ReadFrame(ctrl)
+	if err != nil {
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return fail(fmt.Errorf("tunnel: waiting for welcome: %w", err))
+	}
+	switch m := msg.(type) {
+	case *wire.Welcome:
+		_ = ctrl.SetDeadline(time.Time{})
+		s.log.Info("connected to edge", zap.String("session", m.SessionID), zap.String("region", m.RegionID))
+		cctx, ccancel := context.WithCancel(s.ctx)
+		return &clientConn{
+			ctx: cctx, cancel: ccancel,
+			s: s, mux: mux, ctrl: ctrl, sessionID: m.SessionID, started: time.Now(),
+			pending: map[uint32]chan wire.Message{}, registering: map[uint32]*clientTunnel{},
+			byID: map[string]*clientTunnel{},
+		}, nil
+	case *wire.Error:
+		return fail(fmt.Errorf("tunnel: edge refused the connection: %w", &sessionError{code: m.Code, msg: m.Message}))
+	default:
+		return fail(fmt.Errorf("tunnel: %w: expected welcome, got %s", ErrProtocol, msg.Type()))
+	}
+}
+
+// attach makes c the live connection and starts its goroutines.
+func (s *Session) attach(c *clientConn) {
+	s.mu.Lock()
+	s.conn = c
+	close(s.up)
+	s.mu.Unlock()
+	s.wg.Go(c.readControl)
+	s.wg.Go(c.acceptStreams)
+}
+
+// supervise waits for the live connection to end and reconnects, until Close or a
+// permanent failure.
+func (s *Session) supervise(c *clientConn) {
+	attempt := 0
+	for {
+		select {
+		case <-c.mux.CloseChan():
+		case <-s.ctx.Done():
+			_ = c.mux.Close()
+			return
+		}
+		s.detach(c)
+		if err := c.fatalErr(); err != nil && permanent(err) {
+			s.fail(fmt.Errorf("tunnel: edge ended the session: %w", err))
+			return
+		}
+		if !s.opts.reconnect {
+			s.fail(fmt.Errorf("tunnel: connection to %s lost", s.addr))
+			return
+		}
+		if time.Since(c.started) >= s.opts.healthyPeriod {
+			attempt = 0
+		}
+		s.log.Warn("connection to edge lost; reconnecting", zap.NamedError("reason", c.fatalErr()))
+		for {
+			delay := s.backoff(attempt)
+			attempt++
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-s.ctx.Done():
+				t.Stop()
+				return
+			}
+			ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+			nc, err := s.connect(ctx)
+			cancel()
+			if err != nil {
+				if permanent(err) {
+					s.fail(err)
+					return
+				}
+				s.log.Info("reconnect failed", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
+				continue
+			}
+			c = nc
+			break
+		}
+		s.attach(c)
+		s.reregister(c)
+	}
+}
+
+// backoff returns the delay before reconnect attempt n (from 0): min·2ⁿ capped at max,
+// with ±20% jitter.
+func (s *Session) backoff(n int) time.Duration {
+	d := s.opts.backoffMin
+	for range n {
+		d *= 2
+		if d >= s.opts.backoffMax {
+			d = s.opts.backoffMax
+			break
+		}
+	}
+	jitter := 0.8 + 0.4*rand.Float64()
+	return time.Duration(float64(d) * jitter)
+}
+
+// detach forgets a lost connection: tunnels wait for the next one.
+func (s *Session) detach(c *clientConn) {
+	c.cancel()
+	s.mu.Lock()
+	if s.conn == c {
+		s.conn = nil
+		s.up = make(chan struct{})
+	}
+	s.mu.Unlock()
+	c.mu.Lock()
+	byID := c.byID
+	c.byID = map[string]*clientTunnel{}
+	for _, ch := range c.pending {
+		close(ch)
+	}
+	c.pending = map[uint32]chan wire.Message{}
+	c.registering = map[uint32]*clientTunnel{}
+	c.mu.Unlock()
+	for _, t := range byID {
+		t.lost(c)
+	}
+}
+
+// reregister registers every open tunnel on the new connection c.
+func (s *Session) reregister(c *clientConn) {
+	s.mu.Lock()
+	var ts []*clientTunnel
+	for t := range s.tunnels {
+		ts = append(ts, t)
+	}
+	s.mu.Unlock()
+	for _, t := range ts {
+		if t.isClosing() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
+		err := s.registerOn(ctx, c, t)
+		cancel()
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrRejected):
+			s.log.Error("tunnel rejected after reconnect", zap.String("tunnel", t.spec.describe()), zap.Error(err))
+			t.fail(err)
+		default:
+			// The connection failed again; supervise will notice and retry everything.
+			return
+		}
+	}
+}
+
+// fail ends the session for good with err.
+func (s *Session) fail(err error) {
+	s.log.Error("connector session stopped", zap.Error(err))
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	ts := s.tunnels
+	s.tunnels = map[*clientTunnel]struct{}{}
+	s.mu.Unlock()
+	for t := range ts {
+		t.fail(err)
+	}
+	s.cancel()
+	s.closeDone()
+}
+
+func (s *Session) closeDone() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	select {
+	case <-s.done:
+	default:
+		close(s.done)
+	}
+}
+
+// Done is closed when the session has stopped for good: after Close, or after a permanent
+// failure (the edge refused the token on reconnect). Err then says why.
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+// Err returns why the session stopped, or nil while it runs (and after a clean Close).
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// liveConn waits for a live connection.
+func (s *Session) liveConn(ctx context.Context) (*clientConn, error) {
+	for {
+		s.mu.Lock()
+		c, up, closing := s.conn, s.up, s.closing
+		s.mu.Unlock()
+		if closing {
+			return nil, ErrSessionClosed
+		}
+		if c != nil {
+			return c, nil
+		}
+		select {
+		case <-up:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.done:
+			if err := s.Err(); err != nil {
+				return nil, err
+			}
+			return nil, ErrSessionClosed
+		}
+	}
+}
+
+// Close drains every tunnel (bounded by the drain timeout), tells the edge, closes the
+// connection and waits for every goroutine of the session. It is idempotent.
+func (s *Session) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.drainTimeout)
+	defer cancel()
+	return s.Shutdown(ctx)
+}
+
+// Shutdown is Close with the drain bounded by ctx instead of the drain timeout.
+func (s *Session) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		s.wg.Wait()
+		return nil
+	}
+	var ts []*clientTunnel
+	for t := range s.tunnels {
+		ts = append(ts, t)
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, t := range ts {
+		wg.Go(func() { _ = t.shutdown(ctx) })
+	}
+	wg.Wait()
+	s.mu.Lock()
+	s.closing = true
+	c := s.conn
+	s.mu.Unlock()
+	if c != nil {
+		_ = c.mux.Close()
+		c.cancel()
+	}
+	s.cancel()
+	s.wg.Wait()
+	s.closeDone()
+	return nil
+}
+
+// send writes one control frame on c.
+func (c *clientConn) send(m wire.Message) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.ctrl.SetWriteDeadline(time.Now().Add(controlWriteTimeout))
+	return wire.WriteFrame(c.ctrl, m)
+}
+
+func (c *clientConn) fatalErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fatal
+}
+
+// readControl handles frames from the edge until the connection ends.
+func (c *clientConn) readControl() {
+	defer c.mux.Close()
+	for {
+		msg, err := wire.ReadFrame(c.ctrl)
+		if err != nil {
+			if !c.mux.IsClosed() {
+				c.s.log.Info("control stream ended", zap.Error(err))
+			}
+			return
+		}
+		switch m := msg.(type) {
+		case *wire.Registered:
+			// Route the tunnel's streams before anyone learns the registration succeeded:
+			// the edge may dispatch to it at once.
+			c.mu.Lock()
+			if t := c.registering[m.Req]; t != nil {
+				c.byID[m.TunnelID] = t
+			}
+			c.mu.Unlock()
+			c.reply(m.Req, m)
+		case *wire.Rejected:
+			c.reply(m.Req, m)
+		case *wire.Deregistered:
+			c.mu.Lock()
+			t := c.byID[m.TunnelID]
+			delete(c.byID, m.TunnelID)
+			c.mu.Unlock()
+			if t != nil {
+				t.deregistered(c, m.Reason)
+			}
+		case *wire.Error:
+			c.mu.Lock()
+			c.fatal = &sessionError{code: m.Code, msg: m.Message}
+			c.mu.Unlock()
+			c.s.log.Warn("edge closed the session", zap.String("code", m.Code), zap.String("message", m.Message))
+			return
+		default:
+			c.s.log.Warn("unexpected frame from the edge", zap.Stringer("type", msg.Type()))
+			return
+		}
+	}
+}
+
+func (c *clientConn) reply(req uint32, m wire.Message) {
+	c.mu.Lock()
+	ch := c.pending[req]
+	delete(c.pending, req)
+	delete(c.registering, req)
+	c.mu.Unlock()
+	if ch != nil {
+		ch <- m
+	}
+}
+
+// acceptStreams serves the data streams the edge opens until the connection ends.
+func (c *clientConn) acceptStreams() {
+	for {
+		st, err := c.mux.AcceptStream()
+		if err != nil {
+			return
+		}
+		c.s.wg.Go(func() { c.serveStream(st) })
+	}
+}
+
+// serveStream reads a data stream's envelope, connects it to the tunnel's target and
+// acknowledges, or refuses.
+func (c *clientConn) serveStream(st *yamux.Stream) {
+	_ = st.SetReadDeadline(time.Now().Add(10 * time.Second))
+	env, err := wire.ReadEnvelope(st)
+	if err != nil {
+		refuse(st, wire.AckMalformed)
+		return
+	}
+	_ = st.SetReadDeadline(time.Time{})
+	c.mu.Lock()
+	t := c.byID[env.TunnelID]
+	c.mu.Unlock()
+	if t == nil {
+		refuse(st, wire.AckUnknownTunnel)
+		return
+	}
+	t.serve(c, st, env)
+}
+
+func refuse(st *yamux.Stream, a wire.Ack) {
+	_ = st.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = st.Write([]byte{byte(a)})
+	_ = st.Close()
+}

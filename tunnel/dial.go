@@ -1,0 +1,84 @@
+package tunnel
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/wire"
+)
+
+// errNoMember means the group has no healthy, non-draining member right now.
+var errNoMember = errors.New("no healthy member")
+
+// openError is a failure to open a data stream to a member before any payload was written:
+// the one case where another member may be tried.
+type openError struct {
+	tunnel string
+	err    error
+}
+
+func (e *openError) Error() string { return fmt.Sprintf("opening a stream to tunnel %s: %v", e.tunnel, e.err) }
+func (e *openError) Unwrap() error { return e.err }
+
+// open opens a data stream to the tunnel's connector, writes the envelope and waits for
+// the connector's acknowledgement, which it sends only once its local backend accepted the
+// connection. Nothing else has been written when open fails, so the caller may retry on
+// another member.
+func (t *edgeTunnel) open(remoteAddr string, timeout time.Duration) (*yamux.Stream, error) {
+	st, err := t.sess.mux.OpenStream()
+	if err != nil {
+		return nil, &openError{t.id, err}
+	}
+	var buf [wire.MaxEnvelopeSize + 1]byte
+	env, err := wire.AppendEnvelope(buf[:0], wire.Envelope{TunnelID: t.id, RemoteAddr: remoteAddr, Proto: t.proto})
+	if err != nil {
+		_ = st.Close()
+		return nil, &openError{t.id, err}
+	}
+	_ = st.SetDeadline(time.Now().Add(timeout))
+	if _, err := st.Write(env); err != nil {
+		_ = st.Close()
+		return nil, &openError{t.id, err}
+	}
+	ack := buf[:1]
+	if _, err := io.ReadFull(st, ack); err != nil {
+		_ = st.Close()
+		return nil, &openError{t.id, fmt.Errorf("waiting for the acknowledgement: %w", err)}
+	}
+	if a := wire.Ack(ack[0]); a != wire.AckOK {
+		_ = st.Close()
+		return nil, &openError{t.id, errors.New(a.String())}
+	}
+	_ = st.SetDeadline(time.Time{})
+	return st, nil
+}
+
+// dialGroup picks a member of g and opens a stream to it. If the open fails, it picks one
+// other member, once. The returned member holds an acquired stream slot: the caller must
+// Release it when the stream ends.
+func (s *Server) dialGroup(g *group.Group, remoteAddr string) (*yamux.Stream, *group.Member, error) {
+	m := g.Pick()
+	if m == nil {
+		return nil, nil, errNoMember
+	}
+	st, err := m.Value.(*edgeTunnel).open(remoteAddr, s.cfg.OpenTimeout)
+	if err == nil {
+		return st, m, nil
+	}
+	m.Release()
+	retry := g.PickExcept(m)
+	if retry == nil {
+		return nil, nil, err
+	}
+	st, err = retry.Value.(*edgeTunnel).open(remoteAddr, s.cfg.OpenTimeout)
+	if err != nil {
+		retry.Release()
+		return nil, nil, err
+	}
+	return st, retry, nil
+}

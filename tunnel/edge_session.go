@@ -1,0 +1,362 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/wire"
+)
+
+// controlWriteTimeout bounds one control frame write, so a connector that stopped reading
+// cannot pin the goroutine writing to it.
+const controlWriteTimeout = 10 * time.Second
+
+// edgeSession is one connector's session on the edge.
+type edgeSession struct {
+	srv    *Server
+	ctx    context.Context // cancelled when the session ends or the server closes
+	cancel context.CancelFunc
+	id     string
+	conn   net.Conn
+	mux    *yamux.Session
+	log    *zap.Logger
+	tenant string
+
+	wmu  sync.Mutex // serialises control writes
+	ctrl net.Conn
+
+	mu      sync.Mutex
+	tunnels map[string]*edgeTunnel
+	ended   bool
+	endErr  error
+}
+
+// edgeTunnel is one registered tunnel: a member of a group, owned by a session.
+type edgeTunnel struct {
+	id     string
+	sess   *edgeSession
+	member *group.Member
+	proto  string
+	url    string
+	port   int
+	pool   connPool
+}
+
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *Server) newSession(c net.Conn) (*edgeSession, error) {
+	id := newID()
+	log := s.log.With(zap.String("session", id), zap.String("remote", c.RemoteAddr().String()))
+	mux, err := newMux(c, true, log)
+	if err != nil {
+		return nil, err
+	}
+	e := &edgeSession{srv: s, id: id, conn: c, mux: mux, log: log, tunnels: map[string]*edgeTunnel{}}
+	e.ctx, e.cancel = context.WithCancel(s.ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		_ = mux.Close()
+		e.cancel()
+		return nil, ErrServerClosed
+	}
+	s.sessions[e] = struct{}{}
+	s.wg.Add(1) // the session itself; serve calls Done
+	return e, nil
+}
+
+// serve runs the session: hello, then control frames until the connector leaves.
+func (e *edgeSession) serve() error {
+	defer e.srv.wg.Done()
+	err := e.run()
+	e.end(err)
+	return err
+}
+
+func (e *edgeSession) run() error {
+	ctx, cancel := context.WithTimeout(context.Background(), e.srv.cfg.HelloTimeout)
+	ctrl, err := e.mux.AcceptStreamWithContext(ctx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("waiting for the control stream: %w", err)
+	}
+	e.ctrl = ctrl
+	// The connector opens exactly one stream; GoAway makes yamux refuse any other it tries
+	// to open, without a goroutine per session to accept and close them. The edge can
+	// still open data streams to the connector.
+	_ = e.mux.GoAway()
+
+	_ = ctrl.SetReadDeadline(time.Now().Add(e.srv.cfg.HelloTimeout))
+	msg, err := wire.ReadFrame(ctrl)
+	if err != nil {
+		return e.fail(wire.CodeProtocol, fmt.Sprintf("reading hello: %v", err))
+	}
+	hello, ok := msg.(*wire.Hello)
+	if !ok {
+		return e.fail(wire.CodeProtocol, fmt.Sprintf("expected hello, got %s", msg.Type()))
+	}
+	if hello.Version != wire.Version {
+		return e.fail(wire.CodeUnsupportedVersion, fmt.Sprintf("unsupported protocol version %d (this edge speaks %d)", hello.Version, wire.Version))
+	}
+	if a := e.srv.cfg.Auth; a != nil {
+		tenant, err := a.Authenticate(context.Background(), hello.Token)
+		if err != nil {
+			e.log.Info("connector rejected: invalid auth token")
+			return e.fail(wire.CodeUnauthorized, ErrUnauthorized.Error())
+		}
+		e.tenant = tenant
+	}
+	_ = ctrl.SetReadDeadline(time.Time{})
+	if err := e.send(&wire.Welcome{Version: wire.Version, SessionID: e.id, RegionID: e.srv.cfg.RegionID}); err != nil {
+		return err
+	}
+	e.log.Info("connector connected", zap.String("tenant", e.tenant), zap.String("client", hello.Client))
+
+	for {
+		msg, err := wire.ReadFrame(ctrl)
+		if err != nil {
+			if errors.Is(err, io.EOF) || e.mux.IsClosed() {
+				return nil
+			}
+			return e.fail(wire.CodeProtocol, fmt.Sprintf("reading control frame: %v", err))
+		}
+		switch m := msg.(type) {
+		case *wire.Register:
+			e.register(m)
+		case *wire.Health:
+			e.health(m)
+		case *wire.Drain:
+			e.drain(m.TunnelID)
+		case *wire.Deregister:
+			if t := e.take(m.TunnelID); t != nil {
+				e.srv.removeTunnel(t)
+				_ = e.send(&wire.Deregistered{TunnelID: t.id, Reason: "deregistered"})
+			}
+		default:
+			return e.fail(wire.CodeProtocol, fmt.Sprintf("unexpected %s frame from a connector", msg.Type()))
+		}
+	}
+}
+
+// fail tells the connector why the session ends and returns that as an error.
+func (e *edgeSession) fail(code, msg string) error {
+	e.log.Info("closing connector session", zap.String("code", code), zap.String("reason", msg))
+	_ = e.send(&wire.Error{Code: code, Message: msg})
+	return &sessionError{code: code, msg: msg}
+}
+
+func (e *edgeSession) send(m wire.Message) error {
+	e.wmu.Lock()
+	defer e.wmu.Unlock()
+	if e.ctrl == nil {
+		return ErrSessionClosed
+	}
+	_ = e.ctrl.SetWriteDeadline(time.Now().Add(controlWriteTimeout))
+	return wire.WriteFrame(e.ctrl, m)
+}
+
+// closeWithError sends a final error frame and closes the session; serve then cleans up.
+func (e *edgeSession) closeWithError(err *sessionError) {
+	_ = e.send(&wire.Error{Code: err.code, Message: err.msg})
+	_ = e.mux.Close()
+}
+
+// end removes every tunnel of the session and closes it.
+func (e *edgeSession) end(err error) {
+	e.mu.Lock()
+	e.ended, e.endErr = true, err
+	tunnels := e.tunnels
+	e.tunnels = nil
+	e.mu.Unlock()
+	for _, t := range tunnels {
+		e.srv.removeTunnel(t)
+	}
+	_ = e.mux.Close()
+	e.cancel()
+	e.srv.mu.Lock()
+	delete(e.srv.sessions, e)
+	e.srv.mu.Unlock()
+	e.log.Info("connector disconnected", zap.Int("tunnels", len(tunnels)), zap.NamedError("reason", err))
+}
+
+// take removes and returns the session's tunnel id, or nil if the session does not own it.
+func (e *edgeSession) take(id string) *edgeTunnel {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	t := e.tunnels[id]
+	if t == nil {
+		e.log.Debug("ignoring frame for a tunnel this session does not own", zap.String("tunnel", id))
+		return nil
+	}
+	delete(e.tunnels, id)
+	return t
+}
+
+func (e *edgeSession) lookup(id string) *edgeTunnel {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.tunnels[id]
+}
+
+func (e *edgeSession) register(m *wire.Register) {
+	t, err := e.srv.addTunnel(e, m)
+	if err != nil {
+		e.log.Info("registration rejected", zap.String("proto", m.Proto), zap.String("label", m.Label), zap.Error(err))
+		_ = e.send(&wire.Rejected{Req: m.Req, Code: codeFor(err), Message: err.Error()})
+		return
+	}
+	g := t.member.Group()
+	_ = e.send(&wire.Registered{Req: m.Req, TunnelID: t.id, URL: t.url, Port: t.port, Group: g.Name})
+}
+
+func (e *edgeSession) health(m *wire.Health) {
+	t := e.lookup(m.TunnelID)
+	if t == nil {
+		e.log.Info("ignoring health report for a tunnel this session does not own", zap.String("tunnel", m.TunnelID))
+		return
+	}
+	if e.srv.registry.SetHealth(t.member, m.Healthy, m.Reason) {
+		e.log.Info("member health changed", zap.String("tunnel", t.id), zap.Bool("healthy", m.Healthy), zap.String("reason", m.Reason))
+		if !m.Healthy {
+			t.pool.closeIdle()
+		}
+	}
+}
+
+// drain stops selecting the tunnel, waits (in a goroutine the server owns) for its streams to
+// finish or the drain timeout, then removes it and tells the connector.
+func (e *edgeSession) drain(id string) {
+	t := e.lookup(id)
+	if t == nil {
+		return
+	}
+	drained := e.srv.registry.Drain(t.member)
+	t.pool.closeIdle()
+	e.log.Info("draining member", zap.String("tunnel", id), zap.Int64("active", t.member.Active()))
+	e.srv.wg.Go(func() {
+		timer := time.NewTimer(e.srv.cfg.DrainTimeout)
+		defer timer.Stop()
+		reason := "drained"
+		select {
+		case <-drained:
+		case <-timer.C:
+			reason = fmt.Sprintf("drain timeout after %s with %d streams open", e.srv.cfg.DrainTimeout, t.member.Active())
+		case <-e.mux.CloseChan():
+			return // end() removes it
+		}
+		if e.take(id) == nil {
+			return
+		}
+		e.srv.removeTunnel(t)
+		e.log.Info("member drained", zap.String("tunnel", id), zap.String("reason", reason))
+		_ = e.send(&wire.Deregistered{TunnelID: id, Reason: reason})
+	})
+}
+
+// addTunnel validates a registration and joins the registry.
+func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error) {
+	e.mu.Lock()
+	n, ended := len(e.tunnels), e.ended
+	e.mu.Unlock()
+	if ended {
+		return nil, ErrSessionClosed
+	}
+	if n >= s.cfg.MaxTunnelsPerSession {
+		return nil, fmt.Errorf("%w: this session already has %d tunnels (max_tunnels_per_session)", ErrLimit, n)
+	}
+	req := group.JoinRequest{
+		ID:     newID(),
+		Proto:  m.Proto,
+		Label:  strings.ToLower(m.Label),
+		Group:  m.Group,
+		Tenant: e.tenant,
+	}
+	if m.Proto != wire.ProtoTCP {
+		if err := validSubdomain(req.Label); err != nil {
+			return nil, err
+		}
+	}
+	if m.Group != "" {
+		h, err := hex.DecodeString(m.KeyHash)
+		if err != nil || len(h) != len(req.KeyHash) {
+			return nil, &group.Error{Err: ErrInvalid, Msg: "group key hash is not a SHA-256"}
+		}
+		copy(req.KeyHash[:], h)
+	}
+	if h := m.Health; h != nil {
+		req.HealthKind = h.Kind
+		req.AlertWebhook = h.AlertWebhook
+	}
+	t := &edgeTunnel{id: req.ID, sess: e, proto: m.Proto}
+	req.Value = t
+	member, err := s.registry.Join(req)
+	if err != nil {
+		return nil, err
+	}
+	t.member = member
+	g := member.Group()
+	if g.Kind == group.KindTCP {
+		t.port = g.Port
+		t.url = fmt.Sprintf("tcp://%s:%d", s.cfg.Domain, g.Port)
+	} else {
+		t.url = s.publicURL(m.Proto, req.Label)
+	}
+	e.mu.Lock()
+	if e.ended {
+		e.mu.Unlock()
+		s.registry.Leave(member)
+		return nil, ErrSessionClosed
+	}
+	e.tunnels[t.id] = t
+	e.mu.Unlock()
+	e.log.Info("tunnel registered", zap.String("tunnel", t.id), zap.String("url", t.url),
+		zap.String("group", g.Name), zap.String("key", g.KeyHash.Short()))
+	return t, nil
+}
+
+func (s *Server) removeTunnel(t *edgeTunnel) {
+	s.registry.Leave(t.member)
+	t.pool.close()
+}
+
+func (s *Server) publicURL(proto, sub string) string {
+	port, def := int(s.httpPort.Load()), 80
+	if proto == wire.ProtoHTTPS {
+		port, def = int(s.httpsPort.Load()), 443
+	}
+	u := proto + "://" + sub + "." + s.cfg.Domain
+	if port != 0 && port != def {
+		u += fmt.Sprintf(":%d", port)
+	}
+	return u
+}
+
+// validSubdomain accepts one DNS label: a-z, 0-9 and '-', 1 to 63 characters, not starting
+// or ending with '-'.
+func validSubdomain(s string) error {
+	bad := len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-'
+	for i := 0; i < len(s) && !bad; i++ {
+		c := s[i]
+		bad = !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-')
+	}
+	if bad {
+		return &group.Error{Err: ErrInvalid, Msg: fmt.Sprintf("invalid subdomain %q: use 1 to 63 letters, digits or '-'", s)}
+	}
+	return nil
+}

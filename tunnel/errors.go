@@ -1,0 +1,97 @@
+package tunnel
+
+import (
+	"errors"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/wire"
+)
+
+// Errors. The rejections an edge sends travel as codes on the wire and come back as these
+// sentinels on the connector, so errors.Is works on both sides.
+var (
+	// ErrServerClosed is returned by the Server's Serve methods after Shutdown or Close.
+	ErrServerClosed = errors.New("tunnel: server closed")
+	// ErrSessionClosed is returned by Session methods after Close.
+	ErrSessionClosed = errors.New("tunnel: session closed")
+	// ErrTunnelClosed is returned by a tunnel's Accept after Close.
+	ErrTunnelClosed = errors.New("tunnel: tunnel closed")
+	// ErrUnauthorized: the edge refused the connector's token. Permanent: not retried.
+	ErrUnauthorized = errors.New("invalid auth token")
+	// ErrUnsupportedVersion: the two sides speak different protocol versions. Permanent.
+	ErrUnsupportedVersion = errors.New("unsupported protocol version")
+	// ErrProtocol: a peer broke the protocol (malformed or out-of-order frames).
+	ErrProtocol = errors.New("protocol error")
+	// ErrRejected is the generic registration rejection; the specific ones below wrap it.
+	ErrRejected = errors.New("tunnel rejected")
+	// ErrLimit: the session reached max_tunnels_per_session, or registered too fast.
+	ErrLimit = errors.New("tunnel limit reached")
+
+	// ErrKeyMismatch: the route belongs to a pool with another group key (or to a solo tunnel).
+	ErrKeyMismatch = group.ErrKeyMismatch
+	// ErrInUse: the subdomain is owned by another identity.
+	ErrInUse = group.ErrInUse
+	// ErrProtoMismatch: the pool's members serve another protocol (http vs https).
+	ErrProtoMismatch = group.ErrProtoMismatch
+	// ErrNoPorts: the edge's TCP port range is exhausted.
+	ErrNoPorts = group.ErrNoPorts
+	// ErrInvalid: the registration is malformed (bad subdomain, bad alert URL, ...).
+	ErrInvalid = group.ErrInvalid
+)
+
+// RejectedError is a registration the edge refused. Error returns the edge's message verbatim.
+type RejectedError struct {
+	// Code is the wire code, e.g. "group_key_mismatch".
+	Code string
+	// Message is the edge's sentence, e.g. "group key does not match for subdomain 'pool'".
+	Message string
+}
+
+func (e *RejectedError) Error() string { return e.Message }
+
+// Unwrap returns the sentinel for Code and ErrRejected, so that both errors.Is(err,
+// ErrKeyMismatch) and errors.Is(err, ErrRejected) hold.
+func (e *RejectedError) Unwrap() []error {
+	if s := sentinelFor(e.Code); s != nil {
+		return []error{s, ErrRejected}
+	}
+	return []error{ErrRejected}
+}
+
+var codeSentinels = map[string]error{
+	wire.CodeUnauthorized:       ErrUnauthorized,
+	wire.CodeUnsupportedVersion: ErrUnsupportedVersion,
+	wire.CodeProtocol:           ErrProtocol,
+	wire.CodeKeyMismatch:        ErrKeyMismatch,
+	wire.CodeInUse:              ErrInUse,
+	wire.CodeProtoMismatch:      ErrProtoMismatch,
+	wire.CodeNoPorts:            ErrNoPorts,
+	wire.CodeLimit:              ErrLimit,
+	wire.CodeInvalid:            ErrInvalid,
+}
+
+func sentinelFor(code string) error { return codeSentinels[code] }
+
+// codeFor maps an edge-side error to its wire code.
+func codeFor(err error) string {
+	for code, s := range codeSentinels {
+		if errors.Is(err, s) {
+			return code
+		}
+	}
+	return wire.CodeInternal
+}
+
+// sessionError is a fatal error the edge sent (wire.Error).
+type sessionError struct {
+	code, msg string
+}
+
+func (e *sessionError) Error() string { return e.msg }
+
+func (e *sessionError) Unwrap() error { return sentinelFor(e.code) }
+
+// permanent reports whether a connect error must not be retried.
+func permanent(err error) bool {
+	return errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrUnsupportedVersion)
+}

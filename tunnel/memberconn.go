@@ -1,0 +1,271 @@
+package tunnel
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/warren-tunnel/warren/group"
+)
+
+const (
+	// maxIdlePerMember caps a member's pool of idle keep-alive streams.
+	maxIdlePerMember = 64
+	// idleStreamTimeout: an idle pooled stream unused this long is closed (with its
+	// connection to the backend on the connector).
+	idleStreamTimeout = 90 * time.Second
+	// idleSweepInterval is how often the janitor looks for such streams.
+	idleSweepInterval = 30 * time.Second
+	// maxResponseHeaderBytes bounds a backend's response head, so a hostile connector
+	// cannot make the edge buffer without end.
+	maxResponseHeaderBytes = 1 << 20
+	// maxInterimResponses bounds the 1xx responses skipped before the final one.
+	maxInterimResponses = 8
+)
+
+// pastTime is a deadline that has always passed: setting it unblocks pending I/O at once.
+var pastTime = time.Unix(1, 0)
+
+var errHeadersTooLarge = errors.New("backend response headers too large")
+
+// memberConn is one HTTP/1.1 connection to a member, carried on a yamux stream. The edge
+// writes requests and reads responses on it itself (instead of using http.Transport) so that
+// it controls exactly when a request may be retried: never once a byte of it was written.
+type memberConn struct {
+	t         *edgeTunnel
+	st        *yamux.Stream
+	lim       headLimiter
+	br        *bufio.Reader
+	bw        *bufio.Writer
+	idleSince time.Time
+}
+
+// headLimiter caps the bytes read while a response head is being parsed.
+type headLimiter struct {
+	r       io.Reader
+	left    int64
+	limited bool
+}
+
+func (l *headLimiter) Read(p []byte) (int, error) {
+	if !l.limited {
+		return l.r.Read(p)
+	}
+	if l.left <= 0 {
+		return 0, errHeadersTooLarge
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
+func newMemberConn(t *edgeTunnel, st *yamux.Stream) *memberConn {
+	pc := &memberConn{t: t, st: st}
+	pc.lim.r = st
+	pc.br = bufio.NewReaderSize(&pc.lim, 16<<10)
+	pc.bw = bufio.NewWriterSize(st, 16<<10)
+	return pc
+}
+
+// alive reports, without blocking, whether an idle stream is still open and quiet: the
+// connector closes it when the backend closes its keep-alive connection.
+func (pc *memberConn) alive() bool {
+	if pc.br.Buffered() > 0 {
+		return false // bytes nobody asked for
+	}
+	_ = pc.st.SetReadDeadline(pastTime)
+	_, err := pc.br.Peek(1)
+	_ = pc.st.SetReadDeadline(time.Time{})
+	return errors.Is(err, yamux.ErrTimeout)
+}
+
+// close aborts the stream: pending reads and writes return at once.
+func (pc *memberConn) close() {
+	_ = pc.st.SetDeadline(pastTime)
+	_ = pc.st.Close()
+}
+
+func (pc *memberConn) writeRequest(req *http.Request) error {
+	if err := req.Write(pc.bw); err != nil {
+		return err
+	}
+	return pc.bw.Flush()
+}
+
+func (pc *memberConn) readResponse(req *http.Request) (*http.Response, error) {
+	pc.lim.left, pc.lim.limited = maxResponseHeaderBytes, true
+	defer func() { pc.lim.limited = false }()
+	for range maxInterimResponses {
+		resp, err := http.ReadResponse(pc.br, req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			continue // interim (100 Continue, 103 Early Hints): the final response follows
+		}
+		return resp, nil
+	}
+	return nil, fmt.Errorf("backend sent more than %d interim responses", maxInterimResponses)
+}
+
+// roundTrip sends req on the stream and returns the response, whose body releases m's
+// stream slot and returns the stream to the pool when it has been read to the end. A request
+// body is written concurrently with reading the response, so a backend may answer before it
+// read the whole upload, or stream both ways.
+func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Response, error) {
+	// A client that goes away aborts the exchange, wherever it is blocked.
+	stop := context.AfterFunc(req.Context(), pc.close)
+	var wdone chan error
+	if req.Body != nil && req.Body != http.NoBody {
+		wdone = make(chan error, 1)
+		body := &bodyReader{ReadCloser: req.Body}
+		req.Body = body
+		go func() {
+			err := pc.writeRequest(req)
+			if body.err != nil {
+				err = body.err // Request.Write hides the cause (e.g. *http.MaxBytesError)
+			}
+			if err != nil {
+				// The body broke off (client gone, over the limit): the backend would
+				// wait for the rest forever, so end the exchange.
+				pc.close()
+			}
+			wdone <- err
+		}()
+	} else if err := pc.writeRequest(req); err != nil {
+		stop()
+		pc.close()
+		m.Release()
+		return nil, err
+	}
+	resp, err := pc.readResponse(req)
+	if err != nil {
+		stop()
+		pc.close()
+		if wdone != nil {
+			if werr := <-wdone; werr != nil && !errors.Is(werr, yamux.ErrTimeout) {
+				// The upload failed first (e.g. over the body limit); that is the cause.
+				err = werr
+			}
+		}
+		m.Release()
+		return nil, err
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		if wdone != nil {
+			select {
+			case werr := <-wdone:
+				if werr != nil {
+					stop()
+					pc.close()
+					m.Release()
+					return nil, werr
+				}
+			default:
+				stop()
+				pc.close()
+				<-wdone
+				m.Release()
+				return nil, errors.New("backend switched protocols before reading the request body")
+			}
+		}
+		resp.Body = &upgradedConn{pc: pc, m: m, stop: stop}
+		return resp, nil
+	}
+	resp.Body = &memberBody{pc: pc, m: m, body: resp.Body, wdone: wdone, stop: stop, reusable: !resp.Close && !req.Close}
+	return resp, nil
+}
+
+// memberBody is a response body read from a member. Its end decides the stream's fate:
+// read to EOF with the request fully written → back to the pool; anything else → closed.
+type memberBody struct {
+	pc       *memberConn
+	m        *group.Member
+	body     io.ReadCloser
+	wdone    chan error
+	stop     func() bool
+	reusable bool
+	once     sync.Once
+}
+
+func (b *memberBody) Read(p []byte) (int, error) {
+	n, err := b.body.Read(p)
+	if err == io.EOF {
+		b.finish(true)
+	}
+	return n, err
+}
+
+func (b *memberBody) Close() error {
+	b.finish(false)
+	return nil
+}
+
+func (b *memberBody) finish(eof bool) {
+	b.once.Do(func() {
+		// stop fails when the client already went away and the stream was closed.
+		reuse := b.stop() && eof && b.reusable
+		if b.wdone != nil {
+			select {
+			case err := <-b.wdone:
+				reuse = reuse && err == nil
+				b.wdone = nil
+			default:
+				reuse = false
+			}
+		}
+		if !reuse {
+			b.pc.close()
+			if b.wdone != nil {
+				<-b.wdone
+			}
+		} else {
+			b.pc.t.pool.put(b.pc)
+		}
+		b.m.Release()
+	})
+}
+
+// upgradedConn is the backend side of a connection that switched protocols (WebSocket): it
+// stays on its member until closed.
+type upgradedConn struct {
+	pc   *memberConn
+	m    *group.Member
+	stop func() bool
+	once sync.Once
+}
+
+func (u *upgradedConn) Read(p []byte) (int, error)  { return u.pc.br.Read(p) }
+func (u *upgradedConn) Write(p []byte) (int, error) { return u.pc.st.Write(p) }
+func (u *upgradedConn) Close() error {
+	u.once.Do(func() {
+		u.stop()
+		u.pc.close()
+		u.m.Release()
+	})
+	return nil
+}
+
+// bodyReader remembers why reading a request body failed.
+type bodyReader struct {
+	io.ReadCloser
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
+}

@@ -1,0 +1,67 @@
+package tunnel
+
+import (
+	"io"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"go.uber.org/zap"
+)
+
+// Multiplexer tuning. Both sides use the same settings; each one is a deliberate choice.
+const (
+	// streamWindow is each stream's receive window. yamux's default of 256 KiB caps one
+	// stream near window/RTT: about 5 MB/s at a 50 ms RTT. 4 MiB allows ~80 MB/s per stream on
+	// that path while bounding the worst-case buffering to 4 MiB per busy stream whose reader
+	// is slower than its writer (buffers grow lazily, so idle streams cost nothing).
+	streamWindow = 4 << 20
+
+	// acceptBacklog is how many opened-but-not-yet-accepted streams a side queues. The
+	// connector's accept loop hands each stream to its own goroutine at once, so the queue
+	// only absorbs bursts; a larger backlog means fewer streams reset under a burst of new
+	// public connections.
+	acceptBacklog = 1024
+
+	// keepAliveInterval: both sides ping so that each notices a dead peer (a NAT that
+	// dropped the mapping, a host that vanished) within about interval + write timeout, and
+	// the edge removes that connector's members instead of routing to them.
+	keepAliveInterval = 15 * time.Second
+
+	// connWriteTimeout is yamux's safety valve: a frame that cannot be written in this time
+	// means the connection is dead, and the session closes.
+	connWriteTimeout = 10 * time.Second
+
+	// streamCloseTimeout bounds how long a stream may stay half-closed after this side
+	// closed it. It is what finally frees a stream whose peer stopped reading after an
+	// abort (yamux has no per-stream reset), so it cannot be infinite; it also bounds a
+	// legitimate TCP half-close (client done sending, response still flowing) to this long.
+	streamCloseTimeout = 5 * time.Minute
+)
+
+// muxConfig returns the yamux configuration for one side.
+//
+// StreamOpenTimeout is 0 (off) on purpose: when it expires yamux closes the *whole
+// session*, taking every other stream of that connector down with one slow open. The edge
+// bounds each open itself with the envelope acknowledgement deadline and then tries
+// another member, and keep-alive catches a dead peer.
+func muxConfig(log *zap.Logger) *yamux.Config {
+	cfg := yamux.DefaultConfig()
+	cfg.AcceptBacklog = acceptBacklog
+	cfg.EnableKeepAlive = true
+	cfg.KeepAliveInterval = keepAliveInterval
+	cfg.ConnectionWriteTimeout = connWriteTimeout
+	cfg.MaxStreamWindowSize = streamWindow
+	cfg.StreamOpenTimeout = 0
+	cfg.StreamCloseTimeout = streamCloseTimeout
+	cfg.LogOutput = nil
+	cfg.Logger = zap.NewStdLog(log.Named("yamux"))
+	return cfg
+}
+
+// newMux starts a yamux session over conn.
+func newMux(conn io.ReadWriteCloser, server bool, log *zap.Logger) (*yamux.Session, error) {
+	if server {
+		return yamux.Server(conn, muxConfig(log))
+	}
+	return yamux.Client(conn, muxConfig(log))
+}

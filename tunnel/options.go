@@ -1,0 +1,105 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Option configures a connector session (see Dial).
+type Option func(*dialOptions)
+
+type dialOptions struct {
+	token         string
+	tlsConfig     *tls.Config
+	dial          func(ctx context.Context, network, addr string) (net.Conn, error)
+	log           *zap.Logger
+	reconnect     bool
+	backoffMin    time.Duration
+	backoffMax    time.Duration
+	healthyPeriod time.Duration
+	localTimeout  time.Duration
+	acceptTimeout time.Duration
+	drainTimeout  time.Duration
+	client        string
+}
+
+func defaultDialOptions() dialOptions {
+	return dialOptions{
+		log:           zap.NewNop(),
+		reconnect:     true,
+		backoffMin:    250 * time.Millisecond,
+		backoffMax:    30 * time.Second,
+		healthyPeriod: 30 * time.Second,
+		localTimeout:  5 * time.Second,
+		acceptTimeout: 5 * time.Second,
+		drainTimeout:  30 * time.Second,
+		client:        "warren",
+		dial:          (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+	}
+}
+
+// WithToken sets the auth token sent in the hello.
+func WithToken(token string) Option { return func(o *dialOptions) { o.token = token } }
+
+// WithTLS makes the connector speak TLS to the edge with cfg. The edge's certificate is
+// verified (against cfg.RootCAs, or the system roots); skipping verification takes an
+// explicit cfg.InsecureSkipVerify. If cfg.ServerName is empty, the host of the edge address
+// is used.
+func WithTLS(cfg *tls.Config) Option { return func(o *dialOptions) { o.tlsConfig = cfg } }
+
+// WithDialer replaces the function that opens the connection to the edge. Pass an edge's
+// Server.DialContext to connect in memory.
+func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
+	return func(o *dialOptions) { o.dial = dial }
+}
+
+// WithLogger sets the session's logger (default: none).
+func WithLogger(l *zap.Logger) Option {
+	return func(o *dialOptions) {
+		if l != nil {
+			o.log = l
+		}
+	}
+}
+
+// WithReconnect turns reconnecting after a lost connection on (the default) or off.
+func WithReconnect(on bool) Option { return func(o *dialOptions) { o.reconnect = on } }
+
+// WithBackoff sets the reconnect delay range: the first retry waits about min, each further
+// one twice as long up to max, each with random jitter of ±20%. The delay starts again from
+// min once a connection has stayed up for a healthy period (30 s). Defaults 250 ms and 30 s.
+func WithBackoff(min, max time.Duration) Option {
+	return func(o *dialOptions) {
+		if min > 0 {
+			o.backoffMin = min
+		}
+		if max >= o.backoffMin {
+			o.backoffMax = max
+		}
+	}
+}
+
+// WithDrainTimeout bounds how long closing a tunnel waits for its in-flight requests and
+// connections (default 30 s).
+func WithDrainTimeout(d time.Duration) Option {
+	return func(o *dialOptions) {
+		if d > 0 {
+			o.drainTimeout = d
+		}
+	}
+}
+
+// WithLocalTimeout bounds dialing the local target of a Forward tunnel, and waiting for an
+// in-process Listen tunnel's Accept (default 5 s). When it expires the edge tries another
+// member.
+func WithLocalTimeout(d time.Duration) Option {
+	return func(o *dialOptions) {
+		if d > 0 {
+			o.localTimeout, o.acceptTimeout = d, d
+		}
+	}
+}

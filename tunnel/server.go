@@ -1,0 +1,572 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/dispatch"
+	"github.com/warren-tunnel/warren/group"
+)
+
+// ServerConfig configures an edge. The zero value is a working in-memory edge: public
+// domain "localhost", no authentication, load balancing off, no TCP port range, and
+// default timeouts. Every field is optional.
+type ServerConfig struct {
+	// Domain is the public domain: HTTP tunnels are reached at <subdomain>.<Domain>.
+	// Default "localhost".
+	Domain string
+	// RegionID names this edge in alerts and metrics. Default "local".
+	RegionID string
+	// Logger receives the edge's logs. Default zap.NewNop().
+	Logger *zap.Logger
+
+	// Auth checks connector tokens. Nil accepts every connector, with or without a token.
+	Auth Authenticator
+
+	// LoadBalancing is the kill switch for groups: when false (the default) the group
+	// fields of a registration are accepted and ignored, and every tunnel is solo.
+	LoadBalancing bool
+	// Strategy picks a member per request or connection: "least_streams" (default) or
+	// "random".
+	Strategy string
+
+	// TCPPorts is the inclusive range TCP tunnels take their public port from. The zero
+	// range refuses TCP tunnels with ErrNoPorts.
+	TCPPorts group.PortRange
+	// TCPBindHost is the address TCP tunnel listeners bind to. Default "" (all addresses).
+	TCPBindHost string
+	// ListenTCP, when set, replaces net.Listen for TCP tunnel ports (tests can hand out
+	// in-memory listeners). It should return an error wrapping group.ErrPortUnavailable when
+	// the port is taken, so the next port is tried.
+	ListenTCP func(port int) (net.Listener, error)
+
+	// ControlAddr, HTTPAddr, HTTPSAddr and AdminAddr are the listen addresses used by
+	// ListenAndServe. ControlAddr defaults to ":4040" and HTTPAddr to ":8080"; HTTPSAddr
+	// needs TLSConfig; an empty AdminAddr or HTTPSAddr means that listener is off.
+	ControlAddr, HTTPAddr, HTTPSAddr, AdminAddr string
+	// TLSConfig, when set, makes the control listener of ListenAndServe speak TLS and is
+	// used for the public HTTPS listener.
+	TLSConfig *tls.Config
+	// PublicHTTPPort and PublicHTTPSPort are the ports written into tunnel URLs; 0 means
+	// the port of the first public listener served (80 and 443 are left out of URLs).
+	PublicHTTPPort, PublicHTTPSPort int
+
+	// HelloTimeout bounds how long a new connector may take to open its control stream and
+	// say hello. Default 10 s.
+	HelloTimeout time.Duration
+	// OpenTimeout bounds opening a data stream to a member, including its
+	// acknowledgement (the connector dials its backend first). Default 10 s.
+	OpenTimeout time.Duration
+	// DrainTimeout bounds how long a draining member's open streams may run before it is
+	// removed anyway. Default 30 s.
+	DrainTimeout time.Duration
+	// MaxTunnelsPerSession caps the tunnels one connector session may hold. Default 16.
+	MaxTunnelsPerSession int
+
+	// ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes protect the public HTTP listeners
+	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB.
+	ReadHeaderTimeout, IdleTimeout time.Duration
+	MaxHeaderBytes                 int
+	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
+	RequestBodyMaxBytes int64
+}
+
+func (c *ServerConfig) setDefaults() error {
+	if c.Domain == "" {
+		c.Domain = "localhost"
+	}
+	if c.RegionID == "" {
+		c.RegionID = "local"
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.ControlAddr == "" {
+		c.ControlAddr = ":4040"
+	}
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = ":8080"
+	}
+	if c.HelloTimeout <= 0 {
+		c.HelloTimeout = 10 * time.Second
+	}
+	if c.OpenTimeout <= 0 {
+		c.OpenTimeout = 10 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+	if c.MaxTunnelsPerSession <= 0 {
+		c.MaxTunnelsPerSession = 16
+	}
+	if c.ReadHeaderTimeout <= 0 {
+		c.ReadHeaderTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 120 * time.Second
+	}
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = 32 << 10
+	}
+	if _, err := dispatch.New(c.Strategy); err != nil {
+		return err
+	}
+	if r := c.TCPPorts; r != (group.PortRange{}) && (r.Lo < 1 || r.Hi > 65535 || r.Lo > r.Hi) {
+		return fmt.Errorf("tunnel: invalid TCP port range %d-%d", r.Lo, r.Hi)
+	}
+	return nil
+}
+
+// Server is an edge: it accepts connector sessions, keeps the routing table of groups, and
+// carries public HTTP requests and TCP connections to the members. Create it with NewServer;
+// serve with ListenAndServe, or piecewise with Serve (connectors), ServePublic (public HTTP),
+// ServeAdmin and ServeConn; stop it with Shutdown or Close.
+type Server struct {
+	cfg      ServerConfig
+	log      *zap.Logger
+	ctx      context.Context // cancelled by Close: aborts every stream still open
+	cancel   context.CancelFunc
+	registry *group.Registry
+	proxy    *httpIngress
+
+	httpPort, httpsPort atomic.Int32
+
+	mu         sync.Mutex
+	closing    bool
+	listeners  map[net.Listener]struct{}
+	sessions   map[*edgeSession]struct{}
+	httpSrvs   map[*http.Server]struct{}
+	tcpRoutes  map[*group.Group]*tcpRoute
+	done       chan struct{} // closed when Shutdown or Close starts
+	closeOnce  sync.Once
+	inShutdown atomic.Bool
+
+	wg sync.WaitGroup // every goroutine the server starts
+	// publicConns counts the public HTTP connections whose net/http goroutines are still
+	// running, so that Close returns only after they are gone.
+	publicConns connCount
+}
+
+// connCount counts live connections and lets Close wait for none.
+type connCount struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed while n == 0
+}
+
+func (c *connCount) track(_ net.Conn, st http.ConnState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.zero == nil {
+		c.zero = make(chan struct{})
+		close(c.zero)
+	}
+	switch st {
+	case http.StateNew:
+		if c.n == 0 {
+			c.zero = make(chan struct{})
+		}
+		c.n++
+	case http.StateClosed, http.StateHijacked:
+		c.n--
+		if c.n == 0 {
+			close(c.zero)
+		}
+	}
+}
+
+// idle returns a channel closed once no tracked connection is left.
+func (c *connCount) idle() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.zero == nil {
+		c.zero = make(chan struct{})
+		close(c.zero)
+	}
+	return c.zero
+}
+
+// NewServer returns an edge configured by cfg. It starts nothing: the Serve methods do.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:       cfg,
+		log:       cfg.Logger,
+		listeners: map[net.Listener]struct{}{},
+		sessions:  map[*edgeSession]struct{}{},
+		httpSrvs:  map[*http.Server]struct{}{},
+		tcpRoutes: map[*group.Group]*tcpRoute{},
+		done:      make(chan struct{}),
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.httpPort.Store(int32(cfg.PublicHTTPPort))
+	s.httpsPort.Store(int32(cfg.PublicHTTPSPort))
+	s.registry = group.NewRegistry(group.Config{
+		LoadBalancing: cfg.LoadBalancing,
+		Ports:         cfg.TCPPorts,
+		NewStrategy: func() dispatch.Strategy {
+			st, _ := dispatch.New(cfg.Strategy)
+			return st
+		},
+		OnCreate: s.onGroupCreate,
+		OnRemove: s.onGroupRemove,
+		OnEvent:  s.onGroupEvent,
+	})
+	s.proxy = newHTTPIngress(s)
+	s.wg.Go(s.janitor)
+	return s, nil
+}
+
+// Registry returns the edge's routing table (read it; the edge owns it).
+func (s *Server) Registry() *group.Registry { return s.registry }
+
+// Handler returns the public HTTP ingress as an http.Handler: it routes each request by its
+// Host header to a group and proxies it to one member. Tests can serve it with httptest.
+func (s *Server) Handler() http.Handler { return s.proxy }
+
+func (s *Server) shuttingDown() bool {
+	select {
+	case <-s.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// track registers l so that Shutdown and Close close it; it fails once the server is closing.
+func (s *Server) track(l net.Listener) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.listeners[l] = struct{}{}
+	return true
+}
+
+func (s *Server) untrack(l net.Listener) {
+	s.mu.Lock()
+	delete(s.listeners, l)
+	s.mu.Unlock()
+}
+
+// Serve accepts connector connections on l until Shutdown or Close, and always returns a
+// non-nil error: ErrServerClosed after those. Each connection is served as in ServeConn.
+// Wrap l with tls.NewListener for TLS.
+func (s *Server) Serve(l net.Listener) error {
+	if !s.track(l) {
+		_ = l.Close()
+		return ErrServerClosed
+	}
+	defer s.untrack(l)
+	var backoff time.Duration
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if s.shuttingDown() {
+				return ErrServerClosed
+			}
+			if ne, ok := err.(net.Error); ok && ne.Timeout() || isTemporary(err) {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				s.log.Warn("accept error; retrying", zap.Error(err), zap.Duration("delay", backoff))
+				select {
+				case <-time.After(backoff):
+				case <-s.done:
+				}
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		if !s.spawn(func() { _ = s.ServeConn(c) }) {
+			_ = c.Close()
+			return ErrServerClosed
+		}
+	}
+}
+
+// spawn starts f in a goroutine the server waits for, unless the server is closing. Callers
+// that are not themselves server goroutines must use it instead of wg.Go, so that no goroutine
+// is added while Close waits.
+func (s *Server) spawn(f func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.wg.Go(f)
+	return true
+}
+
+func isTemporary(err error) bool {
+	var t interface{ Temporary() bool }
+	return errors.As(err, &t) && t.Temporary()
+}
+
+// ServeConn serves one connector over c, which may be any net.Conn (a TCP or TLS connection,
+// or one end of net.Pipe), and returns when the session ends. It closes c.
+func (s *Server) ServeConn(c net.Conn) error {
+	sess, err := s.newSession(c)
+	if err != nil {
+		_ = c.Close()
+		return err
+	}
+	return sess.serve()
+}
+
+// DialContext connects an in-memory connector to this edge: it returns one end of a
+// net.Pipe and serves the other end as ServeConn does, in a goroutine the server owns. Pass
+// it to tunnel.WithDialer to run a whole edge and its connectors with no sockets.
+func (s *Server) DialContext(ctx context.Context, _, _ string) (net.Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if s.shuttingDown() {
+		return nil, ErrServerClosed
+	}
+	client, edge := net.Pipe()
+	if !s.spawn(func() { _ = s.ServeConn(edge) }) {
+		_ = edge.Close()
+		_ = client.Close()
+		return nil, ErrServerClosed
+	}
+	return client, nil
+}
+
+// ServePublic serves public HTTP on l until Shutdown or Close, and returns ErrServerClosed
+// then. The public server has read-header and idle timeouts and a header size limit, so a
+// slow client cannot hold others.
+func (s *Server) ServePublic(l net.Listener) error {
+	s.httpPort.CompareAndSwap(0, int32(portOf(l.Addr())))
+	return s.serveHTTP(l, s.proxy)
+}
+
+// ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig.
+func (s *Server) ServePublicTLS(l net.Listener) error {
+	if s.cfg.TLSConfig == nil {
+		return errors.New("tunnel: ServePublicTLS needs ServerConfig.TLSConfig")
+	}
+	s.httpsPort.CompareAndSwap(0, int32(portOf(l.Addr())))
+	return s.serveHTTP(tls.NewListener(l, s.cfg.TLSConfig), s.proxy)
+}
+
+// ServeAdmin serves the admin API (/healthz) on l until Shutdown or Close.
+func (s *Server) ServeAdmin(l net.Listener) error {
+	return s.serveHTTP(l, s.AdminHandler())
+}
+
+func (s *Server) serveHTTP(l net.Listener, h http.Handler) error {
+	hs := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+		ErrorLog:          zap.NewStdLog(s.log.Named("http")),
+		ConnState:         s.publicConns.track,
+	}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		_ = l.Close()
+		return ErrServerClosed
+	}
+	s.httpSrvs[hs] = struct{}{}
+	s.mu.Unlock()
+	err := hs.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return ErrServerClosed
+	}
+	return err
+}
+
+func portOf(a net.Addr) int {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return ta.Port
+	}
+	_, p, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+// ListenAndServe listens on the configured addresses (control, public HTTP, and HTTPS and
+// admin when set) and serves them until Shutdown or Close, then returns ErrServerClosed. If
+// one listener fails, the others are closed and its error is returned.
+func (s *Server) ListenAndServe() error {
+	type svc struct {
+		addr  string
+		serve func(net.Listener) error
+		wrap  func(net.Listener) net.Listener
+	}
+	svcs := []svc{{addr: s.cfg.ControlAddr, serve: s.Serve}, {addr: s.cfg.HTTPAddr, serve: s.ServePublic}}
+	if s.cfg.TLSConfig != nil {
+		svcs[0].wrap = func(l net.Listener) net.Listener { return tls.NewListener(l, s.cfg.TLSConfig) }
+		if s.cfg.HTTPSAddr != "" {
+			svcs = append(svcs, svc{addr: s.cfg.HTTPSAddr, serve: s.ServePublicTLS})
+		}
+	}
+	if s.cfg.AdminAddr != "" {
+		svcs = append(svcs, svc{addr: s.cfg.AdminAddr, serve: s.ServeAdmin})
+	}
+	var ls []net.Listener
+	for _, sv := range svcs {
+		l, err := net.Listen("tcp", sv.addr)
+		if err != nil {
+			for _, l := range ls {
+				_ = l.Close()
+			}
+			return fmt.Errorf("tunnel: listen %s: %w", sv.addr, err)
+		}
+		if sv.wrap != nil {
+			l = sv.wrap(l)
+		}
+		ls = append(ls, l)
+	}
+	errc := make(chan error, len(svcs))
+	for i, sv := range svcs {
+		s.wg.Go(func() { errc <- sv.serve(ls[i]) })
+	}
+	err := <-errc
+	if !errors.Is(err, ErrServerClosed) {
+		_ = s.Close()
+	}
+	return err
+}
+
+// Shutdown stops the edge gracefully: it stops accepting connectors and public traffic,
+// waits for in-flight requests and TCP connections to finish, then ends every connector
+// session (the connectors reconnect elsewhere or later). If ctx ends first, Shutdown closes
+// what remains as Close does and returns ctx's error.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.inShutdown.Store(true)
+	listeners, httpSrvs := s.beginClose()
+
+	var hwg sync.WaitGroup
+	for _, hs := range httpSrvs {
+		hwg.Go(func() { _ = hs.Shutdown(ctx) })
+	}
+	for _, l := range listeners {
+		_ = l.Close()
+	}
+	s.closeTCPListeners()
+	hwg.Wait()
+
+	// Wait for in-flight streams (TCP connections, upgraded HTTP) to end.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for s.activeStreams() > 0 {
+		select {
+		case <-ctx.Done():
+			_ = s.Close()
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	s.closeSessions("edge shutting down")
+	waited := make(chan struct{})
+	go func() { s.wg.Wait(); close(waited) }()
+	select {
+	case <-waited:
+		s.cancel()
+	case <-ctx.Done():
+		_ = s.Close()
+		return ctx.Err()
+	}
+	select {
+	case <-s.publicConns.idle():
+		return nil
+	case <-ctx.Done():
+		_ = s.Close()
+		return ctx.Err()
+	}
+}
+
+// Close stops the edge at once: listeners, public connections and connector sessions are
+// closed, and Close waits for every goroutine the server started. It is idempotent.
+func (s *Server) Close() error {
+	listeners, httpSrvs := s.beginClose()
+	for _, l := range listeners {
+		_ = l.Close()
+	}
+	for _, hs := range httpSrvs {
+		_ = hs.Close()
+	}
+	s.closeTCPListeners()
+	s.closeSessions("edge closed")
+	s.cancel()
+	s.wg.Wait()
+	<-s.publicConns.idle() // net/http's connection goroutines end within its 500 ms linger
+	return nil
+}
+
+func (s *Server) beginClose() ([]net.Listener, []*http.Server) {
+	s.closeOnce.Do(func() { close(s.done) })
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closing = true
+	var ls []net.Listener
+	for l := range s.listeners {
+		ls = append(ls, l)
+	}
+	var hs []*http.Server
+	for h := range s.httpSrvs {
+		hs = append(hs, h)
+	}
+	return ls, hs
+}
+
+func (s *Server) closeSessions(reason string) {
+	s.mu.Lock()
+	var sess []*edgeSession
+	for e := range s.sessions {
+		sess = append(sess, e)
+	}
+	s.mu.Unlock()
+	for _, e := range sess {
+		e.closeWithError(&sessionError{code: "shutting_down", msg: reason})
+	}
+}
+
+func (s *Server) activeStreams() int64 {
+	var n int64
+	for _, g := range s.registry.Groups() {
+		for _, m := range g.Members() {
+			n += m.Active()
+		}
+	}
+	return n
+}
+
+// janitor closes idle pooled HTTP streams that have not been used for a while.
+func (s *Server) janitor() {
+	t := time.NewTicker(idleSweepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case now := <-t.C:
+			for _, g := range s.registry.Groups() {
+				for _, m := range g.Members() {
+					if et, ok := m.Value.(*edgeTunnel); ok {
+						et.pool.sweep(now.Add(-idleStreamTimeout))
+					}
+				}
+			}
+		}
+	}
+}
