@@ -29,8 +29,8 @@ type Session struct {
 	cancel context.CancelFunc
 
 	mu      sync.Mutex
-	conn    *clientConn         // the live connection; nil while reconnecting
-	up      chan struct{}       // closed when conn becomes non-nil
+	conn    *clientConn   // the live connection; nil while reconnecting
+	up      chan struct{} // closed when conn becomes non-nil
 	tunnels map[*clientTunnel]struct{}
 	err     error
 	done    chan struct{}

@@ -22,7 +22,9 @@ type openError struct {
 	err    error
 }
 
-func (e *openError) Error() string { return fmt.Sprintf("opening a stream to tunnel %s: %v", e.tunnel, e.err) }
+func (e *openError) Error() string {
+	return fmt.Sprintf("opening a stream to tunnel %s: %v", e.tunnel, e.err)
+}
 func (e *openError) Unwrap() error { return e.err }
 
 // open opens a data stream to the tunnel's connector, writes the envelope and waits for
