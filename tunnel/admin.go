@@ -26,6 +26,9 @@ func (s *Server) AdminHandler() http.Handler {
 // onGroupEvent receives every membership and health change from the registry, under the
 // group's lock, in order.
 func (s *Server) onGroupEvent(ev group.Event) {
+	if s.cfg.OnEvent != nil {
+		s.cfg.OnEvent(ev)
+	}
 	if ev.Kind == group.EventHealth || ev.GroupRemoved {
 		s.log.Debug("group changed", zap.String("event", ev.Kind.String()), zap.String("group", ev.Group.Name),
 			zap.String("label", ev.Group.Label), zap.Int("members", ev.MemberCount), zap.Int("healthy", ev.SelectableCount))

@@ -79,6 +79,11 @@ type ServerConfig struct {
 	MaxHeaderBytes                 int
 	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
 	RequestBodyMaxBytes int64
+
+	// OnEvent, when set, receives every group membership and health change (joins,
+	// leaves, health transitions, drains) in order per group. It is called synchronously
+	// under the group's lock: it must return quickly and must not call into the Server.
+	OnEvent func(group.Event)
 }
 
 func (c *ServerConfig) setDefaults() error {
