@@ -1,0 +1,18 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/warren-tunnel/warren/health"
+)
+
+// healthSpecNeverPasses is a probe that always fails: its member never joins dispatch.
+var healthSpecNeverPasses = health.Spec{
+	Type:      health.TypeFunc,
+	Interval:  20 * time.Millisecond,
+	Timeout:   20 * time.Millisecond,
+	MaxFailed: 1,
+	Check:     func(context.Context) error { return errors.New("never healthy") },
+}

@@ -1,0 +1,257 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+)
+
+func TestWrongTokenIsRejectedAndOthersKeepServing(t *testing.T) {
+	e := startEdge(t, ServerConfig{Auth: NewStaticTokens([]string{"good"}, map[string]string{"acme": "acme-token"})})
+	b := backend(t, "b")
+	good := e.connect(WithToken("good"))
+	_, err := good.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))
+	require.NoError(t, err)
+
+	for _, tok := range []string{"", "bad", "good "} {
+		_, err := Dial(ctxT(t), e.controlAddr, WithToken(tok))
+		require.ErrorIs(t, err, ErrUnauthorized, "token %q", tok)
+		require.ErrorContains(t, err, "invalid auth token")
+	}
+	tenant := e.connect(WithToken("acme-token"))
+	_, err = tenant.Forward(ctxT(t), TunnelSpec{Subdomain: "acme"}, hostPort(b.URL))
+	require.NoError(t, err, "a tenant's token authenticates its connectors")
+
+	code, body := e.get("app", "/")
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, "b /", body)
+}
+
+func TestCloseIsIdempotentAndServeAfterCloseFails(t *testing.T) {
+	srv, err := NewServer(ServerConfig{})
+	require.NoError(t, err)
+	require.NoError(t, srv.Close())
+	require.NoError(t, srv.Close())
+	l := listenLoopback(t)
+	require.ErrorIs(t, srv.Serve(l), ErrServerClosed)
+	require.ErrorIs(t, srv.ServePublic(listenLoopback(t)), ErrServerClosed)
+	_, err = srv.DialContext(context.Background(), "", "")
+	require.ErrorIs(t, err, ErrServerClosed)
+	require.NoError(t, srv.Shutdown(context.Background()))
+}
+
+func TestServerConfigValidation(t *testing.T) {
+	_, err := NewServer(ServerConfig{Strategy: "round_robin"})
+	require.ErrorContains(t, err, "unknown strategy")
+	_, err = NewServer(ServerConfig{TCPPorts: tcpRange(70000)})
+	require.ErrorContains(t, err, "invalid TCP port range")
+}
+
+func TestShutdownWaitsForInFlightRequests(t *testing.T) {
+	e := startEdge(t, ServerConfig{})
+	started := make(chan struct{})
+	release := make(chan struct{})
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-release
+		_, _ = w.Write([]byte("finished"))
+	}))
+	defer b.Close()
+	sess := e.connect()
+	_, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "slow"}, hostPort(b.URL))
+	require.NoError(t, err)
+
+	type result struct {
+		code int
+		body string
+	}
+	got := make(chan result, 1)
+	go func() {
+		code, body := e.get("slow", "/")
+		got <- result{code, body}
+	}()
+	<-started
+	shut := make(chan error, 1)
+	go func() { shut <- e.Shutdown(ctxT(t)) }()
+	select {
+	case err := <-shut:
+		t.Fatalf("Shutdown returned %v with a request in flight", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	r := <-got
+	require.Equal(t, http.StatusOK, r.code)
+	require.Equal(t, "finished", r.body)
+	require.NoError(t, <-shut)
+	select {
+	case <-sess.Done():
+		t.Fatal("a shutting-down edge is not a permanent failure: the connector keeps retrying")
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.NoError(t, sess.Err())
+}
+
+// restartableEdge serves an edge on fixed loopback addresses and can be replaced by a new
+// edge on the same addresses, as a restarted process would be.
+type restartableEdge struct {
+	t                  *testing.T
+	control, public    string
+	cur                *Server
+	served             sync.WaitGroup
+	cfg                ServerConfig
+}
+
+func (r *restartableEdge) start() {
+	cfg := r.cfg
+	cfg.Domain = testDomain
+	cfg.Logger = zaptest.NewLogger(r.t)
+	srv, err := NewServer(cfg)
+	require.NoError(r.t, err)
+	lc, err := net.Listen("tcp", r.control)
+	require.NoError(r.t, err)
+	lp, err := net.Listen("tcp", r.public)
+	require.NoError(r.t, err)
+	r.control, r.public = lc.Addr().String(), lp.Addr().String()
+	r.served.Go(func() { _ = srv.Serve(lc) })
+	r.served.Go(func() { _ = srv.ServePublic(lp) })
+	r.cur = srv
+}
+
+func (r *restartableEdge) stop() {
+	require.NoError(r.t, r.cur.Close())
+	r.served.Wait()
+}
+
+func TestConnectorReconnectsAfterEdgeRestart(t *testing.T) {
+	r := &restartableEdge{t: t, control: "127.0.0.1:0", public: "127.0.0.1:0"}
+	r.start()
+	defer func() { r.stop() }()
+	b := backend(t, "b")
+	sess, err := Dial(ctxT(t), r.control, WithLogger(zaptest.NewLogger(t)), WithBackoff(10*time.Millisecond, 50*time.Millisecond))
+	require.NoError(t, err)
+	defer sess.Close()
+	tun, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))
+	require.NoError(t, err)
+	firstID := tun.ID()
+
+	client := publicClient(r.public)
+	defer client.CloseIdleConnections()
+	get := func() int {
+		resp, err := client.Get("http://app." + testDomain + "/")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	require.Equal(t, http.StatusOK, get())
+
+	r.stop()
+	r.start()
+	client.CloseIdleConnections()
+	require.Eventually(t, func() bool { return get() == http.StatusOK }, 10*time.Second, 20*time.Millisecond,
+		"the connector re-registers its tunnel on the restarted edge")
+	require.NotEqual(t, firstID, tun.ID(), "a new registration has a new id")
+	select {
+	case <-tun.Done():
+		t.Fatal("the tunnel ended across the restart")
+	default:
+	}
+}
+
+func TestPermanentRejectionOnReconnectStopsTheSession(t *testing.T) {
+	r := &restartableEdge{t: t, control: "127.0.0.1:0", public: "127.0.0.1:0"}
+	r.start()
+	sess, err := Dial(ctxT(t), r.control, WithToken("old"), WithLogger(zaptest.NewLogger(t)), WithBackoff(10*time.Millisecond, 50*time.Millisecond))
+	require.NoError(t, err)
+	defer sess.Close()
+	tun, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, "127.0.0.1:9")
+	require.NoError(t, err)
+
+	r.stop()
+	r.cfg.Auth = NewStaticTokens([]string{"new"}, nil)
+	r.start()
+	defer r.stop()
+	select {
+	case <-sess.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session kept retrying a token the edge refuses")
+	}
+	require.ErrorIs(t, sess.Err(), ErrUnauthorized)
+	<-tun.Done()
+	require.ErrorIs(t, tun.Err(), ErrUnauthorized)
+	_, err = sess.Forward(ctxT(t), TunnelSpec{Subdomain: "late"}, "127.0.0.1:9")
+	require.Error(t, err)
+}
+
+func TestRejectedOnReconnectEndsOnlyThatTunnel(t *testing.T) {
+	r := &restartableEdge{t: t, control: "127.0.0.1:0", public: "127.0.0.1:0"}
+	r.start()
+	defer func() { r.stop() }()
+	b := backend(t, "b")
+	sess, err := Dial(ctxT(t), r.control, WithLogger(zaptest.NewLogger(t)), WithBackoff(50*time.Millisecond, 100*time.Millisecond))
+	require.NoError(t, err)
+	defer sess.Close()
+	keep, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "keep"}, hostPort(b.URL))
+	require.NoError(t, err)
+	lose, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "taken"}, hostPort(b.URL))
+	require.NoError(t, err)
+
+	r.stop()
+	r.start()
+	// Another connector takes "taken" before ours comes back.
+	thief, err := Dial(ctxT(t), r.control, WithDialer((&net.Dialer{}).DialContext))
+	require.NoError(t, err)
+	defer thief.Close()
+	_, err = thief.Forward(ctxT(t), TunnelSpec{Subdomain: "taken"}, hostPort(b.URL))
+	require.NoError(t, err)
+
+	select {
+	case <-lose.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rejected tunnel did not end")
+	}
+	require.ErrorIs(t, lose.Err(), ErrInUse)
+	require.EqualError(t, lose.Err(), "subdomain 'taken' is already in use")
+	require.Eventually(t, func() bool { return keep.ID() != "" }, 10*time.Second, 10*time.Millisecond)
+	select {
+	case <-keep.Done():
+		t.Fatal("the other tunnel ended too")
+	case <-sess.Done():
+		t.Fatal("the session ended")
+	default:
+	}
+}
+
+func TestSessionCloseDeregisters(t *testing.T) {
+	e := startEdge(t, ServerConfig{})
+	b := backend(t, "b")
+	sess := e.connect()
+	_, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))
+	require.NoError(t, err)
+	require.NotNil(t, e.Registry().LookupHTTP("app"))
+	require.NoError(t, sess.Close())
+	require.NoError(t, sess.Close(), "Close is idempotent")
+	require.Eventually(t, func() bool { return e.Registry().LookupHTTP("app") == nil }, 5*time.Second, 10*time.Millisecond)
+	code, _ := e.get("app", "/")
+	require.Equal(t, http.StatusNotFound, code)
+	_, err = sess.Forward(ctxT(t), TunnelSpec{Subdomain: "again"}, hostPort(b.URL))
+	require.ErrorIs(t, err, ErrSessionClosed)
+}
+
+func TestDialFailsWhenEdgeIsDown(t *testing.T) {
+	l := listenLoopback(t)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	_, err := Dial(ctxT(t), addr)
+	require.Error(t, err)
+	require.False(t, errors.Is(err, ErrUnauthorized))
+}
