@@ -125,13 +125,16 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 	}
 	stop := context.AfterFunc(ctx, func() { _ = ctrl.SetDeadline(pastTime) })
 	defer stop()
-	if err := wire.WriteFrame(ctrl, &wire.Hello{Version: wire.Version, Token: s.opts.token, Client: s.opts.client}); err != nil {
-		return fail(fmt.Errorf("tunnel: sending hello: %w", err))
-	}
+	// A write error is not the end of the story: the edge may have answered (refusing the
+	// token) and closed before yamux confirmed our write, so read its answer regardless.
+	werr := wire.WriteFrame(ctrl, &wire.Hello{Version: wire.Version, Token: s.opts.token, Client: s.opts.client})
 	msg, err := wire.ReadFrame(ctrl)
 	if err != nil {
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			err = ctx.Err()
+		case werr != nil:
+			return fail(fmt.Errorf("tunnel: sending hello: %w", werr))
 		}
 		return fail(fmt.Errorf("tunnel: waiting for welcome: %w", err))
 	}
