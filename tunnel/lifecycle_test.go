@@ -102,11 +102,11 @@ func TestShutdownWaitsForInFlightRequests(t *testing.T) {
 // restartableEdge serves an edge on fixed loopback addresses and can be replaced by a new
 // edge on the same addresses, as a restarted process would be.
 type restartableEdge struct {
-	t                  *testing.T
-	control, public    string
-	cur                *Server
-	served             sync.WaitGroup
-	cfg                ServerConfig
+	t               *testing.T
+	control, public string
+	cur             *Server
+	served          sync.WaitGroup
+	cfg             ServerConfig
 }
 
 func (r *restartableEdge) start() {
