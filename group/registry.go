@@ -96,7 +96,10 @@ type Event struct {
 	MemberCount, HealthyCount, SelectableCount int
 	// GroupRemoved is set on the EventLeft of the last member.
 	GroupRemoved bool
-	At           time.Time
+	// AlertWebhooks are the unique tenant alert URLs of the group's members, the event's
+	// member included even when it just left, in join order. Empty for solo tunnels.
+	AlertWebhooks []string
+	At            time.Time
 }
 
 // JoinRequest is one registration.
@@ -414,8 +417,27 @@ func (r *Registry) emitLocked(kind EventKind, g *Group, m *Member, reason string
 		HealthyCount:    healthy,
 		SelectableCount: selectable,
 		GroupRemoved:    removed,
+		AlertWebhooks:   alertWebhooksLocked(g, m),
 		At:              time.Now(),
 	})
+}
+
+// alertWebhooksLocked collects the unique alert URLs of g's members and of m.
+func alertWebhooksLocked(g *Group, m *Member) []string {
+	if g.Solo() {
+		return nil
+	}
+	var urls []string
+	add := func(u string) {
+		if u != "" && !slices.Contains(urls, u) {
+			urls = append(urls, u)
+		}
+	}
+	for _, x := range g.members {
+		add(x.AlertWebhook)
+	}
+	add(m.AlertWebhook)
+	return urls
 }
 
 // portPool hands out TCP ports next-fit from the last one given, so that a port just

@@ -26,6 +26,7 @@ func (s *Server) AdminHandler() http.Handler {
 // onGroupEvent receives every membership and health change from the registry, under the
 // group's lock, in order.
 func (s *Server) onGroupEvent(ev group.Event) {
+	s.alerts.observe(ev)
 	if s.cfg.OnEvent != nil {
 		s.cfg.OnEvent(ev)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/wire"
+	"github.com/warren-tunnel/warren/webhook"
 )
 
 // controlWriteTimeout bounds one control frame write, so a connector that stopped reading
@@ -301,7 +302,12 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	}
 	if h := m.Health; h != nil {
 		req.HealthKind = h.Kind
-		req.AlertWebhook = h.AlertWebhook
+		if h.AlertWebhook != "" {
+			if err := webhook.ValidateURL(h.AlertWebhook); err != nil {
+				return nil, &group.Error{Err: ErrInvalid, Msg: fmt.Sprintf("alert webhook: %v", err)}
+			}
+			req.AlertWebhook = h.AlertWebhook
+		}
 	}
 	t := &edgeTunnel{id: req.ID, sess: e, proto: m.Proto}
 	req.Value = t

@@ -292,12 +292,13 @@ func TestPublicLimits(t *testing.T) {
 	// Chunked: the length is only known while streaming.
 	resp, err = e.client.Post(e.url("app", "/"), "text/plain", io.MultiReader(strings.NewReader(strings.Repeat("b", 5000))))
 	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "chunked body over the limit")
+	require.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode, "chunked body over the limit: %s", body)
 
 	resp, err = e.client.Post(e.url("app", "/"), "text/plain", strings.NewReader(strings.Repeat("b", 1000)))
 	require.NoError(t, err)
-	body, _ := io.ReadAll(resp.Body)
+	body, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
 	require.Equal(t, "read 1000", string(body))
 }

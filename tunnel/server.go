@@ -16,6 +16,7 @@ import (
 
 	"github.com/warren-tunnel/warren/dispatch"
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/webhook"
 )
 
 // ServerConfig configures an edge. The zero value is a working in-memory edge: public
@@ -51,8 +52,8 @@ type ServerConfig struct {
 	ListenTCP func(port int) (net.Listener, error)
 
 	// ControlAddr, HTTPAddr, HTTPSAddr and AdminAddr are the listen addresses used by
-	// ListenAndServe. ControlAddr defaults to ":4040" and HTTPAddr to ":8080"; HTTPSAddr
-	// needs TLSConfig; an empty AdminAddr or HTTPSAddr means that listener is off.
+	// ListenAndServe. ControlAddr defaults to ":4040"; an empty HTTPAddr, HTTPSAddr or
+	// AdminAddr means that listener is off; HTTPSAddr needs TLSConfig.
 	ControlAddr, HTTPAddr, HTTPSAddr, AdminAddr string
 	// TLSConfig, when set, makes the control listener of ListenAndServe speak TLS and is
 	// used for the public HTTPS listener.
@@ -80,6 +81,17 @@ type ServerConfig struct {
 	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
 	RequestBodyMaxBytes int64
 
+	// AlertWebhookURL is the operator's URL: the edge POSTs a group_zero_healthy alert
+	// to it whenever any group reaches zero healthy members, in addition to the tenant URLs
+	// the group's members registered. It is trusted (it may point at a private address).
+	AlertWebhookURL string
+	// AllowPrivateAlertWebhooks lets tenant alert URLs resolve to loopback, private and
+	// link-local addresses. Off by default: a tenant must not make the edge POST inside its
+	// own network.
+	AllowPrivateAlertWebhooks bool
+	// AlertTimeout bounds one alert POST. Default 5 s.
+	AlertTimeout time.Duration
+
 	// OnEvent, when set, receives every group membership and health change (joins,
 	// leaves, health transitions, drains) in order per group. It is called synchronously
 	// under the group's lock: it must return quickly and must not call into the Server.
@@ -98,9 +110,6 @@ func (c *ServerConfig) setDefaults() error {
 	}
 	if c.ControlAddr == "" {
 		c.ControlAddr = ":4040"
-	}
-	if c.HTTPAddr == "" {
-		c.HTTPAddr = ":8080"
 	}
 	if c.HelloTimeout <= 0 {
 		c.HelloTimeout = 10 * time.Second
@@ -123,6 +132,14 @@ func (c *ServerConfig) setDefaults() error {
 	if c.MaxHeaderBytes <= 0 {
 		c.MaxHeaderBytes = 32 << 10
 	}
+	if c.AlertTimeout <= 0 {
+		c.AlertTimeout = webhook.DefaultTimeout
+	}
+	if c.AlertWebhookURL != "" {
+		if err := webhook.ValidateURL(c.AlertWebhookURL); err != nil {
+			return fmt.Errorf("tunnel: alert webhook URL: %w", err)
+		}
+	}
 	if _, err := dispatch.New(c.Strategy); err != nil {
 		return err
 	}
@@ -143,6 +160,7 @@ type Server struct {
 	cancel   context.CancelFunc
 	registry *group.Registry
 	proxy    *httpIngress
+	alerts   *alerter
 
 	httpPort, httpsPort atomic.Int32
 
@@ -201,7 +219,9 @@ func (c *connCount) idle() <-chan struct{} {
 	return c.zero
 }
 
-// NewServer returns an edge configured by cfg. It starts nothing: the Serve methods do.
+// NewServer returns an edge configured by cfg. It starts two small background workers (the
+// idle-stream janitor and the alert sender) and no listener: the Serve methods do that.
+// Always Close (or Shutdown) a Server, even one that never served.
 func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
@@ -230,6 +250,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		OnEvent:  s.onGroupEvent,
 	})
 	s.proxy = newHTTPIngress(s)
+	s.alerts = newAlerter(s)
 	s.wg.Go(s.janitor)
 	return s, nil
 }
@@ -413,19 +434,22 @@ func portOf(a net.Addr) int {
 // one listener fails, the others are closed and its error is returned.
 func (s *Server) ListenAndServe() error {
 	type svc struct {
-		addr  string
-		serve func(net.Listener) error
-		wrap  func(net.Listener) net.Listener
+		name, addr string
+		serve      func(net.Listener) error
+		wrap       func(net.Listener) net.Listener
 	}
-	svcs := []svc{{addr: s.cfg.ControlAddr, serve: s.Serve}, {addr: s.cfg.HTTPAddr, serve: s.ServePublic}}
+	svcs := []svc{{name: "control", addr: s.cfg.ControlAddr, serve: s.Serve}}
 	if s.cfg.TLSConfig != nil {
 		svcs[0].wrap = func(l net.Listener) net.Listener { return tls.NewListener(l, s.cfg.TLSConfig) }
 		if s.cfg.HTTPSAddr != "" {
-			svcs = append(svcs, svc{addr: s.cfg.HTTPSAddr, serve: s.ServePublicTLS})
+			svcs = append(svcs, svc{name: "https", addr: s.cfg.HTTPSAddr, serve: s.ServePublicTLS})
 		}
 	}
+	if s.cfg.HTTPAddr != "" {
+		svcs = append(svcs, svc{name: "http", addr: s.cfg.HTTPAddr, serve: s.ServePublic})
+	}
 	if s.cfg.AdminAddr != "" {
-		svcs = append(svcs, svc{addr: s.cfg.AdminAddr, serve: s.ServeAdmin})
+		svcs = append(svcs, svc{name: "admin", addr: s.cfg.AdminAddr, serve: s.ServeAdmin})
 	}
 	var ls []net.Listener
 	for _, sv := range svcs {
@@ -434,8 +458,9 @@ func (s *Server) ListenAndServe() error {
 			for _, l := range ls {
 				_ = l.Close()
 			}
-			return fmt.Errorf("tunnel: listen %s: %w", sv.addr, err)
+			return fmt.Errorf("tunnel: listen %s (%s): %w", sv.addr, sv.name, err)
 		}
+		s.log.Info("listening", zap.String("listener", sv.name), zap.Stringer("addr", l.Addr()), zap.Bool("tls", sv.wrap != nil || sv.name == "https"))
 		if sv.wrap != nil {
 			l = sv.wrap(l)
 		}
@@ -443,7 +468,12 @@ func (s *Server) ListenAndServe() error {
 	}
 	errc := make(chan error, len(svcs))
 	for i, sv := range svcs {
-		s.wg.Go(func() { errc <- sv.serve(ls[i]) })
+		if !s.spawn(func() { errc <- sv.serve(ls[i]) }) {
+			for _, l := range ls[i:] {
+				_ = l.Close()
+			}
+			return ErrServerClosed
+		}
 	}
 	err := <-errc
 	if !errors.Is(err, ErrServerClosed) {
@@ -487,6 +517,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	select {
 	case <-waited:
 		s.cancel()
+		_ = s.alerts.close()
 	case <-ctx.Done():
 		_ = s.Close()
 		return ctx.Err()
@@ -515,6 +546,7 @@ func (s *Server) Close() error {
 	s.cancel()
 	s.wg.Wait()
 	<-s.publicConns.idle() // net/http's connection goroutines end within its 500 ms linger
+	_ = s.alerts.close()
 	return nil
 }
 

@@ -59,7 +59,8 @@ const (
 // HealthInfo describes a tunnel's health check as far as the edge needs it: whether the member
 // starts unhealthy, what kind of probe reports on it, and where to alert.
 type HealthInfo struct {
-	// Kind is "tcp", "http" or "func".
+	// Kind is "tcp", "http" or "func", or "none" when the tunnel has no probe but carries
+	// an alert webhook.
 	Kind       string `json:"kind"`
 	Path       string `json:"path,omitempty"`
 	IntervalMS int64  `json:"interval_ms,omitempty"`
@@ -217,7 +218,7 @@ func (m *Register) Validate() error {
 	}
 	if h := m.Health; h != nil {
 		switch h.Kind {
-		case "tcp", "http", "func":
+		case "none", "tcp", "http", "func":
 		default:
 			return fmt.Errorf("%w: unknown health kind %q", ErrMalformed, truncate(h.Kind, 16))
 		}

@@ -1,0 +1,269 @@
+// Command demo shows Warren's load balancing in one process, on 127.0.0.1, with no
+// configuration files:
+//
+//	go run ./examples/demo
+//
+// It starts an edge, two backends (A and B) and two connectors that put both backends in
+// one pool behind http://pool.localhost. It sends requests through the edge, stops backend
+// B to show the health check taking it out of rotation, restarts it to show it coming back,
+// and shuts everything down. It exits non-zero if any step does not behave as described,
+// so it doubles as a smoke test.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/health"
+	"github.com/warren-tunnel/warren/tunnel"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	err := run(ctx, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo failed:", err)
+		os.Exit(1)
+	}
+}
+
+// run is the whole demo; it returns an error when a step misbehaves.
+func run(ctx context.Context, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	var mu sync.Mutex // the edge's event hook prints from the edge's goroutines
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(out, format+"\n", args...)
+	}
+
+	// The edge. Each connector has its own token, which the edge knows by a tenant name:
+	// the event hook prints it to say which backend a member forwards to.
+	events := make(chan group.Event, 100)
+	edge, err := tunnel.NewServer(tunnel.ServerConfig{
+		Domain:        "localhost",
+		LoadBalancing: true,
+		Auth:          tunnel.NewStaticTokens(nil, map[string]string{"A": "token-a", "B": "token-b"}),
+		OnEvent: func(ev group.Event) { // runs under the group's lock: print and return
+			say("    edge: %s", describe(ev))
+			select {
+			case events <- ev:
+			default:
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	var serving sync.WaitGroup
+	defer serving.Wait()
+	defer func() { _ = edge.Close() }() // after a failure; a no-op after Shutdown
+	controlLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	serving.Go(func() { _ = edge.Serve(controlLn) }) // returns at Shutdown or Close
+	publicLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	serving.Go(func() { _ = edge.ServePublic(publicLn) })
+
+	// Two backends saying which one they are.
+	a, b := &backend{name: "A"}, &backend{name: "B"}
+	for _, be := range []*backend{a, b} {
+		if err := be.start("127.0.0.1:0"); err != nil {
+			return err
+		}
+		defer be.stop()
+	}
+
+	say("Warren demo: an edge, two backends and two connectors on 127.0.0.1.\n")
+	say("1. Two connectors join group \"web\" behind http://pool.localhost:%d", publicLn.Addr().(*net.TCPAddr).Port)
+	var url string
+	var connectors []*tunnel.Session
+	for _, be := range []*backend{a, b} {
+		sess, err := tunnel.Dial(ctx, controlLn.Addr().String(), tunnel.WithToken("token-"+strings.ToLower(be.name)))
+		if err != nil {
+			return err
+		}
+		defer func() { _ = sess.Close() }() // after a failure; a no-op after step 5
+		connectors = append(connectors, sess)
+		t, err := sess.Forward(ctx, tunnel.TunnelSpec{
+			Subdomain: "pool", Group: "web", GroupKey: "demo-secret",
+			Health: &health.Spec{Type: health.TypeTCP, Interval: 100 * time.Millisecond, Timeout: 100 * time.Millisecond, MaxFailed: 2},
+		}, be.addr)
+		if err != nil {
+			return fmt.Errorf("connector %s: %w", be.name, err)
+		}
+		url = t.URL()
+	}
+	if err := waitFor(ctx, events, "both members healthy", func(ev group.Event) bool { return ev.HealthyCount == 2 }); err != nil {
+		return err
+	}
+
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		// Every request goes to the edge's public listener, whatever the host: no DNS needed.
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", publicLn.Addr().String())
+		},
+	}}
+	defer client.CloseIdleConnections()
+	// send sends 20 requests and checks that both backends served them (shared) or only A.
+	send := func(shared bool) error {
+		tally, failed := map[string]int{}, 0
+		for range 20 {
+			if who, err := get(client, url); err != nil {
+				failed++
+			} else {
+				tally[who]++
+			}
+		}
+		say("   20 requests to %s: backend A: %d, backend B: %d, failed: %d", url, tally["A"], tally["B"], failed)
+		switch {
+		case failed > 0:
+			return fmt.Errorf("%d requests failed", failed)
+		case shared && (tally["A"] < 5 || tally["B"] < 5):
+			return errors.New("expected both backends to share the requests")
+		case !shared && tally["A"] != 20:
+			return errors.New("expected every request on backend A")
+		}
+		return nil
+	}
+	healthEvent := func(name string, healthy bool) func(group.Event) bool {
+		return func(ev group.Event) bool {
+			return ev.Kind == group.EventHealth && ev.Member.Tenant == name && ev.Healthy == healthy
+		}
+	}
+
+	say("\n2. Requests are shared between the two backends")
+	if err := send(true); err != nil {
+		return err
+	}
+
+	say("\n3. Stopping backend B (its connector stays); its health check takes it out of rotation")
+	b.stop()
+	if err := waitFor(ctx, events, "backend B unhealthy", healthEvent("B", false)); err != nil {
+		return err
+	}
+	if err := send(false); err != nil {
+		return err
+	}
+
+	say("\n4. Restarting backend B on %s; it returns to rotation", b.addr)
+	if err := b.start(b.addr); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, events, "backend B healthy", healthEvent("B", true)); err != nil {
+		return err
+	}
+	if err := send(true); err != nil {
+		return err
+	}
+
+	say("\n5. Shutting down: the connectors drain their tunnels, then the edge and the backends stop")
+	for _, sess := range connectors {
+		if err := sess.Close(); err != nil {
+			return fmt.Errorf("closing a connector: %w", err)
+		}
+	}
+	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
+	defer scancel()
+	if err := edge.Shutdown(sctx); err != nil {
+		return fmt.Errorf("edge shutdown: %w", err)
+	}
+	a.stop()
+	b.stop()
+	say("   done in %s", time.Since(start).Round(10*time.Millisecond))
+	return nil
+}
+
+// describe turns an edge event into a sentence.
+func describe(ev group.Event) string {
+	who := "backend " + ev.Member.Tenant
+	switch {
+	case ev.Kind == group.EventJoined:
+		return fmt.Sprintf("%s joined group %q (%d of %d healthy): %s", who, ev.Group.Name, ev.HealthyCount, ev.MemberCount, ev.Reason)
+	case ev.Kind == group.EventHealth:
+		state := map[bool]string{true: "healthy", false: "UNHEALTHY"}[ev.Healthy]
+		return fmt.Sprintf("%s is %s (%d of %d healthy): %s", who, state, ev.HealthyCount, ev.MemberCount, ev.Reason)
+	case ev.Kind == group.EventDraining:
+		return fmt.Sprintf("%s is draining: no new requests (%d of %d members take traffic)", who, ev.SelectableCount, ev.MemberCount)
+	case ev.GroupRemoved:
+		return fmt.Sprintf("%s left; group %q is gone", who, ev.Group.Name)
+	default:
+		return fmt.Sprintf("%s %s (%d remaining)", who, ev.Kind, ev.MemberCount)
+	}
+}
+
+// waitFor waits until the edge reports an event matching ok.
+func waitFor(ctx context.Context, events <-chan group.Event, what string, ok func(group.Event) bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for {
+		select {
+		case ev := <-events:
+			if ok(ev) {
+				return nil
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		}
+	}
+}
+
+// get sends one request and returns the name of the backend that answered.
+func get(c *http.Client, url string) (string, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("status %s", resp.Status)
+	}
+	return strings.TrimPrefix(strings.TrimSpace(string(body)), "hello from backend "), err
+}
+
+// backend is a plain net/http server that says which one it is.
+type backend struct {
+	name, addr string
+	srv        *http.Server
+	done       chan struct{} // closed when srv's Serve has returned
+}
+
+func (b *backend) start(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("backend %s: %w", b.name, err)
+	}
+	b.addr, b.done = ln.Addr().String(), make(chan struct{})
+	b.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "hello from backend %s\n", b.name)
+	})}
+	go func() { defer close(b.done); _ = b.srv.Serve(ln) }()
+	return nil
+}
+
+// stop closes the server and waits for it; it is idempotent.
+func (b *backend) stop() {
+	if b.srv != nil {
+		_ = b.srv.Close()
+		<-b.done
+		b.srv = nil
+	}
+}

@@ -1,0 +1,192 @@
+// Command edge runs a Warren edge configured by a server.toml file:
+//
+//	go run ./examples/edge -config examples/edge/server.example.toml
+//
+// It is a thin wrapper: the file is parsed by examples/internal/config, turned into a
+// tunnel.ServerConfig, and served with tunnel.Server.ListenAndServe. SIGINT or SIGTERM
+// shuts the edge down gracefully (bounded by limits.drain_timeout_secs) and exits 0; a
+// second signal during that drain ends the process at once.
+//
+// Exit codes: 0 after a signal, 1 when a listener fails, 2 for bad flags or a bad
+// configuration file (the message names the file, the line and the key).
+//
+// Logs go to stderr as JSON at info level; -v switches to a human-readable debug log.
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/tunnel"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, stop, os.Args[1:], os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run is the whole command. ctx ends on the first signal; stop restores the default
+// signal behaviour so that a second signal kills the process during the drain.
+func run(ctx context.Context, stop func(), args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "server.toml", "the edge's configuration `file`")
+	verbose := fs.Bool("v", false, "human-readable debug logging instead of JSON at info level")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: edge [-v] [-config server.toml]\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 0 {
+		fs.Usage()
+		return 2
+	}
+
+	cfg, err := config.LoadServer(*path)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	log := newLogger(stderr, *verbose)
+	defer func() { _ = log.Sync() }()
+
+	sc, err := serverConfig(cfg, log)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	if keys := unwired(cfg); len(keys) > 0 {
+		log.Warn("configuration keys not supported by this edge yet; ignored", zap.Strings("keys", keys))
+	}
+	srv, err := tunnel.NewServer(sc)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", cfg.File, err)
+		return 2
+	}
+	log.Info("edge starting",
+		zap.String("control", sc.ControlAddr), zap.String("http", orOff(sc.HTTPAddr)),
+		zap.String("https", orOff(sc.HTTPSAddr)), zap.String("admin", orOff(sc.AdminAddr)),
+		zap.String("tcp_ports", fmt.Sprintf("%d-%d", sc.TCPPorts.Lo, sc.TCPPorts.Hi)),
+		zap.Bool("tls", sc.TLSConfig != nil), zap.Bool("load_balancing", sc.LoadBalancing),
+		zap.String("domain", sc.Domain), zap.String("region", sc.RegionID))
+
+	served := make(chan error, 1)
+	go func() { served <- srv.ListenAndServe() }()
+
+	select {
+	case err := <-served: // a listener failed before any signal
+		_ = srv.Close()
+		log.Error("edge stopped", zap.Error(err))
+		return 1
+	case <-ctx.Done():
+	}
+	stop()
+	log.Info("shutting down", zap.Duration("drain_timeout", sc.DrainTimeout))
+	sctx, cancel := context.WithTimeout(context.Background(), sc.DrainTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("drain did not finish in time; connections were closed", zap.Error(err))
+	}
+	if err := <-served; !errors.Is(err, tunnel.ErrServerClosed) {
+		log.Warn("listener error during shutdown", zap.Error(err))
+	}
+	log.Info("edge stopped")
+	return 0
+}
+
+// serverConfig turns the parsed file into the edge's configuration. Its error names the
+// file (a TLS key pair that does not load).
+func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error) {
+	s := c.Server
+	sc := tunnel.ServerConfig{
+		Domain:               s.Domain,
+		RegionID:             s.RegionID,
+		Logger:               log,
+		LoadBalancing:        c.LoadBalancing.Enabled,
+		Strategy:             c.LoadBalancing.Strategy,
+		TCPPorts:             group.PortRange{Lo: c.Limits.TCPPortRange.Low, Hi: c.Limits.TCPPortRange.High},
+		TCPBindHost:          s.Bind.String(),
+		ControlAddr:          s.Addr(s.ControlPort),
+		HTTPAddr:             s.Addr(s.HTTPPort),
+		HTTPSAddr:            s.Addr(s.HTTPSPort),
+		AdminAddr:            s.Addr(s.AdminPort),
+		PublicHTTPPort:       s.HTTPPort,
+		PublicHTTPSPort:      s.HTTPSPort,
+		MaxTunnelsPerSession: c.Limits.MaxTunnelsPerSession,
+		RequestBodyMaxBytes:  c.Limits.RequestBodyMaxBytes,
+		DrainTimeout:         c.Limits.DrainTimeout,
+
+		AlertWebhookURL:           c.LoadBalancing.AlertWebhookURL,
+		AllowPrivateAlertWebhooks: c.LoadBalancing.AllowPrivateAlertWebhooks,
+	}
+	if c.Auth.RequireAuth {
+		tenants := make(map[string]string, len(c.Auth.Tenants))
+		for _, t := range c.Auth.Tenants {
+			tenants[t.Name] = t.Token
+		}
+		sc.Auth = tunnel.NewStaticTokens(c.Auth.Tokens, tenants)
+	}
+	if c.TLS.Enabled() {
+		cert, err := tls.LoadX509KeyPair(c.TLS.CertPath, c.TLS.KeyPath)
+		if err != nil {
+			return tunnel.ServerConfig{}, fmt.Errorf("%s: tls: loading cert_path and key_path: %w", c.File, err)
+		}
+		sc.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
+	return sc, nil
+}
+
+// unwired returns the keys of the file that are set but that tunnel.ServerConfig has no
+// field for yet. The parser validates them; the edge ignores them with a warning.
+//
+// TODO(lead): wire each key here when its ServerConfig field lands:
+//   - auth.admin_token                             → admin API bearer token
+//   - limits.max_concurrent_per_member             → per-member stream cap
+func unwired(c *config.Server) []string {
+	var keys []string
+	if c.Auth.AdminToken != "" {
+		keys = append(keys, "auth.admin_token")
+	}
+	if c.Limits.MaxConcurrentPerMember != 0 {
+		keys = append(keys, "limits.max_concurrent_per_member")
+	}
+	return keys
+}
+
+func orOff(addr string) string {
+	if addr == "" {
+		return "off"
+	}
+	return addr
+}
+
+// newLogger returns a JSON logger at info level, or with verbose a human-readable one at
+// debug level, writing to w.
+func newLogger(w io.Writer, verbose bool) *zap.Logger {
+	ec := zap.NewProductionEncoderConfig()
+	ec.EncodeTime = zapcore.ISO8601TimeEncoder
+	enc, level := zapcore.NewJSONEncoder(ec), zapcore.InfoLevel
+	if verbose {
+		enc, level = zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.DebugLevel
+	}
+	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level))
+}
