@@ -47,6 +47,7 @@ func newHTTPIngress(s *Server) *httpIngress {
 
 // ServeHTTP implements http.Handler.
 func (h *httpIngress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.srv.requests.http.Add(1)
 	sub, ok := subdomainOf(r.Host, h.srv.cfg.Domain)
 	if !ok {
 		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)

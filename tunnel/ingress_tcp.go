@@ -102,6 +102,7 @@ func (s *Server) acceptTCP(r *tcpRoute) {
 // serveTCP carries one public TCP connection to one member. With no selectable member the
 // connection is accepted and closed at once.
 func (s *Server) serveTCP(g *group.Group, c net.Conn) {
+	s.requests.tcp.Add(1)
 	st, m, err := s.dialGroup(g, c.RemoteAddr().String())
 	if err != nil {
 		s.log.Debug("TCP connection refused", zap.Int("port", g.Port), zap.Error(err))

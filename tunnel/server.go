@@ -174,6 +174,9 @@ type Server struct {
 	closeOnce  sync.Once
 	inShutdown atomic.Bool
 
+	// requests counts public HTTP requests and TCP connections (metrics).
+	requests struct{ http, tcp atomic.Uint64 }
+
 	wg sync.WaitGroup // every goroutine the server starts
 	// publicConns counts the public HTTP connections whose net/http goroutines are still
 	// running, so that Close returns only after they are gone.
