@@ -44,9 +44,10 @@ type Member struct {
 	drained   chan struct{}
 	draining  atomic.Bool
 
-	// history is guarded by group.mu.
+	// history and probed are guarded by group.mu.
 	history []Transition
 	histPos int
+	probed  bool // a health report has arrived
 }
 
 // Group returns the member's group.

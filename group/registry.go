@@ -385,16 +385,19 @@ func (r *Registry) Drain(m *Member) <-chan struct{} {
 	return m.drained
 }
 
-// SetHealth sets m's health bit and reports whether it changed. A change is recorded in m's
-// history, republishes the group's snapshot and emits EventHealth. Reports for a member that
-// has left, or that has no health check, change nothing.
+// SetHealth sets m's health bit and reports whether its health state changed. A change is
+// recorded in m's history, republishes the group's snapshot and emits EventHealth. The first
+// report of a probed member is a change even when it confirms the initial unhealthy bit: the
+// member goes from "waiting for its first probe" to a verdict with a reason. Reports for a
+// member that has left, or that has no health check, change nothing.
 func (r *Registry) SetHealth(m *Member, healthy bool, reason string) bool {
 	g := m.group
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if m.HealthKind == "none" || m.healthy.Load() == healthy || !slices.Contains(g.members, m) {
+	if m.HealthKind == "none" || (m.probed && m.healthy.Load() == healthy) || !slices.Contains(g.members, m) {
 		return false
 	}
+	m.probed = true
 	m.healthy.Store(healthy)
 	m.record(Transition{At: time.Now(), Healthy: healthy, Reason: reason})
 	g.publishLocked()

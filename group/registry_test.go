@@ -440,3 +440,17 @@ func BenchmarkLookupAndPick(b *testing.B) {
 		})
 	}
 }
+
+func TestFirstProbeVerdictIsRecordedEvenWhenUnhealthy(t *testing.T) {
+	r := lb()
+	req := httpReq("h", "", "")
+	req.HealthKind = "tcp"
+	m, err := r.Join(req)
+	require.NoError(t, err)
+	require.True(t, r.SetHealth(m, false, "3 consecutive probe failures: refused"), "the first verdict is news")
+	require.False(t, r.SetHealth(m, false, "again"), "a repeat is not")
+	h := m.History()
+	require.Len(t, h, 2)
+	require.Equal(t, "3 consecutive probe failures: refused", h[1].Reason)
+	require.False(t, m.Healthy())
+}
