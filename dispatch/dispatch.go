@@ -93,7 +93,7 @@ func (s *LeastStreams) Pick(c Candidates) int {
 	}
 	// Second pass: the k-th of the tied members. Loads move while we look; if the k-th is
 	// gone by now, the first least-loaded member seen is as good an answer.
-	k := int(s.next.Add(1) % uint64(ties))
+	k := int((s.next.Add(1) - 1) % uint64(ties))
 	for i := first; i < n; i++ {
 		if c.Load(i) == least {
 			if k == 0 {

@@ -19,5 +19,5 @@ func ExampleLeastStreams() {
 	fmt.Println(s.Pick(members{0, 0}), s.Pick(members{0, 0}))
 	// Output:
 	// 1
-	// 1 0
+	// 0 1
 }

@@ -67,12 +67,12 @@ func (b *restartableBackend) stop() {
 
 // events records health transitions from the edge's OnEvent hook.
 type events struct {
-	mu  sync.Mutex
-	got []group.Event
-	ch  chan group.Event
+	mu   sync.Mutex
+	got  []group.Event
+	used []bool
 }
 
-func newEvents() *events { return &events{ch: make(chan group.Event, 256)} }
+func newEvents() *events { return &events{} }
 
 func (ev *events) hook(e group.Event) {
 	if e.Kind != group.EventHealth {
@@ -80,27 +80,26 @@ func (ev *events) hook(e group.Event) {
 	}
 	ev.mu.Lock()
 	ev.got = append(ev.got, e)
+	ev.used = append(ev.used, false)
 	ev.mu.Unlock()
-	select {
-	case ev.ch <- e:
-	default:
-	}
 }
 
-// next waits for the next health transition of member id to healthy.
+// next waits for the earliest transition of member id to healthy that no earlier call took.
 func (ev *events) next(t *testing.T, id string, healthy bool) group.Event {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
-		select {
-		case e := <-ev.ch:
-			if e.Member.ID == id && e.Healthy == healthy {
-				return e
+	var found group.Event
+	require.Eventually(t, func() bool {
+		ev.mu.Lock()
+		defer ev.mu.Unlock()
+		for i, e := range ev.got {
+			if !ev.used[i] && e.Member.ID == id && e.Healthy == healthy {
+				ev.used[i], found = true, e
+				return true
 			}
-		case <-deadline:
-			t.Fatalf("no transition of %s to healthy=%v", id, healthy)
 		}
-	}
+		return false
+	}, 10*time.Second, time.Millisecond, "no transition of %s to healthy=%v", id, healthy)
+	return found
 }
 
 func tcpCheck(interval time.Duration, maxFailed int) *health.Spec {

@@ -1,0 +1,66 @@
+// Package warren is an embeddable SDK for load-balanced reverse tunnels.
+//
+// An edge (tunnel.NewServer) accepts public HTTP requests and TCP connections and carries them
+// over multiplexed tunnels to connectors (tunnel.Dial) that run next to the backends, behind NAT.
+// Connectors that present the same group and group key form one pool behind one public hostname
+// or TCP port; the edge sends each new request or connection to one healthy member.
+//
+//	public client ──▶ edge ──▶ group "web" on pool.example.com ─┬─▶ connector A ──▶ backend :3000
+//	                                                            └─▶ connector B ──▶ backend :3001
+//
+// # Packages
+//
+//   - tunnel: the edge (Server) and the connector (Session, Tunnel, Listener). Start here.
+//   - group: the edge's routing table: groups, members, health bits, draining, lock-free picks.
+//   - dispatch: how one member is chosen: LeastStreams (default) or Random.
+//   - health: the connector's probes of its local backend (TCP, HTTP, in-process), reporting
+//     only changes.
+//   - webhook: zero-healthy alerts: Debouncer, Payload and a bounded, SSRF-safe Sender.
+//   - internal/wire: the protocol (see internal/wire/spec.md).
+//   - examples/edge, examples/connector: thin mains reading server.toml and the connector YAML;
+//     examples/demo: an in-process group that fails over.
+//
+// # An edge in a few lines
+//
+//	srv, err := tunnel.NewServer(tunnel.ServerConfig{
+//		Domain:        "tunnel.example.com",
+//		LoadBalancing: true,
+//		ControlAddr:   ":4040", // connectors dial this
+//		HTTPAddr:      ":8080", // public HTTP: <subdomain>.tunnel.example.com
+//		AdminAddr:     "127.0.0.1:9090",
+//		Auth:          tunnel.NewStaticTokens([]string{"connector-token"}, nil),
+//	})
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	go func() {
+//		<-ctx.Done()
+//		srv.Shutdown(context.Background())
+//	}()
+//	if err := srv.ListenAndServe(); !errors.Is(err, tunnel.ErrServerClosed) {
+//		log.Fatal(err)
+//	}
+//
+// # A connector in a few lines
+//
+//	sess, err := tunnel.Dial(ctx, "tunnel.example.com:4040", tunnel.WithToken("connector-token"))
+//	if err != nil {
+//		log.Fatal(err)
+//	}
+//	defer sess.Close() // drains: in-flight requests finish first
+//	tun, err := sess.Forward(ctx, tunnel.TunnelSpec{
+//		Subdomain: "pool",
+//		Group:     "web",
+//		GroupKey:  "shared-secret",
+//		Health:    &health.Spec{Type: health.TypeTCP},
+//	}, "127.0.0.1:3000")
+//	if err != nil {
+//		log.Fatal(err) // e.g. "group key does not match for subdomain 'pool'"
+//	}
+//	log.Println("serving", tun.URL())
+//	<-ctx.Done()
+//
+// An in-process backend uses Session.Listen instead, which returns a net.Listener to pass to
+// http.Serve. Tests can run a whole edge with no sockets: Server.Handler serves public HTTP and
+// Server.DialContext attaches connectors (tunnel.WithDialer(srv.DialContext)).
+package warren
