@@ -90,8 +90,9 @@ func (e *except) Load(i int) int64 {
 var emptySnapshot = &snapshot{}
 
 // Pick chooses a healthy, non-draining member with the group's strategy and acquires a stream
-// on it (the caller must Release it). It returns nil when no member is selectable. Pick takes
-// no lock and allocates nothing.
+// on it (the caller must Release it). It returns nil when no member is selectable, or when
+// every member it tried is at its cap of active streams. Pick takes no lock and allocates
+// nothing.
 func (g *Group) Pick() *Member {
 	for range 4 {
 		s := g.snap.Load()
@@ -103,10 +104,23 @@ func (g *Group) Pick() *Member {
 			g.dispatches.Add(1)
 			return m
 		}
-		// The member started draining after the snapshot was taken; the next snapshot
-		// (already published: draining publishes before it closes) no longer has it.
+		// The member started draining after the snapshot was taken (the next snapshot,
+		// already published since draining publishes before it closes, no longer has it),
+		// or it is at its cap: look again.
 	}
 	return nil
+}
+
+// Saturated reports whether g has selectable members that are all at their cap of active
+// streams: the reason a Pick failed, when it is not that nobody is healthy.
+func (g *Group) Saturated() bool {
+	s := g.snap.Load()
+	for _, m := range s.members {
+		if m.limit == 0 || uint64(m.Active()) < m.limit {
+			return false
+		}
+	}
+	return len(s.members) > 0
 }
 
 // PickExcept is Pick among all selectable members but skip: the edge's one retry after a

@@ -38,6 +38,7 @@ type Member struct {
 	group *Group
 	// state packs closedBit and the active stream count so that Acquire is one CAS.
 	state   atomic.Uint64
+	limit   uint64 // cap on active streams; 0 = none
 	healthy atomic.Bool
 
 	drainOnce sync.Once
@@ -62,12 +63,12 @@ func (m *Member) Draining() bool { return m.draining.Load() }
 // Active is the member's number of active streams.
 func (m *Member) Active() int64 { return int64(m.state.Load() &^ closedBit) }
 
-// Acquire counts one more active stream on the member, unless it is draining or gone.
-// Every successful Acquire must be matched by one Release.
+// Acquire counts one more active stream on the member, unless it is draining or gone, or
+// at its cap of active streams. Every successful Acquire must be matched by one Release.
 func (m *Member) Acquire() bool {
 	for {
 		s := m.state.Load()
-		if s&closedBit != 0 {
+		if s&closedBit != 0 || (m.limit != 0 && s >= m.limit) {
 			return false
 		}
 		if m.state.CompareAndSwap(s, s+1) {

@@ -45,6 +45,9 @@ type Config struct {
 	Ports PortRange
 	// NewStrategy makes each new group's dispatch strategy; nil means least-streams.
 	NewStrategy func() dispatch.Strategy
+	// MaxActivePerMember caps each member's active streams (0: no cap). A member at its
+	// cap is skipped by Pick, so one flooded group cannot take every stream a connector has.
+	MaxActivePerMember int64
 	// OnCreate is called under the route's lock when a group is created, before its first
 	// member joins (the edge binds the TCP listener here). An error aborts the join; an error
 	// wrapping ErrPortUnavailable makes Join try the next port.
@@ -243,6 +246,7 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 		Joined:       time.Now(),
 		group:        g,
 		drained:      make(chan struct{}),
+		limit:        uint64(max(r.cfg.MaxActivePerMember, 0)),
 	}
 	reason := "registered"
 	if req.HealthKind == "" || req.HealthKind == "none" {

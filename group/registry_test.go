@@ -454,3 +454,28 @@ func TestFirstProbeVerdictIsRecordedEvenWhenUnhealthy(t *testing.T) {
 	require.Equal(t, "3 consecutive probe failures: refused", h[1].Reason)
 	require.False(t, m.Healthy())
 }
+
+func TestMemberCapSkipsFullMembers(t *testing.T) {
+	r := NewRegistry(Config{LoadBalancing: true, MaxActivePerMember: 2})
+	a, _ := r.Join(httpReq("pool", "web", "k"))
+	b, _ := r.Join(httpReq("pool", "web", "k"))
+	g := a.Group()
+	var held []*Member
+	for range 4 {
+		m := g.Pick()
+		require.NotNil(t, m)
+		held = append(held, m)
+	}
+	require.Equal(t, int64(2), a.Active())
+	require.Equal(t, int64(2), b.Active())
+	require.Nil(t, g.Pick(), "every member is at its cap")
+	require.True(t, g.Saturated())
+	held[0].Release()
+	require.False(t, g.Saturated())
+	m := g.Pick()
+	require.Same(t, held[0], m, "the member with room takes the next stream")
+	for _, h := range append(held[1:], m) {
+		h.Release()
+	}
+	<-r.Drain(a) // draining is unaffected by the cap
+}

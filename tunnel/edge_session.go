@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
+	"golang.org/x/time/rate"
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/wire"
@@ -42,6 +43,8 @@ type edgeSession struct {
 	tunnels map[string]*edgeTunnel
 	ended   bool
 	endErr  error
+
+	registrations *rate.Limiter // used only by the control goroutine
 }
 
 // edgeTunnel is one registered tunnel: a member of a group, owned by a session.
@@ -68,7 +71,8 @@ func (s *Server) newSession(c net.Conn) (*edgeSession, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &edgeSession{srv: s, id: id, conn: c, mux: mux, log: log, tunnels: map[string]*edgeTunnel{}}
+	e := &edgeSession{srv: s, id: id, conn: c, mux: mux, log: log, tunnels: map[string]*edgeTunnel{},
+		registrations: rate.NewLimiter(rate.Limit(s.cfg.RegisterRate), s.cfg.RegisterBurst)}
 	e.ctx, e.cancel = context.WithCancel(s.ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -280,6 +284,9 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	}
 	if n >= s.cfg.MaxTunnelsPerSession {
 		return nil, fmt.Errorf("%w: this session already has %d tunnels (max_tunnels_per_session)", ErrLimit, n)
+	}
+	if !e.registrations.Allow() {
+		return nil, fmt.Errorf("%w: registering faster than %g tunnels per second", ErrLimit, s.cfg.RegisterRate)
 	}
 	req := group.JoinRequest{
 		ID:     newID(),

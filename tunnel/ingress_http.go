@@ -78,6 +78,11 @@ func (h *httpIngress) proxyError(w http.ResponseWriter, r *http.Request, err err
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.Is(err, errNoMember):
+		if g, _ := r.Context().Value(groupCtxKey{}).(*group.Group); g != nil && g.Saturated() {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, fmt.Sprintf("every backend for %s is at its concurrency limit", r.Host), http.StatusServiceUnavailable)
+			return
+		}
 		http.Error(w, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
 	case errors.As(err, &mbe):
 		http.Error(w, fmt.Sprintf("request body over the limit of %d bytes", mbe.Limit), http.StatusRequestEntityTooLarge)

@@ -135,6 +135,8 @@ func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error
 		RequestBodyMaxBytes:  c.Limits.RequestBodyMaxBytes,
 		DrainTimeout:         c.Limits.DrainTimeout,
 
+		MaxConcurrentPerMember: c.Limits.MaxConcurrentPerMember,
+
 		AlertWebhookURL:           c.LoadBalancing.AlertWebhookURL,
 		AllowPrivateAlertWebhooks: c.LoadBalancing.AllowPrivateAlertWebhooks,
 	}
@@ -160,14 +162,10 @@ func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error
 //
 // TODO(lead): wire each key here when its ServerConfig field lands:
 //   - auth.admin_token                             → admin API bearer token
-//   - limits.max_concurrent_per_member             → per-member stream cap
 func unwired(c *config.Server) []string {
 	var keys []string
 	if c.Auth.AdminToken != "" {
 		keys = append(keys, "auth.admin_token")
-	}
-	if c.Limits.MaxConcurrentPerMember != 0 {
-		keys = append(keys, "limits.max_concurrent_per_member")
 	}
 	return keys
 }

@@ -138,11 +138,12 @@ max_concurrent_per_member = 3
 alert_webhook_url = "https://hooks.example.com/x"
 allow_private_alert_webhooks = true
 `)
-	require.ElementsMatch(t, []string{"auth.admin_token", "limits.max_concurrent_per_member"}, unwired(c))
+	require.ElementsMatch(t, []string{"auth.admin_token"}, unwired(c))
 	sc, err := serverConfig(c, zap.NewNop())
 	require.NoError(t, err)
 	require.Equal(t, "https://hooks.example.com/x", sc.AlertWebhookURL)
 	require.True(t, sc.AllowPrivateAlertWebhooks)
+	require.Equal(t, 3, sc.MaxConcurrentPerMember)
 }
 
 func TestRunBadConfigExits2(t *testing.T) {
