@@ -73,6 +73,16 @@ type ServerConfig struct {
 	DrainTimeout time.Duration
 	// MaxTunnelsPerSession caps the tunnels one connector session may hold. Default 16.
 	MaxTunnelsPerSession int
+	// RegisterRate and RegisterBurst limit how fast one session may register tunnels
+	// (token bucket: RegisterRate per second, bursts of RegisterBurst). Defaults 5/s and
+	// MaxTunnelsPerSession; a flood gets ErrLimit rejections and costs the edge little.
+	RegisterRate  float64
+	RegisterBurst int
+	// MaxConcurrentPerMember caps the in-flight requests and TCP connections of each member
+	// (0: no cap). When every member of a group is at its cap, HTTP gets a 503 saying so and
+	// TCP connections are closed: a flood on one group cannot take all of a connector's
+	// capacity, nor the edge's.
+	MaxConcurrentPerMember int
 
 	// ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes protect the public HTTP listeners
 	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB.
@@ -122,6 +132,12 @@ func (c *ServerConfig) setDefaults() error {
 	}
 	if c.MaxTunnelsPerSession <= 0 {
 		c.MaxTunnelsPerSession = 16
+	}
+	if c.RegisterRate <= 0 {
+		c.RegisterRate = 5
+	}
+	if c.RegisterBurst <= 0 {
+		c.RegisterBurst = c.MaxTunnelsPerSession
 	}
 	if c.ReadHeaderTimeout <= 0 {
 		c.ReadHeaderTimeout = 10 * time.Second
@@ -242,8 +258,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.httpPort.Store(int32(cfg.PublicHTTPPort))
 	s.httpsPort.Store(int32(cfg.PublicHTTPSPort))
 	s.registry = group.NewRegistry(group.Config{
-		LoadBalancing: cfg.LoadBalancing,
-		Ports:         cfg.TCPPorts,
+		LoadBalancing:      cfg.LoadBalancing,
+		Ports:              cfg.TCPPorts,
+		MaxActivePerMember: int64(cfg.MaxConcurrentPerMember),
 		NewStrategy: func() dispatch.Strategy {
 			st, _ := dispatch.New(cfg.Strategy)
 			return st
