@@ -326,3 +326,31 @@ func TestSubdomainOf(t *testing.T) {
 }
 
 var _ = context.Background
+
+// FuzzSubdomainOf: the Host parser never panics, and what it accepts is exactly one DNS
+// label in front of the domain.
+func FuzzSubdomainOf(f *testing.F) {
+	for _, h := range []string{"app.warren.test", "APP.Warren.Test:8080", "a.b.warren.test", "warren.test", "[::1]:80",
+		"app.warren.test.", ".warren.test", "app.warren.test:99999", "ä.warren.test", "\x00.warren.test"} {
+		f.Add(h)
+	}
+	f.Fuzz(func(t *testing.T, host string) {
+		sub, ok := subdomainOf(host, testDomain)
+		if !ok {
+			if sub != "" {
+				t.Fatalf("rejected %q but returned %q", host, sub)
+			}
+			return
+		}
+		if sub == "" || strings.ContainsAny(sub, ".:") || strings.ToLower(sub) != sub {
+			t.Fatalf("accepted %q as subdomain %q", host, sub)
+		}
+		h := host
+		if hh, _, err := net.SplitHostPort(h); err == nil {
+			h = hh
+		}
+		if !strings.EqualFold(strings.TrimSuffix(h, "."), sub+"."+testDomain) {
+			t.Fatalf("%q is not %q under %q", host, sub, testDomain)
+		}
+	})
+}

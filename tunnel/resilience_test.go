@@ -1,0 +1,82 @@
+package tunnel
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestBackoffGrowsWithJitterAndCaps(t *testing.T) {
+	s := &Session{opts: defaultDialOptions()}
+	s.opts.backoffMin, s.opts.backoffMax = 100*time.Millisecond, 2*time.Second
+	for n, base := range []time.Duration{100, 200, 400, 800, 1600, 2000, 2000, 2000} {
+		base *= time.Millisecond
+		for range 50 {
+			d := s.backoff(n)
+			require.GreaterOrEqual(t, d, base*8/10, "attempt %d", n)
+			require.LessOrEqual(t, d, base*12/10, "attempt %d", n)
+		}
+	}
+	seen := map[time.Duration]bool{}
+	for range 20 {
+		seen[s.backoff(3)] = true
+	}
+	require.Greater(t, len(seen), 1, "delays are jittered")
+}
+
+// TestTransientFailuresAreRetriedAndLogged: while the edge is down, every failed attempt is
+// logged and the session keeps trying; when the edge is back the tunnel is re-registered.
+func TestTransientFailuresAreRetriedAndLogged(t *testing.T) {
+	var logs logBuffer
+	r := &restartableEdge{t: t, control: "127.0.0.1:0", public: "127.0.0.1:0"}
+	r.start()
+	b := backend(t, "b")
+	sess, err := Dial(ctxT(t), r.control, WithLogger(logs.logger()), WithBackoff(5*time.Millisecond, 20*time.Millisecond))
+	require.NoError(t, err)
+	defer sess.Close()
+	tun, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))
+	require.NoError(t, err)
+
+	r.stop()
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), "reconnect failed") >= 5 }, 10*time.Second, 5*time.Millisecond,
+		"each failed attempt is logged")
+	select {
+	case <-sess.Done():
+		t.Fatal("the session gave up on a transient failure")
+	default:
+	}
+	r.start()
+	defer r.stop()
+	require.Eventually(t, func() bool { return tun.ID() != "" && r.cur.Registry().LookupHTTP("app") != nil }, 10*time.Second, 5*time.Millisecond)
+}
+
+// TestBackoffResetsAfterAHealthyPeriod: a connection that stayed up for the healthy period
+// starts the next reconnect from the shortest delay again.
+func TestBackoffResetsAfterAHealthyPeriod(t *testing.T) {
+	var logs logBuffer
+	r := &restartableEdge{t: t, control: "127.0.0.1:0", public: "127.0.0.1:0"}
+	r.start()
+	sess, err := Dial(ctxT(t), r.control, WithLogger(logs.logger()), WithBackoff(5*time.Millisecond, 5*time.Second))
+	require.NoError(t, err)
+	defer sess.Close()
+	sess.opts.healthyPeriod = 50 * time.Millisecond
+
+	// Down long enough for several attempts: the delay grows.
+	r.stop()
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), "reconnect failed") >= 5 }, 10*time.Second, 5*time.Millisecond)
+	r.start()
+	require.Eventually(t, func() bool { c, _ := sess.liveConn(ctxT(t)); return c != nil }, 10*time.Second, 5*time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // stay connected past the healthy period (the condition under test)
+	before := strings.Count(logs.String(), "reconnect failed")
+
+	r.stop()
+	require.Eventually(t, func() bool { return strings.Count(logs.String(), "reconnect failed") > before }, 10*time.Second, time.Millisecond)
+	out := logs.String()
+	last := out[strings.LastIndex(out, "reconnect failed"):]
+	require.Contains(t, strings.SplitN(last, "\n", 2)[0], `"attempt":1,`, "the first retry after a healthy period is attempt 1 again")
+	r.start()
+	r.stop()
+}
+
