@@ -79,4 +79,3 @@ func TestBackoffResetsAfterAHealthyPeriod(t *testing.T) {
 	r.start()
 	r.stop()
 }
-
