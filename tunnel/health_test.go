@@ -45,7 +45,7 @@ func (b *restartableBackend) start() {
 	b.addr = l.Addr().String()
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b.served.Add(1)
-		fmt.Fprint(w, b.name)
+		fmt.Fprintf(w, "%s %s", b.name, r.URL.Path)
 	})}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(l) }()
