@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/dispatch"
@@ -106,6 +107,23 @@ type ServerConfig struct {
 	// leaves, health transitions, drains) in order per group. It is called synchronously
 	// under the group's lock: it must return quickly and must not call into the Server.
 	OnEvent func(group.Event)
+
+	// AdminToken is the bearer token of the admin API: it sees every tunnel and group and
+	// may read /metrics. Tenant tokens (checked by Auth, the same tokens the tenant's
+	// connectors present) see only their own members. When AdminToken is empty and Auth is
+	// nil, the API and /metrics are open and every caller gets the admin view.
+	AdminToken string
+	// Metrics is where the edge registers its Prometheus collector; /metrics serves it when
+	// it is also a prometheus.Gatherer (a *prometheus.Registry is), and otherwise a private
+	// registry holding only the edge's metrics. Nil means a fresh private registry. One
+	// Registerer holds the metrics of one Server.
+	Metrics prometheus.Registerer
+	// EventKeepAlive is the interval of the keep-alive comment on a live group event stream.
+	// Default 30 s.
+	EventKeepAlive time.Duration
+	// EventBuffer is how many events one live event subscriber may have pending; past it, the
+	// subscriber misses events and is sent a "lagged" event. Default 64.
+	EventBuffer int
 }
 
 func (c *ServerConfig) setDefaults() error {
@@ -151,6 +169,12 @@ func (c *ServerConfig) setDefaults() error {
 	if c.AlertTimeout <= 0 {
 		c.AlertTimeout = webhook.DefaultTimeout
 	}
+	if c.EventKeepAlive <= 0 {
+		c.EventKeepAlive = 30 * time.Second
+	}
+	if c.EventBuffer <= 0 {
+		c.EventBuffer = 64
+	}
 	if c.AlertWebhookURL != "" {
 		if err := webhook.ValidateURL(c.AlertWebhookURL); err != nil {
 			return fmt.Errorf("tunnel: alert webhook URL: %w", err)
@@ -177,18 +201,20 @@ type Server struct {
 	registry *group.Registry
 	proxy    *httpIngress
 	alerts   *alerter
+	obs      *observability // admin API auth, metrics collector, live event broker (admin.go)
 
 	httpPort, httpsPort atomic.Int32
 
-	mu         sync.Mutex
-	closing    bool
-	listeners  map[net.Listener]struct{}
-	sessions   map[*edgeSession]struct{}
-	httpSrvs   map[*http.Server]struct{}
-	tcpRoutes  map[*group.Group]*tcpRoute
-	done       chan struct{} // closed when Shutdown or Close starts
-	closeOnce  sync.Once
-	inShutdown atomic.Bool
+	mu           sync.Mutex
+	closing      bool
+	listeners    map[net.Listener]struct{}
+	sessions     map[*edgeSession]struct{}
+	httpSrvs     map[*http.Server]struct{}
+	tcpRoutes    map[*group.Group]*tcpRoute
+	done         chan struct{} // closed when Shutdown or Close starts
+	closeOnce    sync.Once
+	closeOnceObs sync.Once
+	inShutdown   atomic.Bool
 
 	// requests counts public HTTP requests and TCP connections (metrics).
 	requests struct{ http, tcp atomic.Uint64 }
@@ -253,6 +279,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		httpSrvs:  map[*http.Server]struct{}{},
 		tcpRoutes: map[*group.Group]*tcpRoute{},
 		done:      make(chan struct{}),
+	}
+	if err := s.initObservability(); err != nil {
+		return nil, err
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.httpPort.Store(int32(cfg.PublicHTTPPort))
@@ -408,7 +437,8 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 	return s.serveHTTP(tls.NewListener(l, s.cfg.TLSConfig), s.proxy)
 }
 
-// ServeAdmin serves the admin API (/healthz) on l until Shutdown or Close.
+// ServeAdmin serves the admin API (AdminHandler: /healthz, /metrics and /api) on l until
+// Shutdown or Close.
 func (s *Server) ServeAdmin(l net.Listener) error {
 	return s.serveHTTP(l, s.AdminHandler())
 }
@@ -538,6 +568,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-waited:
 		s.cancel()
 		_ = s.alerts.close()
+		s.closeOnceObs.Do(s.closeObservability)
 	case <-ctx.Done():
 		_ = s.Close()
 		return ctx.Err()
@@ -567,6 +598,7 @@ func (s *Server) Close() error {
 	s.wg.Wait()
 	<-s.publicConns.idle() // net/http's connection goroutines end within its 500 ms linger
 	_ = s.alerts.close()
+	s.closeOnceObs.Do(s.closeObservability)
 	return nil
 }
 

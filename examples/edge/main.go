@@ -74,9 +74,6 @@ func run(ctx context.Context, stop func(), args []string, stderr io.Writer) int 
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	if keys := unwired(cfg); len(keys) > 0 {
-		log.Warn("configuration keys not supported by this edge yet; ignored", zap.Strings("keys", keys))
-	}
 	srv, err := tunnel.NewServer(sc)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", cfg.File, err)
@@ -136,6 +133,7 @@ func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error
 		DrainTimeout:         c.Limits.DrainTimeout,
 
 		MaxConcurrentPerMember: c.Limits.MaxConcurrentPerMember,
+		AdminToken:             c.Auth.AdminToken,
 
 		AlertWebhookURL:           c.LoadBalancing.AlertWebhookURL,
 		AllowPrivateAlertWebhooks: c.LoadBalancing.AllowPrivateAlertWebhooks,
@@ -155,19 +153,6 @@ func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error
 		sc.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	return sc, nil
-}
-
-// unwired returns the keys of the file that are set but that tunnel.ServerConfig has no
-// field for yet. The parser validates them; the edge ignores them with a warning.
-//
-// TODO(lead): wire each key here when its ServerConfig field lands:
-//   - auth.admin_token                             → admin API bearer token
-func unwired(c *config.Server) []string {
-	var keys []string
-	if c.Auth.AdminToken != "" {
-		keys = append(keys, "auth.admin_token")
-	}
-	return keys
 }
 
 func orOff(addr string) string {

@@ -1,0 +1,325 @@
+package tunnel
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/warren-tunnel/warren/group"
+)
+
+// TunnelInfo is one tunnel in the JSON of GET /api/tunnels and GET /api/tunnels/{id}.
+type TunnelInfo struct {
+	// ID is the tunnel id the edge assigned at registration.
+	ID string `json:"id"`
+	// Proto is "http", "https" or "tcp".
+	Proto string `json:"proto"`
+	// Label is the subdomain (http, https), the group name (grouped tcp) or the display
+	// name of a solo TCP tunnel.
+	Label string `json:"label"`
+	// Group is the name of the tunnel's pool; "" for a solo tunnel.
+	Group string `json:"group"`
+	// KeyHashShort is the first 8 hex digits of the pool's key hash; "" for a solo tunnel.
+	KeyHashShort string `json:"key_hash_short,omitempty"`
+	// Tenant is the identity the tunnel's connector authenticated as ("" for none).
+	Tenant string `json:"tenant"`
+	// Healthy is the tunnel's health bit.
+	Healthy bool `json:"healthy"`
+	// Draining is set once the tunnel takes no new requests.
+	Draining bool `json:"draining"`
+	// ActiveStreams counts the requests and connections the tunnel is carrying now.
+	ActiveStreams int64 `json:"active_streams"`
+	// HealthKind is the probe type reporting on the tunnel: "tcp", "http", "func" or "none".
+	HealthKind string `json:"health_kind"`
+	// URL is the public URL: http(s)://<subdomain>.<domain>[:port] or tcp://<domain>:<port>.
+	URL string `json:"url"`
+	// Port is the public TCP port (tcp only).
+	Port int `json:"port,omitempty"`
+	// JoinedAt is when the tunnel registered.
+	JoinedAt time.Time `json:"joined_at"`
+}
+
+// GroupInfo is one load-balancing group in the JSON of GET /api/groups. For a tenant the
+// counts and the member list cover only that tenant's members.
+type GroupInfo struct {
+	// Protocol is "http", "https" or "tcp".
+	Protocol string `json:"protocol"`
+	// Label is the subdomain (http, https) or the group name (tcp). With Protocol it names
+	// the group's event stream: /api/groups/{protocol}/{label}/events.
+	Label string `json:"label"`
+	// Name is the group's display name, as its first member set it.
+	Name string `json:"name"`
+	// KeyHashShort is the first 8 hex digits of the group's key hash. TCP pools that share a
+	// name differ in it; "{label}~{key_hash_short}" names exactly one of them.
+	KeyHashShort string `json:"key_hash_short"`
+	// URL is the group's public URL.
+	URL string `json:"url"`
+	// Port is the public TCP port (tcp only).
+	Port int `json:"port,omitempty"`
+	// MemberCount and HealthyCount count the members and those with the health bit set.
+	MemberCount  int `json:"member_count"`
+	HealthyCount int `json:"healthy_count"`
+	// Members are the group's members in the order they joined.
+	Members []GroupMember `json:"members"`
+}
+
+// GroupMember is one member of a GroupInfo. A member's alert webhook URL is never shown,
+// only whether it has one.
+type GroupMember struct {
+	// ID is the member's tunnel id.
+	ID string `json:"id"`
+	// Tenant is the identity the member's connector authenticated as ("" for none).
+	Tenant string `json:"tenant"`
+	// Healthy is the member's health bit.
+	Healthy bool `json:"healthy"`
+	// Draining is set once the member takes no new requests.
+	Draining bool `json:"draining"`
+	// ActiveStreams counts the requests and connections the member is carrying now.
+	ActiveStreams int64 `json:"active_streams"`
+	// HealthKind is the member's probe type: "tcp", "http", "func" or "none".
+	HealthKind string `json:"health_kind"`
+	// HasAlertWebhook reports whether the member registered an alert webhook URL.
+	HasAlertWebhook bool `json:"has_alert_webhook"`
+	// JoinedAt is when the member joined.
+	JoinedAt time.Time `json:"joined_at"`
+}
+
+// APIHandler returns the JSON admin API as an http.Handler. It serves these paths (mount it
+// at the root of a mux, or under "/api/"):
+//
+//	GET /api/tunnels                              every visible tunnel ([]TunnelInfo)
+//	GET /api/tunnels/{id}                         one tunnel (TunnelInfo)
+//	GET /api/tunnels/{id}/health-events           its last 50 health transitions, oldest first
+//	GET /api/groups                               every visible load-balancing group ([]GroupInfo)
+//	GET /api/groups/{protocol}/{label}/events     Server-Sent Events: GroupEvent per health transition
+//
+// Every request needs "Authorization: Bearer <token>" (401 without a valid one) unless the
+// API is open: ServerConfig.AdminToken empty and ServerConfig.Auth nil. The admin token sees
+// everything. A token Auth accepts as a tenant sees only the tunnels its connectors
+// registered and the groups that hold at least one of them, with counts over those members
+// alone; a token Auth accepts with no tenant sees nothing. Whatever a caller cannot see is
+// 404, exactly as if it did not exist.
+func (s *Server) APIHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/tunnels", s.apiTunnels)
+	mux.HandleFunc("GET /api/tunnels/{id}", s.apiTunnel)
+	mux.HandleFunc("GET /api/tunnels/{id}/health-events", s.apiHealthEvents)
+	mux.HandleFunc("GET /api/groups", s.apiGroups)
+	mux.HandleFunc("GET /api/groups/{protocol}/{label}/events", s.apiGroupEvents)
+	return s.requireAuth(mux)
+}
+
+// groupURL is the public URL of g.
+func (s *Server) groupURL(g *group.Group) string {
+	if g.Kind == group.KindTCP {
+		return fmt.Sprintf("tcp://%s:%d", s.cfg.Domain, g.Port)
+	}
+	return s.publicURL(g.Proto, g.Label)
+}
+
+func (s *Server) tunnelInfo(g *group.Group, m *group.Member) TunnelInfo {
+	t := TunnelInfo{
+		ID:            m.ID,
+		Proto:         g.Proto,
+		Label:         g.Label,
+		Group:         g.Name,
+		Tenant:        m.Tenant,
+		Healthy:       m.Healthy(),
+		Draining:      m.Draining(),
+		ActiveStreams: m.Active(),
+		HealthKind:    healthKindLabel(m.HealthKind),
+		URL:           s.groupURL(g),
+		JoinedAt:      m.Joined,
+	}
+	if !g.Solo() {
+		t.KeyHashShort = g.KeyHash.Short()
+	}
+	if g.Kind == group.KindTCP {
+		t.Port = g.Port
+	}
+	return t
+}
+
+// visibleTunnel returns the live member with tunnel id id, if the caller may see it.
+func (s *Server) visibleTunnel(sc scope, id string) (*group.Group, *group.Member, bool) {
+	for _, g := range s.registry.Groups() {
+		for _, m := range g.Members() {
+			if m.ID == id && sc.sees(m) {
+				return g, m, true
+			}
+		}
+	}
+	return nil, nil, false
+}
+
+func (s *Server) apiTunnels(w http.ResponseWriter, r *http.Request) {
+	sc := scopeOf(r)
+	out := []TunnelInfo{}
+	for _, g := range s.registry.Groups() {
+		for _, m := range g.Members() {
+			if sc.sees(m) {
+				out = append(out, s.tunnelInfo(g, m))
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b TunnelInfo) int {
+		return cmp.Or(cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Label, b.Label), a.JoinedAt.Compare(b.JoinedAt), cmp.Compare(a.ID, b.ID))
+	})
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) apiTunnel(w http.ResponseWriter, r *http.Request) {
+	g, m, ok := s.visibleTunnel(scopeOf(r), r.PathValue("id"))
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no tunnel with id %q", r.PathValue("id")))
+		return
+	}
+	writeJSON(w, http.StatusOK, s.tunnelInfo(g, m))
+}
+
+func (s *Server) apiHealthEvents(w http.ResponseWriter, r *http.Request) {
+	_, m, ok := s.visibleTunnel(scopeOf(r), r.PathValue("id"))
+	if !ok {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no tunnel with id %q", r.PathValue("id")))
+		return
+	}
+	writeJSON(w, http.StatusOK, m.History())
+}
+
+func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
+	sc := scopeOf(r)
+	out := []GroupInfo{}
+	for _, g := range s.registry.Groups() {
+		if g.Solo() {
+			continue
+		}
+		gi := GroupInfo{
+			Protocol:     g.Proto,
+			Label:        g.Label,
+			Name:         g.Name,
+			KeyHashShort: g.KeyHash.Short(),
+			URL:          s.groupURL(g),
+			Members:      []GroupMember{},
+		}
+		if g.Kind == group.KindTCP {
+			gi.Port = g.Port
+		}
+		for _, m := range g.Members() {
+			if !sc.sees(m) {
+				continue
+			}
+			gm := GroupMember{
+				ID:              m.ID,
+				Tenant:          m.Tenant,
+				Healthy:         m.Healthy(),
+				Draining:        m.Draining(),
+				ActiveStreams:   m.Active(),
+				HealthKind:      healthKindLabel(m.HealthKind),
+				HasAlertWebhook: m.AlertWebhook != "",
+				JoinedAt:        m.Joined,
+			}
+			gi.MemberCount++
+			if gm.Healthy {
+				gi.HealthyCount++
+			}
+			gi.Members = append(gi.Members, gm)
+		}
+		if gi.MemberCount > 0 {
+			out = append(out, gi)
+		}
+	}
+	slices.SortFunc(out, func(a, b GroupInfo) int {
+		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Label, b.Label), cmp.Compare(a.KeyHashShort, b.KeyHashShort))
+	})
+	writeJSON(w, http.StatusOK, out)
+}
+
+// groupRef names the group(s) of an event stream: /api/groups/{protocol}/{label}. For http
+// and https the label is the subdomain; for tcp it is the group name, which every TCP pool of
+// that name answers to, or "name~hash8" for the one pool whose key hash starts with hash8.
+type groupRef struct {
+	proto, label string
+	base, key    string // label split at its last '~' when 8 hex digits follow
+}
+
+func parseGroupRef(proto, label string) (groupRef, bool) {
+	switch proto {
+	case group.ProtoHTTP, group.ProtoHTTPS:
+		label = strings.ToLower(label)
+	case group.ProtoTCP:
+	default:
+		return groupRef{}, false
+	}
+	if label == "" {
+		return groupRef{}, false
+	}
+	ref := groupRef{proto: proto, label: label}
+	if i := strings.LastIndexByte(label, '~'); i > 0 && isHex(label[i+1:], 8) {
+		ref.base, ref.key = label[:i], strings.ToLower(label[i+1:])
+	}
+	return ref, true
+}
+
+func isHex(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i] | 0x20 // ASCII lower case
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// matches reports whether g is a pool the reference names.
+func (ref groupRef) matches(g *group.Group) bool {
+	if g.Solo() || g.Proto != ref.proto {
+		return false
+	}
+	return g.Label == ref.label || ref.key != "" && g.Label == ref.base && g.KeyHash.Short() == ref.key
+}
+
+// groupVisible reports whether a live pool that ref names holds a member the caller may see.
+func (s *Server) groupVisible(ref groupRef, sc scope) bool {
+	for _, g := range s.registry.Groups() {
+		if !ref.matches(g) {
+			continue
+		}
+		if slices.ContainsFunc(g.Members(), sc.sees) {
+			return true
+		}
+	}
+	return false
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "encoding the answer failed")
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// writeError answers {"error": msg} with status.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	b, _ := json.Marshal(struct {
+		Error string `json:"error"`
+	}{msg})
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}

@@ -1,0 +1,457 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/wire"
+)
+
+// apiClient calls an edge's admin listener over loopback, one connection per request.
+type apiClient struct {
+	t    *testing.T
+	base string
+	hc   *http.Client
+}
+
+func newAPIClient(t *testing.T, addr string) *apiClient {
+	tr := &http.Transport{DisableKeepAlives: true}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &apiClient{t: t, base: "http://" + addr, hc: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+}
+
+// get sends GET path with token as bearer token ("" for none).
+func (c *apiClient) get(token, path string) (int, http.Header, []byte) {
+	c.t.Helper()
+	return c.do(http.MethodGet, token, path)
+}
+
+func (c *apiClient) do(method, token, path string) (int, http.Header, []byte) {
+	c.t.Helper()
+	req, err := http.NewRequest(method, c.base+path, nil)
+	require.NoError(c.t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := c.hc.Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(c.t, err)
+	return resp.StatusCode, resp.Header, body
+}
+
+// getJSON fetches path, requires 200 and decodes the answer.
+func getJSON[T any](c *apiClient, token, path string) T {
+	c.t.Helper()
+	code, h, body := c.get(token, path)
+	require.Equal(c.t, http.StatusOK, code, "GET %s: %s", path, body)
+	require.Equal(c.t, "application/json", h.Get("Content-Type"))
+	var v T
+	require.NoError(c.t, json.Unmarshal(body, &v), "%s", body)
+	return v
+}
+
+// requireError checks an error answer: its status, and that it is JSON.
+func requireError(t *testing.T, c *apiClient, token, path string, status int) string {
+	t.Helper()
+	code, h, body := c.get(token, path)
+	require.Equal(t, status, code, "GET %s: %s", path, body)
+	require.Equal(t, "application/json", h.Get("Content-Type"))
+	var e struct{ Error string }
+	require.NoError(t, json.Unmarshal(body, &e), "%s", body)
+	require.NotEmpty(t, e.Error)
+	return e.Error
+}
+
+func tunnelsByID(ts []TunnelInfo) map[string]TunnelInfo {
+	out := map[string]TunnelInfo{}
+	for _, t := range ts {
+		out[t.ID] = t
+	}
+	return out
+}
+
+func memberIDs(g GroupInfo) []string {
+	var ids []string
+	for _, m := range g.Members {
+		ids = append(ids, m.ID)
+	}
+	return ids
+}
+
+func TestAPIListsTunnelsAndGroups(t *testing.T) {
+	e := startEdge(t, ServerConfig{LoadBalancing: true, TCPPorts: tcpRange(44000), TCPBindHost: "127.0.0.1"})
+	hook := newReceiver(t) // on loopback: a tenant URL there is refused, never posted to
+	b := backend(t, "b")
+	withHook := pool("pool")
+	withHook.AlertWebhook = hook.URL + "/secret-path"
+	ta, err := e.connect().Forward(ctxT(t), withHook, hostPort(b.URL))
+	require.NoError(t, err)
+	tb, err := e.connect().Forward(ctxT(t), pool("pool"), hostPort(b.URL))
+	require.NoError(t, err)
+	solo, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(b.URL))
+	require.NoError(t, err)
+	db, err := e.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, hostPort(b.URL))
+	require.NoError(t, err)
+	api := newAPIClient(t, e.adminAddr)
+
+	tunnels := getJSON[[]TunnelInfo](api, "", "/api/tunnels")
+	require.Len(t, tunnels, 4)
+	byID := tunnelsByID(tunnels)
+	key := e.Registry().LookupHTTP("pool").KeyHash.Short()
+	a := byID[ta.ID()]
+	require.Equal(t, "http", a.Proto)
+	require.Equal(t, "pool", a.Label)
+	require.Equal(t, "web", a.Group)
+	require.Equal(t, key, a.KeyHashShort)
+	require.Empty(t, a.Tenant)
+	require.True(t, a.Healthy, "a member without a probe is healthy")
+	require.False(t, a.Draining)
+	require.Equal(t, "none", a.HealthKind)
+	require.Equal(t, ta.URL(), a.URL)
+	require.WithinDuration(t, time.Now(), a.JoinedAt, time.Minute)
+	s := byID[solo.ID()]
+	require.Equal(t, "solo", s.Label)
+	require.Empty(t, s.Group)
+	require.Empty(t, s.KeyHashShort)
+	require.Equal(t, solo.URL(), s.URL)
+	d := byID[db.ID()]
+	require.Equal(t, "tcp", d.Proto)
+	require.Equal(t, "db", d.Label)
+	require.Equal(t, db.Port(), d.Port)
+	require.Equal(t, db.URL(), d.URL)
+
+	one := getJSON[TunnelInfo](api, "", "/api/tunnels/"+tb.ID())
+	require.Equal(t, byID[tb.ID()], one)
+	requireError(t, api, "", "/api/tunnels/no-such-id", http.StatusNotFound)
+	requireError(t, api, "", "/api/tunnels/no-such-id/health-events", http.StatusNotFound)
+
+	code, _, raw := api.get("", "/api/groups")
+	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, string(raw), "secret-path", "the alert URL never leaves the edge")
+	require.NotContains(t, string(raw), hook.URL)
+	var groups []GroupInfo
+	require.NoError(t, json.Unmarshal(raw, &groups))
+	require.Len(t, groups, 2, "solo tunnels are not groups")
+	web, tcp := groups[0], groups[1] // sorted by protocol
+	require.Equal(t, "http", web.Protocol)
+	require.Equal(t, "pool", web.Label)
+	require.Equal(t, "web", web.Name)
+	require.Equal(t, key, web.KeyHashShort)
+	require.Equal(t, ta.URL(), web.URL)
+	require.Equal(t, 2, web.MemberCount)
+	require.Equal(t, 2, web.HealthyCount)
+	require.Equal(t, []string{ta.ID(), tb.ID()}, memberIDs(web), "members in join order")
+	require.True(t, web.Members[0].HasAlertWebhook)
+	require.False(t, web.Members[1].HasAlertWebhook)
+	require.True(t, web.Members[0].Healthy)
+	require.Zero(t, web.Members[0].ActiveStreams)
+	require.Equal(t, "tcp", tcp.Protocol)
+	require.Equal(t, "db", tcp.Label)
+	require.Equal(t, db.Port(), tcp.Port)
+	require.Equal(t, 1, tcp.MemberCount)
+
+	// A member that leaves is gone from both lists.
+	tbID := tb.ID()
+	require.NoError(t, tb.Close())
+	require.Eventually(t, func() bool {
+		return len(getJSON[[]TunnelInfo](api, "", "/api/tunnels")) == 3
+	}, 5*time.Second, 10*time.Millisecond)
+	groups = getJSON[[]GroupInfo](api, "", "/api/groups")
+	require.Equal(t, 1, groups[0].MemberCount)
+	requireError(t, api, "", "/api/tunnels/"+tbID, http.StatusNotFound)
+}
+
+// rawMember registers one tunnel over a hand-made control stream, so that no prober runs
+// and the test alone decides the member's health. It returns the tunnel id and the stream.
+func rawMember(t *testing.T, e *testEdge, token string, reg *wire.Register) (string, net.Conn) {
+	t.Helper()
+	_, ctrl := rawControl(t, e.controlAddr)
+	require.NoError(t, wire.WriteFrame(ctrl, &wire.Hello{Version: wire.Version, Token: token}))
+	m, err := wire.ReadFrame(ctrl)
+	require.NoError(t, err)
+	require.IsType(t, &wire.Welcome{}, m)
+	require.NoError(t, wire.WriteFrame(ctrl, reg))
+	m, err = wire.ReadFrame(ctrl)
+	require.NoError(t, err)
+	r, ok := m.(*wire.Registered)
+	require.True(t, ok, "registration answered with %#v", m)
+	return r.TunnelID, ctrl
+}
+
+// probedRegister is a registration of an HTTP pool member with a TCP probe.
+func probedRegister(sub, groupName, key string) *wire.Register {
+	h := sha256.Sum256([]byte(key))
+	return &wire.Register{Req: 1, Proto: wire.ProtoHTTP, Label: sub, Group: groupName, KeyHash: hex.EncodeToString(h[:]),
+		Health: &wire.HealthInfo{Kind: "tcp"}}
+}
+
+// memberByID finds a live member in the edge's registry.
+func memberByID(t *testing.T, e *testEdge, id string) *group.Member {
+	t.Helper()
+	_, m, ok := e.visibleTunnel(scope{admin: true}, id)
+	require.True(t, ok, "no member %s", id)
+	return m
+}
+
+func TestAPIHealthEventsKeepTheLast50OldestFirst(t *testing.T) {
+	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	id, ctrl := rawMember(t, e, "", probedRegister("flappy", "web", "k"))
+	api := newAPIClient(t, e.adminAddr)
+
+	events := getJSON[[]group.Transition](api, "", "/api/tunnels/"+id+"/health-events")
+	require.Len(t, events, 1)
+	require.False(t, events[0].Healthy, "a probed member starts unhealthy")
+	require.Contains(t, events[0].Reason, "registered")
+
+	const flips = 60
+	for i := range flips {
+		require.NoError(t, wire.WriteFrame(ctrl, &wire.Health{TunnelID: id, Healthy: i%2 == 0, Reason: fmt.Sprintf("flip %d", i)}))
+	}
+	m := memberByID(t, e, id)
+	require.Eventually(t, func() bool {
+		h := m.History()
+		return h[len(h)-1].Reason == fmt.Sprintf("flip %d", flips-1)
+	}, 5*time.Second, 5*time.Millisecond)
+
+	code, _, raw := api.get("", "/api/tunnels/"+id+"/health-events")
+	require.Equal(t, http.StatusOK, code)
+	var fields []map[string]any
+	require.NoError(t, json.Unmarshal(raw, &fields))
+	require.Len(t, fields, group.HistoryLen)
+	require.ElementsMatch(t, []string{"at", "healthy", "reason"}, keys(fields[0]))
+
+	require.NoError(t, json.Unmarshal(raw, &events))
+	first := flips - group.HistoryLen // the 61 transitions less the 11 oldest
+	for i, ev := range events {
+		n := first + i
+		require.Equal(t, fmt.Sprintf("flip %d", n), ev.Reason)
+		require.Equal(t, n%2 == 0, ev.Healthy)
+		if i > 0 {
+			require.False(t, ev.At.Before(events[i-1].At), "oldest first")
+		}
+	}
+}
+
+func keys(m map[string]any) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+func TestAPIScopesEachTenantToItsOwnMembers(t *testing.T) {
+	auth := NewStaticTokens([]string{"plain-token"}, map[string]string{"acme": "acme-token", "globex": "globex-token"})
+	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: auth, AdminToken: "admin-token"})
+	b := backend(t, "b")
+	acme, globex := e.connect(WithToken("acme-token")), e.connect(WithToken("globex-token"))
+	acmeShared, err := acme.Forward(ctxT(t), pool("shared"), hostPort(b.URL))
+	require.NoError(t, err)
+	acmeSolo, err := acme.Forward(ctxT(t), TunnelSpec{Subdomain: "acme-solo"}, hostPort(b.URL))
+	require.NoError(t, err)
+	var globexHealth switchable
+	gs := pool("shared")
+	gs.Health = globexHealth.spec()
+	globexShared, err := globex.Forward(ctxT(t), gs, hostPort(b.URL))
+	require.NoError(t, err)
+	globexOwn, err := globex.Forward(ctxT(t), TunnelSpec{Subdomain: "globex-only", Group: "internal", GroupKey: "g"}, hostPort(b.URL))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return selectable(e, "shared")() == 2 }, 5*time.Second, 5*time.Millisecond)
+	api := newAPIClient(t, e.adminAddr)
+
+	t.Run("no or wrong token is 401", func(t *testing.T) {
+		for _, path := range []string{"/api/tunnels", "/api/groups", "/api/tunnels/" + acmeShared.ID(),
+			"/api/tunnels/" + acmeShared.ID() + "/health-events", "/api/groups/http/shared/events", "/api/nothing-here"} {
+			for _, token := range []string{"", "wrong-token"} {
+				requireError(t, api, token, path, http.StatusUnauthorized)
+			}
+		}
+		_, h, _ := api.get("", "/api/tunnels")
+		require.Equal(t, `Bearer realm="warren"`, h.Get("WWW-Authenticate"))
+		req, err := http.NewRequest(http.MethodGet, api.base+"/api/tunnels", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Basic admin-token")
+		resp, err := api.hc.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode, "only the Bearer scheme")
+		code, _, _ := api.get("", "/healthz")
+		require.Equal(t, http.StatusOK, code, "/healthz needs no token")
+	})
+
+	t.Run("the admin token sees everything", func(t *testing.T) {
+		tunnels := getJSON[[]TunnelInfo](api, "admin-token", "/api/tunnels")
+		require.Len(t, tunnels, 4)
+		byID := tunnelsByID(tunnels)
+		require.Equal(t, "acme", byID[acmeShared.ID()].Tenant)
+		require.Equal(t, "globex", byID[globexOwn.ID()].Tenant)
+		groups := getJSON[[]GroupInfo](api, "admin-token", "/api/groups")
+		require.Len(t, groups, 2)
+		require.Equal(t, "globex-only", groups[0].Label)
+		require.Equal(t, "shared", groups[1].Label)
+		require.Equal(t, 2, groups[1].MemberCount)
+		require.Equal(t, 2, groups[1].HealthyCount)
+		getJSON[[]group.Transition](api, "admin-token", "/api/tunnels/"+globexShared.ID()+"/health-events")
+	})
+
+	t.Run("a tenant sees its own members and the groups holding them", func(t *testing.T) {
+		tunnels := getJSON[[]TunnelInfo](api, "acme-token", "/api/tunnels")
+		require.ElementsMatch(t, []string{acmeShared.ID(), acmeSolo.ID()}, keysOf(tunnelsByID(tunnels)))
+		groups := getJSON[[]GroupInfo](api, "acme-token", "/api/groups")
+		require.Len(t, groups, 1, "globex-only holds no acme member")
+		require.Equal(t, "shared", groups[0].Label)
+		require.Equal(t, 1, groups[0].MemberCount, "counts cover the tenant's members only")
+		require.Equal(t, 1, groups[0].HealthyCount)
+		require.Equal(t, []string{acmeShared.ID()}, memberIDs(groups[0]))
+
+		// globex's unhealthy member is invisible to acme, so acme's counts do not move.
+		globexHealth.down.Store(true)
+		require.Eventually(t, func() bool { return selectable(e, "shared")() == 1 }, 5*time.Second, 5*time.Millisecond)
+		groups = getJSON[[]GroupInfo](api, "acme-token", "/api/groups")
+		require.Equal(t, 1, groups[0].HealthyCount)
+		groups = getJSON[[]GroupInfo](api, "globex-token", "/api/groups")
+		require.Len(t, groups, 2)
+		require.Equal(t, 1, groups[1].MemberCount)
+		require.Equal(t, 0, groups[1].HealthyCount)
+		getJSON[TunnelInfo](api, "acme-token", "/api/tunnels/"+acmeShared.ID())
+	})
+
+	t.Run("what a tenant cannot see is 404, like what does not exist", func(t *testing.T) {
+		hidden := requireError(t, api, "acme-token", "/api/tunnels/"+globexShared.ID(), http.StatusNotFound)
+		missing := requireError(t, api, "acme-token", "/api/tunnels/"+strings.Repeat("0", len(globexShared.ID())), http.StatusNotFound)
+		require.Equal(t, strings.ReplaceAll(hidden, globexShared.ID(), "X"), strings.ReplaceAll(missing, strings.Repeat("0", len(globexShared.ID())), "X"))
+		requireError(t, api, "acme-token", "/api/tunnels/"+globexShared.ID()+"/health-events", http.StatusNotFound)
+		requireError(t, api, "acme-token", "/api/groups/http/globex-only/events", http.StatusNotFound)
+		requireError(t, api, "acme-token", "/api/groups/http/acme-solo/events", http.StatusNotFound)
+	})
+
+	t.Run("a valid token of no tenant sees nothing", func(t *testing.T) {
+		require.Empty(t, getJSON[[]TunnelInfo](api, "plain-token", "/api/tunnels"))
+		require.Empty(t, getJSON[[]GroupInfo](api, "plain-token", "/api/groups"))
+		requireError(t, api, "plain-token", "/api/tunnels/"+acmeShared.ID(), http.StatusNotFound)
+		requireError(t, api, "plain-token", "/api/groups/http/shared/events", http.StatusNotFound)
+	})
+
+	t.Run("metrics need the admin token", func(t *testing.T) {
+		requireError(t, api, "", "/metrics", http.StatusUnauthorized)
+		requireError(t, api, "wrong-token", "/metrics", http.StatusUnauthorized)
+		requireError(t, api, "acme-token", "/metrics", http.StatusForbidden)
+		code, _, body := api.get("admin-token", "/metrics")
+		require.Equal(t, http.StatusOK, code)
+		require.Contains(t, string(body), `warren_group_members{group="web",healthy="true",region="local"} 1`)
+	})
+}
+
+func keysOf[V any](m map[string]V) []string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	return ks
+}
+
+func TestAPIHandlersServeEmbedders(t *testing.T) {
+	errDown := errors.New("token store unreachable")
+	auth := AuthenticatorFunc(func(_ context.Context, token string) (string, error) {
+		switch token {
+		case "acme-token":
+			return "acme", nil
+		case "flaky":
+			return "", errDown
+		}
+		return "", ErrUnauthorized
+	})
+	srv, err := NewServer(ServerConfig{AdminToken: "admin-token", Auth: auth, Logger: zaptest.NewLogger(t)})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, srv.Close()) }()
+	mux := http.NewServeMux()
+	mux.Handle("/api/", srv.APIHandler())
+	mux.Handle("/custom/metrics", srv.MetricsHandler())
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	api := newAPIClient(t, strings.TrimPrefix(hs.URL, "http://"))
+
+	require.Empty(t, getJSON[[]TunnelInfo](api, "admin-token", "/api/tunnels"))
+	require.Empty(t, getJSON[[]GroupInfo](api, "acme-token", "/api/groups"))
+	requireError(t, api, "nobody", "/api/tunnels", http.StatusUnauthorized)
+	requireError(t, api, "flaky", "/api/tunnels", http.StatusServiceUnavailable)
+	requireError(t, api, "admin-token", "/api/groups/udp/x/events", http.StatusNotFound)
+	requireError(t, api, "admin-token", "/api/groups/http/nothing/events", http.StatusNotFound)
+	code, h, _ := api.do(http.MethodPost, "admin-token", "/api/tunnels")
+	require.Equal(t, http.StatusMethodNotAllowed, code)
+	require.Contains(t, h.Get("Allow"), http.MethodGet)
+
+	code, _, body := api.get("admin-token", "/custom/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, string(body), `warren_requests_total{proto="http"} 0`)
+	requireError(t, api, "acme-token", "/custom/metrics", http.StatusForbidden)
+}
+
+func TestAPIRejectsBadEventStreamNames(t *testing.T) {
+	for _, c := range []struct {
+		proto, label string
+		ok           bool
+		want         groupRef
+	}{
+		{"http", "Pool", true, groupRef{proto: "http", label: "pool"}},
+		{"tcp", "db", true, groupRef{proto: "tcp", label: "db"}},
+		{"tcp", "db~DEADBEEF", true, groupRef{proto: "tcp", label: "db~DEADBEEF", base: "db", key: "deadbeef"}},
+		{"tcp", "a~b~0123abcd", true, groupRef{proto: "tcp", label: "a~b~0123abcd", base: "a~b", key: "0123abcd"}},
+		{"tcp", "db~beef", true, groupRef{proto: "tcp", label: "db~beef"}},
+		{"tcp", "~deadbeef", true, groupRef{proto: "tcp", label: "~deadbeef"}},
+		{"udp", "db", false, groupRef{}},
+		{"http", "", false, groupRef{}},
+	} {
+		ref, ok := parseGroupRef(c.proto, c.label)
+		require.Equal(t, c.ok, ok, "%s/%s", c.proto, c.label)
+		require.Equal(t, c.want, ref, "%s/%s", c.proto, c.label)
+	}
+}
+
+// ExampleServer_AdminHandler serves an edge's admin API with an admin token and asks it for
+// the load-balancing groups.
+func ExampleServer_AdminHandler() {
+	srv, err := NewServer(ServerConfig{LoadBalancing: true, AdminToken: "s3cret"})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer srv.Close()
+	admin := httptest.NewServer(srv.AdminHandler()) // or srv.ServeAdmin(listener)
+	defer admin.Close()
+
+	for _, token := range []string{"", "s3cret"} {
+		req, _ := http.NewRequest(http.MethodGet, admin.URL+"/api/groups", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			fmt.Println(err)
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%d %s", resp.StatusCode, body)
+	}
+	// Output:
+	// 401 {"error":"missing bearer token"}
+	// 200 []
+}

@@ -1,0 +1,360 @@
+package tunnel
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/internal/wire"
+)
+
+// sseRead is one item read from an event stream: an event (name and data) or a comment.
+type sseRead struct{ name, data, comment string }
+
+// sseStream is one live event stream opened with a real HTTP client.
+type sseStream struct {
+	t     *testing.T
+	resp  *http.Response
+	items chan sseRead
+	stop  chan struct{}
+	done  sync.WaitGroup
+	once  sync.Once
+}
+
+// openStream opens GET path on the admin listener at addr. It does not read the body until
+// read is called. The stream is closed at cleanup.
+func openStream(t *testing.T, addr, token, path string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *sseStream {
+	t.Helper()
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: dial, ResponseHeaderTimeout: 5 * time.Second}
+	req, err := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+	require.NoError(t, err)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	require.NoError(t, err)
+	s := &sseStream{t: t, resp: resp, items: make(chan sseRead), stop: make(chan struct{})}
+	t.Cleanup(func() {
+		s.close()
+		tr.CloseIdleConnections()
+	})
+	return s
+}
+
+// read starts parsing the stream; items then arrive on s.items, which is closed at the end
+// of the stream.
+func (s *sseStream) read() *sseStream {
+	s.done.Go(func() {
+		defer close(s.items)
+		sc := bufio.NewScanner(s.resp.Body)
+		var cur sseRead
+		for sc.Scan() {
+			line := sc.Text()
+			var emit *sseRead
+			switch {
+			case line == "":
+				if cur.name != "" || cur.data != "" {
+					ev := cur
+					emit, cur = &ev, sseRead{}
+				}
+			case strings.HasPrefix(line, ":"):
+				emit = &sseRead{comment: strings.TrimSpace(line[1:])}
+			case strings.HasPrefix(line, "event: "):
+				cur.name = line[len("event: "):]
+			case strings.HasPrefix(line, "data: "):
+				cur.data = line[len("data: "):]
+			}
+			if emit != nil {
+				select {
+				case s.items <- *emit:
+				case <-s.stop:
+					return
+				}
+			}
+		}
+	})
+	return s
+}
+
+func (s *sseStream) close() {
+	s.once.Do(func() {
+		close(s.stop)
+		_ = s.resp.Body.Close()
+		s.done.Wait()
+	})
+}
+
+// next returns the next item, comments included.
+func (s *sseStream) next() sseRead {
+	s.t.Helper()
+	select {
+	case it, ok := <-s.items:
+		require.True(s.t, ok, "the stream ended")
+		return it
+	case <-time.After(5 * time.Second):
+		s.t.Fatal("no event within 5 s")
+	}
+	return sseRead{}
+}
+
+// nextEvent returns the next event, skipping comments.
+func (s *sseStream) nextEvent() sseRead {
+	s.t.Helper()
+	for {
+		if it := s.next(); it.comment == "" {
+			return it
+		}
+	}
+}
+
+// nextGroupEvent returns the next event, which must be a group_event.
+func (s *sseStream) nextGroupEvent() GroupEvent {
+	s.t.Helper()
+	it := s.nextEvent()
+	require.Equal(s.t, "group_event", it.name, "data: %s", it.data)
+	var ev GroupEvent
+	require.NoError(s.t, json.Unmarshal([]byte(it.data), &ev))
+	return ev
+}
+
+func TestGroupEventsStreamHealthTransitions(t *testing.T) {
+	e := startEdge(t, ServerConfig{LoadBalancing: true, EventKeepAlive: 50 * time.Millisecond})
+	b := backend(t, "b")
+	var ha, hb, ho switchable
+	add := func(h *switchable, spec TunnelSpec) *Tunnel {
+		spec.Health = h.spec()
+		tun, err := e.connect().Forward(ctxT(t), spec, hostPort(b.URL))
+		require.NoError(t, err)
+		return tun
+	}
+	ta := add(&ha, pool("pool"))
+	add(&hb, pool("pool"))
+	add(&ho, pool("other"))
+	require.Eventually(t, func() bool { return selectable(e, "pool")() == 2 && selectable(e, "other")() == 1 },
+		5*time.Second, 5*time.Millisecond)
+
+	st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil)
+	require.Equal(t, http.StatusOK, st.resp.StatusCode)
+	require.Equal(t, "text/event-stream", st.resp.Header.Get("Content-Type"))
+	require.Equal(t, "no-cache", st.resp.Header.Get("Cache-Control"))
+	st.read()
+	require.Equal(t, "group events of http/pool", st.next().comment)
+
+	ha.down.Store(true)
+	ev := st.nextGroupEvent()
+	require.Equal(t, "http", ev.Protocol)
+	require.Equal(t, "pool", ev.Label)
+	require.Equal(t, "web", ev.Group)
+	require.Equal(t, e.Registry().LookupHTTP("pool").KeyHash.Short(), ev.KeyHashShort)
+	require.Equal(t, ta.ID(), ev.TunnelID)
+	require.False(t, ev.Healthy)
+	require.Contains(t, ev.Reason, "switched off")
+	require.Equal(t, 1, ev.HealthyCount)
+	require.Equal(t, 2, ev.MemberCount)
+	require.WithinDuration(t, time.Now(), ev.At, time.Minute)
+
+	// Another group's transition is not on this stream: the next event is ta's recovery.
+	ho.down.Store(true)
+	require.Eventually(t, func() bool { return selectable(e, "other")() == 0 }, 5*time.Second, 5*time.Millisecond)
+	ha.down.Store(false)
+	ev = st.nextGroupEvent()
+	require.Equal(t, ta.ID(), ev.TunnelID)
+	require.True(t, ev.Healthy)
+	require.Equal(t, 2, ev.HealthyCount)
+	require.Equal(t, 2, ev.MemberCount)
+
+	// With nothing to say, the stream sends keep-alive comments.
+	for {
+		it := st.next()
+		require.Empty(t, it.name, "no event expected, got %s %s", it.name, it.data)
+		if it.comment == "keep-alive" {
+			break
+		}
+	}
+}
+
+// smallWriteBuffers shrinks the kernel send buffer of every connection it accepts, so that a
+// client that stops reading blocks the edge's writes to it soon.
+type smallWriteBuffers struct{ net.Listener }
+
+func (l smallWriteBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(4096)
+	}
+	return c, err
+}
+
+// smallReadBuffer dials with a small kernel receive buffer.
+func smallReadBuffer(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(4096)
+	}
+	return c, err
+}
+
+// tallyUntil reads group_event and lagged events until the events received plus the events
+// reported missed reach n. It returns the names of what it read, in order.
+func (s *sseStream) tallyUntil(n int) (got, missed int, order []string) {
+	s.t.Helper()
+	for got+missed < n {
+		it := s.nextEvent()
+		order = append(order, it.name)
+		switch it.name {
+		case "group_event":
+			got++
+		case "lagged":
+			var l LaggedEvent
+			require.NoError(s.t, json.Unmarshal([]byte(it.data), &l))
+			require.Positive(s.t, l.Missed)
+			missed += l.Missed
+		default:
+			s.t.Fatalf("unexpected event %q", it.name)
+		}
+	}
+	require.Equal(s.t, n, got+missed, "no event is both delivered and reported missed")
+	return got, missed, order
+}
+
+func TestGroupEventsSlowConsumerLagsAlone(t *testing.T) {
+	e := startEdge(t, ServerConfig{LoadBalancing: true, EventBuffer: 4, Logger: zap.NewNop()})
+	slowAdmin := smallWriteBuffers{listenLoopback(t)}
+	e.served.Go(func() { _ = e.ServeAdmin(slowAdmin) })
+	id, _ := rawMember(t, e, "", probedRegister("lag", "web", "k"))
+	m := memberByID(t, e, id)
+
+	fast := openStream(t, e.adminAddr, "", "/api/groups/http/lag/events", nil).read()
+	require.Equal(t, "group events of http/lag", fast.next().comment)
+	slow := openStream(t, slowAdmin.Addr().String(), "", "/api/groups/http/lag/events", smallReadBuffer)
+	require.Equal(t, http.StatusOK, slow.resp.StatusCode)
+
+	// Far more transitions than the slow client's socket buffers and its 4-event buffer
+	// hold. The edge makes them all without waiting for any consumer.
+	const n = 5000
+	for i := range n {
+		require.True(t, e.Registry().SetHealth(m, i%2 == 0, fmt.Sprintf("flip %d", i)))
+	}
+
+	// The fast consumer has everything accounted for while the slow one has read nothing.
+	got, missed, _ := fast.tallyUntil(n)
+	t.Logf("fast consumer: %d events, %d missed", got, missed)
+	require.Positive(t, got)
+
+	slow.read()
+	require.Equal(t, "group events of http/lag", slow.next().comment)
+	got, missed, order := slow.tallyUntil(n)
+	t.Logf("slow consumer: %d events, %d missed", got, missed)
+	require.Positive(t, got, "what was queued before the gap is delivered")
+	require.Positive(t, missed)
+	require.Equal(t, "group_event", order[0])
+	require.Equal(t, "lagged", order[len(order)-1], "the gap is reported where it is: after the last event queued")
+
+	// The next transition reaches both consumers, after the gap.
+	require.True(t, e.Registry().SetHealth(m, n%2 == 0, "after the gap"))
+	for _, s := range []*sseStream{fast, slow} {
+		ev := s.nextGroupEvent()
+		require.Equal(t, "after the gap", ev.Reason)
+		require.Equal(t, id, ev.TunnelID)
+		require.Equal(t, 1, ev.MemberCount)
+	}
+}
+
+func TestGroupEventsAreScopedToTheTenant(t *testing.T) {
+	auth := NewStaticTokens(nil, map[string]string{"acme": "acme-token", "globex": "globex-token"})
+	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: auth, AdminToken: "admin-token"})
+	acmeID, acmeCtl := rawMember(t, e, "acme-token", probedRegister("shared", "web", "k"))
+	rawMember(t, e, "acme-token", probedRegister("shared", "web", "k")) // stays unhealthy
+	globexID, globexCtl := rawMember(t, e, "globex-token", probedRegister("shared", "web", "k"))
+	flip := func(ctl net.Conn, id string, healthy bool) {
+		require.NoError(t, wire.WriteFrame(ctl, &wire.Health{TunnelID: id, Healthy: healthy, Reason: "reported"}))
+	}
+
+	require.Equal(t, http.StatusUnauthorized, openStream(t, e.adminAddr, "", "/api/groups/http/shared/events", nil).resp.StatusCode)
+	acme := openStream(t, e.adminAddr, "acme-token", "/api/groups/http/shared/events", nil).read()
+	admin := openStream(t, e.adminAddr, "admin-token", "/api/groups/http/shared/events", nil).read()
+	for _, s := range []*sseStream{acme, admin} {
+		require.Equal(t, http.StatusOK, s.resp.StatusCode)
+		require.NotEmpty(t, s.next().comment)
+	}
+
+	flip(globexCtl, globexID, true)
+	ev := admin.nextGroupEvent()
+	require.Equal(t, globexID, ev.TunnelID)
+	require.Equal(t, 1, ev.HealthyCount)
+	require.Equal(t, 3, ev.MemberCount)
+
+	flip(acmeCtl, acmeID, true)
+	ev = admin.nextGroupEvent()
+	require.Equal(t, acmeID, ev.TunnelID)
+	require.Equal(t, 2, ev.HealthyCount)
+	require.Equal(t, 3, ev.MemberCount)
+	ev = acme.nextGroupEvent() // globex's transition was never sent to acme
+	require.Equal(t, acmeID, ev.TunnelID)
+	require.True(t, ev.Healthy)
+	require.Equal(t, 1, ev.HealthyCount, "acme's counts: its two members, one healthy")
+	require.Equal(t, 2, ev.MemberCount)
+}
+
+func TestGroupEventsEndWithTheClientOrTheEdge(t *testing.T) {
+	subscribers := func(e *testEdge) int {
+		b := e.obs.events
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.subs)
+	}
+	t.Run("client goes away", func(t *testing.T) {
+		e := startEdge(t, ServerConfig{LoadBalancing: true})
+		rawMember(t, e, "", probedRegister("pool", "web", "k"))
+		st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
+		require.NotEmpty(t, st.next().comment)
+		require.Equal(t, 1, subscribers(e))
+		st.close()
+		require.Eventually(t, func() bool { return subscribers(e) == 0 }, 5*time.Second, 5*time.Millisecond)
+	})
+	t.Run("edge closes", func(t *testing.T) {
+		e := startEdge(t, ServerConfig{LoadBalancing: true})
+		rawMember(t, e, "", probedRegister("pool", "web", "k"))
+		st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
+		require.NotEmpty(t, st.next().comment)
+		require.NoError(t, e.Close())
+		requireEnded(t, st)
+		require.Zero(t, subscribers(e))
+	})
+	t.Run("edge shuts down", func(t *testing.T) {
+		e := startEdge(t, ServerConfig{LoadBalancing: true})
+		rawMember(t, e, "", probedRegister("pool", "web", "k"))
+		st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
+		require.NotEmpty(t, st.next().comment)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		require.NoError(t, e.Shutdown(ctx), "an open event stream does not hold Shutdown")
+		requireEnded(t, st)
+	})
+}
+
+// requireEnded waits for the end of the stream.
+func requireEnded(t *testing.T, st *sseStream) {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case _, ok := <-st.items:
+			if !ok {
+				return
+			}
+		case <-deadline:
+			t.Fatal("the stream did not end")
+		}
+	}
+}

@@ -1,0 +1,315 @@
+package tunnel
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/warren-tunnel/warren/health"
+)
+
+const (
+	helpMembers = `# HELP warren_group_members Members of the load-balancing groups with this name, by health bit.
+# TYPE warren_group_members gauge
+`
+	helpDispatches = `# HELP warren_group_dispatches_total Requests and connections dispatched to members of the groups with this name.
+# TYPE warren_group_dispatches_total counter
+`
+	helpFailures = `# HELP warren_group_health_failures_total Unhealthy transitions reported by members of the groups with this name, by probe type.
+# TYPE warren_group_health_failures_total counter
+`
+	helpTunnels = `# HELP warren_active_tunnels Registered tunnels (group members and solo tunnels), by protocol.
+# TYPE warren_active_tunnels gauge
+`
+	helpRequests = `# HELP warren_requests_total Public HTTP(S) requests (proto http) and TCP connections (proto tcp) received.
+# TYPE warren_requests_total counter
+`
+	helpDeliveries = `# HELP warren_webhook_deliveries_total Alert webhook deliveries, by outcome.
+# TYPE warren_webhook_deliveries_total counter
+`
+)
+
+// switchableHTTP is a backend whose /health answers 503 while down is set.
+func switchableHTTP(t *testing.T, name string, down *atomic.Bool) *httptest.Server {
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && down.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, name)
+	}))
+	t.Cleanup(b.Close)
+	return b
+}
+
+// echoBackend is a TCP echo server that the test can stop early; stop is idempotent.
+func echoBackend(t *testing.T) (addr string, stop func()) {
+	l := listenLoopback(t)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			})
+		}
+	})
+	var once sync.Once
+	stop = func() { once.Do(func() { _ = l.Close(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return l.Addr().String(), stop
+}
+
+func fastProbe(typ health.Type) *health.Spec {
+	spec := &health.Spec{Type: typ, Interval: 10 * time.Millisecond, Timeout: time.Second, MaxFailed: 1}
+	if typ == health.TypeHTTP {
+		spec.Path = "/health"
+	}
+	return spec
+}
+
+func TestMetricsAfterJoinsDispatchesFailuresAndLeaves(t *testing.T) {
+	op := newReceiver(t)
+	e := startEdge(t, ServerConfig{LoadBalancing: true, RegionID: "eu", AlertWebhookURL: op.URL,
+		TCPPorts: tcpRange(44100), TCPBindHost: "127.0.0.1"})
+	healthy := func(id string, want bool) func() bool {
+		return func() bool {
+			_, m, ok := e.visibleTunnel(scope{admin: true}, id)
+			return ok && m.Healthy() == want
+		}
+	}
+	wait := func(cond func() bool) {
+		t.Helper()
+		require.Eventually(t, cond, 5*time.Second, 5*time.Millisecond)
+	}
+
+	// Joins. "pool" and "alt" are two pools (other subdomain, other key) named "web".
+	var aDown atomic.Bool
+	backA := switchableHTTP(t, "A", &aDown)
+	specA := pool("pool")
+	specA.Health = fastProbe(health.TypeHTTP)
+	sessA, sessB, sessC := e.connect(), e.connect(), e.connect()
+	ta, err := sessA.Forward(ctxT(t), specA, hostPort(backA.URL))
+	require.NoError(t, err)
+	_, err = sessB.Forward(ctxT(t), pool("pool"), hostPort(backend(t, "B").URL))
+	require.NoError(t, err)
+	var hc switchable
+	tc, err := sessC.Forward(ctxT(t), TunnelSpec{Subdomain: "alt", Group: "web", GroupKey: "another key", Health: hc.spec()},
+		hostPort(backend(t, "C").URL))
+	require.NoError(t, err)
+	_, err = e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "S").URL))
+	require.NoError(t, err)
+	echo, stopEcho := echoBackend(t)
+	td, err := e.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k", Health: fastProbe(health.TypeTCP)}, echo)
+	require.NoError(t, err)
+	wait(healthy(ta.ID(), true))
+	wait(healthy(tc.ID(), true))
+	wait(healthy(td.ID(), true))
+
+	// Dispatches: 6 to pool, 4 to alt, 2 to the solo tunnel, 3 TCP connections to db.
+	for sub, n := range map[string]int{"pool": 6, "alt": 4, "solo": 2} {
+		for range n {
+			code, body := e.get(sub, "/")
+			require.Equal(t, http.StatusOK, code, body)
+		}
+	}
+	for range 3 {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", td.Port()), 5*time.Second)
+		require.NoError(t, err)
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Write([]byte("x"))
+		require.NoError(t, err)
+		_, err = io.ReadFull(c, make([]byte, 1))
+		require.NoError(t, err)
+		require.NoError(t, c.Close())
+	}
+
+	// Failures: A (http probe) fails twice, C (func probe) once, D (tcp probe) once.
+	aDown.Store(true)
+	wait(healthy(ta.ID(), false))
+	aDown.Store(false)
+	wait(healthy(ta.ID(), true))
+	aDown.Store(true)
+	wait(healthy(ta.ID(), false))
+	hc.down.Store(true)
+	wait(healthy(tc.ID(), false)) // alt has no healthy member: alert 1
+	stopEcho()
+	wait(healthy(td.ID(), false)) // db has no healthy member: alert 2
+
+	require.NoError(t, testutil.GatherAndCompare(e.obs.gatherer, strings.NewReader(helpMembers+`
+warren_group_members{group="db",healthy="false",region="eu"} 1
+warren_group_members{group="db",healthy="true",region="eu"} 0
+warren_group_members{group="web",healthy="false",region="eu"} 2
+warren_group_members{group="web",healthy="true",region="eu"} 1
+`+helpDispatches+`
+warren_group_dispatches_total{group="db",region="eu"} 3
+warren_group_dispatches_total{group="web",region="eu"} 10
+`+helpFailures+`
+warren_group_health_failures_total{group="db",kind="tcp",region="eu"} 1
+warren_group_health_failures_total{group="web",kind="func",region="eu"} 1
+warren_group_health_failures_total{group="web",kind="http",region="eu"} 2
+warren_group_health_failures_total{group="web",kind="none",region="eu"} 0
+`+helpTunnels+`
+warren_active_tunnels{proto="http"} 4
+warren_active_tunnels{proto="https"} 0
+warren_active_tunnels{proto="tcp"} 1
+`+helpRequests+`
+warren_requests_total{proto="http"} 12
+warren_requests_total{proto="tcp"} 3
+`), "warren_group_members", "warren_group_dispatches_total", "warren_group_health_failures_total",
+		"warren_active_tunnels", "warren_requests_total"))
+
+	// Leaves: alt goes away, then pool (its last healthy member B leaving is alert 3). A new
+	// pool "pool" then takes one request: web's dispatches go on from 10, never down.
+	require.NoError(t, sessC.Close())
+	require.NoError(t, sessA.Close())
+	require.NoError(t, sessB.Close())
+	wait(func() bool { return e.Registry().LookupHTTP("pool") == nil && e.Registry().LookupHTTP("alt") == nil })
+	require.NoError(t, testutil.GatherAndCompare(e.obs.gatherer, strings.NewReader(helpDispatches+`
+warren_group_dispatches_total{group="db",region="eu"} 3
+warren_group_dispatches_total{group="web",region="eu"} 10
+`), "warren_group_dispatches_total"))
+	_, err = e.connect().Forward(ctxT(t), pool("pool"), hostPort(backend(t, "E").URL))
+	require.NoError(t, err)
+	code, _ := e.get("pool", "/")
+	require.Equal(t, http.StatusOK, code)
+	wait(func() bool { return len(op.alerts()) == 3 })
+
+	want := helpMembers + `
+warren_group_members{group="db",healthy="false",region="eu"} 1
+warren_group_members{group="db",healthy="true",region="eu"} 0
+warren_group_members{group="web",healthy="false",region="eu"} 0
+warren_group_members{group="web",healthy="true",region="eu"} 1
+` + helpDispatches + `
+warren_group_dispatches_total{group="db",region="eu"} 3
+warren_group_dispatches_total{group="web",region="eu"} 11
+` + helpFailures + `
+warren_group_health_failures_total{group="db",kind="tcp",region="eu"} 1
+warren_group_health_failures_total{group="web",kind="func",region="eu"} 1
+warren_group_health_failures_total{group="web",kind="http",region="eu"} 2
+warren_group_health_failures_total{group="web",kind="none",region="eu"} 0
+` + helpTunnels + `
+warren_active_tunnels{proto="http"} 2
+warren_active_tunnels{proto="https"} 0
+warren_active_tunnels{proto="tcp"} 1
+` + helpRequests + `
+warren_requests_total{proto="http"} 13
+warren_requests_total{proto="tcp"} 3
+` + helpDeliveries + `
+warren_webhook_deliveries_total{result="dropped"} 0
+warren_webhook_deliveries_total{result="failure"} 0
+warren_webhook_deliveries_total{result="refused"} 0
+warren_webhook_deliveries_total{result="success"} 3
+`
+	names := []string{"warren_group_members", "warren_group_dispatches_total", "warren_group_health_failures_total",
+		"warren_active_tunnels", "warren_requests_total", "warren_webhook_deliveries_total"}
+	// The webhook sender counts a delivery just after the receiver has answered.
+	wait(func() bool {
+		return testutil.GatherAndCompare(e.obs.gatherer, strings.NewReader(want), names...) == nil
+	})
+
+	// The same through a real scrape of /metrics on the admin listener.
+	api := newAPIClient(t, e.adminAddr)
+	code, h, body := api.get("", "/metrics")
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, h.Get("Content-Type"), "text/plain")
+	for _, line := range strings.Split(want, "\n") {
+		if line != "" && !strings.HasPrefix(line, "#") {
+			require.Contains(t, string(body), line+"\n")
+		}
+	}
+}
+
+func TestMetricsCountersSurviveRemovalsAndNeverDuplicate(t *testing.T) {
+	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	b := backend(t, "b")
+	dispatches := func() float64 {
+		t.Helper()
+		mfs, err := e.obs.gatherer.Gather() // fails on duplicate series
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "warren_group_dispatches_total" {
+				require.Len(t, mf.GetMetric(), 1, "one series per group name")
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return 0
+	}
+	// Pools come and go under one name, while scrapes run; the counter only grows.
+	var last float64
+	for round := range 5 {
+		sess := e.connect()
+		for i := range 3 {
+			spec := TunnelSpec{Subdomain: fmt.Sprintf("p%d", i), Group: "web", GroupKey: fmt.Sprintf("key %d %d", round, i)}
+			_, err := sess.Forward(ctxT(t), spec, hostPort(b.URL))
+			require.NoError(t, err)
+			code, _ := e.get(fmt.Sprintf("p%d", i), "/")
+			require.Equal(t, http.StatusOK, code)
+			now := dispatches()
+			require.GreaterOrEqual(t, now, last)
+			last = now
+		}
+		require.NoError(t, sess.Close())
+		for range 3 {
+			now := dispatches()
+			require.GreaterOrEqual(t, now, last)
+			last = now
+		}
+		require.Eventually(t, func() bool { return len(e.Registry().Groups()) == 0 }, 5*time.Second, 5*time.Millisecond)
+	}
+	require.Equal(t, float64(15), dispatches())
+	c := e.obs.metrics
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	require.Empty(t, c.removed, "removed pools are pruned once no listing can return them")
+}
+
+func TestMetricsRegisterOnTheEmbeddersRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	srv, err := NewServer(ServerConfig{Metrics: reg, RegionID: "eu", Logger: zaptest.NewLogger(t)})
+	require.NoError(t, err)
+	defer srv.Close()
+	n, err := testutil.GatherAndCount(reg, "warren_active_tunnels", "warren_webhook_deliveries_total")
+	require.NoError(t, err)
+	require.Equal(t, 3+4, n)
+
+	_, err = NewServer(ServerConfig{Metrics: reg})
+	require.ErrorContains(t, err, "registering the edge's metrics", "a second edge on one registry is refused")
+	require.NoError(t, srv.Close())
+	again, err := NewServer(ServerConfig{Metrics: reg})
+	require.NoError(t, err, "Close unregisters, so a restarted edge can use the registry again")
+	require.NoError(t, again.Close())
+
+	// A Registerer that is not a Gatherer still gets the metrics; /metrics serves them from a
+	// private registry.
+	reg2 := prometheus.NewRegistry()
+	other, err := NewServer(ServerConfig{Metrics: prometheus.WrapRegistererWith(prometheus.Labels{"edge": "b"}, reg2),
+		Logger: zaptest.NewLogger(t)})
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, testutil.GatherAndCompare(reg2, strings.NewReader(helpTunnels+`
+warren_active_tunnels{edge="b",proto="http"} 0
+warren_active_tunnels{edge="b",proto="https"} 0
+warren_active_tunnels{edge="b",proto="tcp"} 0
+`), "warren_active_tunnels"))
+	rec := httptest.NewRecorder()
+	other.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	require.Equal(t, http.StatusOK, rec.Code)
+	require.Contains(t, rec.Body.String(), `warren_active_tunnels{proto="tcp"} 0`)
+}
