@@ -98,7 +98,7 @@ func TestSeedScenarioTCPGroupSharesAPort(t *testing.T) {
 }
 
 func TestRegistrationRejectionsReachTheConnector(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, TCPPorts: group1Port(43400), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{LoadBalancing: true, TCPPorts: group1Port(freePort(t)), TCPBindHost: "127.0.0.1"})
 	sess := e.connect()
 	_, err := sess.Forward(ctxT(t), pool("pool"), "127.0.0.1:9")
 	require.NoError(t, err)
@@ -126,6 +126,13 @@ func TestRegistrationRejectionsReachTheConnector(t *testing.T) {
 	_, err = sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, "127.0.0.1:9")
 	require.ErrorIs(t, err, ErrNoPorts)
 	require.EqualError(t, err, "no TCP ports available")
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int {
+	l := listenLoopback(t)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
 
 // group1Port is a range of one port.
