@@ -138,7 +138,7 @@ func backend(t testing.TB, name string) *httptest.Server {
 func hostPort(u string) string { return strings.TrimPrefix(u, "http://") }
 
 // serveListener serves h on a Listen tunnel until the test ends.
-func serveListener(t testing.TB, l *Listener, h http.Handler) {
+func serveListener(t testing.TB, l net.Listener, h http.Handler) {
 	hs := &http.Server{Handler: h}
 	done := make(chan struct{})
 	go func() {

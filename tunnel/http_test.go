@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
 )
 
 // countingListener counts the streams an in-process backend accepted.
@@ -30,25 +31,30 @@ func (l *countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
+// inMemoryEdge starts an edge and one connector joined through Server.DialContext, and
+// registers an in-process HTTP tunnel on subdomain "app": no sockets at all.
+func inMemoryEdge(t *testing.T) (*Server, *Listener) {
+	srv, err := NewServer(ServerConfig{Domain: testDomain, Logger: zaptest.NewLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, srv.Close()) })
+	sess, err := Dial(ctxT(t), "in-memory", WithDialer(srv.DialContext))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sess.Close() })
+	ln, err := sess.Listen(ctxT(t), TunnelSpec{Subdomain: "app"})
+	require.NoError(t, err)
+	return srv, ln
+}
+
 // TestInMemoryEdge runs an edge and a connector with no sockets at all: the connector
 // attaches through Server.DialContext, public requests go through Server.Handler.
 func TestInMemoryEdge(t *testing.T) {
-	srv, err := NewServer(ServerConfig{Domain: testDomain})
-	require.NoError(t, err)
-	defer srv.Close()
-	sess, err := Dial(ctxT(t), "in-memory", WithDialer(srv.DialContext))
-	require.NoError(t, err)
-	defer sess.Close()
-	ln, err := sess.Listen(ctxT(t), TunnelSpec{Subdomain: "app"})
-	require.NoError(t, err)
+	srv, ln := inMemoryEdge(t)
 	require.Equal(t, "http://app."+testDomain, ln.URL())
 	require.Equal(t, "warren", ln.Addr().Network())
-	cl := &countingListener{Listener: ln}
 	serveListener(t, ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%s %s for=%s proto=%s host=%s", r.Method, r.URL.Path,
 			r.Header.Get("X-Forwarded-For"), r.Header.Get("X-Forwarded-Proto"), r.Header.Get("X-Forwarded-Host"))
 	}))
-	_ = cl
 
 	for i := range 20 {
 		rec := httptest.NewRecorder()
@@ -61,19 +67,9 @@ func TestInMemoryEdge(t *testing.T) {
 }
 
 func TestKeepAliveReusesStreams(t *testing.T) {
-	srv, err := NewServer(ServerConfig{Domain: testDomain})
-	require.NoError(t, err)
-	defer srv.Close()
-	sess, err := Dial(ctxT(t), "in-memory", WithDialer(srv.DialContext))
-	require.NoError(t, err)
-	defer sess.Close()
-	ln, err := sess.Listen(ctxT(t), TunnelSpec{Subdomain: "app"})
-	require.NoError(t, err)
+	srv, ln := inMemoryEdge(t)
 	cl := &countingListener{Listener: ln}
-	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })}
-	done := make(chan struct{})
-	go func() { defer close(done); _ = hs.Serve(cl) }()
-	defer func() { _ = hs.Close(); <-done }()
+	serveListener(t, cl, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
 
 	for range 50 {
 		rec := httptest.NewRecorder()

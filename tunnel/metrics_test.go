@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -56,24 +55,7 @@ func switchableHTTP(t *testing.T, name string, down *atomic.Bool) *httptest.Serv
 
 // echoBackend is a TCP echo server that the test can stop early; stop is idempotent.
 func echoBackend(t *testing.T) (addr string, stop func()) {
-	l := listenLoopback(t)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-			})
-		}
-	})
-	var once sync.Once
-	stop = func() { once.Do(func() { _ = l.Close(); wg.Wait() }) }
-	t.Cleanup(stop)
-	return l.Addr().String(), stop
+	return stoppableTCPBackend(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
 }
 
 func fastProbe(typ health.Type) *health.Spec {

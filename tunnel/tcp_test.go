@@ -22,6 +22,12 @@ func tcpRange(lo int) group.PortRange { return group.PortRange{Lo: lo, Hi: lo + 
 
 // tcpBackend accepts connections until the test ends and runs handle on each.
 func tcpBackend(t testing.TB, handle func(net.Conn)) string {
+	addr, _ := stoppableTCPBackend(t, handle)
+	return addr
+}
+
+// stoppableTCPBackend is tcpBackend with a stop func the test may call early (idempotent).
+func stoppableTCPBackend(t testing.TB, handle func(net.Conn)) (addr string, stop func()) {
 	l := listenLoopback(t)
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -36,8 +42,10 @@ func tcpBackend(t testing.TB, handle func(net.Conn)) string {
 			})
 		}
 	})
-	t.Cleanup(func() { _ = l.Close(); wg.Wait() })
-	return l.Addr().String()
+	var once sync.Once
+	stop = func() { once.Do(func() { _ = l.Close(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return l.Addr().String(), stop
 }
 
 // digestBackend reads until EOF, then answers with the byte count and SHA-256 of what it read.
