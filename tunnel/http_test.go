@@ -33,7 +33,7 @@ func (l *countingListener) Accept() (net.Conn, error) {
 
 // inMemoryEdge starts an edge and one connector joined through Server.DialContext, and
 // registers an in-process HTTP tunnel on subdomain "app": no sockets at all.
-func inMemoryEdge(t *testing.T) (*Server, *Listener) {
+func inMemoryEdge(t testing.TB) (*Server, *Listener) {
 	srv, err := NewServer(ServerConfig{Domain: testDomain, Logger: zaptest.NewLogger(t)})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, srv.Close()) })

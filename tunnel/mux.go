@@ -1,7 +1,7 @@
 package tunnel
 
 import (
-	"io"
+	"net"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -58,10 +58,11 @@ func muxConfig(log *zap.Logger) *yamux.Config {
 	return cfg
 }
 
-// newMux starts a yamux session over conn.
-func newMux(conn io.ReadWriteCloser, server bool, log *zap.Logger) (*yamux.Session, error) {
+// newMux starts a yamux session over conn (wrapped in a muxConn to save system calls).
+func newMux(conn net.Conn, server bool, log *zap.Logger) (*yamux.Session, error) {
+	mc := newMuxConn(conn)
 	if server {
-		return yamux.Server(conn, muxConfig(log))
+		return yamux.Server(mc, muxConfig(log))
 	}
-	return yamux.Client(conn, muxConfig(log))
+	return yamux.Client(mc, muxConfig(log))
 }

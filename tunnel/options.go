@@ -103,3 +103,7 @@ func WithLocalTimeout(d time.Duration) Option {
 		}
 	}
 }
+
+// withHealthyPeriod sets how long a connection must stay up before the reconnect delay
+// starts again from its minimum (default 30 s); tests shorten it.
+func withHealthyPeriod(d time.Duration) Option { return func(o *dialOptions) { o.healthyPeriod = d } }

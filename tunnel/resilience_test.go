@@ -58,10 +58,10 @@ func TestBackoffResetsAfterAHealthyPeriod(t *testing.T) {
 	var logs logBuffer
 	r := &restartableEdge{t: t, control: "127.0.0.1:0", public: "127.0.0.1:0"}
 	r.start()
-	sess, err := Dial(ctxT(t), r.control, WithLogger(logs.logger()), WithBackoff(5*time.Millisecond, 5*time.Second))
+	sess, err := Dial(ctxT(t), r.control, WithLogger(logs.logger()), WithBackoff(5*time.Millisecond, 5*time.Second),
+		withHealthyPeriod(50*time.Millisecond))
 	require.NoError(t, err)
 	defer sess.Close()
-	sess.opts.healthyPeriod = 50 * time.Millisecond
 
 	// Down long enough for several attempts: the delay grows.
 	r.stop()
