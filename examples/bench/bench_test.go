@@ -1,0 +1,199 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestMain lets the test binary play the edge child process: the tool re-executes
+// os.Executable() with the "edge" subcommand, which under "go test" is this binary.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == edgeCommand {
+		os.Exit(edgeMain(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// TestSmoke runs every scenario at tiny sizes and checks that each measured something real:
+// requests answered, streams checksummed, connectors registered and reachable, and that no
+// edge process is left behind.
+func TestSmoke(t *testing.T) {
+	t.Cleanup(stopChildren)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	md := filepath.Join(t.TempDir(), "bench.md")
+	var stdout, stderr bytes.Buffer
+	args := []string{"-duration", "200ms", "-runs", "1", "-clients", "4", "-tcp-bytes", "1MiB", "-tcp-streams", "2",
+		"-ttfb-conns", "20", "-mem-connectors", "20", "-mem-group-size", "10", "-mem-parallel", "8", "-kill-for", "300ms", "-noisy-retries", "0", "-markdown", md}
+	rep, err := run(ctx, args, &stdout, &stderr)
+	require.NoError(t, err, "stderr:\n%s", stderr.String())
+
+	require.Len(t, rep.http, 3, "tiny and 64 KiB at -clients, tiny at -latency-clients")
+	require.Equal(t, 1, rep.http[2].clients)
+	require.False(t, rep.http[2].targets, "the targets are set at -clients")
+	for _, h := range rep.http {
+		require.Len(t, h.tunnel, 1)
+		require.Len(t, h.direct, 1)
+		require.Positive(t, h.tunnel[0].ok, "%s: requests answered through the tunnel", h.name)
+		require.Positive(t, h.direct[0].ok, "%s: requests answered directly", h.name)
+		require.Zero(t, h.tunnel[0].failed+h.tunnel[0].warmupFailed, "%s: no failure under plain load: %v", h.name, h.tunnel[0].failures)
+		require.Len(t, h.tunnel[0].lat, h.tunnel[0].ok, "every answered request has its latency")
+	}
+
+	require.Len(t, rep.tcp, 2, "1 stream and 2 streams")
+	for _, s := range rep.tcp {
+		require.Equal(t, 2*s.streams, s.verified, "every stream checksummed on both paths")
+		require.Positive(t, s.tunnel.median())
+		require.Positive(t, s.direct.median())
+	}
+
+	require.NotNil(t, rep.ttfb)
+	require.Zero(t, rep.ttfb.failed)
+	require.Equal(t, 40, rep.ttfb.total)
+	require.Positive(t, rep.ttfb.tunnelMed.median())
+
+	require.Len(t, rep.churn, 2, "kill and rolling restart")
+	for _, c := range rep.churn {
+		require.Len(t, c.runs, 1)
+		_, total := c.totals()
+		require.Positive(t, total, "%s: load ran during the disruption", c.name)
+	}
+	require.Len(t, rep.churn[1].runs[0].events, 3, "each of the 3 members restarted")
+
+	require.Len(t, rep.mem, 1)
+	m := rep.mem[0]
+	require.Equal(t, 20, m.connected)
+	require.Equal(t, 20, m.registered)
+	require.Equal(t, 2, m.groups, "20 connectors in groups of 10")
+	require.Equal(t, m.checked, m.reachable, "every checked route answered")
+	require.Greater(t, m.members.HeapInuse, m.base.HeapInuse, "the sessions cost the edge memory")
+	require.Greater(t, m.members.Goroutines, m.base.Goroutines)
+
+	out := stdout.String()
+	for _, title := range []string{"HTTP, tiny responses", "HTTP, 64 KiB responses", "TCP bulk", "TCP time to first byte", "Churn", "Edge memory"} {
+		require.Contains(t, out, "== "+title)
+	}
+	b, err := os.ReadFile(md)
+	require.NoError(t, err)
+	require.Contains(t, string(b), "- Command: `go run ./examples/bench -duration 200ms -runs 1")
+	require.Contains(t, string(b), "- Machine: ")
+	require.Contains(t, string(b), "- Code: ")
+	require.Contains(t, string(b), "| requests/s |")
+
+	children.Lock()
+	defer children.Unlock()
+	require.Empty(t, children.m, "every edge process was stopped")
+}
+
+// TestOnly runs just the TCP scenario with the edge in this process.
+func TestOnlyInProcess(t *testing.T) {
+	t.Cleanup(stopChildren)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stdout bytes.Buffer
+	rep, err := run(ctx, []string{"-only", "tcp", "-edge", "inproc", "-runs", "2", "-tcp-bytes", "300KiB", "-tcp-streams", "1", "-noisy-retries", "0"}, &stdout, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.Len(t, rep.tcp, 1, "-tcp-streams 1 runs the single-stream workload once")
+	require.Len(t, rep.tcp[0].tunnel, 2)
+	require.Equal(t, 4, rep.tcp[0].verified)
+	require.Empty(t, rep.http)
+	require.NotContains(t, stdout.String(), "edge CPU", "no CPU figure for an in-process edge")
+}
+
+// Example runs the time-to-first-byte scenario at a tiny size, as
+// "go run ./examples/bench -only ttfb -runs 1 -ttfb-conns 20" does, and reads its report.
+func Example() {
+	rep, err := run(context.Background(), []string{"-only", "ttfb", "-runs", "1", "-ttfb-conns", "20", "-noisy-retries", "0"}, io.Discard, io.Discard)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Printf("%d of %d new connections failed\n", rep.ttfb.failed, rep.ttfb.total)
+	// Output: 0 of 40 new connections failed
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-only", "http,disk"}, `unknown scenario "disk"`},
+		{[]string{"-only", ","}, "no scenario named"},
+		{[]string{"-tcp-bytes", "1XB"}, `unknown unit "xb"`},
+		{[]string{"-tcp-bytes", "GiB"}, "is not a size"},
+		{[]string{"-tcp-bytes", "0"}, "out of range"},
+		{[]string{"-mem-connectors", "10,-1"}, `"-1" is not a count`},
+		{[]string{"-runs", "0"}, "-runs must be between 1 and 100"},
+		{[]string{"-duration", "-1s"}, "-duration must be positive"},
+		{[]string{"-latency-clients", "-1"}, "-latency-clients must be between 0 and 4096"},
+		{[]string{"-noisy-retries", "-1"}, "-noisy-retries must not be negative"},
+		{[]string{"-edge", "remote"}, `-edge must be "child" or "inproc"`},
+		{[]string{"-mem-connectors", "1000000"}, "open files"},
+		{[]string{"-edge", "inproc", "-cpuprofile", "a", "-client-cpuprofile", "b"}, "drop -client-cpuprofile"},
+		{[]string{"stray"}, `unexpected argument "stray"`},
+	} {
+		_, err := run(context.Background(), tc.args, &bytes.Buffer{}, &bytes.Buffer{})
+		require.ErrorContains(t, err, tc.want, "args %v", tc.args)
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"1GiB": 1 << 30, "64KiB": 64 << 10, "1.5MB": 1_500_000, "4096": 4096, "2 mib": 2 << 20, "10b": 10} {
+		got, err := parseSize(in)
+		require.NoError(t, err, in)
+		require.Equal(t, want, got, in)
+	}
+}
+
+func TestPercentileAndMedian(t *testing.T) {
+	sorted := make([]int64, 1000)
+	for i := range sorted {
+		sorted[i] = int64(i + 1)
+	}
+	require.Equal(t, time.Duration(500), percentile(sorted, 0.5))
+	require.Equal(t, time.Duration(990), percentile(sorted, 0.99))
+	require.Equal(t, time.Duration(999), percentile(sorted, 0.999))
+	require.Equal(t, time.Duration(1000), percentile(sorted, 1))
+	require.Zero(t, percentile(nil, 0.5))
+	require.Equal(t, 2.0, median([]float64{3, 1, 2}))
+	require.Equal(t, 2.5, median([]float64{4, 1, 3, 2}))
+}
+
+// TestClassify checks how failed requests of a kill are sorted: by which backend life
+// received them, and by when they ran relative to the kill.
+func TestClassify(t *testing.T) {
+	kill := time.Now()
+	at := func(ms int) time.Time { return kill.Add(time.Duration(ms) * time.Millisecond) }
+	killed := &backendInstance{seen: []string{"1", "2"}}
+	live := &backendInstance{seen: []string{"3"}}
+	fs := []failure{
+		{id: 1, start: at(-2), end: at(1), err: "502"},  // read by the killed backend, in flight
+		{id: 2, start: at(-1), end: at(1), err: "502"},  // same
+		{id: 3, start: at(-1), end: at(2), err: "EOF"},  // a live backend read it
+		{id: 4, start: at(-1), end: at(1), err: "502"},  // nobody read it, in flight
+		{id: 5, start: at(1), end: at(2), err: "502"},   // nobody read it, after the kill
+		{id: 6, start: at(-5), end: at(-4), err: "503"}, // before the kill
+	}
+	got := map[string]int{}
+	for _, c := range classify(fs, kill, killed, []*backendInstance{killed, live}) {
+		got[c.what()] = c.n
+		require.NotEmpty(t, c.why())
+	}
+	require.Equal(t, map[string]int{
+		"reached the killed backend's handler, in flight at the disruption": 2,
+		"reached a live backend's handler, in flight at the disruption":     1,
+		"reached no backend's handler, in flight at the disruption":         1,
+		"reached no backend's handler, started after the disruption":        1,
+		"reached no backend's handler, ended before the disruption":         1,
+	}, got)
+	require.True(t, strings.Contains(classify(fs[:2], kill, killed, nil)[0].String(), "2 reached the killed backend's handler"))
+}

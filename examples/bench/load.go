@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// loadTarget is where one client sends its requests.
+type loadTarget struct {
+	url  string // http://127.0.0.1:port/path
+	host string // Host header; "" means the URL's host
+}
+
+// loadOptions configures an HTTP load.
+type loadOptions struct {
+	clients   int
+	targets   []loadTarget // client i uses targets[i%len(targets)]
+	expectLen int64        // the body length every answer must have
+	tagIDs    bool         // send a unique reqIDHeader with each request
+}
+
+// failure is one failed request: a transport error, a status other than 200, or a short
+// body.
+type failure struct {
+	id         uint64
+	start, end time.Time
+	status     int    // 0 for a transport error
+	err        string // the error, or the start of the body for a bad status
+}
+
+// load is an HTTP load in progress: clients goroutines, each with its own keep-alive
+// connection (its own http.Transport), sending GETs back to back until stop.
+type load struct {
+	opts      loadOptions
+	recording atomic.Bool
+	stopping  atomic.Bool
+	wg        sync.WaitGroup
+	clients   []*loadClient
+	recStart  time.Time
+}
+
+// requestIDs numbers requests uniquely across all loads of a process, so that a backend
+// that lives through several loads never confuses two of them.
+var requestIDs atomic.Uint64
+
+// loadClient is one client's tally. Only its goroutine writes it until stop.
+type loadClient struct {
+	lat          []int64 // latencies (ns) of the successful recorded requests
+	ok, failed   int
+	warmupFailed int
+	failures     []failure
+	dials        atomic.Int64 // connections the client opened
+}
+
+// maxFailuresKept bounds the failures a client remembers in detail.
+const maxFailuresKept = 10000
+
+// startLoad starts the clients; nothing is recorded until record.
+func startLoad(ctx context.Context, o loadOptions) *load {
+	l := &load{opts: o}
+	for i := range o.clients {
+		c := &loadClient{lat: make([]int64, 0, 1<<14)}
+		l.clients = append(l.clients, c)
+		t := o.targets[i%len(o.targets)]
+		l.wg.Go(func() { l.client(ctx, c, t) })
+	}
+	return l
+}
+
+// record starts recording: requests that start from now on are counted.
+func (l *load) record() {
+	l.recStart = time.Now()
+	l.recording.Store(true)
+}
+
+// loadResult is what a load measured while recording.
+type loadResult struct {
+	elapsed      time.Duration
+	ok, failed   int
+	warmupFailed int
+	lat          []int64 // sorted latencies (ns) of the successful requests
+	failures     []failure
+	dials        int // connections the clients opened (each keeps one alive)
+}
+
+func (r loadResult) requests() int { return r.ok + r.failed }
+
+// rps is successful requests per second.
+func (r loadResult) rps() float64 { return float64(r.ok) / r.elapsed.Seconds() }
+
+func (r loadResult) pct(q float64) time.Duration { return percentile(r.lat, q) }
+
+// stop ends the load: every client finishes its request in flight and stops. It returns
+// what was recorded.
+func (l *load) stop() loadResult {
+	end := time.Now()
+	l.stopping.Store(true)
+	l.wg.Wait()
+	r := loadResult{elapsed: end.Sub(l.recStart)}
+	n := 0
+	for _, c := range l.clients {
+		n += len(c.lat)
+	}
+	r.lat = make([]int64, 0, n)
+	for _, c := range l.clients {
+		r.lat = append(r.lat, c.lat...)
+		r.ok += c.ok
+		r.failed += c.failed
+		r.warmupFailed += c.warmupFailed
+		r.failures = append(r.failures, c.failures...)
+		r.dials += int(c.dials.Load())
+	}
+	slices.Sort(r.lat)
+	slices.SortFunc(r.failures, func(a, b failure) int { return a.start.Compare(b.start) })
+	return r
+}
+
+func (l *load) client(ctx context.Context, c *loadClient, t loadTarget) {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	tr := &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c.dials.Add(1)
+			return d.DialContext(ctx, network, addr)
+		},
+		MaxIdleConns:          1,
+		MaxIdleConnsPerHost:   1,
+		MaxConnsPerHost:       1,
+		IdleConnTimeout:       time.Minute,
+		ResponseHeaderTimeout: 15 * time.Second,
+		DisableCompression:    true,
+	}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.url, nil)
+	if err != nil {
+		c.failed++
+		c.failures = append(c.failures, failure{start: time.Now(), end: time.Now(), err: err.Error()})
+		return
+	}
+	if t.host != "" {
+		req.Host = t.host
+	}
+	buf := make([]byte, 32<<10)
+	for !l.stopping.Load() && ctx.Err() == nil {
+		id := requestIDs.Add(1)
+		if l.opts.tagIDs {
+			req.Header.Set(reqIDHeader, strconv.FormatUint(id, 10))
+		}
+		rec := l.recording.Load()
+		start := time.Now()
+		status, err := roundTrip(tr, req, buf, l.opts.expectLen)
+		end := time.Now()
+		switch {
+		case !rec:
+			if err != nil {
+				c.warmupFailed++
+			}
+		case err != nil:
+			c.failed++
+			if len(c.failures) < maxFailuresKept {
+				c.failures = append(c.failures, failure{id: id, start: start, end: end, status: status, err: err.Error()})
+			}
+		default:
+			c.ok++
+			c.lat = append(c.lat, int64(end.Sub(start)))
+		}
+	}
+}
+
+// roundTrip sends req and reads the whole answer; anything but a 200 with a body of
+// expectLen bytes is an error.
+func roundTrip(tr *http.Transport, req *http.Request, buf []byte, expectLen int64) (int, error) {
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		n, _ := io.ReadFull(resp.Body, buf[:min(len(buf), 200)])
+		return resp.StatusCode, fmt.Errorf("%s: %q", resp.Status, buf[:n])
+	}
+	n, err := io.CopyBuffer(io.Discard, readerOnly{resp.Body}, buf)
+	if err != nil {
+		return resp.StatusCode, fmt.Errorf("reading the body: %w", err)
+	}
+	if n != expectLen {
+		return resp.StatusCode, fmt.Errorf("body of %d bytes, want %d", n, expectLen)
+	}
+	return resp.StatusCode, nil
+}
+
+// runLoad runs a load for warmup unrecorded, then duration recorded. mark, when not nil, is
+// called when recording starts and again once the load has stopped.
+func runLoad(ctx context.Context, o loadOptions, warmup, duration time.Duration, mark func()) (loadResult, error) {
+	l := startLoad(ctx, o)
+	wait := func(d time.Duration) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+	}
+	wait(warmup)
+	if mark != nil {
+		mark()
+	}
+	l.record()
+	wait(duration)
+	r := l.stop()
+	if mark != nil {
+		mark()
+	}
+	return r, ctx.Err()
+}

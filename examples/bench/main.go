@@ -1,0 +1,343 @@
+// Command bench is Warren's load tool. In one run it starts an edge, connectors and
+// backends on 127.0.0.1 and measures the same workloads twice: through the tunnel and
+// directly against the same backends, so that every figure comes with its own baseline
+// from the same machine at the same time.
+//
+//	go run ./examples/bench                      # every scenario, 3 runs each
+//	go run ./examples/bench -only http,tcp -runs 5 -duration 10s -markdown bench.md
+//
+// Scenarios (-only picks some; the default is all of them):
+//
+//   - http:  requests/s and latency p50/p99/p99.9 at 32 keep-alive clients through a
+//     2-member group (2 connectors, 2 backends), tiny and 64 KiB responses; directly, the
+//     clients are split evenly over the same two backends. One more, unloaded workload (1
+//     client, -latency-clients) shows the latency the tunnel adds without queueing.
+//   - tcp:   bulk throughput through a 2-member TCP group, 1 stream and 8 concurrent
+//     streams of -tcp-bytes each, every stream checksummed (CRC-32C) by the backend.
+//   - ttfb:  time from dial to the first byte for new TCP connections; the difference to
+//     direct is the time the tunnel adds to a new connection.
+//   - churn: failed requests under load through a 3-member group with 100 ms TCP health
+//     checks while (a) one backend is killed and restarted and (b) the three members are
+//     restarted one after the other (drain, register again).
+//   - mem:   the edge's heap and RSS per idle connector session and per idle member, at
+//     each of -mem-connectors connectors.
+//
+// The edge runs in a child process (the tool re-executes itself with the hidden "edge"
+// subcommand) so that its memory and CPU are its own; -edge inproc runs it in this process
+// instead, except for the memory scenario. Each pair (tunnel, direct) is repeated -runs
+// times in alternating order; the table shows the median of the runs and the ratio of the
+// medians, with the target and whether it was met. -markdown writes the same table as
+// Markdown with the command line, the code's commit, the machine and the date.
+//
+// The machines are small and shared: during each run the tool measures the CPU that other
+// processes used (from /proc/stat) and runs it again when that exceeds 0.25 cores
+// (-noisy-retries); the notes under each table say how busy the machine was. For a closer
+// look, -cpuprofile profiles the edge, -client-cpuprofile this process (load, connectors,
+// backends), and -mem-heapprofile saves the edge's heap in the memory scenario.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == edgeCommand {
+		os.Exit(edgeMain(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	_, err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// The scenarios, in the order they run.
+var allScenarios = []string{"http", "tcp", "ttfb", "churn", "mem"}
+
+// config is the parsed command line.
+type config struct {
+	scenarios      []string
+	duration       time.Duration
+	runs           int
+	clients        int
+	latencyClients int
+	tcpBytes       int64
+	tcpStreams     int
+	ttfbConns      int
+	memConnectors  []int
+	memGroupSize   int
+	memParallel    int
+	killFor        time.Duration
+	edgeMode       string
+	markdown       string
+	cpuprofile     string
+	selfProfile    string
+	memProfile     string
+	noisyRetries   int
+	verbose        bool
+	args           []string
+}
+
+func (c *config) has(scenario string) bool { return slices.Contains(c.scenarios, scenario) }
+
+// parseConfig parses the command line; it returns flag.ErrHelp after printing the usage
+// for -h.
+func parseConfig(args []string, stderr io.Writer) (*config, error) {
+	c := &config{args: args}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: go run ./examples/bench [flags]\n\nWarren's load tool: the same workloads through the tunnel and directly, side by side.\n\n")
+		fs.PrintDefaults()
+	}
+	only := fs.String("only", strings.Join(allScenarios, ","), "comma-separated scenarios to run: "+strings.Join(allScenarios, ", "))
+	fs.DurationVar(&c.duration, "duration", 5*time.Second, "measured time of each HTTP run (after a warm-up of a fifth of it, at most 1s)")
+	fs.IntVar(&c.runs, "runs", 3, "repetitions of each tunnel/direct pair; the table shows medians")
+	fs.IntVar(&c.clients, "clients", 32, "concurrent keep-alive HTTP clients (http and churn)")
+	fs.IntVar(&c.latencyClients, "latency-clients", 1, "clients of an extra, unloaded tiny-response HTTP workload that shows the latency the tunnel adds without queueing (0: skip it)")
+	tcpBytes := fs.String("tcp-bytes", "1GiB", "bytes per TCP bulk stream (units B, KiB, MiB, GiB, KB, MB, GB)")
+	fs.IntVar(&c.tcpStreams, "tcp-streams", 8, "concurrent streams of the multi-stream TCP run")
+	fs.IntVar(&c.ttfbConns, "ttfb-conns", 1000, "sequential new connections per time-to-first-byte run")
+	memConns := fs.String("mem-connectors", "1000,10000", "comma-separated connector counts for the memory scenario")
+	fs.IntVar(&c.memGroupSize, "mem-group-size", 100, "members per group in the memory scenario (0: every connector's tunnel is solo)")
+	fs.IntVar(&c.memParallel, "mem-parallel", 200, "connectors opened or closed at a time in the memory scenario")
+	fs.DurationVar(&c.killFor, "kill-for", 2*time.Second, "how long the killed backend stays down in the churn scenario")
+	fs.StringVar(&c.edgeMode, "edge", "child", `where the edge runs: "child" (a child process) or "inproc" (this process; not for mem)`)
+	fs.IntVar(&c.noisyRetries, "noisy-retries", 3, "run a tunnel or direct run again, up to this many times, when other processes used more than 0.25 cores during it")
+	fs.StringVar(&c.markdown, "markdown", "", "also write the results as Markdown to this file")
+	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write the edge's CPU profile, one file per scenario (FILE becomes FILE-<scenario>); with -edge inproc it covers this whole process")
+	fs.StringVar(&c.selfProfile, "client-cpuprofile", "", "write a CPU profile of this process (load generators, connectors, backends) to this file")
+	fs.StringVar(&c.memProfile, "mem-heapprofile", "", "save the edge's heap profiles in the memory scenario (FILE becomes FILE-<N>-connected and FILE-<N>-closed)")
+	fs.BoolVar(&c.verbose, "v", false, "log the edge's and the connectors' messages to stderr")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q (every setting is a flag; see -h)", fs.Arg(0))
+	}
+	var err error
+	if c.scenarios, err = parseScenarios(*only); err != nil {
+		return nil, err
+	}
+	if c.tcpBytes, err = parseSize(*tcpBytes); err != nil {
+		return nil, fmt.Errorf("-tcp-bytes: %w", err)
+	}
+	if c.memConnectors, err = parseCounts(*memConns); err != nil {
+		return nil, fmt.Errorf("-mem-connectors: %w", err)
+	}
+	switch {
+	case c.duration <= 0:
+		return nil, fmt.Errorf("-duration must be positive, got %v", c.duration)
+	case c.runs < 1 || c.runs > 100:
+		return nil, fmt.Errorf("-runs must be between 1 and 100, got %d", c.runs)
+	case c.clients < 1 || c.clients > 4096:
+		return nil, fmt.Errorf("-clients must be between 1 and 4096, got %d", c.clients)
+	case c.latencyClients < 0 || c.latencyClients > 4096:
+		return nil, fmt.Errorf("-latency-clients must be between 0 and 4096, got %d", c.latencyClients)
+	case c.tcpStreams < 1 || c.tcpStreams > 256:
+		return nil, fmt.Errorf("-tcp-streams must be between 1 and 256, got %d", c.tcpStreams)
+	case c.ttfbConns < 1 || c.ttfbConns > 100000:
+		return nil, fmt.Errorf("-ttfb-conns must be between 1 and 100000, got %d", c.ttfbConns)
+	case c.memGroupSize < 0:
+		return nil, fmt.Errorf("-mem-group-size must not be negative, got %d", c.memGroupSize)
+	case c.memParallel < 1:
+		return nil, fmt.Errorf("-mem-parallel must be positive, got %d", c.memParallel)
+	case c.noisyRetries < 0:
+		return nil, fmt.Errorf("-noisy-retries must not be negative, got %d", c.noisyRetries)
+	case c.killFor <= 0:
+		return nil, fmt.Errorf("-kill-for must be positive, got %v", c.killFor)
+	case c.edgeMode != "child" && c.edgeMode != "inproc":
+		return nil, fmt.Errorf(`-edge must be "child" or "inproc", got %q`, c.edgeMode)
+	case c.edgeMode == "inproc" && c.cpuprofile != "" && c.selfProfile != "":
+		return nil, errors.New("-cpuprofile with -edge inproc profiles this whole process already; drop -client-cpuprofile")
+	}
+	return c, nil
+}
+
+func parseScenarios(s string) ([]string, error) {
+	want := map[string]bool{}
+	for _, name := range strings.Split(s, ",") {
+		name = strings.ToLower(strings.TrimSpace(name))
+		if name == "" {
+			continue
+		}
+		if !slices.Contains(allScenarios, name) {
+			return nil, fmt.Errorf("-only: unknown scenario %q (want some of %s)", name, strings.Join(allScenarios, ", "))
+		}
+		want[name] = true
+	}
+	if len(want) == 0 {
+		return nil, fmt.Errorf("-only: no scenario named (want some of %s)", strings.Join(allScenarios, ", "))
+	}
+	var out []string
+	for _, name := range allScenarios {
+		if want[name] {
+			out = append(out, name)
+		}
+	}
+	return out, nil
+}
+
+// parseSize parses a byte count such as "1GiB", "64KiB", "1.5MB" or "4096".
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	i := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	if i < 0 {
+		i = len(s)
+	}
+	num, unit := s[:i], strings.ToLower(strings.TrimSpace(s[i:]))
+	mult, ok := map[string]float64{
+		"": 1, "b": 1,
+		"kb": 1e3, "mb": 1e6, "gb": 1e9,
+		"k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+	}[unit]
+	if !ok {
+		return 0, fmt.Errorf("unknown unit %q in %q (want B, KiB, MiB, GiB, KB, MB or GB)", unit, s)
+	}
+	f, err := strconv.ParseFloat(num, 64)
+	if err != nil || num == "" {
+		return 0, fmt.Errorf("%q is not a size (e.g. 1GiB, 64KiB, 4096)", s)
+	}
+	n := f * mult
+	if n < 1 || n > 1<<40 {
+		return 0, fmt.Errorf("size %q out of range (1 B to 1 TiB)", s)
+	}
+	return int64(n), nil
+}
+
+// parseCounts parses a comma-separated list of positive counts.
+func parseCounts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n < 1 || n > 1_000_000 {
+			return nil, fmt.Errorf("%q is not a count between 1 and 1000000", f)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no count given")
+	}
+	return out, nil
+}
+
+// bench holds what every scenario needs.
+type bench struct {
+	cfg      *config
+	log      *zap.Logger
+	progress io.Writer
+}
+
+// say prints a progress line to stderr (the table goes to stdout at the end).
+func (b *bench) say(format string, args ...any) {
+	fmt.Fprintf(b.progress, "bench: "+format+"\n", args...)
+}
+
+// edgeOptions returns the options of the edge for one scenario.
+func (b *bench) edgeOptions(scenario string) edgeOptions {
+	o := edgeOptions{tcpPorts: pickPortRange(), verbose: b.cfg.verbose}
+	if p := b.cfg.cpuprofile; p != "" {
+		ext := filepath.Ext(p)
+		o.cpuprofile = strings.TrimSuffix(p, ext) + "-" + scenario + ext
+	}
+	return o
+}
+
+// run parses args, runs the chosen scenarios and prints the table to stdout (and Markdown
+// to -markdown). Progress goes to stderr. It returns the report, or an error when a
+// scenario could not be carried out (a target that is missed is not an error: it is a
+// FAIL in the table).
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*report, error) {
+	cfg, err := parseConfig(args, stderr)
+	if err != nil {
+		return nil, err
+	}
+	limit, err := raiseFileLimit()
+	if err != nil {
+		return nil, fmt.Errorf("raising the open-file limit: %w", err)
+	}
+	if cfg.has("mem") {
+		for _, n := range cfg.memConnectors {
+			if need := uint64(n) + 1024; need > limit {
+				return nil, fmt.Errorf("-mem-connectors %d needs about %d open files in this process and in the edge, but the limit is %d (raise ulimit -n)", n, need, limit)
+			}
+		}
+	}
+	if cfg.selfProfile != "" {
+		f, err := os.Create(cfg.selfProfile)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return nil, err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	log := zap.NewNop()
+	if cfg.verbose {
+		zc := zap.NewDevelopmentConfig()
+		zc.OutputPaths, zc.ErrorOutputPaths = []string{"stderr"}, []string{"stderr"}
+		if log, err = zc.Build(); err != nil {
+			return nil, err
+		}
+		defer func() { _ = log.Sync() }()
+	}
+	b := &bench{cfg: cfg, log: log, progress: stderr}
+	rep := newReport(cfg)
+	scenarios := map[string]func(context.Context, *report) error{
+		"http":  b.runHTTP,
+		"tcp":   b.runTCP,
+		"ttfb":  b.runTTFB,
+		"churn": b.runChurn,
+		"mem":   b.runMem,
+	}
+	for _, name := range cfg.scenarios {
+		start := time.Now()
+		b.say("scenario %s", name)
+		if err := scenarios[name](ctx, rep); err != nil {
+			return rep, fmt.Errorf("scenario %s: %w", name, err)
+		}
+		b.say("scenario %s done in %s", name, time.Since(start).Round(100*time.Millisecond))
+	}
+	rep.elapsed = time.Since(rep.started)
+	bw := bufio.NewWriter(stdout)
+	if err := rep.writeText(bw); err != nil {
+		return rep, err
+	}
+	if err := bw.Flush(); err != nil {
+		return rep, err
+	}
+	if cfg.markdown != "" {
+		if err := rep.writeMarkdownFile(cfg.markdown); err != nil {
+			return rep, fmt.Errorf("writing %s: %w", cfg.markdown, err)
+		}
+		b.say("wrote %s", cfg.markdown)
+	}
+	return rep, nil
+}

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// verdict is whether a row met its target.
+type verdict string
+
+const (
+	pass verdict = "pass"
+	fail verdict = "FAIL"
+	none verdict = ""
+)
+
+func check(ok bool) verdict {
+	if ok {
+		return pass
+	}
+	return fail
+}
+
+// row is one line of a section's table.
+type row struct {
+	metric, tunnel, direct, compare, target string
+	result                                  verdict
+}
+
+// section is one scenario's table and its notes.
+type section struct {
+	title string
+	rows  []row
+	notes []string
+}
+
+func (s *section) add(r row) { s.rows = append(s.rows, r) }
+
+func (s *section) note(format string, args ...any) {
+	s.notes = append(s.notes, fmt.Sprintf(format, args...))
+}
+
+// report is the result of one invocation: the tables, plus the figures behind them for
+// tests.
+type report struct {
+	command  string
+	code     string
+	started  time.Time
+	elapsed  time.Duration
+	sections []*section
+
+	http  []httpSummary
+	tcp   []tcpSummary
+	ttfb  *ttfbSummary
+	churn []churnSummary
+	mem   []memSummary
+}
+
+func newReport(cfg *config) *report {
+	cmd := "go run ./examples/bench"
+	for _, a := range cfg.args {
+		cmd += " " + shellQuote(a)
+	}
+	return &report{command: cmd, code: codeVersion(), started: time.Now()}
+}
+
+func shellQuote(s string) string {
+	if s != "" && !strings.ContainsAny(s, " \t\n'\"\\$`*?[]{}()<>|&;#~!") {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func (r *report) add(s *section) { r.sections = append(r.sections, s) }
+
+// tally counts the rows with a target that passed and failed.
+func (r *report) tally() (passed, failed int) {
+	for _, s := range r.sections {
+		for _, row := range s.rows {
+			switch row.result {
+			case pass:
+				passed++
+			case fail:
+				failed++
+			}
+		}
+	}
+	return passed, failed
+}
+
+func machineLine() string {
+	return fmt.Sprintf("%s, %d cores (GOMAXPROCS %d), %s RAM, %s/%s, Linux %s, %s",
+		cpuModel(), runtime.NumCPU(), runtime.GOMAXPROCS(0), memTotal(), runtime.GOOS, runtime.GOARCH, kernelRelease(), runtime.Version())
+}
+
+// codeVersion names the code under test: the VCS revision stamped into the binary (go
+// build), or else the checkout's HEAD (go run), with "+ uncommitted changes" when the tree
+// differs from it. It only reads the repository.
+func codeVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		var rev, modified string
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				modified = s.Value
+			}
+		}
+		if rev != "" {
+			if modified == "true" {
+				return "commit " + rev[:min(12, len(rev))] + " + uncommitted changes"
+			}
+			return "commit " + rev[:min(12, len(rev))]
+		}
+	}
+	head, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return "unknown (not built from a git checkout)"
+	}
+	v := "commit " + strings.TrimSpace(string(head))
+	st, err := exec.Command("git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no").Output()
+	if err == nil && len(bytes.TrimSpace(st)) > 0 {
+		v += " + uncommitted changes"
+	}
+	return v
+}
+
+var header = row{metric: "metric", tunnel: "tunnel", direct: "direct", compare: "tunnel vs direct", target: "target", result: "result"}
+
+// writeText writes the tables for a terminal.
+func (r *report) writeText(w io.Writer) error {
+	p, f := r.tally()
+	fmt.Fprintf(w, "\nWarren bench — %s\ncode: %s\nmachine: %s\ndate: %s, took %s; targets met: %d of %d\n",
+		r.command, r.code, machineLine(), r.started.UTC().Format(time.RFC3339), r.elapsed.Round(time.Second), p, p+f)
+	for _, s := range r.sections {
+		fmt.Fprintf(w, "\n== %s ==\n", s.title)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, row := range append([]row{header}, s.rows...) {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", row.metric, dash(row.tunnel), dash(row.direct), dash(row.compare), dash(row.target), row.result)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, n := range s.notes {
+			fmt.Fprintf(w, "  - %s\n", n)
+		}
+	}
+	return nil
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}
+
+// writeMarkdown writes the same tables as Markdown, with the command, machine and date.
+func (r *report) writeMarkdown(w io.Writer) error {
+	p, f := r.tally()
+	fmt.Fprintf(w, "# Warren bench results\n\n")
+	fmt.Fprintf(w, "- Command: `%s`\n", r.command)
+	fmt.Fprintf(w, "- Code: %s\n", r.code)
+	fmt.Fprintf(w, "- Machine: %s\n", machineLine())
+	fmt.Fprintf(w, "- Date: %s (took %s)\n", r.started.UTC().Format(time.RFC3339), r.elapsed.Round(time.Second))
+	fmt.Fprintf(w, "- Targets met: %d of %d\n", p, p+f)
+	for _, s := range r.sections {
+		fmt.Fprintf(w, "\n## %s\n\n", s.title)
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", header.metric, header.tunnel, header.direct, header.compare, header.target, header.result)
+		fmt.Fprintf(w, "|---|---:|---:|---:|---|---|\n")
+		for _, row := range s.rows {
+			res := string(row.result)
+			if row.result == fail {
+				res = "**FAIL**"
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", mdCell(row.metric), mdCell(dash(row.tunnel)), mdCell(dash(row.direct)),
+				mdCell(dash(row.compare)), mdCell(dash(row.target)), res)
+		}
+		if len(s.notes) > 0 {
+			fmt.Fprintln(w)
+			for _, n := range s.notes {
+				fmt.Fprintf(w, "- %s\n", mdCell(n))
+			}
+		}
+	}
+	return nil
+}
+
+func mdCell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+
+func (r *report) writeMarkdownFile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriter(f)
+	err = r.writeMarkdown(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}

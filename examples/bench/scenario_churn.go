@@ -1,0 +1,392 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warren-tunnel/warren/health"
+	"github.com/warren-tunnel/warren/tunnel"
+)
+
+// churnHealth is the members' health check in the churn scenario. The timeout only matters
+// for a backend that hangs; a killed one refuses the connection at once.
+var churnHealth = health.Spec{Type: health.TypeTCP, Interval: 100 * time.Millisecond, Timeout: 500 * time.Millisecond, MaxFailed: 2}
+
+// settle is how long the churn load runs before the first disruption and after the last:
+// a fifth of -duration, between 100 ms and 1 s.
+func (b *bench) settle() time.Duration {
+	return max(100*time.Millisecond, min(time.Second, b.cfg.duration/5))
+}
+
+// churnRun is one disruption under load.
+type churnRun struct {
+	res loadResult
+	// classes sorts the failed requests by what happened to them.
+	classes []failClass
+	// events are the disruption's milestones, relative to its first disruption.
+	events []string
+}
+
+// churnSummary is one disruption over the runs.
+type churnSummary struct {
+	name string
+	runs []churnRun
+}
+
+func (s churnSummary) totals() (failed, total int) {
+	for _, r := range s.runs {
+		failed += r.res.failed + r.res.warmupFailed
+		total += r.res.requests()
+	}
+	return failed, total
+}
+
+// fate says which backend, if any, received a failed request.
+type fate int
+
+const (
+	fateKilled fate = iota // the killed backend's handler received it
+	fateLive               // a backend that was not killed received it
+	fateNone               // no backend's handler received it
+)
+
+// timing places a failed request relative to the disruption.
+type timing int
+
+const (
+	timingBefore   timing = iota // ended before the disruption
+	timingInFlight               // started before it and ended after it
+	timingAfter                  // started after it
+)
+
+// failClass is a set of failed requests with the same fate and timing.
+type failClass struct {
+	fate     fate
+	timing   timing
+	n        int
+	from, to time.Duration // start times relative to the disruption
+	errs     map[string]int
+}
+
+func (c failClass) what() string {
+	s := [...]string{fateKilled: "reached the killed backend's handler", fateLive: "reached a live backend's handler", fateNone: "reached no backend's handler"}[c.fate]
+	return s + [...]string{timingBefore: ", ended before the disruption", timingInFlight: ", in flight at the disruption", timingAfter: ", started after the disruption"}[c.timing]
+}
+
+// why explains a class of failures of the kill scenario, from what the tunnel does.
+func (c failClass) why() string {
+	switch {
+	case c.fate == fateKilled:
+		return "the killed backend had read these requests (its handler ran) when its connection was closed, so no answer came; " +
+			"the edge answered 502 and, by design, never replays a request that may have reached an app"
+	case c.fate == fateNone && c.timing == timingInFlight:
+		return "these had been written towards the killed backend before the kill (in the connector's connection to it or its socket buffer) but not yet handed to a handler; " +
+			"they died with that connection, and the edge, which had written them, may not retry them: 502"
+	case c.fate == fateNone && c.timing == timingAfter:
+		return "these were dispatched to the killed member while or just after the kill closed its backend connections (it closes them one by one), on a kept-alive stream whose backend connection was gone or going: " +
+			"the connector's close of that stream had not reached the edge yet, so the edge wrote the request and could no longer retry it: 502. " +
+			"Requests that opened a new stream to the dead backend while its member was still selectable were refused by the connector before any byte was written and retried on another member, so they succeeded"
+	case c.timing == timingBefore:
+		return "these failed before the kill: not caused by it"
+	}
+	return "unexpected: a live backend received these requests, yet they failed"
+}
+
+// churnEnv is the churn scenario's edge, three backends and three connectors.
+type churnEnv struct {
+	e        *edge
+	backends []*httpBackend
+	cs       *connectors
+}
+
+func (b *bench) startChurnEnv(ctx context.Context) (_ *churnEnv, err error) {
+	env := &churnEnv{}
+	defer func() {
+		if err != nil {
+			env.Close()
+		}
+	}()
+	if env.backends, err = startHTTPBackends(3, true); err != nil {
+		return env, err
+	}
+	if env.e, err = startEdge(ctx, b.cfg.edgeMode, b.edgeOptions("churn"), b.log, b.progress); err != nil {
+		return env, err
+	}
+	var targets []string
+	for _, be := range env.backends {
+		targets = append(targets, be.addr)
+	}
+	hs := churnHealth
+	env.cs, err = connectGroup(ctx, env.e, tunnel.TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "bench", Health: &hs}, targets, b.log)
+	if err != nil {
+		return env, err
+	}
+	return env, env.e.waitGroup(ctx, "pool", 3, 3)
+}
+
+func (env *churnEnv) Close() {
+	if env.cs != nil {
+		_ = env.cs.Close()
+	}
+	if env.e != nil {
+		_ = env.e.Close()
+	}
+	stopHTTPBackends(env.backends)
+}
+
+func (env *churnEnv) load(ctx context.Context, clients int) *load {
+	return startLoad(ctx, loadOptions{clients: clients, expectLen: int64(len(tinyBody)), tagIDs: true,
+		targets: []loadTarget{{url: "http://" + env.e.Public + "/tiny", host: "pool." + benchDomain}}})
+}
+
+// lives returns every life of every backend, past and current.
+func (env *churnEnv) lives() []*backendInstance {
+	var out []*backendInstance
+	for _, be := range env.backends {
+		be.mu.Lock()
+		out = append(out, be.past...)
+		if be.cur != nil {
+			out = append(out, be.cur)
+		}
+		be.mu.Unlock()
+	}
+	return out
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// runChurn counts failed requests under load while (a) a backend is killed and restarted
+// and (b) the members are restarted one by one.
+func (b *bench) runChurn(ctx context.Context, rep *report) error {
+	env, err := b.startChurnEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	kill, roll := churnSummary{name: "kill"}, churnSummary{name: "rolling"}
+	for r := range b.cfg.runs {
+		b.say("churn run %d/%d: kill one backend for %s", r+1, b.cfg.runs, b.cfg.killFor)
+		k, err := b.churnKill(ctx, env)
+		if err != nil {
+			return fmt.Errorf("kill run %d: %w", r+1, err)
+		}
+		kill.runs = append(kill.runs, k)
+		b.say("churn run %d/%d: rolling restart of 3 members", r+1, b.cfg.runs)
+		rr, err := b.churnRolling(ctx, env)
+		if err != nil {
+			return fmt.Errorf("rolling run %d: %w", r+1, err)
+		}
+		roll.runs = append(roll.runs, rr)
+	}
+	rep.churn = append(rep.churn, kill, roll)
+	rep.add(b.churnSection(kill, roll))
+	return nil
+}
+
+// churnKill kills backend 0 abruptly under load, restarts it after -kill-for on the same
+// port, and waits for its member to be healthy again.
+func (b *bench) churnKill(ctx context.Context, env *churnEnv) (churnRun, error) {
+	var run churnRun
+	l := env.load(ctx, b.cfg.clients)
+	l.record()
+	stopped := false
+	defer func() {
+		if !stopped {
+			l.stop()
+		}
+	}()
+	if err := sleep(ctx, b.settle()); err != nil {
+		return run, err
+	}
+	be := env.backends[0]
+	addr := be.addr
+	killAt := time.Now()
+	killed := be.kill()
+	killedDone := time.Since(killAt)
+	// Watch the group while the backend is down: when does its member leave the rotation?
+	var leftAt time.Duration = -1
+	deadline := killAt.Add(b.cfg.killFor)
+	for time.Now().Before(deadline) {
+		if leftAt < 0 {
+			if gs, err := env.e.groups(ctx); err == nil {
+				for _, g := range gs {
+					if g.Label == "pool" && g.Healthy < 3 {
+						leftAt = time.Since(killAt)
+					}
+				}
+			}
+		}
+		if err := sleep(ctx, min(10*time.Millisecond, time.Until(deadline))); err != nil {
+			return run, err
+		}
+	}
+	restartAt := time.Since(killAt)
+	if err := be.start(addr); err != nil {
+		return run, err
+	}
+	if err := env.e.waitGroup(ctx, "pool", 3, 3); err != nil {
+		return run, err
+	}
+	backAt := time.Since(killAt)
+	if err := sleep(ctx, b.settle()); err != nil {
+		return run, err
+	}
+	run.res, stopped = l.stop(), true
+	left := "did not leave the rotation while down"
+	if leftAt >= 0 {
+		left = fmt.Sprintf("left the rotation after %s", fmtDur(leftAt))
+	}
+	run.events = []string{fmt.Sprintf("backend killed (listener and connections closed in %s), its member %s, restarted at %s, healthy again at %s",
+		fmtDur(killedDone), left, fmtDur(restartAt), fmtDur(backAt))}
+	run.classes = classify(run.res.failures, killAt, killed, env.lives())
+	return run, nil
+}
+
+// churnRolling restarts the three members one after the other under load: Tunnel.Close
+// (drain), Forward again, wait until the new member is healthy.
+func (b *bench) churnRolling(ctx context.Context, env *churnEnv) (churnRun, error) {
+	var run churnRun
+	l := env.load(ctx, b.cfg.clients)
+	l.record()
+	stopped := false
+	defer func() {
+		if !stopped {
+			l.stop()
+		}
+	}()
+	if err := sleep(ctx, b.settle()); err != nil {
+		return run, err
+	}
+	first := time.Now()
+	for i, t := range env.cs.tunnels {
+		start := time.Now()
+		if err := t.Close(); err != nil {
+			return run, fmt.Errorf("closing member %d: %w", i, err)
+		}
+		drained := time.Since(start)
+		nt, err := env.cs.sessions[i].Forward(ctx, env.cs.specs[i], env.cs.targets[i])
+		if err != nil {
+			return run, fmt.Errorf("registering member %d again: %w", i, err)
+		}
+		env.cs.tunnels[i] = nt
+		if err := env.e.waitGroup(ctx, "pool", 3, 3); err != nil {
+			return run, err
+		}
+		run.events = append(run.events, fmt.Sprintf("member %d: closed (drained) in %s, registered again and healthy %s later",
+			i+1, fmtDur(drained), fmtDur(time.Since(start)-drained)))
+	}
+	if err := sleep(ctx, b.settle()); err != nil {
+		return run, err
+	}
+	run.res, stopped = l.stop(), true
+	run.classes = classify(run.res.failures, first, nil, env.lives())
+	return run, nil
+}
+
+// classify sorts failed requests by what happened to them: whether the killed backend life
+// (nil if none) or another backend received them, and whether they were already in flight
+// at ref or started after it.
+func classify(fs []failure, ref time.Time, killed *backendInstance, lives []*backendInstance) []failClass {
+	var killedSeen map[string]bool
+	if killed != nil {
+		killedSeen = killed.seenIDs()
+	}
+	otherSeen := map[string]bool{}
+	for _, in := range lives {
+		if in != killed {
+			maps.Copy(otherSeen, in.seenIDs())
+		}
+	}
+	type key struct {
+		f fate
+		t timing
+	}
+	classes := map[key]*failClass{}
+	var order []key
+	for _, f := range fs {
+		id := strconv.FormatUint(f.id, 10)
+		k := key{fateNone, timingAfter}
+		switch {
+		case killedSeen[id]:
+			k.f = fateKilled
+		case otherSeen[id]:
+			k.f = fateLive
+		}
+		switch {
+		case f.end.Before(ref):
+			k.t = timingBefore
+		case f.start.Before(ref):
+			k.t = timingInFlight
+		}
+		c := classes[k]
+		if c == nil {
+			c = &failClass{fate: k.f, timing: k.t, from: f.start.Sub(ref), errs: map[string]int{}}
+			classes[k] = c
+			order = append(order, k)
+		}
+		c.n++
+		c.to = f.start.Sub(ref)
+		c.errs[f.err]++
+	}
+	out := make([]failClass, 0, len(order))
+	for _, k := range order {
+		out = append(out, *classes[k])
+	}
+	return out
+}
+
+func (c failClass) String() string {
+	errs := slices.SortedFunc(maps.Keys(c.errs), func(a, b string) int { return c.errs[b] - c.errs[a] })
+	var parts []string
+	for i, e := range errs {
+		if i == 3 {
+			parts = append(parts, fmt.Sprintf("and %d other errors", len(errs)-3))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%d× %s", c.errs[e], e))
+	}
+	return fmt.Sprintf("%d %s (started %s … %s from it): %s", c.n, c.what(), fmtAdded(c.from), fmtAdded(c.to), strings.Join(parts, "; "))
+}
+
+func (b *bench) churnSection(kill, roll churnSummary) *section {
+	sec := &section{title: fmt.Sprintf("Churn: %d keep-alive clients, tiny responses, 3-member group with TCP health checks (interval %s, max_failed %d), %d runs",
+		b.cfg.clients, churnHealth.Interval, churnHealth.MaxFailed, b.cfg.runs)}
+	kf, kt := kill.totals()
+	rf, rt := roll.totals()
+	sec.add(row{metric: fmt.Sprintf("failed requests, backend killed for %s and restarted", b.cfg.killFor), tunnel: fmt.Sprintf("%d of %d", kf, kt), target: "0", result: check(kf == 0)})
+	sec.add(row{metric: "failed requests, rolling restart of 3 members", tunnel: fmt.Sprintf("%d of %d", rf, rt), target: "0", result: check(rf == 0)})
+	for _, s := range []churnSummary{kill, roll} {
+		for i, r := range s.runs {
+			sec.note("%s run %d: %d of %d failed; %s", s.name, i+1, r.res.failed+r.res.warmupFailed, r.res.requests(), strings.Join(r.events, "; "))
+			for _, c := range r.classes {
+				sec.note("%s run %d: %s", s.name, i+1, c)
+			}
+		}
+	}
+	// Explain each kind of failure seen when a backend was killed, once.
+	explained := map[[2]int]bool{}
+	for _, r := range kill.runs {
+		for _, c := range r.classes {
+			if k := [2]int{int(c.fate), int(c.timing)}; !explained[k] {
+				explained[k] = true
+				sec.note("kill, why %q failed: %s", c.what(), c.why())
+			}
+		}
+	}
+	return sec
+}
