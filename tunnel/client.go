@@ -174,6 +174,9 @@ func (s *Session) supervise(c *clientConn) {
 		select {
 		case <-c.mux.CloseChan():
 		case <-s.ctx.Done():
+		}
+		if s.ctx.Err() != nil {
+			s.detach(c)
 			_ = c.mux.Close()
 			return
 		}
@@ -377,11 +380,10 @@ func (s *Session) Shutdown(ctx context.Context) error {
 	s.closing = true
 	c := s.conn
 	s.mu.Unlock()
+	s.cancel() // first, so that supervise sees a close and not a lost connection
 	if c != nil {
 		_ = c.mux.Close()
-		c.cancel()
 	}
-	s.cancel()
 	s.wg.Wait()
 	s.closeDone()
 	return nil

@@ -234,7 +234,8 @@ func TestRejectedOnReconnectEndsOnlyThatTunnel(t *testing.T) {
 func TestSessionCloseDeregisters(t *testing.T) {
 	e := startEdge(t, ServerConfig{})
 	b := backend(t, "b")
-	sess := e.connect()
+	var logs logBuffer
+	sess := e.connect(WithLogger(logs.logger()))
 	_, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))
 	require.NoError(t, err)
 	require.NotNil(t, e.Registry().LookupHTTP("app"))
@@ -245,6 +246,7 @@ func TestSessionCloseDeregisters(t *testing.T) {
 	require.Equal(t, http.StatusNotFound, code)
 	_, err = sess.Forward(ctxT(t), TunnelSpec{Subdomain: "again"}, hostPort(b.URL))
 	require.ErrorIs(t, err, ErrSessionClosed)
+	require.NotContains(t, logs.String(), "reconnecting", "a clean Close is not a lost connection")
 }
 
 func TestDialFailsWhenEdgeIsDown(t *testing.T) {

@@ -16,11 +16,18 @@ const (
 	// is slower than its writer (buffers grow lazily, so idle streams cost nothing).
 	streamWindow = 4 << 20
 
-	// acceptBacklog is how many opened-but-not-yet-accepted streams a side queues. The
+	// acceptBacklog is how many opened-but-not-yet-accepted streams the connector queues;
+	// yamux also uses it to bound each side's opens still waiting for their SYN-ACK. The
 	// connector's accept loop hands each stream to its own goroutine at once, so the queue
 	// only absorbs bursts; a larger backlog means fewer streams reset under a burst of new
 	// public connections.
 	acceptBacklog = 1024
+
+	// edgeAcceptBacklog is the edge's: it accepts only the control stream (then GoAway
+	// refuses the rest), so its queue (8 bytes a slot, allocated per session) stays small,
+	// while 64 opens in flight per connector is far more than a SYN-ACK round trip on a
+	// busy tunnel needs.
+	edgeAcceptBacklog = 64
 
 	// keepAliveInterval: both sides ping so that each notices a dead peer (a NAT that
 	// dropped the mapping, a host that vanished) within about interval + write timeout, and
@@ -44,9 +51,12 @@ const (
 // session*, taking every other stream of that connector down with one slow open. The edge
 // bounds each open itself with the envelope acknowledgement deadline and then tries
 // another member, and keep-alive catches a dead peer.
-func muxConfig(log *zap.Logger) *yamux.Config {
+func muxConfig(log *zap.Logger, edge bool) *yamux.Config {
 	cfg := yamux.DefaultConfig()
 	cfg.AcceptBacklog = acceptBacklog
+	if edge {
+		cfg.AcceptBacklog = edgeAcceptBacklog
+	}
 	cfg.EnableKeepAlive = true
 	cfg.KeepAliveInterval = keepAliveInterval
 	cfg.ConnectionWriteTimeout = connWriteTimeout
@@ -62,7 +72,7 @@ func muxConfig(log *zap.Logger) *yamux.Config {
 func newMux(conn net.Conn, server bool, log *zap.Logger) (*yamux.Session, error) {
 	mc := newMuxConn(conn)
 	if server {
-		return yamux.Server(mc, muxConfig(log))
+		return yamux.Server(mc, muxConfig(log, true))
 	}
-	return yamux.Client(mc, muxConfig(log))
+	return yamux.Client(mc, muxConfig(log, false))
 }
