@@ -9,11 +9,53 @@ import (
 	"time"
 )
 
-// copyBufSize is the buffer each copy direction uses: large enough that a bulk transfer
-// moves in few syscalls and few yamux frames.
-const copyBufSize = 64 << 10
+// Copy buffers. A connection that is busy copies through a large pooled buffer, so a bulk
+// transfer moves in few system calls and few yamux frames; one that waits for input holds
+// only a small one. Without this, every idle long-lived TCP connection (SSH, a database
+// pool, a WebSocket) would pin two large buffers on each side for its whole life.
+const (
+	copyBufSize      = 64 << 10 // the busy buffer, pooled
+	idleCopyBufSize  = 2 << 10  // the buffer a quiet connection waits with
+	busyReadFraction = 2        // a read that fills more than 1/busyReadFraction of the small buffer switches to the large one
+)
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+
+// copyConn copies src to dst until src ends (nil error) or either side fails.
+func copyConn(dst io.Writer, src io.Reader) error {
+	small := make([]byte, idleCopyBufSize)
+	var big *[]byte
+	defer func() {
+		if big != nil {
+			copyBufs.Put(big)
+		}
+	}()
+	for {
+		buf := small
+		if big != nil {
+			buf = *big
+		}
+		n, rerr := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return werr
+			}
+		}
+		if rerr != nil {
+			if rerr == io.EOF {
+				return nil
+			}
+			return rerr
+		}
+		switch {
+		case big == nil && n > len(small)/busyReadFraction:
+			big = copyBufs.Get().(*[]byte) // more is coming: take the large buffer
+		case big != nil && n < len(*big)/busyReadFraction:
+			copyBufs.Put(big) // drained: wait for the next bytes with the small one
+			big = nil
+		}
+	}
+}
 
 // closeWriter is implemented by conns that can half-close (TCP, TLS, yamux streams via
 // streamConn, Unix sockets).
@@ -27,13 +69,6 @@ func closeWrite(c net.Conn) {
 	}
 	_ = c.Close()
 }
-
-// Hide ReadFrom/WriteTo so that io.CopyBuffer uses our pooled buffer: TCPConn's fallbacks
-// for non-socket peers allocate a fresh buffer per copy.
-type (
-	readerOnly struct{ io.Reader }
-	writerOnly struct{ io.Writer }
-)
 
 // join copies bytes both ways between a and b until both directions end, then closes
 // both. A clean end of input on one side half-closes the other side's write direction, so
@@ -55,10 +90,7 @@ func join(ctx context.Context, a, b net.Conn) {
 	stop := context.AfterFunc(ctx, abort)
 	defer stop()
 	copyHalf := func(dst, src net.Conn) {
-		bp := copyBufs.Get().(*[]byte)
-		_, err := io.CopyBuffer(writerOnly{dst}, readerOnly{src}, *bp)
-		copyBufs.Put(bp)
-		if err != nil {
+		if err := copyConn(dst, src); err != nil {
 			abort()
 			return
 		}
