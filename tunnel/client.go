@@ -419,10 +419,17 @@ func (c *clientConn) readControl() {
 			// Route the tunnel's streams before anyone learns the registration succeeded:
 			// the edge may dispatch to it at once.
 			c.mu.Lock()
-			if t := c.registering[m.Req]; t != nil {
+			t := c.registering[m.Req]
+			if t != nil {
 				c.byID[m.TunnelID] = t
 			}
 			c.mu.Unlock()
+			if t == nil {
+				// Nobody waits for it any more (the caller's context ended): do not leave an
+				// orphan member on the edge.
+				_ = c.send(&wire.Deregister{TunnelID: m.TunnelID})
+				continue
+			}
 			c.reply(m.Req, m)
 		case *wire.Rejected:
 			c.reply(m.Req, m)

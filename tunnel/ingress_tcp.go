@@ -89,7 +89,12 @@ func (s *Server) acceptTCP(r *tcpRoute) {
 		if err != nil {
 			if isTemporary(err) && !s.shuttingDown() {
 				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				time.Sleep(backoff)
+				t := time.NewTimer(backoff)
+				select {
+				case <-t.C:
+				case <-s.done:
+					t.Stop()
+				}
 				continue
 			}
 			return

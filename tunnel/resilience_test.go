@@ -1,11 +1,16 @@
 package tunnel
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/internal/wire"
 )
 
 func TestBackoffGrowsWithJitterAndCaps(t *testing.T) {
@@ -78,4 +83,56 @@ func TestBackoffResetsAfterAHealthyPeriod(t *testing.T) {
 	require.Contains(t, strings.SplitN(last, "\n", 2)[0], `"attempt":1,`, "the first retry after a healthy period is attempt 1 again")
 	r.start()
 	r.stop()
+}
+
+// TestLateRegisteredIsDeregistered: when the edge answers a registration after the caller
+// gave up, the connector deregisters the tunnel instead of leaving an orphan member.
+func TestLateRegisteredIsDeregistered(t *testing.T) {
+	l := listenLoopback(t)
+	defer l.Close()
+	edgeDone := make(chan wire.Message, 1)
+	gaveUp := make(chan struct{})
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		mux, err := yamux.Server(c, muxConfig(zap.NewNop(), true))
+		if err != nil {
+			return
+		}
+		defer mux.Close()
+		ctrl, err := mux.AcceptStream()
+		if err != nil {
+			return
+		}
+		_, _ = wire.ReadFrame(ctrl) // hello
+		_ = wire.WriteFrame(ctrl, &wire.Welcome{Version: wire.Version, SessionID: "fake"})
+		m, err := wire.ReadFrame(ctrl)
+		if err != nil {
+			return
+		}
+		reg := m.(*wire.Register)
+		<-gaveUp // answer after the caller's deadline
+		_ = wire.WriteFrame(ctrl, &wire.Registered{Req: reg.Req, TunnelID: "late", URL: "http://x"})
+		m, err = wire.ReadFrame(ctrl)
+		if err == nil {
+			edgeDone <- m
+		}
+		close(edgeDone)
+	}()
+	sess, err := Dial(ctxT(t), l.Addr().String(), WithReconnect(false))
+	require.NoError(t, err)
+	defer sess.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err = sess.Forward(ctx, TunnelSpec{Subdomain: "slow"}, "127.0.0.1:9")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	close(gaveUp)
+	select {
+	case m := <-edgeDone:
+		require.Equal(t, &wire.Deregister{TunnelID: "late"}, m)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connector did not deregister the late tunnel")
+	}
 }
