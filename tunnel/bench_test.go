@@ -5,8 +5,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -88,4 +90,44 @@ func BenchmarkTCPStream(b *testing.B) {
 	}
 	b.Run("tunnel", func(b *testing.B) { run(b, net.JoinHostPort("127.0.0.1", strconv.Itoa(tun.Port()))) })
 	b.Run("direct", func(b *testing.B) { run(b, sink) })
+}
+
+// BenchmarkIdleTCPConnMemory reports the memory (heap and goroutine stacks) that idle TCP
+// connections through a tunnel hold, edge and connector together (both in this process), per
+// connection. Run it with -benchtime 1x in a fresh process: later iterations reuse pooled
+// buffers that the first one allocated.
+func BenchmarkIdleTCPConnMemory(b *testing.B) {
+	e := startEdge(b, ServerConfig{Logger: zap.NewNop(), TCPPorts: tcpRange(45100), TCPBindHost: "127.0.0.1"})
+	echo := tcpBackend(b, func(c net.Conn) { _, _ = io.Copy(c, c) })
+	tun, err := e.connect(WithLogger(zap.NewNop())).Forward(ctxT(b), TunnelSpec{Proto: ProtoTCP}, echo)
+	require.NoError(b, err)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tun.Port()))
+	const conns = 200
+	for range b.N {
+		before := heapInUse()
+		var cs []net.Conn
+		for range conns {
+			c, err := net.Dial("tcp", addr)
+			require.NoError(b, err)
+			// One round trip so that the connection is fully set up and has carried data.
+			_, err = c.Write(make([]byte, 32<<10))
+			require.NoError(b, err)
+			_, err = io.ReadFull(c, make([]byte, 32<<10))
+			require.NoError(b, err)
+			cs = append(cs, c)
+		}
+		time.Sleep(2 * time.Second) // idle (past idleShrinkAfter) is the state being measured
+		after := heapInUse()
+		b.ReportMetric(float64(after-before)/conns, "B/idle-conn")
+		for _, c := range cs {
+			c.Close()
+		}
+	}
+}
+
+func heapInUse() int64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapInuse + ms.StackInuse)
 }

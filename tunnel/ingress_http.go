@@ -233,7 +233,8 @@ func (p *connPool) close() {
 	p.closeIdle()
 }
 
-// sweep closes streams idle since before cutoff.
+// sweep closes streams idle since before cutoff, and lets the others drop their receive
+// buffers (they are idle: nothing is in them).
 func (p *connPool) sweep(cutoff time.Time) {
 	p.mu.Lock()
 	var old []*memberConn
@@ -242,6 +243,7 @@ func (p *connPool) sweep(cutoff time.Time) {
 		if pc.idleSince.Before(cutoff) {
 			old = append(old, pc)
 		} else {
+			pc.st.Shrink()
 			keep = append(keep, pc)
 		}
 	}

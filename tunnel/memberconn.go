@@ -72,8 +72,10 @@ func (l *headLimiter) Read(p []byte) (int, error) {
 func newMemberConn(t *edgeTunnel, st *yamux.Stream) *memberConn {
 	pc := &memberConn{t: t, st: st}
 	pc.lim.r = st
-	pc.br = bufio.NewReaderSize(&pc.lim, 16<<10)
-	pc.bw = bufio.NewWriterSize(st, 16<<10)
+	// 4 KiB, as net/http's Transport: enough for a response head; bodies larger than the
+	// buffer are read straight into the proxy's copy buffer.
+	pc.br = bufio.NewReaderSize(&pc.lim, 4<<10)
+	pc.bw = bufio.NewWriterSize(st, 4<<10)
 	return pc
 }
 

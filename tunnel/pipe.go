@@ -17,9 +17,13 @@ const (
 	copyBufSize      = 64 << 10 // the busy buffer, pooled
 	idleCopyBufSize  = 2 << 10  // the buffer a quiet connection waits with
 	busyReadFraction = 2        // a read that fills more than 1/busyReadFraction of the small buffer switches to the large one
+	idleShrinkAfter  = time.Second
 )
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+
+// shrinker is a yamux stream: Shrink frees its receive buffer while it is empty.
+type shrinker interface{ Shrink() }
 
 // copyConn copies src to dst until src ends (nil error) or either side fails.
 func copyConn(dst io.Writer, src io.Reader) error {
@@ -30,12 +34,25 @@ func copyConn(dst io.Writer, src io.Reader) error {
 			copyBufs.Put(big)
 		}
 	}()
+	// A yamux stream keeps a receive buffer as large as the biggest burst it took in;
+	// when it has been quiet for a while, let it go.
+	var shrink *time.Timer
+	if sh, ok := src.(shrinker); ok {
+		shrink = time.AfterFunc(time.Hour, sh.Shrink)
+		shrink.Stop()
+		defer shrink.Stop()
+	}
 	for {
 		buf := small
 		if big != nil {
 			buf = *big
+		} else if shrink != nil {
+			shrink.Reset(idleShrinkAfter)
 		}
 		n, rerr := src.Read(buf)
+		if big == nil && shrink != nil {
+			shrink.Stop()
+		}
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return werr
