@@ -52,6 +52,8 @@ type clientConn struct {
 
 	wmu sync.Mutex
 
+	detached chan struct{} // closed once the session stopped using this connection
+
 	mu          sync.Mutex
 	pending     map[uint32]chan wire.Message
 	registering map[uint32]*clientTunnel // the tunnel each pending Register is for
@@ -144,7 +146,7 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 		s.log.Info("connected to edge", zap.String("session", m.SessionID), zap.String("region", m.RegionID))
 		cctx, ccancel := context.WithCancel(s.ctx)
 		return &clientConn{
-			ctx: cctx, cancel: ccancel,
+			ctx: cctx, cancel: ccancel, detached: make(chan struct{}),
 			s: s, mux: mux, ctrl: ctrl, sessionID: m.SessionID, started: time.Now(),
 			pending: map[uint32]chan wire.Message{}, registering: map[uint32]*clientTunnel{},
 			byID: map[string]*clientTunnel{},
@@ -244,6 +246,7 @@ func (s *Session) detach(c *clientConn) {
 	if s.conn == c {
 		s.conn = nil
 		s.up = make(chan struct{})
+		close(c.detached)
 	}
 	s.mu.Unlock()
 	c.mu.Lock()
@@ -334,11 +337,15 @@ func (s *Session) liveConn(ctx context.Context) (*clientConn, error) {
 		if closing {
 			return nil, ErrSessionClosed
 		}
-		if c != nil {
+		if c != nil && !c.mux.IsClosed() {
 			return c, nil
 		}
+		var next <-chan struct{} = up
+		if c != nil {
+			next = c.detached // a dead connection the supervisor has not let go of yet
+		}
 		select {
-		case <-up:
+		case <-next:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-s.done:

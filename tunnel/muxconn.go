@@ -22,6 +22,11 @@ const (
 // buffer underneath measured no faster (BenchmarkTCPStream, BenchmarkHTTPLoopback) while
 // costing its size on every idle connector session.
 //
+// TCP_NODELAY stays on (Go sets it on every TCP connection, and Warren never turns it off):
+// the acknowledgement byte of a new stream, window updates and small HTTP exchanges must not
+// wait for Nagle's algorithm, and coalescing each data frame into one writev is what keeps
+// frames from going out as a tiny header segment followed by the body.
+//
 // Only yamux's single send loop writes, but Write is locked anyway so that correctness never
 // depends on that.
 type muxConn struct {
