@@ -27,6 +27,7 @@ type Error struct {
 	Msg string
 }
 
+// Error returns the user-facing message.
 func (e *Error) Error() string { return e.Msg }
 
 // Unwrap returns the sentinel.

@@ -19,6 +19,7 @@ const (
 	KindTCP
 )
 
+// String returns "http" or "tcp".
 func (k Kind) String() string {
 	switch k {
 	case KindHTTP:

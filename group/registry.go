@@ -72,6 +72,7 @@ const (
 	EventDraining
 )
 
+// String names the event kind.
 func (k EventKind) String() string {
 	switch k {
 	case EventJoined:

@@ -47,6 +47,7 @@ type RejectedError struct {
 	Message string
 }
 
+// Error returns the edge's message verbatim.
 func (e *RejectedError) Error() string { return e.Message }
 
 // Unwrap returns the sentinel for Code and ErrRejected, so that both errors.Is(err,

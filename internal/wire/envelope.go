@@ -41,6 +41,7 @@ const (
 	AckMalformed     Ack = 3 // the envelope could not be decoded
 )
 
+// String describes the acknowledgement.
 func (a Ack) String() string {
 	switch a {
 	case AckOK:

@@ -59,6 +59,7 @@ const (
 	TypeDeregistered Type = 10 // E: a tunnel is gone (after Drain or Deregister, or removed by the edge)
 )
 
+// String names the frame type.
 func (t Type) String() string {
 	switch t {
 	case TypeHello:
