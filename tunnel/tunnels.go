@@ -50,6 +50,9 @@ type TunnelSpec struct {
 	// AlertWebhook is a URL the edge POSTs to when this tunnel's group has no healthy member
 	// left. It stays on the edge; no API returns it.
 	AlertWebhook string
+
+	// keyHash is the hex SHA-256 of GroupKey; the session keeps only this, not the key.
+	keyHash string
 }
 
 func (sp TunnelSpec) describe() string {
@@ -78,6 +81,10 @@ func (sp *TunnelSpec) normalize(listen bool) error {
 	if (sp.Group == "") != (sp.GroupKey == "") {
 		return fmt.Errorf("tunnel: %w: group and group key go together", ErrInvalid)
 	}
+	if sp.GroupKey != "" {
+		h := sha256.Sum256([]byte(sp.GroupKey))
+		sp.keyHash, sp.GroupKey = hex.EncodeToString(h[:]), "" // the raw key is not kept
+	}
 	if h := sp.Health; h != nil {
 		spec := h.WithDefaults()
 		if err := spec.Validate(); err != nil {
@@ -96,10 +103,7 @@ func (sp TunnelSpec) register(req uint32) *wire.Register {
 	if sp.Proto == ProtoTCP {
 		m.Label = sp.Name
 	}
-	if sp.GroupKey != "" {
-		h := sha256.Sum256([]byte(sp.GroupKey))
-		m.KeyHash = hex.EncodeToString(h[:])
-	}
+	m.KeyHash = sp.keyHash
 	if h := sp.Health; h != nil {
 		m.Health = &wire.HealthInfo{Kind: string(h.Type), Path: h.Path, IntervalMS: h.Interval.Milliseconds(),
 			TimeoutMS: h.Timeout.Milliseconds(), MaxFailed: h.MaxFailed, AlertWebhook: sp.AlertWebhook}
