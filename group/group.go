@@ -109,6 +109,14 @@ func (g *Group) Pick() *Member {
 		// already published since draining publishes before it closes, no longer has it),
 		// or it is at its cap: look again.
 	}
+	// The strategy kept choosing members that are full (Random does not look at load):
+	// take any member with room rather than turn the request away.
+	for _, m := range g.snap.Load().members {
+		if m.Acquire() {
+			g.dispatches.Add(1)
+			return m
+		}
+	}
 	return nil
 }
 

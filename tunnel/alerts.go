@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"go.uber.org/zap"
 
@@ -15,6 +16,8 @@ type alerter struct {
 	srv      *Server
 	debounce *webhook.Debouncer
 	sender   *webhook.Sender
+
+	stopped atomic.Bool // the edge is closing: groups vanish without an outage
 
 	mu      sync.Mutex
 	results map[webhook.Result]uint64
@@ -34,7 +37,7 @@ func newAlerter(s *Server) *alerter {
 // observe runs for every group event, under the group's lock: it only decides and queues.
 func (a *alerter) observe(ev group.Event) {
 	g := ev.Group
-	if g.Solo() {
+	if g.Solo() || a.stopped.Load() {
 		return
 	}
 	if a.debounce.Observe(g.ID, ev.SelectableCount) {
@@ -77,5 +80,8 @@ func (a *alerter) deliveries() map[webhook.Result]uint64 {
 	}
 	return out
 }
+
+// stop makes the alerter ignore the events of an edge that is closing.
+func (a *alerter) stop() { a.stopped.Store(true) }
 
 func (a *alerter) close() error { return a.sender.Close() }

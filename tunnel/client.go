@@ -36,6 +36,11 @@ type Session struct {
 	done    chan struct{}
 	closing bool
 
+	// resume names the last session the edge welcomed us with, for the next Hello.
+	resumeID, resumeToken string // guarded by mu
+	// shuttingDown is set (under mu) when Shutdown starts: no tunnel may be added after.
+	shuttingDown bool
+
 	reqs atomic.Uint32
 	wg   sync.WaitGroup
 }
@@ -53,6 +58,7 @@ type clientConn struct {
 	wmu sync.Mutex
 
 	detached chan struct{} // closed once the session stopped using this connection
+	routed   chan struct{} // closed and replaced (under mu) whenever a registration is routed
 
 	mu          sync.Mutex
 	pending     map[uint32]chan wire.Message
@@ -129,7 +135,11 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 	defer stop()
 	// A write error is not the end of the story: the edge may have answered (refusing the
 	// token) and closed before yamux confirmed our write, so read its answer regardless.
-	werr := wire.WriteFrame(ctrl, &wire.Hello{Version: wire.Version, Token: s.opts.token, Client: s.opts.client})
+	s.mu.Lock()
+	hello := &wire.Hello{Version: wire.Version, Token: s.opts.token, Client: s.opts.client,
+		ResumeSession: s.resumeID, ResumeToken: s.resumeToken}
+	s.mu.Unlock()
+	werr := wire.WriteFrame(ctrl, hello)
 	msg, err := wire.ReadFrame(ctrl)
 	if err != nil {
 		switch {
@@ -144,9 +154,12 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 	case *wire.Welcome:
 		_ = ctrl.SetDeadline(time.Time{})
 		s.log.Info("connected to edge", zap.String("session", m.SessionID), zap.String("region", m.RegionID))
+		s.mu.Lock()
+		s.resumeID, s.resumeToken = m.SessionID, m.ResumeToken
+		s.mu.Unlock()
 		cctx, ccancel := context.WithCancel(s.ctx)
 		return &clientConn{
-			ctx: cctx, cancel: ccancel, detached: make(chan struct{}),
+			ctx: cctx, cancel: ccancel, detached: make(chan struct{}), routed: make(chan struct{}),
 			s: s, mux: mux, ctrl: ctrl, sessionID: m.SessionID, started: time.Now(),
 			pending: map[uint32]chan wire.Message{}, registering: map[uint32]*clientTunnel{},
 			byID: map[string]*clientTunnel{},
@@ -263,7 +276,10 @@ func (s *Session) detach(c *clientConn) {
 	}
 }
 
-// reregister registers every open tunnel on the new connection c.
+// reregister registers every open tunnel on the new connection c. A tunnel the edge now
+// refuses for good (its key no longer matches, its subdomain belongs to someone else) ends
+// alone; one refused for a passing reason (no free TCP port, the registration rate limit)
+// is tried again in the background with backoff.
 func (s *Session) reregister(c *clientConn) {
 	s.mu.Lock()
 	var ts []*clientTunnel
@@ -271,23 +287,64 @@ func (s *Session) reregister(c *clientConn) {
 		ts = append(ts, t)
 	}
 	s.mu.Unlock()
+	var later []*clientTunnel
 	for _, t := range ts {
-		if t.isClosing() {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
-		err := s.registerOn(ctx, c, t)
-		cancel()
-		switch {
+		switch err := s.registerFor(c, t); {
 		case err == nil:
+		case transientRejection(err):
+			s.log.Warn("tunnel refused for now after reconnect; retrying", zap.String("tunnel", t.spec.describe()), zap.Error(err))
+			later = append(later, t)
 		case errors.Is(err, ErrRejected):
 			s.log.Error("tunnel rejected after reconnect", zap.String("tunnel", t.spec.describe()), zap.Error(err))
 			t.fail(err)
+		case errors.Is(err, ErrTunnelClosed), errors.Is(err, ErrInvalid):
 		default:
-			// The connection failed again; supervise will notice and retry everything.
-			return
+			return // the connection failed again; supervise will notice and retry everything
 		}
 	}
+	if len(later) > 0 {
+		s.wg.Go(func() { s.retryRegistrations(c, later) })
+	}
+}
+
+// registerFor is one bounded registration attempt of t on c.
+func (s *Session) registerFor(c *clientConn, t *clientTunnel) error {
+	ctx, cancel := context.WithTimeout(c.ctx, 30*time.Second)
+	defer cancel()
+	return s.registerOn(ctx, c, t)
+}
+
+// retryRegistrations keeps trying tunnels refused for a passing reason, until each is
+// registered or refused for good, or c is lost (the next reconnect retries them anyway).
+func (s *Session) retryRegistrations(c *clientConn, ts []*clientTunnel) {
+	for attempt := 0; len(ts) > 0; attempt++ {
+		timer := time.NewTimer(s.backoff(attempt))
+		select {
+		case <-timer.C:
+		case <-c.ctx.Done():
+			timer.Stop()
+			return
+		}
+		var still []*clientTunnel
+		for _, t := range ts {
+			switch err := s.registerFor(c, t); {
+			case err == nil:
+			case transientRejection(err):
+				still = append(still, t)
+			case errors.Is(err, ErrRejected):
+				t.fail(err)
+			case errors.Is(err, ErrTunnelClosed), errors.Is(err, ErrInvalid):
+			default:
+				return
+			}
+		}
+		ts = still
+	}
+}
+
+// transientRejection reports whether a rejection may go away by itself.
+func transientRejection(err error) bool {
+	return errors.Is(err, ErrNoPorts) || errors.Is(err, ErrLimit)
 }
 
 // fail ends the session for good with err.
@@ -368,11 +425,12 @@ func (s *Session) Close() error {
 // Shutdown is Close with the drain bounded by ctx instead of the drain timeout.
 func (s *Session) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
-	if s.closing {
+	if s.closing || s.shuttingDown {
 		s.mu.Unlock()
-		s.wg.Wait()
+		<-s.done
 		return nil
 	}
+	s.shuttingDown = true
 	var ts []*clientTunnel
 	for t := range s.tunnels {
 		ts = append(ts, t)
@@ -392,6 +450,13 @@ func (s *Session) Shutdown(ctx context.Context) error {
 		_ = c.mux.Close()
 	}
 	s.wg.Wait()
+	s.mu.Lock()
+	left := s.tunnels
+	s.tunnels = map[*clientTunnel]struct{}{}
+	s.mu.Unlock()
+	for t := range left {
+		t.finish(nil)
+	}
 	s.closeDone()
 	return nil
 }
@@ -429,12 +494,14 @@ func (c *clientConn) readControl() {
 			t := c.registering[m.Req]
 			if t != nil {
 				c.byID[m.TunnelID] = t
+				close(c.routed)
+				c.routed = make(chan struct{})
 			}
 			c.mu.Unlock()
 			if t == nil {
 				// Nobody waits for it any more (the caller's context ended): do not leave an
 				// orphan member on the edge.
-				_ = c.send(&wire.Deregister{TunnelID: m.TunnelID})
+				c.drop(m.TunnelID)
 				continue
 			}
 			c.reply(m.Req, m)
@@ -459,6 +526,14 @@ func (c *clientConn) readControl() {
 			return
 		}
 	}
+}
+
+// drop forgets a registration nobody owns and asks the edge to remove it.
+func (c *clientConn) drop(id string) {
+	c.mu.Lock()
+	delete(c.byID, id)
+	c.mu.Unlock()
+	_ = c.send(&wire.Deregister{TunnelID: id})
 }
 
 func (c *clientConn) reply(req uint32, m wire.Message) {
@@ -493,14 +568,41 @@ func (c *clientConn) serveStream(st *yamux.Stream) {
 		return
 	}
 	_ = st.SetReadDeadline(time.Time{})
-	c.mu.Lock()
-	t := c.byID[env.TunnelID]
-	c.mu.Unlock()
+	t := c.route(env.TunnelID)
 	if t == nil {
 		refuse(st, wire.AckUnknownTunnel)
 		return
 	}
 	t.serve(c, st, env)
+}
+
+// routeWait bounds how long a stream for an unknown tunnel waits for a registration in
+// flight: the edge may dispatch to a new member before this side has read its Registered.
+const routeWait = 2 * time.Second
+
+// route returns the tunnel a stream is for, waiting briefly while registrations are pending.
+func (c *clientConn) route(id string) *clientTunnel {
+	var timeout <-chan time.Time
+	for {
+		c.mu.Lock()
+		t, waiting, routed := c.byID[id], len(c.registering) > 0, c.routed
+		c.mu.Unlock()
+		if t != nil || !waiting {
+			return t
+		}
+		if timeout == nil {
+			timer := time.NewTimer(routeWait)
+			defer timer.Stop()
+			timeout = timer.C
+		}
+		select {
+		case <-routed:
+		case <-timeout:
+			return nil
+		case <-c.ctx.Done():
+			return nil
+		}
+	}
 }
 
 func refuse(st *yamux.Stream, a wire.Ack) {

@@ -3,6 +3,8 @@ package tunnel
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -10,6 +12,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -39,6 +42,11 @@ type edgeSession struct {
 	wmu  sync.Mutex // serialises control writes
 	ctrl net.Conn
 
+	// resumeHash is the SHA-256 of the resume token given in Welcome; ended is closed once
+	// the session's cleanup is done.
+	resumeHash [32]byte
+	endedCh    chan struct{}
+
 	mu      sync.Mutex
 	tunnels map[string]*edgeTunnel
 	ended   bool
@@ -56,6 +64,11 @@ type edgeTunnel struct {
 	url    string
 	port   int
 	pool   connPool
+	// ctx ends when the tunnel is removed (drained, drain timed out, deregistered, or its
+	// session ended): every stream still open on it is cut then.
+	ctx      context.Context
+	cancel   context.CancelFunc
+	draining atomic.Bool // a Drain is being waited for (only one waiter per tunnel)
 }
 
 func newID() string {
@@ -71,7 +84,7 @@ func (s *Server) newSession(c net.Conn) (*edgeSession, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &edgeSession{srv: s, id: id, conn: c, mux: mux, log: log, tunnels: map[string]*edgeTunnel{},
+	e := &edgeSession{srv: s, id: id, conn: c, mux: mux, log: log, tunnels: map[string]*edgeTunnel{}, endedCh: make(chan struct{}),
 		registrations: rate.NewLimiter(rate.Limit(s.cfg.RegisterRate), s.cfg.RegisterBurst)}
 	e.ctx, e.cancel = context.WithCancel(s.ctx)
 	s.mu.Lock()
@@ -82,6 +95,7 @@ func (s *Server) newSession(c net.Conn) (*edgeSession, error) {
 		return nil, ErrServerClosed
 	}
 	s.sessions[e] = struct{}{}
+	s.sessionByID[id] = e
 	s.wg.Add(1) // the session itself; serve calls Done
 	return e, nil
 }
@@ -91,7 +105,36 @@ func (e *edgeSession) serve() error {
 	defer e.srv.wg.Done()
 	err := e.run()
 	e.end(err)
+	close(e.endedCh)
 	return err
+}
+
+// replaceSession ends the session a reconnecting connector names, if the token proves it is
+// the same connector, and waits (briefly) for its tunnels to be removed. The edge may not
+// have noticed yet that the old connection died (a NAT dropped it, a laptop changed network):
+// without this the connector's tunnels would find their own old registrations in the way.
+func (s *Server) replaceSession(id, token string, by *edgeSession) {
+	s.mu.Lock()
+	old := s.sessionByID[id]
+	s.mu.Unlock()
+	if old == nil || old == by {
+		return
+	}
+	h := sha256.Sum256([]byte(token))
+	if subtle.ConstantTimeCompare(h[:], old.resumeHash[:]) != 1 {
+		by.log.Info("ignoring a resume with a wrong token", zap.String("old_session", id))
+		return
+	}
+	by.log.Info("connector reconnected: ending its previous session", zap.String("old_session", id))
+	// No goodbye: the other end is this same connector, which has already left that
+	// connection (and a write to a dead connection could block).
+	_ = old.mux.Close()
+	t := time.NewTimer(5 * time.Second)
+	defer t.Stop()
+	select {
+	case <-old.endedCh:
+	case <-t.C:
+	}
 }
 
 func (e *edgeSession) run() error {
@@ -101,11 +144,18 @@ func (e *edgeSession) run() error {
 	if err != nil {
 		return fmt.Errorf("waiting for the control stream: %w", err)
 	}
+	e.wmu.Lock()
 	e.ctrl = ctrl
+	e.wmu.Unlock()
 	// The connector opens exactly one stream; GoAway makes yamux refuse any other it tries
 	// to open, without a goroutine per session to accept and close them. The edge can
-	// still open data streams to the connector.
+	// still open data streams to the connector. Streams opened before the GoAway would sit
+	// unaccepted, each able to buffer a window of data: a connector that opened any is
+	// broken or hostile.
 	_ = e.mux.GoAway()
+	if n := e.mux.NumStreams(); n > 1 {
+		return e.fail(wire.CodeProtocol, fmt.Sprintf("opened %d streams; a connector opens only its control stream", n))
+	}
 
 	_ = ctrl.SetReadDeadline(time.Now().Add(e.srv.cfg.HelloTimeout))
 	msg, err := wire.ReadFrame(ctrl)
@@ -120,15 +170,27 @@ func (e *edgeSession) run() error {
 		return e.fail(wire.CodeUnsupportedVersion, fmt.Sprintf("unsupported protocol version %d (this edge speaks %d)", hello.Version, wire.Version))
 	}
 	if a := e.srv.cfg.Auth; a != nil {
-		tenant, err := a.Authenticate(context.Background(), hello.Token)
-		if err != nil {
+		actx, cancel := context.WithTimeout(e.ctx, e.srv.cfg.HelloTimeout)
+		tenant, err := a.Authenticate(actx, hello.Token)
+		cancel()
+		switch {
+		case errors.Is(err, ErrUnauthorized):
 			e.log.Info("connector rejected: invalid auth token")
 			return e.fail(wire.CodeUnauthorized, ErrUnauthorized.Error())
+		case err != nil:
+			// Not a verdict on the token: the connector retries later.
+			e.log.Warn("authenticator failed", zap.Error(err))
+			return e.fail(wire.CodeUnavailable, "authentication unavailable, try again later")
 		}
 		e.tenant = tenant
 	}
+	if hello.ResumeSession != "" {
+		e.srv.replaceSession(hello.ResumeSession, hello.ResumeToken, e)
+	}
+	token := newID() + newID()
+	e.resumeHash = sha256.Sum256([]byte(token))
 	_ = ctrl.SetReadDeadline(time.Time{})
-	if err := e.send(&wire.Welcome{Version: wire.Version, SessionID: e.id, RegionID: e.srv.cfg.RegionID}); err != nil {
+	if err := e.send(&wire.Welcome{Version: wire.Version, SessionID: e.id, RegionID: e.srv.cfg.RegionID, ResumeToken: token}); err != nil {
 		return err
 	}
 	e.log.Info("connector connected", zap.String("tenant", e.tenant), zap.String("client", hello.Client))
@@ -176,10 +238,22 @@ func (e *edgeSession) send(m wire.Message) error {
 	return wire.WriteFrame(e.ctrl, m)
 }
 
-// closeWithError sends a final error frame and closes the session; serve then cleans up.
-func (e *edgeSession) closeWithError(err *sessionError) {
-	_ = e.send(&wire.Error{Code: err.code, Message: err.msg})
-	_ = e.mux.Close()
+// goodbyeTimeout bounds the final error frame sent to a connector the edge closes.
+const goodbyeTimeout = time.Second
+
+// goodbye tells the connector why its session ends. If another write is under way (it may
+// be stuck on a connector that stopped reading), it is skipped. yamux does not bound a write
+// on a stuck connection by the stream's deadline, so callers also bound it by closing the
+// session after goodbyeTimeout (see closeSessions).
+func (e *edgeSession) goodbye(err *sessionError) {
+	if !e.wmu.TryLock() {
+		return
+	}
+	defer e.wmu.Unlock()
+	if e.ctrl != nil {
+		_ = e.ctrl.SetWriteDeadline(time.Now().Add(goodbyeTimeout))
+		_ = wire.WriteFrame(e.ctrl, &wire.Error{Code: err.code, Message: err.msg})
+	}
 }
 
 // end removes every tunnel of the session and closes it.
@@ -196,6 +270,7 @@ func (e *edgeSession) end(err error) {
 	e.cancel()
 	e.srv.mu.Lock()
 	delete(e.srv.sessions, e)
+	delete(e.srv.sessionByID, e.id)
 	e.srv.mu.Unlock()
 	e.log.Info("connector disconnected", zap.Int("tunnels", len(tunnels)), zap.NamedError("reason", err))
 }
@@ -250,6 +325,9 @@ func (e *edgeSession) drain(id string) {
 	t := e.lookup(id)
 	if t == nil {
 		return
+	}
+	if t.draining.Swap(true) {
+		return // already draining: one waiter is enough, however many Drains arrive
 	}
 	drained := e.srv.registry.Drain(t.member)
 	t.pool.closeIdle()
@@ -317,9 +395,11 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 		}
 	}
 	t := &edgeTunnel{id: req.ID, sess: e, proto: m.Proto}
+	t.ctx, t.cancel = context.WithCancel(e.ctx)
 	req.Value = t
 	member, err := s.registry.Join(req)
 	if err != nil {
+		t.cancel()
 		return nil, err
 	}
 	t.member = member
@@ -333,7 +413,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	e.mu.Lock()
 	if e.ended {
 		e.mu.Unlock()
-		s.registry.Leave(member)
+		s.removeTunnel(t)
 		return nil, ErrSessionClosed
 	}
 	e.tunnels[t.id] = t
@@ -346,6 +426,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 func (s *Server) removeTunnel(t *edgeTunnel) {
 	s.registry.Leave(t.member)
 	t.pool.close()
+	t.cancel()
 }
 
 func (s *Server) publicURL(proto, sub string) string {

@@ -55,6 +55,7 @@ type broker struct {
 	// from the events, so that a tenant's stream can carry the tenant's own counts without
 	// taking the group's lock.
 	tenants map[*group.Group]map[string]*tally
+	counted map[*group.Member]bool // members counted as healthy in tenants
 }
 
 type tally struct{ members, healthy int }
@@ -77,7 +78,8 @@ type sseItem struct {
 }
 
 func newBroker(buffer int) *broker {
-	return &broker{buffer: buffer, subs: map[*subscriber]struct{}{}, tenants: map[*group.Group]map[string]*tally{}}
+	return &broker{buffer: buffer, subs: map[*subscriber]struct{}{}, tenants: map[*group.Group]map[string]*tally{},
+		counted: map[*group.Member]bool{}}
 }
 
 func (b *broker) subscribe(ref groupRef, sc scope) *subscriber {
@@ -134,9 +136,10 @@ func (b *broker) publish(ev group.Event) {
 
 // count keeps b.tenants; the caller holds b.mu.
 func (b *broker) count(ev group.Event) {
-	g, tenant := ev.Group, ev.Member.Tenant
+	g, m, tenant := ev.Group, ev.Member, ev.Member.Tenant
 	if ev.GroupRemoved {
 		delete(b.tenants, g)
+		delete(b.counted, m)
 		return
 	}
 	if tenant == "" {
@@ -152,23 +155,31 @@ func (b *broker) count(ev group.Event) {
 		t = &tally{}
 		per[tenant] = t
 	}
+	// counted remembers whether each member is counted as healthy, so that only real flips
+	// move the tally (a probed member's first verdict may confirm it is unhealthy).
+	was := b.counted[m]
 	switch ev.Kind {
 	case group.EventJoined:
 		t.members++
 		if ev.Healthy {
 			t.healthy++
+			b.counted[m] = true
 		}
 	case group.EventHealth:
-		if ev.Healthy {
+		switch {
+		case ev.Healthy && !was:
 			t.healthy++
-		} else {
+			b.counted[m] = true
+		case !ev.Healthy && was:
 			t.healthy--
+			delete(b.counted, m)
 		}
 	case group.EventLeft:
 		t.members--
-		if ev.Healthy {
+		if was {
 			t.healthy--
 		}
+		delete(b.counted, m)
 		if t.members <= 0 {
 			delete(per, tenant)
 		}

@@ -71,7 +71,22 @@ func (h *httpIngress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, max)
 	}
-	h.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), groupCtxKey{}, g)))
+	ctx := context.WithValue(r.Context(), groupCtxKey{}, g)
+	if r.Body != nil && r.Body != http.NoBody {
+		rc := http.NewResponseController(w)
+		ctx = context.WithValue(ctx, abortBodyKey{}, func() { _ = rc.SetReadDeadline(pastTime) })
+	}
+	h.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+type abortBodyKey struct{}
+
+// bodyAborter returns a func that ends a blocked read of req's public body (or does nothing).
+func bodyAborter(req *http.Request) func() {
+	if f, ok := req.Context().Value(abortBodyKey{}).(func()); ok {
+		return f
+	}
+	return func() {}
 }
 
 func (h *httpIngress) proxyError(w http.ResponseWriter, r *http.Request, err error) {
@@ -150,7 +165,7 @@ func (s *Server) httpConn(g *group.Group) (*memberConn, *group.Member, error) {
 		return nil, nil, errNoMember
 	}
 	t := m.Value.(*edgeTunnel)
-	if pc := t.pool.get(); pc != nil {
+	if pc := t.pool.get(s.cfg.IdleStreamTimeout); pc != nil {
 		return pc, m, nil
 	}
 	st, err := t.open("", s.cfg.OpenTimeout)
@@ -163,7 +178,7 @@ func (s *Server) httpConn(g *group.Group) (*memberConn, *group.Member, error) {
 		return nil, nil, err
 	}
 	t = retry.Value.(*edgeTunnel)
-	if pc := t.pool.get(); pc != nil {
+	if pc := t.pool.get(s.cfg.IdleStreamTimeout); pc != nil {
 		return pc, retry, nil
 	}
 	st, err = t.open("", s.cfg.OpenTimeout)
@@ -181,8 +196,9 @@ type connPool struct {
 	closed bool
 }
 
-// get returns the most recently used idle stream that is still open, or nil.
-func (p *connPool) get() *memberConn {
+// get returns the most recently used idle stream that is still open and has been idle for
+// less than maxIdle, or nil.
+func (p *connPool) get(maxIdle time.Duration) *memberConn {
 	for {
 		p.mu.Lock()
 		n := len(p.idle)
@@ -194,7 +210,7 @@ func (p *connPool) get() *memberConn {
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		if pc.alive() {
+		if time.Since(pc.idleSince) < maxIdle && pc.alive() {
 			return pc
 		}
 		pc.close()

@@ -115,5 +115,5 @@ func (s *Server) serveTCP(g *group.Group, c net.Conn) {
 		return
 	}
 	defer m.Release()
-	join(m.Value.(*edgeTunnel).sess.ctx, c, st)
+	join(m.Value.(*edgeTunnel).ctx, c, st)
 }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -18,10 +20,8 @@ import (
 const (
 	// maxIdlePerMember caps a member's pool of idle keep-alive streams.
 	maxIdlePerMember = 64
-	// idleStreamTimeout: an idle pooled stream unused this long is closed (with its
-	// connection to the backend on the connector).
-	idleStreamTimeout = 90 * time.Second
-	// idleSweepInterval is how often the janitor looks for such streams.
+	// idleSweepInterval is how often the janitor closes pooled streams idle for longer
+	// than ServerConfig.IdleStreamTimeout and lets the others drop their buffers.
 	idleSweepInterval = 30 * time.Second
 	// maxResponseHeaderBytes bounds a backend's response head, so a hostile connector
 	// cannot make the edge buffer without end.
@@ -45,6 +45,8 @@ type memberConn struct {
 	br        *bufio.Reader
 	bw        *bufio.Writer
 	idleSince time.Time
+	// unhook stops the tunnel-removal hook that closes this stream.
+	unhook func() bool
 }
 
 // headLimiter caps the bytes read while a response head is being parsed.
@@ -71,6 +73,8 @@ func (l *headLimiter) Read(p []byte) (int, error) {
 
 func newMemberConn(t *edgeTunnel, st *yamux.Stream) *memberConn {
 	pc := &memberConn{t: t, st: st}
+	// A removed tunnel's streams end with it, in flight or idle.
+	pc.unhook = context.AfterFunc(t.ctx, pc.abort)
 	pc.lim.r = st
 	// 4 KiB, as net/http's Transport: enough for a response head; bodies larger than the
 	// buffer are read straight into the proxy's copy buffer.
@@ -93,6 +97,11 @@ func (pc *memberConn) alive() bool {
 
 // close aborts the stream: pending reads and writes return at once.
 func (pc *memberConn) close() {
+	pc.unhook()
+	pc.abort()
+}
+
+func (pc *memberConn) abort() {
 	_ = pc.st.SetDeadline(pastTime)
 	_ = pc.st.Close()
 }
@@ -128,9 +137,10 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 	// A client that goes away aborts the exchange, wherever it is blocked.
 	stop := context.AfterFunc(req.Context(), pc.close)
 	var wdone chan error
+	var body *bodyReader
 	if req.Body != nil && req.Body != http.NoBody {
 		wdone = make(chan error, 1)
-		body := &bodyReader{ReadCloser: req.Body}
+		body = &bodyReader{ReadCloser: req.Body}
 		req.Body = body
 		go func() {
 			err := pc.writeRequest(req)
@@ -164,6 +174,17 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 		return nil, err
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
+		if want := req.Header.Get("Upgrade"); want == "" || !strings.EqualFold(want, resp.Header.Get("Upgrade")) {
+			// A switch nobody asked for: the proxy would refuse it without closing the
+			// body, and the member's stream slot would never be released.
+			stop()
+			pc.close()
+			if wdone != nil {
+				<-wdone
+			}
+			m.Release()
+			return nil, fmt.Errorf("backend switched to protocol %q, the request asked for %q", resp.Header.Get("Upgrade"), want)
+		}
 		if wdone != nil {
 			select {
 			case werr := <-wdone:
@@ -181,23 +202,31 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 				return nil, errors.New("backend switched protocols before reading the request body")
 			}
 		}
-		resp.Body = &upgradedConn{pc: pc, m: m, stop: stop}
+		u := &upgradedConn{pc: pc, m: m}
+		stop()
+		// Whatever the proxy does with the switch, the end of the request releases it
+		// (ReverseProxy closes it itself when it carried the connection; Close is idempotent).
+		context.AfterFunc(req.Context(), func() { _ = u.Close() })
+		resp.Body = u
 		return resp, nil
 	}
-	resp.Body = &memberBody{pc: pc, m: m, body: resp.Body, wdone: wdone, stop: stop, reusable: !resp.Close && !req.Close}
+	resp.Body = &memberBody{pc: pc, m: m, body: resp.Body, wdone: wdone, stop: stop, upload: body,
+		abortUpload: bodyAborter(req), reusable: !resp.Close && !req.Close}
 	return resp, nil
 }
 
 // memberBody is a response body read from a member. Its end decides the stream's fate:
 // read to EOF with the request fully written → back to the pool; anything else → closed.
 type memberBody struct {
-	pc       *memberConn
-	m        *group.Member
-	body     io.ReadCloser
-	wdone    chan error
-	stop     func() bool
-	reusable bool
-	once     sync.Once
+	pc          *memberConn
+	m           *group.Member
+	body        io.ReadCloser
+	wdone       chan error
+	stop        func() bool
+	upload      *bodyReader // the request body being written, or nil
+	abortUpload func()      // ends a blocked read of the public request body
+	reusable    bool
+	once        sync.Once
 }
 
 func (b *memberBody) Read(p []byte) (int, error) {
@@ -229,6 +258,11 @@ func (b *memberBody) finish(eof bool) {
 		if !reuse {
 			b.pc.close()
 			if b.wdone != nil {
+				if !b.upload.done.Load() {
+					// The writer may be waiting for the public client's next body bytes
+					// (the backend answered before reading them all): stop that read too.
+					b.abortUpload()
+				}
 				<-b.wdone
 			}
 		} else {
@@ -243,7 +277,6 @@ func (b *memberBody) finish(eof bool) {
 type upgradedConn struct {
 	pc   *memberConn
 	m    *group.Member
-	stop func() bool
 	once sync.Once
 }
 
@@ -251,22 +284,25 @@ func (u *upgradedConn) Read(p []byte) (int, error)  { return u.pc.br.Read(p) }
 func (u *upgradedConn) Write(p []byte) (int, error) { return u.pc.st.Write(p) }
 func (u *upgradedConn) Close() error {
 	u.once.Do(func() {
-		u.stop()
 		u.pc.close()
 		u.m.Release()
 	})
 	return nil
 }
 
-// bodyReader remembers why reading a request body failed.
+// bodyReader remembers why reading a request body failed, and whether it was read to the end.
 type bodyReader struct {
 	io.ReadCloser
-	err error
+	err  error       // read by the writer goroutine's owner after it finished
+	done atomic.Bool // the body was read to its end
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	if err != nil && err != io.EOF {
+	switch {
+	case err == io.EOF:
+		b.done.Store(true)
+	case err != nil:
 		b.err = err
 	}
 	return n, err

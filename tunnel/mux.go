@@ -45,23 +45,28 @@ const (
 	streamCloseTimeout = 5 * time.Minute
 )
 
+// edgeStreamOpenTimeout bounds, on the edge, how long an opened stream may wait for the
+// connector's SYN-ACK. When it expires yamux closes the *whole session*. That is right
+// here: the connector's accept loop acknowledges every stream at once (before it dials
+// its backend; the envelope acknowledgement, bounded by ServerConfig.OpenTimeout, covers
+// that), so a connector that leaves opens unacknowledged this long is broken, and without
+// a bound the edge's opens to it would block for ever once yamux's in-flight limit is
+// reached. The connector opens only its control stream and needs no such bound.
+var edgeStreamOpenTimeout = 10 * time.Second // a var so that tests can shorten it
+
 // muxConfig returns the yamux configuration for one side.
-//
-// StreamOpenTimeout is 0 (off) on purpose: when it expires yamux closes the *whole
-// session*, taking every other stream of that connector down with one slow open. The edge
-// bounds each open itself with the envelope acknowledgement deadline and then tries
-// another member, and keep-alive catches a dead peer.
 func muxConfig(log *zap.Logger, edge bool) *yamux.Config {
 	cfg := yamux.DefaultConfig()
 	cfg.AcceptBacklog = acceptBacklog
+	cfg.StreamOpenTimeout = 0
 	if edge {
 		cfg.AcceptBacklog = edgeAcceptBacklog
+		cfg.StreamOpenTimeout = edgeStreamOpenTimeout
 	}
 	cfg.EnableKeepAlive = true
 	cfg.KeepAliveInterval = keepAliveInterval
 	cfg.ConnectionWriteTimeout = connWriteTimeout
 	cfg.MaxStreamWindowSize = streamWindow
-	cfg.StreamOpenTimeout = 0
 	cfg.StreamCloseTimeout = streamCloseTimeout
 	cfg.LogOutput = nil
 	cfg.Logger = zap.NewStdLog(log.Named("yamux"))

@@ -17,6 +17,7 @@ import (
 
 	"github.com/warren-tunnel/warren/dispatch"
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/wire"
 	"github.com/warren-tunnel/warren/webhook"
 )
 
@@ -72,6 +73,12 @@ type ServerConfig struct {
 	// DrainTimeout bounds how long a draining member's open streams may run before it is
 	// removed anyway. Default 30 s.
 	DrainTimeout time.Duration
+	// IdleStreamTimeout is how long an idle keep-alive stream to a member is kept for
+	// reuse. It should be shorter than the backends' own keep-alive timeouts (5 s in Node
+	// and Apache): a request sent on a stream whose backend connection has just closed
+	// fails with 502 (it is never replayed), and a pooled stream older than this is never
+	// used. Default 4 s.
+	IdleStreamTimeout time.Duration
 	// MaxTunnelsPerSession caps the tunnels one connector session may hold. Default 16.
 	MaxTunnelsPerSession int
 	// RegisterRate and RegisterBurst limit how fast one session may register tunnels
@@ -148,6 +155,9 @@ func (c *ServerConfig) setDefaults() error {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
+	if c.IdleStreamTimeout <= 0 {
+		c.IdleStreamTimeout = 4 * time.Second
+	}
 	if c.MaxTunnelsPerSession <= 0 {
 		c.MaxTunnelsPerSession = 16
 	}
@@ -209,6 +219,7 @@ type Server struct {
 	closing      bool
 	listeners    map[net.Listener]struct{}
 	sessions     map[*edgeSession]struct{}
+	sessionByID  map[string]*edgeSession // for resuming: a reconnect ends its previous session
 	httpSrvs     map[*http.Server]struct{}
 	tcpRoutes    map[*group.Group]*tcpRoute
 	done         chan struct{} // closed when Shutdown or Close starts
@@ -272,13 +283,14 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:       cfg,
-		log:       cfg.Logger,
-		listeners: map[net.Listener]struct{}{},
-		sessions:  map[*edgeSession]struct{}{},
-		httpSrvs:  map[*http.Server]struct{}{},
-		tcpRoutes: map[*group.Group]*tcpRoute{},
-		done:      make(chan struct{}),
+		cfg:         cfg,
+		log:         cfg.Logger,
+		listeners:   map[net.Listener]struct{}{},
+		sessions:    map[*edgeSession]struct{}{},
+		sessionByID: map[string]*edgeSession{},
+		httpSrvs:    map[*http.Server]struct{}{},
+		tcpRoutes:   map[*group.Group]*tcpRoute{},
+		done:        make(chan struct{}),
 	}
 	if err := s.initObservability(); err != nil {
 		return nil, err
@@ -561,7 +573,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
-	s.closeSessions("edge shutting down")
+	s.alerts.stop()
+	s.closeSessions("edge shutting down", true)
 	waited := make(chan struct{})
 	go func() { s.wg.Wait(); close(waited) }()
 	select {
@@ -593,7 +606,8 @@ func (s *Server) Close() error {
 		_ = hs.Close()
 	}
 	s.closeTCPListeners()
-	s.closeSessions("edge closed")
+	s.alerts.stop() // groups vanishing because the edge stops is not an outage to page about
+	s.closeSessions("edge closed", false)
 	s.cancel()
 	s.wg.Wait()
 	<-s.publicConns.idle() // net/http's connection goroutines end within its 500 ms linger
@@ -618,16 +632,38 @@ func (s *Server) beginClose() ([]net.Listener, []*http.Server) {
 	return ls, hs
 }
 
-func (s *Server) closeSessions(reason string) {
+// closeSessions ends every connector session. With goodbye, each connector is first told
+// why, in parallel, for at most goodbyeTimeout in all (a stalled connector cannot hold the
+// others or the caller); then every session is closed.
+func (s *Server) closeSessions(reason string, goodbye bool) {
 	s.mu.Lock()
 	var sess []*edgeSession
 	for e := range s.sessions {
 		sess = append(sess, e)
 	}
 	s.mu.Unlock()
-	for _, e := range sess {
-		e.closeWithError(&sessionError{code: "shutting_down", msg: reason})
+	var wg sync.WaitGroup
+	if goodbye {
+		bye := &sessionError{code: wire.CodeShuttingDown, msg: reason}
+		said := make(chan struct{}, len(sess))
+		for _, e := range sess {
+			wg.Go(func() { e.goodbye(bye); said <- struct{}{} })
+		}
+		t := time.NewTimer(goodbyeTimeout)
+	wait:
+		for range sess {
+			select {
+			case <-said:
+			case <-t.C:
+				break wait
+			}
+		}
+		t.Stop()
 	}
+	for _, e := range sess {
+		_ = e.mux.Close() // also ends any goodbye still stuck in a write
+	}
+	wg.Wait()
 }
 
 func (s *Server) activeStreams() int64 {
@@ -652,7 +688,7 @@ func (s *Server) janitor() {
 			for _, g := range s.registry.Groups() {
 				for _, m := range g.Members() {
 					if et, ok := m.Value.(*edgeTunnel); ok {
-						et.pool.sweep(now.Add(-idleStreamTimeout))
+						et.pool.sweep(now.Add(-s.cfg.IdleStreamTimeout))
 					}
 				}
 			}

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
@@ -81,6 +83,17 @@ func (sp *TunnelSpec) normalize(listen bool) error {
 	if (sp.Group == "") != (sp.GroupKey == "") {
 		return fmt.Errorf("tunnel: %w: group and group key go together", ErrInvalid)
 	}
+	for _, f := range []struct {
+		name, value string
+		max         int
+	}{
+		{"subdomain", sp.Subdomain, wire.MaxLabelLen}, {"name", sp.Name, wire.MaxLabelLen},
+		{"group", sp.Group, wire.MaxGroupLen}, {"alert webhook", sp.AlertWebhook, wire.MaxURLLen},
+	} {
+		if len(f.value) > f.max {
+			return fmt.Errorf("tunnel: %w: %s is %d bytes, the limit is %d", ErrInvalid, f.name, len(f.value), f.max)
+		}
+	}
 	if sp.GroupKey != "" {
 		h := sha256.Sum256([]byte(sp.GroupKey))
 		sp.keyHash, sp.GroupKey = hex.EncodeToString(h[:]), "" // the raw key is not kept
@@ -89,6 +102,9 @@ func (sp *TunnelSpec) normalize(listen bool) error {
 		spec := h.WithDefaults()
 		if err := spec.Validate(); err != nil {
 			return fmt.Errorf("tunnel: %w: health check: %v", ErrInvalid, err)
+		}
+		if len(spec.Path) > wire.MaxURLLen {
+			return fmt.Errorf("tunnel: %w: health check path is longer than %d bytes", ErrInvalid, wire.MaxURLLen)
 		}
 		if listen && spec.Type != health.TypeFunc {
 			return fmt.Errorf("tunnel: %w: a Listen tunnel has no local address to probe; use a health.TypeFunc check", ErrInvalid)
@@ -119,6 +135,7 @@ type clientTunnel struct {
 	spec   TunnelSpec
 	target string           // Forward: the local address
 	accept chan *streamConn // Listen: hands streams to Accept
+	regMu  sync.Mutex       // one registration attempt at a time
 
 	mu        sync.Mutex
 	conn      *clientConn // where it is registered now; nil while not
@@ -139,7 +156,7 @@ func (s *Session) newTunnel(spec TunnelSpec) *clientTunnel {
 // add registers t on the live connection and keeps it for re-registration.
 func (s *Session) add(ctx context.Context, t *clientTunnel) error {
 	s.mu.Lock()
-	if s.closing {
+	if s.closing || s.shuttingDown {
 		s.mu.Unlock()
 		return ErrSessionClosed
 	}
@@ -149,44 +166,77 @@ func (s *Session) add(ctx context.Context, t *clientTunnel) error {
 		c, err := s.liveConn(ctx)
 		if err == nil {
 			err = s.registerOn(ctx, c, t)
-			if err != nil && !errors.Is(err, ErrRejected) && ctx.Err() == nil && !errors.Is(err, ErrSessionClosed) {
+			if errors.Is(err, errConnLost) && ctx.Err() == nil {
 				continue // the connection failed under us: wait for the next one
 			}
 		}
 		if err != nil {
-			s.mu.Lock()
-			delete(s.tunnels, t)
-			s.mu.Unlock()
+			t.fail(err) // also takes it out of s.tunnels
 			return err
 		}
 		return nil
 	}
 }
 
-// registerOn registers t on c.
+// errConnLost: the connection a registration was sent on went away before the answer.
+var errConnLost = errors.New("tunnel: connection lost while registering")
+
+// registerOn registers t on c. Registrations of one tunnel are serialised, and a tunnel
+// already registered on c is left alone, so a Forward racing the reconnect logic registers
+// it once. Errors: a *RejectedError (wrapping ErrRejected), errConnLost, ErrTunnelClosed
+// (closed meanwhile), ErrInvalid (the spec cannot be encoded) or ctx's error.
 func (s *Session) registerOn(ctx context.Context, c *clientConn, t *clientTunnel) error {
+	t.regMu.Lock()
+	defer t.regMu.Unlock()
+	t.mu.Lock()
+	already, closing := t.conn == c, t.closing
+	t.mu.Unlock()
+	switch {
+	case already:
+		return nil
+	case closing:
+		return ErrTunnelClosed
+	}
 	req := t.spec.register(s.reqs.Add(1))
 	ch := make(chan wire.Message, 1)
 	c.mu.Lock()
 	c.pending[req.Req] = ch
 	c.registering[req.Req] = t
 	c.mu.Unlock()
+	forget := func() (answered bool) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		_, pending := c.pending[req.Req]
+		delete(c.pending, req.Req)
+		delete(c.registering, req.Req)
+		return !pending
+	}
 	if err := c.send(req); err != nil {
+		forget()
+		if errors.Is(err, wire.ErrMalformed) {
+			return fmt.Errorf("tunnel: %w: %v", ErrInvalid, err) // the connection is fine
+		}
 		_ = c.mux.Close()
-		return fmt.Errorf("tunnel: sending register: %w", err)
+		return fmt.Errorf("%w: %v", errConnLost, err)
 	}
 	var resp wire.Message
 	select {
 	case m, ok := <-ch:
 		if !ok {
-			return errors.New("tunnel: connection lost while registering")
+			return errConnLost
 		}
 		resp = m
+	case <-c.mux.CloseChan():
+		forget()
+		return errConnLost
 	case <-ctx.Done():
-		c.mu.Lock()
-		delete(c.pending, req.Req)
-		delete(c.registering, req.Req)
-		c.mu.Unlock()
+		if forget() {
+			// The answer is on its way already (readControl took it): a registration must
+			// not outlive the caller who gave up on it.
+			if r, ok := (<-ch).(*wire.Registered); ok {
+				c.drop(r.TunnelID)
+			}
+		}
 		return ctx.Err()
 	}
 	switch r := resp.(type) {
@@ -194,6 +244,11 @@ func (s *Session) registerOn(ctx context.Context, c *clientConn, t *clientTunnel
 		return &RejectedError{Code: r.Code, Message: r.Message}
 	case *wire.Registered:
 		t.mu.Lock()
+		if t.closing { // closed while the registration was in flight
+			t.mu.Unlock()
+			c.drop(r.TunnelID)
+			return ErrTunnelClosed
+		}
 		t.conn, t.id, t.url, t.port, t.groupName = c, r.TunnelID, r.URL, r.Port, r.Group
 		t.drained = make(chan string, 1)
 		t.mu.Unlock()
@@ -234,11 +289,18 @@ func (t *clientTunnel) startProbe(c *clientConn, id string) {
 	s.wg.Go(func() { _ = p.Run(ctx) })
 }
 
+// truncateReason fits a probe's reason into the wire limit: valid UTF-8 (so that encoding
+// cannot make it longer) cut on a character boundary.
 func truncateReason(r string) string {
-	if len(r) > wire.MaxReasonLen {
-		return r[:wire.MaxReasonLen]
+	r = strings.ToValidUTF8(r, "?")
+	if len(r) <= wire.MaxReasonLen {
+		return r
 	}
-	return r
+	cut := wire.MaxReasonLen
+	for cut > 0 && !utf8.RuneStart(r[cut]) {
+		cut--
+	}
+	return r[:cut]
 }
 
 // serve carries one data stream of connection c to the tunnel's target.
@@ -505,11 +567,17 @@ func (c *streamConn) Write(p []byte) (int, error) {
 	return c.Stream.Write(p)
 }
 
-// CloseWrite half-closes: the peer reads EOF, and this side can still read.
-func (c *streamConn) CloseWrite() error { return c.Stream.Close() }
+// CloseWrite half-closes: the peer reads EOF, and this side can still read. The stream was
+// accepted, so its acknowledgement goes first.
+func (c *streamConn) CloseWrite() error {
+	_ = c.ack()
+	return c.Stream.Close()
+}
 
-// Close closes both directions: pending reads return at once.
+// Close closes both directions: pending reads return at once. The stream was accepted, so
+// its acknowledgement goes first.
 func (c *streamConn) Close() error {
+	_ = c.ack()
 	_ = c.Stream.SetReadDeadline(pastTime)
 	return c.Stream.Close()
 }

@@ -19,6 +19,12 @@ type Hello struct {
 	Token   string `json:"token,omitempty"`
 	// Client names the connector software, for logs ("warren/0.1").
 	Client string `json:"client,omitempty"`
+	// ResumeSession and ResumeToken, sent on a reconnect, name the connector's previous
+	// session and prove it owned it (the token came in that session's Welcome). If the edge
+	// still holds that session (it has not noticed the connection died), it ends it first, so
+	// that the connector's tunnels can register again at once.
+	ResumeSession string `json:"resume_session,omitempty"`
+	ResumeToken   string `json:"resume_token,omitempty"`
 }
 
 // Welcome accepts a Hello.
@@ -26,6 +32,8 @@ type Welcome struct {
 	Version   int    `json:"version"`
 	SessionID string `json:"session_id"`
 	RegionID  string `json:"region_id,omitempty"`
+	// ResumeToken is the secret a later Hello presents to end this session (see Hello).
+	ResumeToken string `json:"resume_token,omitempty"`
 }
 
 // Error codes carried by Error and Rejected. The connector maps them back to sentinel errors.
@@ -34,6 +42,7 @@ const (
 	CodeUnsupportedVersion = "unsupported_version"
 	CodeProtocol           = "protocol_error"
 	CodeShuttingDown       = "shutting_down"
+	CodeUnavailable        = "unavailable" // a transient failure (e.g. the authenticator): retry
 	CodeKeyMismatch        = "group_key_mismatch"
 	CodeInUse              = "in_use"
 	CodeProtoMismatch      = "proto_mismatch"
@@ -76,8 +85,8 @@ type Register struct {
 	// Req is chosen by the connector and echoed in Registered or Rejected.
 	Req   uint32 `json:"req"`
 	Proto string `json:"proto"`
-	// Label is the subdomain for http/https, the group name for grouped tcp, and a
-	// display name for solo tcp.
+	// Label is the subdomain for http/https, and a display name for tcp (a grouped TCP
+	// tunnel's route is its group name).
 	Label string `json:"label"`
 	// Group is the pool's display name; empty for a solo tunnel.
 	Group string `json:"group,omitempty"`
@@ -185,12 +194,14 @@ func firstErr(errs ...error) error {
 
 // Validate implements Message.
 func (m *Hello) Validate() error {
-	return firstErr(maxLen("token", m.Token, MaxTokenLen), maxLen("client", m.Client, MaxLabelLen))
+	return firstErr(maxLen("token", m.Token, MaxTokenLen), maxLen("client", m.Client, MaxLabelLen),
+		maxLen("resume_session", m.ResumeSession, MaxTunnelIDLen), maxLen("resume_token", m.ResumeToken, MaxTunnelIDLen))
 }
 
 // Validate implements Message.
 func (m *Welcome) Validate() error {
-	return firstErr(maxLen("session_id", m.SessionID, MaxTunnelIDLen), maxLen("region_id", m.RegionID, MaxLabelLen))
+	return firstErr(maxLen("session_id", m.SessionID, MaxTunnelIDLen), maxLen("region_id", m.RegionID, MaxLabelLen),
+		maxLen("resume_token", m.ResumeToken, MaxTunnelIDLen))
 }
 
 // Validate implements Message.
