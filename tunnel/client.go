@@ -113,7 +113,7 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 		}
 		raw = tc
 	}
-	mux, err := newMux(raw, false, s.log)
+	mux, err := newMux(raw, false, s.log, 0)
 	if err != nil {
 		_ = raw.Close()
 		return nil, err
@@ -488,25 +488,13 @@ func (c *clientConn) readControl() {
 		}
 		switch m := msg.(type) {
 		case *wire.Registered:
-			// Route the tunnel's streams before anyone learns the registration succeeded:
-			// the edge may dispatch to it at once.
-			c.mu.Lock()
-			t := c.registering[m.Req]
-			if t != nil {
-				c.byID[m.TunnelID] = t
-				close(c.routed)
-				c.routed = make(chan struct{})
-			}
-			c.mu.Unlock()
-			if t == nil {
+			if !c.reply(m.Req, m, m.TunnelID) {
 				// Nobody waits for it any more (the caller's context ended): do not leave an
 				// orphan member on the edge.
 				c.drop(m.TunnelID)
-				continue
 			}
-			c.reply(m.Req, m)
 		case *wire.Rejected:
-			c.reply(m.Req, m)
+			c.reply(m.Req, m, "")
 		case *wire.Deregistered:
 			c.mu.Lock()
 			t := c.byID[m.TunnelID]
@@ -536,15 +524,27 @@ func (c *clientConn) drop(id string) {
 	_ = c.send(&wire.Deregister{TunnelID: id})
 }
 
-func (c *clientConn) reply(req uint32, m wire.Message) {
+// reply hands the answer to registration req to its waiter and reports whether there was
+// one. For a registration (tunnelID set) it first routes the tunnel's streams: the edge may
+// dispatch to it before anyone learns the registration succeeded. Taking the waiter and
+// routing happen in one critical section, so a waiter that gives up either finds its request
+// still pending (and this answer is then dropped here) or receives the answer (and drops it).
+func (c *clientConn) reply(req uint32, m wire.Message, tunnelID string) bool {
 	c.mu.Lock()
-	ch := c.pending[req]
+	ch, t := c.pending[req], c.registering[req]
 	delete(c.pending, req)
 	delete(c.registering, req)
-	c.mu.Unlock()
-	if ch != nil {
-		ch <- m
+	if ch != nil && t != nil && tunnelID != "" {
+		c.byID[tunnelID] = t
+		close(c.routed)
+		c.routed = make(chan struct{})
 	}
+	c.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	ch <- m
+	return true
 }
 
 // acceptStreams serves the data streams the edge opens until the connection ends.

@@ -80,7 +80,7 @@ func newID() string {
 func (s *Server) newSession(c net.Conn) (*edgeSession, error) {
 	id := newID()
 	log := s.log.With(zap.String("session", id), zap.String("remote", c.RemoteAddr().String()))
-	mux, err := newMux(c, true, log)
+	mux, err := newMux(c, true, log, s.cfg.OpenTimeout)
 	if err != nil {
 		return nil, err
 	}

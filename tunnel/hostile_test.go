@@ -21,7 +21,7 @@ import (
 func rawControl(t *testing.T, addr string) (*yamux.Session, net.Conn) {
 	c, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
-	mux, err := yamux.Client(c, muxConfig(zap.NewNop(), false))
+	mux, err := yamux.Client(c, muxConfig(zap.NewNop(), false, 0))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mux.Close() })
 	st, err := mux.OpenStream()
@@ -97,7 +97,7 @@ func TestHostileConnectorsLeaveOthersServing(t *testing.T) {
 	t.Run("no control stream at all", func(t *testing.T) {
 		c, err := net.Dial("tcp", e.controlAddr)
 		require.NoError(t, err)
-		mux, err := yamux.Client(c, muxConfig(zap.NewNop(), false))
+		mux, err := yamux.Client(c, muxConfig(zap.NewNop(), false, 0))
 		require.NoError(t, err)
 		defer mux.Close()
 		select {

@@ -45,23 +45,26 @@ const (
 	streamCloseTimeout = 5 * time.Minute
 )
 
-// edgeStreamOpenTimeout bounds, on the edge, how long an opened stream may wait for the
-// connector's SYN-ACK. When it expires yamux closes the *whole session*. That is right
-// here: the connector's accept loop acknowledges every stream at once (before it dials
-// its backend; the envelope acknowledgement, bounded by ServerConfig.OpenTimeout, covers
-// that), so a connector that leaves opens unacknowledged this long is broken, and without
-// a bound the edge's opens to it would block for ever once yamux's in-flight limit is
-// reached. The connector opens only its control stream and needs no such bound.
-var edgeStreamOpenTimeout = 10 * time.Second // a var so that tests can shorten it
-
-// muxConfig returns the yamux configuration for one side.
-func muxConfig(log *zap.Logger, edge bool) *yamux.Config {
+// muxConfig returns the yamux configuration for one side. openTimeout is the edge's
+// ServerConfig.OpenTimeout (unused on the connector).
+//
+// StreamOpenTimeout bounds, on the edge, how long an opened stream may wait for the
+// connector's SYN-ACK; when it expires yamux closes the *whole session*. That is right here:
+// the connector's accept loop acknowledges every stream at once (before it dials its
+// backend), so a connector that leaves an open unacknowledged that long is broken, and
+// without a bound the edge's opens to it would block for ever once yamux's limit of
+// unacknowledged opens is reached. It is 9/10 of OpenTimeout, the edge's deadline for the
+// whole open (SYN-ACK, then the envelope's acknowledgement after the backend dial): it must
+// fire first, because closing a stream that was never acknowledged cancels yamux's timer and
+// leaves its slot taken for streamCloseTimeout. The connector opens only its control stream
+// and needs no such bound.
+func muxConfig(log *zap.Logger, edge bool, openTimeout time.Duration) *yamux.Config {
 	cfg := yamux.DefaultConfig()
 	cfg.AcceptBacklog = acceptBacklog
 	cfg.StreamOpenTimeout = 0
 	if edge {
 		cfg.AcceptBacklog = edgeAcceptBacklog
-		cfg.StreamOpenTimeout = edgeStreamOpenTimeout
+		cfg.StreamOpenTimeout = max(openTimeout*9/10, time.Millisecond)
 	}
 	cfg.EnableKeepAlive = true
 	cfg.KeepAliveInterval = keepAliveInterval
@@ -73,11 +76,12 @@ func muxConfig(log *zap.Logger, edge bool) *yamux.Config {
 	return cfg
 }
 
-// newMux starts a yamux session over conn (wrapped in a muxConn to save system calls).
-func newMux(conn net.Conn, server bool, log *zap.Logger) (*yamux.Session, error) {
+// newMux starts a yamux session over conn (wrapped in a muxConn to save system calls); the
+// edge passes its OpenTimeout, the connector 0.
+func newMux(conn net.Conn, server bool, log *zap.Logger, openTimeout time.Duration) (*yamux.Session, error) {
 	mc := newMuxConn(conn)
 	if server {
-		return yamux.Server(mc, muxConfig(log, true))
+		return yamux.Server(mc, muxConfig(log, true, openTimeout))
 	}
-	return yamux.Client(mc, muxConfig(log, false))
+	return yamux.Client(mc, muxConfig(log, false, 0))
 }

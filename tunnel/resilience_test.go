@@ -97,7 +97,7 @@ func TestLateRegisteredIsDeregistered(t *testing.T) {
 		if err != nil {
 			return
 		}
-		mux, err := yamux.Server(c, muxConfig(zap.NewNop(), true))
+		mux, err := yamux.Server(c, muxConfig(zap.NewNop(), true, 10*time.Second))
 		if err != nil {
 			return
 		}

@@ -433,12 +433,6 @@ func (t *clientTunnel) finish(err error) {
 	t.s.mu.Unlock()
 }
 
-func (t *clientTunnel) isClosing() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.closing
-}
-
 func (t *clientTunnel) addr() net.Addr {
 	t.mu.Lock()
 	defer t.mu.Unlock()
