@@ -60,27 +60,32 @@ func (t *edgeTunnel) open(remoteAddr string, timeout time.Duration) (*yamux.Stre
 	return st, nil
 }
 
-// dialGroup picks a member of g and opens a stream to it. If the open fails, it picks one
-// other member, once. The returned member holds an acquired stream slot: the caller must
-// Release it when the stream ends.
-func (s *Server) dialGroup(g *group.Group, remoteAddr string) (*yamux.Stream, *group.Member, error) {
+// withRetry picks a member of g and connects to it; if connecting fails (only opening the
+// stream can fail here, before any payload is written), it picks one other member, once. The
+// returned member holds an acquired stream slot: the caller must Release it when done.
+func withRetry[T any](g *group.Group, connect func(*edgeTunnel) (T, error)) (T, *group.Member, error) {
+	var zero T
 	m := g.Pick()
 	if m == nil {
-		return nil, nil, errNoMember
+		return zero, nil, errNoMember
 	}
-	st, err := m.Value.(*edgeTunnel).open(remoteAddr, s.cfg.OpenTimeout)
+	v, err := connect(m.Value.(*edgeTunnel))
 	if err == nil {
-		return st, m, nil
+		return v, m, nil
 	}
 	m.Release()
 	retry := g.PickExcept(m)
 	if retry == nil {
-		return nil, nil, err
+		return zero, nil, err
 	}
-	st, err = retry.Value.(*edgeTunnel).open(remoteAddr, s.cfg.OpenTimeout)
-	if err != nil {
+	if v, err = connect(retry.Value.(*edgeTunnel)); err != nil {
 		retry.Release()
-		return nil, nil, err
+		return zero, nil, err
 	}
-	return st, retry, nil
+	return v, retry, nil
+}
+
+// dialGroup opens a data stream to a member of g for a TCP connection from remoteAddr.
+func (s *Server) dialGroup(g *group.Group, remoteAddr string) (*yamux.Stream, *group.Member, error) {
+	return withRetry(g, func(t *edgeTunnel) (*yamux.Stream, error) { return t.open(remoteAddr, s.cfg.OpenTimeout) })
 }

@@ -160,33 +160,16 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // httpConn returns a stream to a member of g ready for one request: a pooled idle stream
 // to the picked member, or a fresh one. A failed open is retried once on another member.
 func (s *Server) httpConn(g *group.Group) (*memberConn, *group.Member, error) {
-	m := g.Pick()
-	if m == nil {
-		return nil, nil, errNoMember
-	}
-	t := m.Value.(*edgeTunnel)
-	if pc := t.pool.get(s.cfg.IdleStreamTimeout); pc != nil {
-		return pc, m, nil
-	}
-	st, err := t.open("", s.cfg.OpenTimeout)
-	if err == nil {
-		return newMemberConn(t, st), m, nil
-	}
-	m.Release()
-	retry := g.PickExcept(m)
-	if retry == nil {
-		return nil, nil, err
-	}
-	t = retry.Value.(*edgeTunnel)
-	if pc := t.pool.get(s.cfg.IdleStreamTimeout); pc != nil {
-		return pc, retry, nil
-	}
-	st, err = t.open("", s.cfg.OpenTimeout)
-	if err != nil {
-		retry.Release()
-		return nil, nil, err
-	}
-	return newMemberConn(t, st), retry, nil
+	return withRetry(g, func(t *edgeTunnel) (*memberConn, error) {
+		if pc := t.pool.get(s.cfg.IdleStreamTimeout); pc != nil {
+			return pc, nil
+		}
+		st, err := t.open("", s.cfg.OpenTimeout)
+		if err != nil {
+			return nil, err
+		}
+		return newMemberConn(t, st), nil
+	})
 }
 
 // connPool keeps a member's idle HTTP streams for reuse (keep-alive per member).
