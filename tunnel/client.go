@@ -47,13 +47,12 @@ type Session struct {
 
 // clientConn is one connection generation of a session.
 type clientConn struct {
-	s         *Session
-	ctx       context.Context // cancelled when the connection is lost or the session closes
-	cancel    context.CancelFunc
-	mux       *yamux.Session
-	ctrl      net.Conn
-	sessionID string
-	started   time.Time
+	s       *Session
+	ctx     context.Context // cancelled when the connection is lost or the session closes
+	cancel  context.CancelFunc
+	mux     *yamux.Session
+	ctrl    net.Conn
+	started time.Time
 
 	wmu sync.Mutex
 
@@ -160,7 +159,7 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 		cctx, ccancel := context.WithCancel(s.ctx)
 		return &clientConn{
 			ctx: cctx, cancel: ccancel, detached: make(chan struct{}), routed: make(chan struct{}),
-			s: s, mux: mux, ctrl: ctrl, sessionID: m.SessionID, started: time.Now(),
+			s: s, mux: mux, ctrl: ctrl, started: time.Now(),
 			pending: map[uint32]chan wire.Message{}, registering: map[uint32]*clientTunnel{},
 			byID: map[string]*clientTunnel{},
 		}, nil

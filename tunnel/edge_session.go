@@ -50,7 +50,6 @@ type edgeSession struct {
 	mu      sync.Mutex
 	tunnels map[string]*edgeTunnel
 	ended   bool
-	endErr  error
 
 	registrations *rate.Limiter // used only by the control goroutine
 }
@@ -259,7 +258,7 @@ func (e *edgeSession) goodbye(err *sessionError) {
 // end removes every tunnel of the session and closes it.
 func (e *edgeSession) end(err error) {
 	e.mu.Lock()
-	e.ended, e.endErr = true, err
+	e.ended = true
 	tunnels := e.tunnels
 	e.tunnels = nil
 	e.mu.Unlock()

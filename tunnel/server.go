@@ -225,7 +225,6 @@ type Server struct {
 	done         chan struct{} // closed when Shutdown or Close starts
 	closeOnce    sync.Once
 	closeOnceObs sync.Once
-	inShutdown   atomic.Bool
 
 	// requests counts public HTTP requests and TCP connections (metrics).
 	requests struct{ http, tcp atomic.Uint64 }
@@ -549,7 +548,6 @@ func (s *Server) ListenAndServe() error {
 // session (the connectors reconnect elsewhere or later). If ctx ends first, Shutdown closes
 // what remains as Close does and returns ctx's error.
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.inShutdown.Store(true)
 	listeners, httpSrvs := s.beginClose()
 
 	var hwg sync.WaitGroup
