@@ -60,32 +60,55 @@ func (t *edgeTunnel) open(remoteAddr string, timeout time.Duration) (*yamux.Stre
 	return st, nil
 }
 
-// withRetry picks a member of g and connects to it; if connecting fails (only opening the
-// stream can fail here, before any payload is written), it picks one other member, once. The
-// returned member holds an acquired stream slot: the caller must Release it when done.
-func withRetry[T any](g *group.Group, connect func(*edgeTunnel) (T, error)) (T, *group.Member, error) {
+// picker chooses the members for one request or connection: a first pick and, only when
+// no byte of the request can have reached an application, one other member, once.
+type picker struct {
+	s       *Server
+	g       *group.Group
+	last    *group.Member // the member picked last
+	started bool
+	retried bool
+}
+
+// next returns the first pick, then one member other than the last, then nil.
+func (p *picker) next() *group.Member {
+	switch {
+	case !p.started:
+		p.started = true
+		p.last = p.g.Pick()
+	case !p.retried && p.last != nil:
+		p.retried = true
+		p.last = p.g.PickExcept(p.last)
+	default:
+		return nil
+	}
+	return p.last
+}
+
+// pick picks a member and connects to it; if connecting fails (only opening the stream can
+// fail here, before any payload is written) and p's retry is unspent, it tries one other
+// member. The returned member holds an acquired stream slot: the caller must Release it when
+// done. Called again after a success, it spends the retry on one other member.
+func pick[T any](p *picker, connect func(*edgeTunnel) (T, error)) (T, *group.Member, error) {
 	var zero T
-	m := g.Pick()
-	if m == nil {
-		return zero, nil, errNoMember
+	err := errNoMember
+	for failed := false; ; failed = true {
+		m := p.next()
+		if m == nil {
+			return zero, nil, err
+		}
+		if failed {
+			p.s.retries.open.Add(1)
+		}
+		var v T
+		if v, err = connect(m.Value.(*edgeTunnel)); err == nil {
+			return v, m, nil
+		}
+		m.Release()
 	}
-	v, err := connect(m.Value.(*edgeTunnel))
-	if err == nil {
-		return v, m, nil
-	}
-	m.Release()
-	retry := g.PickExcept(m)
-	if retry == nil {
-		return zero, nil, err
-	}
-	if v, err = connect(retry.Value.(*edgeTunnel)); err != nil {
-		retry.Release()
-		return zero, nil, err
-	}
-	return v, retry, nil
 }
 
 // dialGroup opens a data stream to a member of g for a TCP connection from remoteAddr.
 func (s *Server) dialGroup(g *group.Group, remoteAddr string) (*yamux.Stream, *group.Member, error) {
-	return withRetry(g, func(t *edgeTunnel) (*yamux.Stream, error) { return t.open(remoteAddr, s.cfg.OpenTimeout) })
+	return pick(&picker{s: s, g: g}, func(t *edgeTunnel) (*yamux.Stream, error) { return t.open(remoteAddr, s.cfg.OpenTimeout) })
 }

@@ -150,17 +150,30 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if g == nil {
 		return nil, errNoMember
 	}
-	pc, m, err := t.srv.httpConn(g)
+	p := &picker{s: t.srv, g: g}
+	pc, m, err := t.srv.httpConn(p)
 	if err != nil {
 		return nil, err
 	}
-	return pc.roundTrip(req, m)
+	resp, err := pc.roundTrip(req, m)
+	if errors.Is(err, errUnread) && (req.Body == nil || req.Body == http.NoBody) && req.Context().Err() == nil {
+		// The member's backend reset its connection with the request unread (it died or
+		// dropped its queue): no byte of it reached a handler, and having no body it can be
+		// sent again, to one other member if the retry is unspent.
+		t.srv.log.Debug("backend reset the connection with the request unread; trying another member",
+			zap.String("host", req.Host), zap.String("tunnel", m.Value.(*edgeTunnel).id))
+		if pc2, m2, err2 := t.srv.httpConn(p); err2 == nil {
+			t.srv.retries.unread.Add(1)
+			return pc2.roundTrip(req, m2)
+		}
+	}
+	return resp, err
 }
 
-// httpConn returns a stream to a member of g ready for one request: a pooled idle stream
-// to the picked member, or a fresh one. A failed open is retried once on another member.
-func (s *Server) httpConn(g *group.Group) (*memberConn, *group.Member, error) {
-	return withRetry(g, func(t *edgeTunnel) (*memberConn, error) {
+// httpConn returns a stream to a member picked by p ready for one request: a pooled idle
+// stream to the picked member, or a fresh one. A failed open is retried once on another member.
+func (s *Server) httpConn(p *picker) (*memberConn, *group.Member, error) {
+	return pick(p, func(t *edgeTunnel) (*memberConn, error) {
 		if pc := t.pool.get(s.cfg.IdleStreamTimeout); pc != nil {
 			return pc, nil
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/wire"
 )
 
 const (
@@ -117,6 +118,13 @@ func (pc *memberConn) readResponse(req *http.Request) (*http.Response, error) {
 	pc.lim.left, pc.lim.limited = maxResponseHeaderBytes, true
 	defer func() { pc.lim.limited = false }()
 	for range maxInterimResponses {
+		if b, err := pc.br.Peek(1); err == nil && b[0] == wire.UnreadNotice[0] {
+			var notice [len(wire.UnreadNotice)]byte
+			if _, err := io.ReadFull(pc.br, notice[:]); err == nil && notice == wire.UnreadNotice {
+				return nil, errUnread
+			}
+			return nil, errors.New("malformed response from the backend: it begins with a zero byte")
+		}
 		resp, err := http.ReadResponse(pc.br, req)
 		if err != nil {
 			return nil, err

@@ -22,6 +22,7 @@ type collector struct {
 	srv                                      *Server
 	members, dispatches, failures            *prometheus.Desc
 	activeTunnels, requests, webhookDelivery *prometheus.Desc
+	retries                                  *prometheus.Desc
 
 	mu       sync.Mutex
 	retained map[string]uint64     // group name → dispatches of its removed pools
@@ -56,6 +57,9 @@ func newCollector(s *Server) *collector {
 		webhookDelivery: prometheus.NewDesc("warren_webhook_deliveries_total",
 			"Alert webhook deliveries, by outcome.",
 			[]string{"result"}, nil),
+		retries: prometheus.NewDesc("warren_dispatch_retries_total",
+			"Requests and connections sent to one other member, by reason: opening the stream to the first failed (open_failed), or its backend reset the connection with the bodyless request unread (reset_unread).",
+			[]string{"reason"}, nil),
 		retained: map[string]uint64{},
 		failed:   map[failureKey]uint64{},
 		removed:  map[*group.Group]uint64{},
@@ -98,7 +102,7 @@ func (c *collector) observe(ev group.Event) {
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.members, c.dispatches, c.failures, c.activeTunnels, c.requests, c.webhookDelivery} {
+	for _, d := range []*prometheus.Desc{c.members, c.dispatches, c.failures, c.activeTunnels, c.requests, c.webhookDelivery, c.retries} {
 		ch <- d
 	}
 }
@@ -186,6 +190,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(c.srv.requests.http.Load()), group.ProtoHTTP)
 	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(c.srv.requests.tcp.Load()), group.ProtoTCP)
+	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(c.srv.retries.open.Load()), "open_failed")
+	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(c.srv.retries.unread.Load()), "reset_unread")
 	deliveries := c.srv.alerts.deliveries()
 	for _, r := range []webhook.Result{webhook.ResultSuccess, webhook.ResultFailure, webhook.ResultRefused, webhook.ResultDropped} {
 		if _, ok := deliveries[r]; !ok {

@@ -228,6 +228,9 @@ type Server struct {
 
 	// requests counts public HTTP requests and TCP connections (metrics).
 	requests struct{ http, tcp atomic.Uint64 }
+	// retries counts dispatches sent to one other member (metrics): after a failed stream
+	// open, and after a backend reset a bodyless request unread.
+	retries struct{ open, unread atomic.Uint64 }
 
 	wg sync.WaitGroup // every goroutine the server starts
 	// publicConns counts the public HTTP connections whose net/http goroutines are still

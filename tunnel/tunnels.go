@@ -334,6 +334,9 @@ func (t *clientTunnel) serve(c *clientConn, st *yamux.Stream, env wire.Envelope)
 		_ = st.Close()
 		return
 	}
+	if env.Proto != wire.ProtoTCP {
+		local = &unreadConn{Conn: local, edge: st}
+	}
 	join(c.ctx, local, st)
 }
 

@@ -41,6 +41,18 @@ const (
 	AckMalformed     Ack = 3 // the envelope could not be decoded
 )
 
+// UnreadNotice is what a connector writes on an HTTP data stream, just before ending it, when
+// its local backend reset the TCP connection (RST) while a request the edge sent was pending
+// on it: no byte of a response had come back since the request began. The kernel sends RST
+// on close only when the application left received bytes unread (or had already closed when
+// they arrived), and an HTTP server cannot run a handler before it has read the blank line
+// that ends a request head, so a bodyless request ended this way never reached a handler.
+//
+// The notice stands where a response head would begin; a response head never begins with a
+// zero byte. Edges that do not know it read a malformed response, as they would have read
+// the bare end of the stream.
+var UnreadNotice = [2]byte{0x00, 0x01}
+
 // String describes the acknowledgement.
 func (a Ack) String() string {
 	switch a {
