@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
@@ -85,6 +86,7 @@ type groupInfo struct {
 // child process, or in this process with -edge inproc.
 type edgeServer struct {
 	srv   *tunnel.Server
+	reg   *prometheus.Registry // the edge's metrics (the bench reads its retry counter)
 	stats *http.Server
 	addrs edgeAddrs
 	prof  *os.File
@@ -94,7 +96,7 @@ type edgeServer struct {
 
 // startEdgeServer starts an edge with load balancing on and its listeners on loopback.
 func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) {
-	e := &edgeServer{}
+	e := &edgeServer{reg: prometheus.NewRegistry()}
 	if o.cpuprofile != "" {
 		if e.prof, err = os.Create(o.cpuprofile); err != nil {
 			return nil, err
@@ -110,6 +112,7 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		TCPPorts:      o.tcpPorts,
 		TCPBindHost:   "127.0.0.1",
 		Logger:        log,
+		Metrics:       e.reg,
 	})
 	if err != nil {
 		e.stopProfile()
@@ -148,6 +151,14 @@ func (e *edgeServer) statsHandler() http.Handler {
 	// go tool pprof http://<stats>/debug/pprof/heap
 	mux.HandleFunc("GET /debug/pprof/", httppprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", httppprof.Profile)
+	mux.HandleFunc("GET /retries", func(w http.ResponseWriter, _ *http.Request) {
+		r, err := e.retries()
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		writeJSON(w, r)
+	})
 	mux.HandleFunc("GET /groups", func(w http.ResponseWriter, _ *http.Request) {
 		var out []groupInfo
 		for _, g := range e.srv.Registry().Groups() {
@@ -157,6 +168,39 @@ func (e *edgeServer) statsHandler() http.Handler {
 		writeJSON(w, out)
 	})
 	return mux
+}
+
+// retryCounts is the edge's warren_dispatch_retries_total, by reason.
+type retryCounts struct {
+	OpenFailed  uint64 `json:"open_failed"`
+	ResetUnread uint64 `json:"reset_unread"`
+}
+
+func (e *edgeServer) retries() (retryCounts, error) {
+	var r retryCounts
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		return r, err
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "warren_dispatch_retries_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() != "reason" {
+					continue
+				}
+				switch v := uint64(m.GetCounter().GetValue()); l.GetValue() {
+				case "open_failed":
+					r.OpenFailed = v
+				case "reset_unread":
+					r.ResetUnread = v
+				}
+			}
+		}
+	}
+	return r, nil
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -423,6 +467,13 @@ func (e *edge) cpu() time.Duration {
 	}
 	d, _ := readCPU(e.PID)
 	return d
+}
+
+// retries returns the edge's retry counters.
+func (e *edge) retries(ctx context.Context) (retryCounts, error) {
+	var r retryCounts
+	err := e.getJSON(ctx, "/retries", &r)
+	return r, err
 }
 
 // groups returns the edge's groups.

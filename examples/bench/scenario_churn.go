@@ -85,8 +85,9 @@ func (c failClass) why() string {
 		return "the killed backend had read these requests (its handler ran) when its connection was closed, so no answer came; " +
 			"the edge answered 502 and, by design, never replays a request that may have reached an app"
 	case c.fate == fateNone && c.timing == timingInFlight:
-		return "these had been written towards the killed backend before the kill (in the connector's connection to it or its socket buffer) but not yet handed to a handler; " +
-			"they died with that connection, and the edge, which had written them, may not retry them: 502"
+		return "the killed backend's server had already read these from its socket (so its close was an orderly FIN, not a reset) but not yet handed them to a handler; " +
+			"from outside the backend that cannot be told apart from a request that reached its app, so the edge answers 502 and does not replay them. " +
+			"Requests still unread in the backend's socket or accept queue were reset by its kernel, the connector said so, and the edge sent them to another member (counted above)"
 	case c.fate == fateNone && c.timing == timingAfter:
 		return "these were dispatched to the killed member while or just after the kill closed its backend connections (it closes them one by one), on a kept-alive stream whose backend connection was gone or going: " +
 			"the connector's close of that stream had not reached the edge yet, so the edge wrote the request and could no longer retry it: 502. " +
@@ -215,6 +216,10 @@ func (b *bench) churnKill(ctx context.Context, env *churnEnv) (churnRun, error) 
 	}
 	be := env.backends[0]
 	addr := be.addr
+	before, err := env.e.retries(ctx)
+	if err != nil {
+		return run, err
+	}
 	killAt := time.Now()
 	killed := be.kill()
 	killedDone := time.Since(killAt)
@@ -247,12 +252,18 @@ func (b *bench) churnKill(ctx context.Context, env *churnEnv) (churnRun, error) 
 		return run, err
 	}
 	run.res, stopped = l.stop(), true
+	after, err := env.e.retries(ctx)
+	if err != nil {
+		return run, err
+	}
 	left := "did not leave the rotation while down"
 	if leftAt >= 0 {
 		left = fmt.Sprintf("left the rotation after %s", fmtDur(leftAt))
 	}
 	run.events = []string{fmt.Sprintf("backend killed (listener and connections closed in %s), its member %s, restarted at %s, healthy again at %s",
-		fmtDur(killedDone), left, fmtDur(restartAt), fmtDur(backAt))}
+		fmtDur(killedDone), left, fmtDur(restartAt), fmtDur(backAt)),
+		fmt.Sprintf("the edge sent %d requests to another member because opening a stream to the dead backend's member failed, and %d because the backend reset its connection with the request unread",
+			after.OpenFailed-before.OpenFailed, after.ResetUnread-before.ResetUnread)}
 	run.classes = classify(run.res.failures, killAt, killed, env.lives())
 	return run, nil
 }
