@@ -5,9 +5,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,9 +40,14 @@ func TestSmoke(t *testing.T) {
 	rep, err := run(ctx, args, &stdout, &stderr)
 	require.NoError(t, err, "stderr:\n%s", stderr.String())
 
-	require.Len(t, rep.http, 3, "tiny and 64 KiB at -clients, tiny at -latency-clients")
-	require.Equal(t, 1, rep.http[2].clients)
-	require.False(t, rep.http[2].targets, "the targets are set at -clients")
+	require.Len(t, rep.http, 4, "tiny and 64 KiB at -clients, tiny paced at -clients, tiny at -latency-clients")
+	require.Equal(t, 1, rep.http[3].clients)
+	require.False(t, rep.http[3].targets, "the targets are set at -clients")
+	paced := rep.http[2]
+	require.InDelta(t, 0.5*rep.http[0].tunnel[0].rps(), paced.rate, 1e-6, "paced at half the tunnel's closed-loop rate")
+	for _, r := range []loadResult{paced.tunnel[0], paced.direct[0]} {
+		require.LessOrEqual(t, float64(r.requests()), paced.rate*r.elapsed.Seconds()+4, "the clients kept to the pace")
+	}
 	for _, h := range rep.http {
 		require.Len(t, h.tunnel, 1)
 		require.Len(t, h.direct, 1)
@@ -92,6 +100,36 @@ func TestSmoke(t *testing.T) {
 	children.Lock()
 	defer children.Unlock()
 	require.Empty(t, children.m, "every edge process was stopped")
+}
+
+// TestPacedLoad: paced clients start requests at the given rate, never faster, and an answer
+// that comes late delays the requests behind it, which count the delay in their latency.
+func TestPacedLoad(t *testing.T) {
+	var slow atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if slow.Swap(false) {
+			time.Sleep(100 * time.Millisecond) // one stall: the requests due meanwhile wait
+		}
+		_, _ = io.WriteString(w, "abc")
+	}))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	o := loadOptions{clients: 2, rate: 200, expectLen: 3, targets: []loadTarget{{url: srv.URL}}}
+	r, err := runLoad(ctx, o, 0, 500*time.Millisecond, func() { slow.Store(true) })
+	require.NoError(t, err)
+	require.Zero(t, r.failed)
+	require.LessOrEqual(t, float64(r.requests()), 200*r.elapsed.Seconds()+2, "never faster than the pace")
+	require.GreaterOrEqual(t, float64(r.requests()), 0.5*200*r.elapsed.Seconds(), "kept roughly to the pace")
+	// The stalled client's next requests were due during the stall (every 10 ms): several
+	// of them count tens of milliseconds, not the microseconds they took once sent.
+	var delayed int
+	for _, l := range r.lat {
+		if time.Duration(l) >= 20*time.Millisecond {
+			delayed++
+		}
+	}
+	require.GreaterOrEqual(t, delayed, 3, "latencies: p50 %v, max %v", r.pct(0.5), r.pct(1))
 }
 
 // TestOnly runs just the TCP scenario with the edge in this process.

@@ -25,6 +25,12 @@ type loadOptions struct {
 	targets   []loadTarget // client i uses targets[i%len(targets)]
 	expectLen int64        // the body length every answer must have
 	tagIDs    bool         // send a unique reqIDHeader with each request
+	// rate, when positive, paces the clients: together they start rate requests per second,
+	// evenly spread, instead of each sending its next request as soon as the last one ended.
+	// A request held back because the one before it answered late counts its latency from
+	// the time it was due, so a stall shows in the latency of the requests behind it too (no
+	// coordinated omission).
+	rate float64
 }
 
 // failure is one failed request: a transport error, a status other than 200, or a short
@@ -70,7 +76,7 @@ func startLoad(ctx context.Context, o loadOptions) *load {
 		c := &loadClient{lat: make([]int64, 0, 1<<14)}
 		l.clients = append(l.clients, c)
 		t := o.targets[i%len(o.targets)]
-		l.wg.Go(func() { l.client(ctx, c, t) })
+		l.wg.Go(func() { l.client(ctx, c, t, i) })
 	}
 	return l
 }
@@ -123,7 +129,7 @@ func (l *load) stop() loadResult {
 	return r
 }
 
-func (l *load) client(ctx context.Context, c *loadClient, t loadTarget) {
+func (l *load) client(ctx context.Context, c *loadClient, t loadTarget, index int) {
 	d := &net.Dialer{Timeout: 5 * time.Second}
 	tr := &http.Transport{
 		Proxy: nil,
@@ -149,13 +155,34 @@ func (l *load) client(ctx context.Context, c *loadClient, t loadTarget) {
 		req.Host = t.host
 	}
 	buf := make([]byte, 32<<10)
+	var interval time.Duration
+	var due time.Time
+	if l.opts.rate > 0 {
+		interval = time.Duration(float64(l.opts.clients) / l.opts.rate * float64(time.Second))
+		due = time.Now().Add(interval * time.Duration(index) / time.Duration(l.opts.clients))
+	}
 	for !l.stopping.Load() && ctx.Err() == nil {
+		var start time.Time
+		if interval > 0 {
+			// Early: wait, and count from the moment the request goes out (the timer's
+			// own lateness is not the system's). Late, because the last answer came after
+			// this request was due: count from when it was due.
+			if d := time.Until(due); d > 0 {
+				time.Sleep(d)
+				start = time.Now()
+			} else {
+				start = due
+			}
+			due = due.Add(interval)
+		}
 		id := requestIDs.Add(1)
 		if l.opts.tagIDs {
 			req.Header.Set(reqIDHeader, strconv.FormatUint(id, 10))
 		}
 		rec := l.recording.Load()
-		start := time.Now()
+		if interval == 0 {
+			start = time.Now()
+		}
 		status, err := roundTrip(tr, req, buf, l.opts.expectLen)
 		end := time.Now()
 		switch {

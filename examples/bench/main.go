@@ -82,6 +82,7 @@ type config struct {
 	runs           int
 	clients        int
 	latencyClients int
+	pacedFraction  float64
 	tcpBytes       int64
 	tcpStreams     int
 	ttfbConns      int
@@ -115,6 +116,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.duration, "duration", 5*time.Second, "measured time of each HTTP run (after a warm-up of a fifth of it, at most 1s)")
 	fs.IntVar(&c.runs, "runs", 3, "repetitions of each tunnel/direct pair; the table shows medians")
 	fs.IntVar(&c.clients, "clients", 32, "concurrent keep-alive HTTP clients (http and churn)")
+	fs.Float64Var(&c.pacedFraction, "paced", 0.5, "also run the tiny-response workload at -clients clients paced (open loop) at this fraction of the tunnel's closed-loop requests/s, through the tunnel and directly alike: latency at equal, unsaturated load (0: skip it)")
 	fs.IntVar(&c.latencyClients, "latency-clients", 1, "clients of an extra, unloaded tiny-response HTTP workload that shows the latency the tunnel adds without queueing (0: skip it)")
 	tcpBytes := fs.String("tcp-bytes", "1GiB", "bytes per TCP bulk stream (units B, KiB, MiB, GiB, KB, MB, GB)")
 	fs.IntVar(&c.tcpStreams, "tcp-streams", 8, "concurrent streams of the multi-stream TCP run")
@@ -153,6 +155,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-runs must be between 1 and 100, got %d", c.runs)
 	case c.clients < 1 || c.clients > 4096:
 		return nil, fmt.Errorf("-clients must be between 1 and 4096, got %d", c.clients)
+	case c.pacedFraction < 0 || c.pacedFraction > 1:
+		return nil, fmt.Errorf("-paced must be between 0 and 1, got %v", c.pacedFraction)
 	case c.latencyClients < 0 || c.latencyClients > 4096:
 		return nil, fmt.Errorf("-latency-clients must be between 0 and 4096, got %d", c.latencyClients)
 	case c.tcpStreams < 1 || c.tcpStreams > 256:
