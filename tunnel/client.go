@@ -64,6 +64,10 @@ type clientConn struct {
 	registering map[uint32]*clientTunnel // the tunnel each pending Register is for
 	byID        map[string]*clientTunnel
 	fatal       error // an Error frame the edge sent
+
+	// noticeKey tags unread notices on this connection's HTTP streams (nil: the edge gave
+	// no resume token, and the connector sends no notices).
+	noticeKey *[32]byte
 }
 
 // Dial connects a connector to the edge at addr ("host:port"), says hello with the token and
@@ -157,7 +161,12 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 		s.resumeID, s.resumeToken = m.SessionID, m.ResumeToken
 		s.mu.Unlock()
 		cctx, ccancel := context.WithCancel(s.ctx)
-		return &clientConn{
+		var key *[32]byte
+		if m.ResumeToken != "" {
+			k := wire.NoticeKey(m.ResumeToken)
+			key = &k
+		}
+		return &clientConn{noticeKey: key,
 			ctx: cctx, cancel: ccancel, detached: make(chan struct{}), routed: make(chan struct{}),
 			s: s, mux: mux, ctrl: ctrl, started: time.Now(),
 			pending: map[uint32]chan wire.Message{}, registering: map[uint32]*clientTunnel{},

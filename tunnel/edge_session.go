@@ -42,7 +42,10 @@ type edgeSession struct {
 	wmu  sync.Mutex // serialises control writes
 	ctrl net.Conn
 
-	// resumeHash is the SHA-256 of the resume token given in Welcome; ended is closed once
+	// noticeKey checks the unread notices on this session's HTTP streams (wire.NoticeKey of
+	// the resume token).
+	noticeKey [32]byte
+	// resumeHash is the SHA-256 of the resume token given in Welcome; endedCh is closed once
 	// the session's cleanup is done.
 	resumeHash [32]byte
 	endedCh    chan struct{}
@@ -188,6 +191,7 @@ func (e *edgeSession) run() error {
 	}
 	token := newID() + newID()
 	e.resumeHash = sha256.Sum256([]byte(token))
+	e.noticeKey = wire.NoticeKey(token)
 	_ = ctrl.SetReadDeadline(time.Time{})
 	if err := e.send(&wire.Welcome{Version: wire.Version, SessionID: e.id, RegionID: e.srv.cfg.RegionID, ResumeToken: token}); err != nil {
 		return err

@@ -156,7 +156,7 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	resp, err := pc.roundTrip(req, m)
-	if errors.Is(err, errUnread) && (req.Body == nil || req.Body == http.NoBody) && req.Context().Err() == nil {
+	if errors.Is(err, errUnread) && t.srv.cfg.RetryUnreadRequests && (req.Body == nil || req.Body == http.NoBody) && req.Context().Err() == nil {
 		// The member's backend reset its connection with the request unread (it died or
 		// dropped its queue): no byte of it reached a handler, and having no body it can be
 		// sent again, to one other member if the retry is unspent.

@@ -118,10 +118,14 @@ func (pc *memberConn) readResponse(req *http.Request) (*http.Response, error) {
 	pc.lim.left, pc.lim.limited = maxResponseHeaderBytes, true
 	defer func() { pc.lim.limited = false }()
 	for range maxInterimResponses {
-		if b, err := pc.br.Peek(1); err == nil && b[0] == wire.UnreadNotice[0] {
-			var notice [len(wire.UnreadNotice)]byte
-			if _, err := io.ReadFull(pc.br, notice[:]); err == nil && notice == wire.UnreadNotice {
-				return nil, errUnread
+		if b, err := pc.br.Peek(1); err == nil && wire.MaybeUnreadNotice(b) {
+			// The connector writes a notice in one frame, which arrives whole: fewer bytes
+			// at hand are a backend's own (and waiting for more could wait for ever).
+			if pc.br.Buffered() >= wire.UnreadNoticeLen {
+				notice, _ := pc.br.Peek(wire.UnreadNoticeLen)
+				if wire.IsUnreadNotice(notice, &pc.t.sess.noticeKey, pc.st.StreamID()) {
+					return nil, errUnread
+				}
 			}
 			return nil, errors.New("malformed response from the backend: it begins with a zero byte")
 		}

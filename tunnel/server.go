@@ -91,6 +91,14 @@ type ServerConfig struct {
 	// TCP connections are closed: a flood on one group cannot take all of a connector's
 	// capacity, nor the edge's.
 	MaxConcurrentPerMember int
+	// RetryUnreadRequests lets the edge send a bodyless HTTP request to one other member
+	// when the first member's backend reset its TCP connection with the request still
+	// unread (its connector says so with an unread notice: internal/wire/spec.md). The
+	// kernel resets on close only when the application left received bytes unread, so
+	// such a request never reached a handler; this saves the requests queued in a backend
+	// that dies. Off by default: the product rule lets the edge pick another member only
+	// when opening the stream fails, and never once a request byte was written.
+	RetryUnreadRequests bool
 
 	// ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes protect the public HTTP listeners
 	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB.

@@ -334,8 +334,8 @@ func (t *clientTunnel) serve(c *clientConn, st *yamux.Stream, env wire.Envelope)
 		_ = st.Close()
 		return
 	}
-	if env.Proto != wire.ProtoTCP {
-		local = &unreadConn{Conn: local, edge: st}
+	if env.Proto != wire.ProtoTCP && c.noticeKey != nil {
+		local = &unreadConn{Conn: local, st: st, key: c.noticeKey}
 	}
 	join(c.ctx, local, st)
 }

@@ -32,30 +32,6 @@ warren_dispatch_retries_total{reason="reset_unread"} %d
 	require.NoError(t, testutil.GatherAndCompare(e.obs.gatherer, strings.NewReader(want), "warren_dispatch_retries_total"))
 }
 
-// rawBackend accepts TCP connections on loopback and hands each to handle, until the test ends.
-func rawBackend(t *testing.T, handle func(net.Conn)) string {
-	t.Helper()
-	l := listenLoopback(t)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				handle(c)
-			})
-		}
-	})
-	t.Cleanup(func() {
-		_ = l.Close()
-		wg.Wait()
-	})
-	return l.Addr().String()
-}
-
 // resetAfterOneByte reads one byte of a request and closes: the rest is left unread, so the
 // kernel answers the close with a TCP reset, as it does for a backend killed with requests in
 // its socket buffer.
@@ -88,26 +64,44 @@ func countingBackend(t *testing.T) (addr string, got func(method string) int64) 
 }
 
 // TestRequestResetUnreadGoesToAnotherMember: a member's backend resets its connections with
-// the request unread (killed, or dropping its queue). Its connector says so, and the edge
-// sends the bodyless request to the other member: no request fails, none is seen twice.
+// the request unread (killed, or dropping its queue). Its connector says so, and with
+// RetryUnreadRequests the edge sends the bodyless request to the other member: no request
+// fails, none is seen twice. Without it (the default) those requests get 502, and none
+// reaches the other member either.
 func TestRequestResetUnreadGoesToAnotherMember(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
-	var resets atomic.Int64
-	liveAddr, got := countingBackend(t)
-	_, err := e.connect().Forward(ctxT(t), pool("pool"), rawBackend(t, resetAfterOneByte(&resets)))
-	require.NoError(t, err)
-	_, err = e.connect().Forward(ctxT(t), pool("pool"), liveAddr)
-	require.NoError(t, err)
+	for _, retry := range []bool{true, false} {
+		t.Run(fmt.Sprintf("RetryUnreadRequests=%v", retry), func(t *testing.T) {
+			e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: retry})
+			var resets atomic.Int64
+			liveAddr, got := countingBackend(t)
+			_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, resetAfterOneByte(&resets)))
+			require.NoError(t, err)
+			_, err = e.connect().Forward(ctxT(t), pool("pool"), liveAddr)
+			require.NoError(t, err)
 
-	const n = 40
-	for i := range n {
-		code, body := e.get("pool", fmt.Sprintf("/%d", i))
-		require.Equal(t, http.StatusOK, code, "request %d: %s", i, body)
-		require.Equal(t, "live", body)
+			const n = 40
+			failed := 0
+			for i := range n {
+				code, body := e.get("pool", fmt.Sprintf("/%d", i))
+				if retry || code == http.StatusOK {
+					require.Equal(t, http.StatusOK, code, "request %d: %s", i, body)
+					require.Equal(t, "live", body)
+					continue
+				}
+				require.Equal(t, http.StatusBadGateway, code)
+				failed++
+			}
+			require.Positive(t, resets.Load(), "the resetting member was picked")
+			if retry {
+				require.Equal(t, int64(n), got(http.MethodGet), "each request reached the live handler exactly once")
+				requireRetries(t, e, 0, resets.Load())
+			} else {
+				require.Equal(t, resets.Load(), int64(failed), "each reset request failed")
+				require.Equal(t, int64(n-failed), got(http.MethodGet), "no failed request reached the live member")
+				requireRetries(t, e, 0, 0)
+			}
+		})
 	}
-	require.Positive(t, resets.Load(), "the resetting member was picked")
-	require.Equal(t, int64(n), got(http.MethodGet), "each request reached the live handler exactly once")
-	requireRetries(t, e, 0, resets.Load())
 }
 
 // TestRequestThatMayHaveReachedAnAppIsNotReplayed: the backend reads the whole request and
@@ -131,10 +125,10 @@ func TestRequestThatMayHaveReachedAnAppIsNotReplayed(t *testing.T) {
 		{"request with a body reset unread", http.MethodPost, resetAfterOneByte},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := startEdge(t, ServerConfig{LoadBalancing: true})
+			e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: true})
 			var seen atomic.Int64
 			liveAddr, got := countingBackend(t)
-			_, err := e.connect().Forward(ctxT(t), pool("pool"), rawBackend(t, tc.handle(&seen)))
+			_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, tc.handle(&seen)))
 			require.NoError(t, err)
 			_, err = e.connect().Forward(ctxT(t), pool("pool"), liveAddr)
 			require.NoError(t, err)
@@ -199,8 +193,14 @@ var (
 	errWritePipe = &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", syscall.EPIPE)}
 )
 
+// fakeStream is the data stream for unreadConn in unit tests.
+type fakeStream struct{ bytes.Buffer }
+
+func (*fakeStream) StreamID() uint32 { return 3 }
+
 // TestUnreadNoticeOnlyWhenARequestIsPending walks the connector's tracker through exchanges:
-// the notice goes out only for a reset that follows a request line with no answer since.
+// the notice goes out only for a reset while a bodyless request is pending (or its head is
+// still going out), never after a request with a body, a 1xx, or bytes it cannot place.
 func TestUnreadNoticeOnlyWhenARequestIsPending(t *testing.T) {
 	const req = "GET /x HTTP/1.1\r\nHost: a\r\n\r\n"
 	const resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -208,6 +208,7 @@ func TestUnreadNoticeOnlyWhenARequestIsPending(t *testing.T) {
 		edge    string // bytes the edge sends, or
 		backend bool   // one backend output is read
 	}
+	long := "GET /" + strings.Repeat("a", maxTrackedHead) // a head that goes on, past the bound
 	for _, tc := range []struct {
 		name    string
 		outputs []string
@@ -219,20 +220,32 @@ func TestUnreadNoticeOnlyWhenARequestIsPending(t *testing.T) {
 		{name: "request, then reset", steps: []step{{edge: req}}, endErr: errReadReset, notice: true},
 		{name: "request, then write to a reset connection", steps: []step{{edge: req}}, werr: errWritePipe, notice: true},
 		{name: "second request on the stream, then reset", outputs: []string{resp}, steps: []step{{edge: req}, {backend: true}, {edge: req}}, endErr: errReadReset, notice: true},
+		{name: "head split over writes, then reset", steps: []step{{edge: req[:9]}, {edge: req[9:20]}, {edge: req[20:]}}, endErr: errReadReset, notice: true},
+		{name: "head still going out at the reset", steps: []step{{edge: req[:12]}}, endErr: errReadReset, notice: true},
+		{name: "bodyless POST (Content-Length: 0), then reset", steps: []step{{edge: "POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"}}, endErr: errReadReset, notice: true},
 		{name: "request, then orderly close", steps: []step{{edge: req}}, endErr: io.EOF},
 		{name: "answered, then reset", outputs: []string{resp}, steps: []step{{edge: req}, {backend: true}}, endErr: errReadReset},
 		{name: "reset with nothing asked", endErr: errReadReset},
-		{name: "body continuing after an early answer", outputs: []string{resp}, steps: []step{{edge: "POST / HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc"}, {backend: true}, {edge: "defghi"}}, endErr: errReadReset},
-		{name: "after 101 Switching Protocols", outputs: []string{"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"}, steps: []step{{edge: req}, {backend: true}, {edge: "GET / this is just data"}}, endErr: errReadReset},
+		{name: "request with a body", steps: []step{{edge: "POST / HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc"}}, endErr: errReadReset},
+		{name: "chunked request", steps: []step{{edge: "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"}}, endErr: errReadReset},
+		{name: "body continuing after an early answer", outputs: []string{resp}, steps: []step{{edge: "POST / HTTP/1.1\r\nContent-Length: 9\r\n\r\nabc"}, {backend: true}, {edge: "GET /defghi HTTP/1.1\r\n\r\n"}}, endErr: errReadReset},
+		{name: "bytes after the head (pipelined)", steps: []step{{edge: req + req}}, endErr: errReadReset},
+		{name: "more bytes after a whole head", steps: []step{{edge: req}, {edge: req}}, endErr: errReadReset},
+		{name: "a run that is not a request", steps: []step{{edge: "\x16\x03\x01 hello"}}, endErr: errReadReset},
+		{name: "head longer than tracked", steps: []step{{edge: long}, {edge: " HTTP/1.1\r\n\r\n"}}, endErr: errReadReset},
+		{name: "head growing past the bound", steps: []step{{edge: "GET /x"}, {edge: strings.Repeat("a", maxTrackedHead)}, {edge: " HTTP/1.1\r\n\r\n"}}, endErr: errReadReset},
+		{name: "whole long head in one write", steps: []step{{edge: long + " HTTP/1.1\r\n\r\n"}}, endErr: errReadReset, notice: true},
+		{name: "after 101 Switching Protocols", outputs: []string{"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n"}, steps: []step{{edge: req}, {backend: true}, {edge: req}}, endErr: errReadReset},
 		{name: "after 103 Early Hints", outputs: []string{"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"}, steps: []step{{edge: req}, {backend: true}, {edge: req}}, endErr: errReadReset},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var edge bytes.Buffer
+			key := wire.NoticeKey("t")
+			var edge fakeStream
 			fc := &fakeBackendConn{err: tc.endErr, werr: tc.werr}
 			for _, o := range tc.outputs {
 				fc.outputs = append(fc.outputs, []byte(o))
 			}
-			c := &unreadConn{Conn: fc, edge: &edge}
+			c := &unreadConn{Conn: fc, st: &edge, key: &key}
 			buf := make([]byte, 1024)
 			for _, s := range tc.steps {
 				if s.backend {
@@ -248,32 +261,34 @@ func TestUnreadNoticeOnlyWhenARequestIsPending(t *testing.T) {
 				_, err := c.Read(buf)
 				require.ErrorIs(t, err, tc.endErr)
 			}
-			wantTail := ""
+			var want []byte
 			if tc.notice {
-				wantTail = string(wire.UnreadNotice[:])
+				want = wire.AppendUnreadNotice(nil, &key, 3)
 			}
-			out := edge.String()
+			out := edge.Bytes()
 			for _, o := range tc.outputs {
-				out = strings.TrimPrefix(out, o)
+				out = bytes.TrimPrefix(out, []byte(o))
 			}
-			require.Equal(t, wantTail, out)
+			require.Equal(t, string(want), string(out))
 		})
 	}
 }
 
 // TestUnreadNoticeIsNotAResponse: an edge that reads a stream beginning with a zero byte
-// that is not the notice reports a malformed response (502), never a retry.
+// that is not the notice reports a malformed response (502), never a retry, and at once:
+// the backend here keeps its connection open after its three bytes, so an edge waiting for
+// a whole notice would leave the client waiting until its own timeout.
 func TestUnreadNoticeIsNotAResponse(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
-	var conns atomic.Int64
+	e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: true})
 	liveAddr, got := countingBackend(t)
-	_, err := e.connect().Forward(ctxT(t), pool("pool"), rawBackend(t, func(c net.Conn) {
-		conns.Add(1)
+	_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, func(c net.Conn) {
 		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-			_, _ = c.Write([]byte{0x00, 0x02, 'x'})
+			_, _ = c.Write([]byte{0x00, 0x01, 'x'})
 		}
-		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-		_, _ = io.Copy(io.Discard, c) // until the edge gives up on the stream
+		// Until the edge gives up on the stream; the bound only keeps a broken edge from
+		// pinning this goroutine past the client's timeout.
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		_, _ = io.Copy(io.Discard, c)
 	}))
 	require.NoError(t, err)
 	_, err = e.connect().Forward(ctxT(t), pool("pool"), liveAddr)
@@ -289,4 +304,98 @@ func TestUnreadNoticeIsNotAResponse(t *testing.T) {
 	}
 	require.Positive(t, failed)
 	require.Equal(t, int64(10-failed), got(http.MethodGet), "nothing was sent twice")
+}
+
+// TestBackendOutputLikeTheUnreadNoticeIsNotReplayed: the notice travels in-band, where a
+// backend's own bytes could stand (a non-HTTP or buggy backend, stray bytes after a previous
+// response on a reused stream: a body sent for HEAD/204/304, a wrong Content-Length; a
+// TrueType font begins with 00 01 00 00). Here the backend read the whole request (its
+// handler ran) and then wrote 00 01 and more: the edge must answer 502 and never send the
+// request to the other member. The notice's tag, keyed by a secret of the session that the
+// backend never sees, is what tells them apart.
+func TestBackendOutputLikeTheUnreadNoticeIsNotReplayed(t *testing.T) {
+	e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: true})
+	var handled atomic.Int64
+	liveAddr, got := countingBackend(t)
+	_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		handled.Add(1)                                                                 // the whole request was read: a handler ran for it
+		_, _ = c.Write([]byte("\x00\x01\x00\x00\x00\x0c\x00\x80\x00\x03\x00\x40OS/2")) // a TrueType font, as the notice is long
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.Copy(io.Discard, c) // until the edge gives up on the stream
+	}))
+	require.NoError(t, err)
+	_, err = e.connect().Forward(ctxT(t), pool("pool"), liveAddr)
+	require.NoError(t, err)
+
+	const n = 10
+	failed := 0
+	for i := range n {
+		code, _ := e.get("pool", fmt.Sprintf("/%d", i))
+		if code != http.StatusOK {
+			require.Equal(t, http.StatusBadGateway, code)
+			failed++
+		}
+	}
+	require.Positive(t, handled.Load(), "the member whose backend answers with zero bytes was picked")
+	require.Equal(t, int64(n), handled.Load()+got(http.MethodGet),
+		"each request reached exactly one handler (replayed: %d)", handled.Load()+got(http.MethodGet)-n)
+	require.Equal(t, int64(failed), handled.Load(), "a request the first backend read fails, it is not replayed")
+}
+
+// TestUnreadNoticeNeverInsideAResponseBody: a backend answers an upload early with a
+// streamed (close-delimited) body, more of the upload arrives (beginning like a request
+// line: upload content is the public client's to choose), and the backend closes with it
+// unread, which resets the connection. The public client must never receive a notice as
+// content: after a request with a body the connector sends none on that stream.
+func TestUnreadNoticeNeverInsideAResponseBody(t *testing.T) {
+	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		// Read the request head byte by byte, leaving the body in the socket.
+		var head []byte
+		var b [1]byte
+		for !bytes.HasSuffix(head, []byte("\r\n\r\n")) {
+			if _, err := c.Read(b[:]); err != nil {
+				return
+			}
+			head = append(head, b[0])
+		}
+		// An early answer with a streamed body.
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npartial"); err != nil {
+			return
+		}
+		// Wait for more of the upload, then close with it unread: the kernel resets.
+		_, _ = c.Read(b[:])
+	}))
+	require.NoError(t, err)
+
+	pc, err := net.Dial("tcp", e.publicAddr)
+	require.NoError(t, err)
+	defer pc.Close()
+	require.NoError(t, pc.SetDeadline(time.Now().Add(8*time.Second)))
+	_, err = io.WriteString(pc, "POST /upload HTTP/1.1\r\nHost: pool."+testDomain+"\r\nContent-Length: 65536\r\nConnection: close\r\n\r\n")
+	require.NoError(t, err)
+	br := bufio.NewReader(pc)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	first := make([]byte, len("partial"))
+	_, err = io.ReadFull(resp.Body, first)
+	require.NoError(t, err)
+	require.Equal(t, "partial", string(first))
+
+	// The next 4 KiB of the upload: each 2 KiB block (the connector's small copy buffer)
+	// begins like a request line.
+	block := bytes.Repeat([]byte{'x'}, 2048)
+	copy(block, "PUT /not-a-request ")
+	_, err = pc.Write(bytes.Repeat(block, 2))
+	require.NoError(t, err)
+
+	rest, _ := io.ReadAll(resp.Body) // the stream ends cleanly: a close-delimited body looks complete
+	require.NotContains(t, string(rest), "\x00\x01",
+		"the public client received the connector's notice as response content: %q", rest)
 }

@@ -113,6 +113,9 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		TCPBindHost:   "127.0.0.1",
 		Logger:        log,
 		Metrics:       e.reg,
+		// Off by default (the product rule); on here so that the churn report shows
+		// what it saves.
+		RetryUnreadRequests: true,
 	})
 	if err != nil {
 		e.stopProfile()

@@ -169,6 +169,9 @@ func (l *load) client(ctx context.Context, c *loadClient, t loadTarget, index in
 			// this request was due: count from when it was due.
 			if d := time.Until(due); d > 0 {
 				time.Sleep(d)
+				if l.stopping.Load() {
+					break // due after the load ended
+				}
 				start = time.Now()
 			} else {
 				start = due
@@ -179,10 +182,12 @@ func (l *load) client(ctx context.Context, c *loadClient, t loadTarget, index in
 		if l.opts.tagIDs {
 			req.Header.Set(reqIDHeader, strconv.FormatUint(id, 10))
 		}
-		rec := l.recording.Load()
 		if interval == 0 {
 			start = time.Now()
 		}
+		// Recorded: requests due (paced) or sent (closed loop) once recording began; a paced
+		// client catching up on requests due before then does not count them.
+		rec := l.recording.Load() && !start.Before(l.recStart)
 		status, err := roundTrip(tr, req, buf, l.opts.expectLen)
 		end := time.Now()
 		switch {

@@ -389,6 +389,7 @@ func (b *bench) churnSection(kill, roll churnSummary) *section {
 			}
 		}
 	}
+	sec.note("the edge runs with RetryUnreadRequests on (it is off by default): a bodyless request whose backend reset its connection with it unread goes to one other member")
 	// Explain each kind of failure seen when a backend was killed, once.
 	explained := map[[2]int]bool{}
 	for _, r := range kill.runs {

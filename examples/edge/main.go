@@ -137,6 +137,7 @@ func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error
 
 		AlertWebhookURL:           c.LoadBalancing.AlertWebhookURL,
 		AllowPrivateAlertWebhooks: c.LoadBalancing.AllowPrivateAlertWebhooks,
+		RetryUnreadRequests:       c.LoadBalancing.RetryUnreadRequests,
 	}
 	if c.Auth.RequireAuth {
 		tenants := make(map[string]string, len(c.Auth.Tenants))

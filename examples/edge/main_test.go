@@ -136,12 +136,14 @@ max_concurrent_per_member = 3
 [load_balancing]
 alert_webhook_url = "https://hooks.example.com/x"
 allow_private_alert_webhooks = true
+retry_unread_requests = true
 `)
 	sc, err := serverConfig(c, zap.NewNop())
 	require.NoError(t, err)
 	require.Equal(t, "admin", sc.AdminToken)
 	require.Equal(t, "https://hooks.example.com/x", sc.AlertWebhookURL)
 	require.True(t, sc.AllowPrivateAlertWebhooks)
+	require.True(t, sc.RetryUnreadRequests)
 	require.Equal(t, 3, sc.MaxConcurrentPerMember)
 }
 

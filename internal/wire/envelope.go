@@ -1,6 +1,9 @@
 package wire
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"io"
 )
@@ -41,17 +44,58 @@ const (
 	AckMalformed     Ack = 3 // the envelope could not be decoded
 )
 
-// UnreadNotice is what a connector writes on an HTTP data stream, just before ending it, when
-// its local backend reset the TCP connection (RST) while a request the edge sent was pending
-// on it: no byte of a response had come back since the request began. The kernel sends RST
-// on close only when the application left received bytes unread (or had already closed when
-// they arrived), and an HTTP server cannot run a handler before it has read the blank line
-// that ends a request head, so a bodyless request ended this way never reached a handler.
+// The unread notice is what a connector writes on an HTTP data stream, just before ending it,
+// when its local backend reset the TCP connection (RST) while a bodyless request the edge sent
+// was pending on it: no byte of a response had come back since the request began. The kernel
+// sends RST on close only when the application left received bytes unread (or had already
+// closed when they arrived), and an HTTP server cannot run a handler before it has read the
+// blank line that ends a request head, so such a request never reached a handler.
 //
-// The notice stands where a response head would begin; a response head never begins with a
-// zero byte. Edges that do not know it read a malformed response, as they would have read
-// the bare end of the stream.
-var UnreadNotice = [2]byte{0x00, 0x01}
+// Layout: 0x00 0x01 and an 8-byte tag, the first bytes of HMAC-SHA256(key, stream id), where
+// the key comes from the session's resume token (NoticeKey). The notice stands where a
+// response head would begin; the backend, which never sees the key, cannot forge it with
+// bytes of its own. Edges that do not know it read a malformed response, as they would have
+// read the bare end of the stream.
+const UnreadNoticeLen = 2 + unreadTagLen
+
+const unreadTagLen = 8
+
+var unreadNoticeHead = [2]byte{0x00, 0x01}
+
+// NoticeKey derives the key that tags a session's unread notices from the resume token the
+// edge issued in its Welcome: only the edge and that connector know it.
+func NoticeKey(resumeToken string) [32]byte {
+	return sha256.Sum256([]byte("warren unread notice\x00" + resumeToken))
+}
+
+func unreadTag(key *[32]byte, streamID uint32) [unreadTagLen]byte {
+	m := hmac.New(sha256.New, key[:])
+	var id [4]byte
+	binary.BigEndian.PutUint32(id[:], streamID)
+	m.Write(id[:])
+	var tag [unreadTagLen]byte
+	copy(tag[:], m.Sum(nil))
+	return tag
+}
+
+// AppendUnreadNotice appends the unread notice for data stream streamID, tagged with key.
+func AppendUnreadNotice(dst []byte, key *[32]byte, streamID uint32) []byte {
+	tag := unreadTag(key, streamID)
+	return append(append(dst, unreadNoticeHead[:]...), tag[:]...)
+}
+
+// MaybeUnreadNotice reports whether b, the first bytes where a response head would begin,
+// may be an unread notice: it begins with the notice's zero byte, which no response does.
+func MaybeUnreadNotice(b []byte) bool { return len(b) > 0 && b[0] == unreadNoticeHead[0] }
+
+// IsUnreadNotice reports whether b is exactly the unread notice for stream streamID under key.
+func IsUnreadNotice(b []byte, key *[32]byte, streamID uint32) bool {
+	if len(b) != UnreadNoticeLen || [2]byte(b[:2]) != unreadNoticeHead {
+		return false
+	}
+	tag := unreadTag(key, streamID)
+	return hmac.Equal(b[2:], tag[:])
+}
 
 // String describes the acknowledgement.
 func (a Ack) String() string {

@@ -177,3 +177,23 @@ func BenchmarkFrameRoundTrip(b *testing.B) {
 		}
 	}
 }
+
+// TestUnreadNotice: a notice is recognised only for its own stream under its own session's
+// key; anything else, such as a backend's bytes that begin the same way, is not a notice.
+func TestUnreadNotice(t *testing.T) {
+	key, other := NoticeKey("token-a"), NoticeKey("token-b")
+	n := AppendUnreadNotice(nil, &key, 7)
+	require.Len(t, n, UnreadNoticeLen)
+	require.True(t, MaybeUnreadNotice(n))
+	require.True(t, IsUnreadNotice(n, &key, 7))
+	require.False(t, IsUnreadNotice(n, &key, 9), "another stream's notice")
+	require.False(t, IsUnreadNotice(n, &other, 7), "another session's notice")
+	for i := range n {
+		bad := append([]byte(nil), n...)
+		bad[i] ^= 0x40
+		require.False(t, IsUnreadNotice(bad, &key, 7), "byte %d altered", i)
+	}
+	require.False(t, IsUnreadNotice(n[:UnreadNoticeLen-1], &key, 7), "short")
+	require.False(t, IsUnreadNotice([]byte{0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 0}, &key, 7), "a backend's guess")
+	require.False(t, MaybeUnreadNotice([]byte("HTTP/1.1 200 OK\r\n")), "a response head")
+}

@@ -138,6 +138,9 @@ type LoadBalancing struct {
 	// AllowPrivateAlertWebhooks permits alert URLs that point at private
 	// or loopback addresses. Default false.
 	AllowPrivateAlertWebhooks bool
+	// RetryUnreadRequests sends a bodyless request whose backend reset
+	// its connection with it unread to one other member. Default false.
+	RetryUnreadRequests bool
 }
 
 // Keys of each table of server.toml.
@@ -149,7 +152,7 @@ var (
 	serverTenantKeys = []string{"name", "token"}
 	serverLimitsKeys = []string{"tcp_port_range", "max_tunnels_per_session", "request_body_max_bytes",
 		"drain_timeout_secs", "max_concurrent_per_member"}
-	serverLBKeys = []string{"enabled", "strategy", "alert_webhook_url", "allow_private_alert_webhooks"}
+	serverLBKeys = []string{"enabled", "strategy", "alert_webhook_url", "allow_private_alert_webhooks", "retry_unread_requests"}
 )
 
 // defaultServer returns a Server holding every default of server.toml.
@@ -259,6 +262,7 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	lb.str("strategy", &cfg.LoadBalancing.Strategy)
 	lb.str("alert_webhook_url", &cfg.LoadBalancing.AlertWebhookURL)
 	lb.boolean("allow_private_alert_webhooks", &cfg.LoadBalancing.AllowPrivateAlertWebhooks)
+	lb.boolean("retry_unread_requests", &cfg.LoadBalancing.RetryUnreadRequests)
 
 	cfg.validate(r)
 	if err := r.errs.err(); err != nil {

@@ -97,6 +97,7 @@ enabled = true
 strategy = "random"
 alert_webhook_url = "https://hooks.example.com/ops?x=1"
 allow_private_alert_webhooks = true
+retry_unread_requests = true
 `, cert, key)
 	cfg, err := config.ParseServer("edge.toml", []byte(doc))
 	require.NoError(t, err)
@@ -124,6 +125,7 @@ allow_private_alert_webhooks = true
 			Enabled: true, Strategy: config.StrategyRandom,
 			AlertWebhookURL:           "https://hooks.example.com/ops?x=1",
 			AllowPrivateAlertWebhooks: true,
+			RetryUnreadRequests:       true,
 		},
 	}, cfg)
 	require.True(t, cfg.TLS.Enabled())
