@@ -188,6 +188,32 @@ func (b *tcpBackend) Close() {
 // readerOnly hides a conn's WriteTo so that io.CopyBuffer uses the given buffer.
 type readerOnly struct{ io.Reader }
 
+// writerOnly hides a conn's ReadFrom (splice on Linux) so that io.CopyBuffer copies through
+// the given buffer.
+type writerOnly struct{ io.Writer }
+
+// relayConn connects c to target and copies both ways through 64 KiB user-space buffers (no
+// splice), as any relay that frames or inspects the bytes must: two of them in a row are the
+// tunnel's topology without Warren.
+func relayConn(target string) func(net.Conn) {
+	return func(c net.Conn) {
+		u, err := net.DialTimeout("tcp", target, 5*time.Second)
+		if err != nil {
+			return
+		}
+		defer u.Close()
+		done := make(chan struct{})
+		go func() { // owned: waited for below
+			defer close(done)
+			_, _ = io.CopyBuffer(writerOnly{u}, readerOnly{c}, make([]byte, 64<<10))
+			_ = u.(*net.TCPConn).CloseWrite()
+		}()
+		_, _ = io.CopyBuffer(writerOnly{c}, readerOnly{u}, make([]byte, 64<<10))
+		_ = c.(*net.TCPConn).CloseWrite()
+		<-done
+	}
+}
+
 // hashConn reads until the client half-closes, hashing with CRC-32C (hardware accelerated),
 // then answers with the byte count (8 bytes) and the checksum (4 bytes), big-endian.
 func hashConn(c net.Conn) {

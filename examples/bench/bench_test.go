@@ -58,6 +58,9 @@ func TestSmoke(t *testing.T) {
 	}
 
 	require.Len(t, rep.tcp, 2, "1 stream and 2 streams")
+	require.Len(t, rep.tcp[0].relay, 1, "the single stream also went through two plain relays")
+	require.Positive(t, rep.tcp[0].relay.median())
+	require.Empty(t, rep.tcp[1].relay)
 	for _, s := range rep.tcp {
 		require.Equal(t, 2*s.streams, s.verified, "every stream checksummed on both paths")
 		require.Positive(t, s.tunnel.median())

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	httppprof "net/http/pprof"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -92,6 +93,9 @@ type edgeServer struct {
 	prof  *os.File
 	wg    sync.WaitGroup
 	once  sync.Once
+
+	relayMu sync.Mutex
+	relays  []*tcpBackend // plain relays started in this process for the TCP scenario's scale
 }
 
 // startEdgeServer starts an edge with load balancing on and its listeners on loopback.
@@ -154,6 +158,24 @@ func (e *edgeServer) statsHandler() http.Handler {
 	// go tool pprof http://<stats>/debug/pprof/heap
 	mux.HandleFunc("GET /debug/pprof/", httppprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", httppprof.Profile)
+	// A plain relay in the edge's process, to target: the TCP scenario measures two plain
+	// relays in a row laid out like the edge and the connector.
+	mux.HandleFunc("GET /relay", func(w http.ResponseWriter, r *http.Request) {
+		to := r.URL.Query().Get("to")
+		if _, _, err := net.SplitHostPort(to); err != nil {
+			http.Error(w, "bad ?to: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		rl, err := startTCPBackend(relayConn(to))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		e.relayMu.Lock()
+		e.relays = append(e.relays, rl)
+		e.relayMu.Unlock()
+		writeJSON(w, map[string]string{"addr": rl.addr()})
+	})
 	mux.HandleFunc("GET /retries", func(w http.ResponseWriter, _ *http.Request) {
 		r, err := e.retries()
 		if err != nil {
@@ -224,6 +246,12 @@ func (e *edgeServer) Close() error {
 		_ = e.srv.Close()
 		_ = e.stats.Close()
 		e.wg.Wait()
+		e.relayMu.Lock()
+		for _, rl := range e.relays {
+			rl.Close()
+		}
+		e.relays = nil
+		e.relayMu.Unlock()
 		e.stopProfile()
 	})
 	return nil
@@ -470,6 +498,13 @@ func (e *edge) cpu() time.Duration {
 	}
 	d, _ := readCPU(e.PID)
 	return d
+}
+
+// relay starts a plain relay to target in the edge's process and returns its address.
+func (e *edge) relay(ctx context.Context, target string) (string, error) {
+	var out struct{ Addr string }
+	err := e.getJSON(ctx, "/relay?to="+url.QueryEscape(target), &out)
+	return out.Addr, err
 }
 
 // retries returns the edge's retry counters.

@@ -111,6 +111,7 @@ func bulk(ctx context.Context, addrs []string, data []streamData) (float64, erro
 type tcpSummary struct {
 	streams        int
 	tunnel, direct series        // aggregate bytes per second per run
+	relay          series        // one stream through two plain relays, per run (1 stream only)
 	edgeCPU        []float64     // edge CPU seconds per GiB moved, per tunnel run
 	verified       int           // streams whose count and checksum matched (both paths)
 	elapsed        time.Duration // of the whole workload
@@ -173,6 +174,11 @@ func (b *bench) runTCP(ctx context.Context, rep *report) error {
 		if err != nil {
 			return err
 		}
+		if streams == 1 {
+			if s.relay, err = b.relayFloor(ctx, e, backends[0].addr(), data[0]); err != nil {
+				return err
+			}
+		}
 		s.elapsed = time.Since(start)
 		rep.tcp = append(rep.tcp, s)
 		if streams == b.cfg.tcpStreams && streams == 1 {
@@ -181,6 +187,31 @@ func (b *bench) runTCP(ctx context.Context, rep *report) error {
 	}
 	rep.add(tcpSection(b.cfg, rep.tcp, e.child()))
 	return nil
+}
+
+// relayFloor sends one stream -runs times through two plain user-space relays in a row to
+// backend, the first in the edge's process and the second in this one (where the connectors
+// run): the tunnel's topology and process layout without Warren's multiplexing.
+func (b *bench) relayFloor(ctx context.Context, e *edge, backend string, d streamData) (series, error) {
+	r2, err := startTCPBackend(relayConn(backend))
+	if err != nil {
+		return nil, err
+	}
+	defer r2.Close()
+	r1, err := e.relay(ctx, r2.addr())
+	if err != nil {
+		return nil, fmt.Errorf("starting a relay in the edge's process: %w", err)
+	}
+	var out series
+	for r := range b.cfg.runs {
+		b.say("tcp 1 stream run %d/%d: two plain relays", r+1, b.cfg.runs)
+		bps, err := bulk(ctx, []string{r1}, []streamData{d})
+		if err != nil {
+			return nil, fmt.Errorf("through two plain relays: %w", err)
+		}
+		out = append(out, bps)
+	}
+	return out, nil
 }
 
 func tcpSection(cfg *config, ss []tcpSummary, childEdge bool) *section {
@@ -192,6 +223,10 @@ func tcpSection(cfg *config, ss []tcpSummary, childEdge bool) *section {
 			r.target, r.result = fmt.Sprintf("≥ %.2f× direct", tcpBulkTarget), check(rat >= tcpBulkTarget)
 		}
 		sec.add(r)
+		if len(s.relay) > 0 {
+			sec.add(row{metric: "throughput, 1 stream, two plain relays (no Warren)", tunnel: fmtMBps(s.relay.median()), direct: fmtMBps(s.direct.median()),
+				compare: fmtRatio(ratio(s.relay.median(), s.direct.median()))})
+		}
 		if childEdge && len(s.edgeCPU) > 0 {
 			sec.add(row{metric: fmt.Sprintf("edge CPU per GiB, %d stream(s)", s.streams), tunnel: fmt.Sprintf("%.2f s", median(s.edgeCPU))})
 		}
@@ -202,8 +237,12 @@ func tcpSection(cfg *config, ss []tcpSummary, childEdge bool) *section {
 	}
 	sec.add(row{metric: "streams with matching count and checksum", tunnel: fmt.Sprintf("%d of %d (both paths)", verified, want), target: "all", result: check(verified == want)})
 	sec.note("tunnel: client → edge's public TCP port of a 2-member TCP group (2 connector sessions) → a backend that hashes what it reads; direct: the same streams to the same 2 backends (stream i to backend i mod 2)")
+	sec.note("two plain relays: the client → a relay in the edge's process → a relay in the connectors' process → the backend, each copying through 64 KiB user-space buffers (no splice): the tunnel's three loopback connections and process layout without its multiplexing, for scale")
 	for _, s := range ss {
 		sec.note("per run, %d stream(s), MB/s: tunnel %s; direct %s", s.streams, s.tunnel.list(fmtMBpsF), s.direct.list(fmtMBpsF))
+		if len(s.relay) > 0 {
+			sec.note("per run, 1 stream, MB/s, two plain relays: %s", s.relay.list(fmtMBpsF))
+		}
 		sec.note("%d stream(s): %s", s.streams, s.noise.note())
 	}
 	return sec
