@@ -43,6 +43,9 @@ func TestSmoke(t *testing.T) {
 	require.Len(t, rep.http, 4, "tiny and 64 KiB at -clients, tiny paced at -clients, tiny at -latency-clients")
 	require.Equal(t, 1, rep.http[3].clients)
 	require.False(t, rep.http[3].targets, "the targets are set at -clients")
+	require.Len(t, rep.http[0].relay, 1, "the first workload also ran through two plain relays")
+	require.Positive(t, rep.http[0].relay[0].ok)
+	require.Zero(t, rep.http[0].relay[0].failed)
 	paced := rep.http[2]
 	require.InDelta(t, 0.5*rep.http[0].tunnel[0].rps(), paced.rate, 1e-6, "paced at half the tunnel's closed-loop rate")
 	for _, r := range []loadResult{paced.tunnel[0], paced.direct[0]} {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/warren-tunnel/warren/tunnel"
@@ -18,6 +19,7 @@ type httpSummary struct {
 	targets        bool    // the targets apply (they are set at -clients)
 	rate           float64 // requests/s the clients were paced at; 0 for a closed loop
 	tunnel, direct []loadResult
+	relay          []loadResult    // through two plain relays per backend (the first workload only)
 	edgeCPU        []time.Duration // the edge's CPU time while each tunnel run was recorded
 	noise          *noise
 }
@@ -139,10 +141,46 @@ func (b *bench) runHTTP(ctx context.Context, rep *report) error {
 		if err != nil {
 			return err
 		}
+		if len(rep.http) == 0 {
+			if s.relay, err = b.httpRelayFloor(ctx, e, backends, direct); err != nil {
+				return err
+			}
+		}
 		rep.http = append(rep.http, s)
 		rep.add(s.section(b.cfg, e.child()))
 	}
 	return nil
+}
+
+// httpRelayFloor runs the direct load -runs times through two plain relays per backend, the
+// first in the edge's process and the second in this one: the tunnel's topology and process
+// layout, without HTTP parsing, dispatch or multiplexing.
+func (b *bench) httpRelayFloor(ctx context.Context, e *edge, backends []*httpBackend, direct loadOptions) ([]loadResult, error) {
+	o := direct
+	o.targets = nil
+	for i, t := range direct.targets {
+		r2, err := startTCPBackend(relayConn(backends[i].addr))
+		if err != nil {
+			return nil, err
+		}
+		defer r2.Close()
+		r1, err := e.relay(ctx, r2.addr())
+		if err != nil {
+			return nil, fmt.Errorf("starting a relay in the edge's process: %w", err)
+		}
+		o.targets = append(o.targets, loadTarget{url: strings.Replace(t.url, backends[i].addr, r1, 1)})
+	}
+	warmup := min(time.Second, b.cfg.duration/5)
+	var out []loadResult
+	for r := range b.cfg.runs {
+		b.say("http, %d client(s) run %d/%d: two plain relays", o.clients, r+1, b.cfg.runs)
+		res, err := runLoad(ctx, o, warmup, b.cfg.duration, nil)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, res)
+	}
+	return out, nil
 }
 
 func (s httpSummary) series(rs []loadResult, f func(loadResult) float64) series {
@@ -175,6 +213,13 @@ func (s httpSummary) section(cfg *config, childEdge bool) *section {
 		}
 		sec.add(r)
 	}
+	if len(s.relay) > 0 {
+		rr := s.series(s.relay, rps)
+		sec.add(row{metric: "requests/s, two plain relays (no Warren)", tunnel: fmtRate(rr.median()), direct: fmtRate(dr.median()), compare: fmtRatio(ratio(rr.median(), dr.median()))})
+		pf := func(r loadResult) float64 { return float64(r.pct(0.99)) }
+		rm, dm := time.Duration(s.series(s.relay, pf).median()), time.Duration(s.series(s.direct, pf).median())
+		sec.add(row{metric: "latency p99, two plain relays (no Warren)", tunnel: fmtDur(rm), direct: fmtDur(dm), compare: fmtAdded(rm - dm)})
+	}
 	tf, tn, df, dn := 0, 0, 0, 0
 	for _, r := range s.tunnel {
 		tf, tn = tf+r.failed+r.warmupFailed, tn+r.requests()
@@ -206,6 +251,9 @@ func (s httpSummary) section(cfg *config, childEdge bool) *section {
 	default:
 		sec.note("a closed loop of %d clients keeps %d requests in flight, so mean latency ≈ %d / requests/s: %s through the tunnel, %s directly (Little's law); on this machine clients, edge, connectors and backends share the same cores",
 			s.clients, s.clients, s.clients, fmtDur(time.Duration(float64(s.clients)/tr.median()*1e9)), fmtDur(time.Duration(float64(s.clients)/dr.median()*1e9)))
+	}
+	if len(s.relay) > 0 {
+		sec.note("two plain relays: each client → a relay in the edge's process → a relay in the connectors' process → its backend, copying bytes both ways (no HTTP parsing, no dispatch, no multiplexing): the tunnel's topology and process layout alone, for scale")
 	}
 	sec.note("per run, requests/s: tunnel %s; direct %s", tr.list(fmtNum), dr.list(fmtNum))
 	p99 := func(r loadResult) float64 { return float64(r.pct(0.99)) }
