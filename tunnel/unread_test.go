@@ -63,6 +63,18 @@ func countingBackend(t *testing.T) (addr string, got func(method string) int64) 
 	}
 }
 
+// poolWithLive registers two members of the pool "pool" on e: one whose backend runs handle
+// on each TCP connection, and a live HTTP backend; it returns the live backend's counter.
+func poolWithLive(t *testing.T, e *testEdge, handle func(net.Conn)) func(method string) int64 {
+	t.Helper()
+	liveAddr, got := countingBackend(t)
+	_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, handle))
+	require.NoError(t, err)
+	_, err = e.connect().Forward(ctxT(t), pool("pool"), liveAddr)
+	require.NoError(t, err)
+	return got
+}
+
 // TestRequestResetUnreadGoesToAnotherMember: a member's backend resets its connections with
 // the request unread (killed, or dropping its queue). Its connector says so, and with
 // RetryUnreadRequests the edge sends the bodyless request to the other member: no request
@@ -73,11 +85,7 @@ func TestRequestResetUnreadGoesToAnotherMember(t *testing.T) {
 		t.Run(fmt.Sprintf("RetryUnreadRequests=%v", retry), func(t *testing.T) {
 			e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: retry})
 			var resets atomic.Int64
-			liveAddr, got := countingBackend(t)
-			_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, resetAfterOneByte(&resets)))
-			require.NoError(t, err)
-			_, err = e.connect().Forward(ctxT(t), pool("pool"), liveAddr)
-			require.NoError(t, err)
+			got := poolWithLive(t, e, resetAfterOneByte(&resets))
 
 			const n = 40
 			failed := 0
@@ -127,11 +135,7 @@ func TestRequestThatMayHaveReachedAnAppIsNotReplayed(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: true})
 			var seen atomic.Int64
-			liveAddr, got := countingBackend(t)
-			_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, tc.handle(&seen)))
-			require.NoError(t, err)
-			_, err = e.connect().Forward(ctxT(t), pool("pool"), liveAddr)
-			require.NoError(t, err)
+			got := poolWithLive(t, e, tc.handle(&seen))
 
 			const n = 30
 			failed := 0
@@ -280,8 +284,7 @@ func TestUnreadNoticeOnlyWhenARequestIsPending(t *testing.T) {
 // a whole notice would leave the client waiting until its own timeout.
 func TestUnreadNoticeIsNotAResponse(t *testing.T) {
 	e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: true})
-	liveAddr, got := countingBackend(t)
-	_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, func(c net.Conn) {
+	got := poolWithLive(t, e, func(c net.Conn) {
 		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
 			_, _ = c.Write([]byte{0x00, 0x01, 'x'})
 		}
@@ -289,10 +292,7 @@ func TestUnreadNoticeIsNotAResponse(t *testing.T) {
 		// pinning this goroutine past the client's timeout.
 		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		_, _ = io.Copy(io.Discard, c)
-	}))
-	require.NoError(t, err)
-	_, err = e.connect().Forward(ctxT(t), pool("pool"), liveAddr)
-	require.NoError(t, err)
+	})
 	failed := 0
 	for i := range 10 {
 		code, _ := e.get("pool", fmt.Sprintf("/%d", i))
@@ -316,8 +316,7 @@ func TestUnreadNoticeIsNotAResponse(t *testing.T) {
 func TestBackendOutputLikeTheUnreadNoticeIsNotReplayed(t *testing.T) {
 	e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: true})
 	var handled atomic.Int64
-	liveAddr, got := countingBackend(t)
-	_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, func(c net.Conn) {
+	got := poolWithLive(t, e, func(c net.Conn) {
 		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
 			return
 		}
@@ -325,10 +324,7 @@ func TestBackendOutputLikeTheUnreadNoticeIsNotReplayed(t *testing.T) {
 		_, _ = c.Write([]byte("\x00\x01\x00\x00\x00\x0c\x00\x80\x00\x03\x00\x40OS/2")) // a TrueType font, as the notice is long
 		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		_, _ = io.Copy(io.Discard, c) // until the edge gives up on the stream
-	}))
-	require.NoError(t, err)
-	_, err = e.connect().Forward(ctxT(t), pool("pool"), liveAddr)
-	require.NoError(t, err)
+	})
 
 	const n = 10
 	failed := 0

@@ -159,15 +159,11 @@ func (b *bench) httpRelayFloor(ctx context.Context, e *edge, backends []*httpBac
 	o := direct
 	o.targets = nil
 	for i, t := range direct.targets {
-		r2, err := startTCPBackend(relayConn(backends[i].addr))
+		r1, stop, err := relayChain(ctx, e, backends[i].addr)
 		if err != nil {
 			return nil, err
 		}
-		defer r2.Close()
-		r1, err := e.relay(ctx, r2.addr())
-		if err != nil {
-			return nil, fmt.Errorf("starting a relay in the edge's process: %w", err)
-		}
+		defer stop()
 		o.targets = append(o.targets, loadTarget{url: strings.Replace(t.url, backends[i].addr, r1, 1)})
 	}
 	warmup := min(time.Second, b.cfg.duration/5)

@@ -189,19 +189,31 @@ func (b *bench) runTCP(ctx context.Context, rep *report) error {
 	return nil
 }
 
+// relayChain starts two plain relays in a row to backend, the first in the edge's process
+// and the second in this one (where the connectors run), and returns the first's address;
+// stop closes the second (the edge closes the first with itself).
+func relayChain(ctx context.Context, e *edge, backend string) (addr string, stop func(), err error) {
+	r2, err := startTCPBackend(relayConn(backend))
+	if err != nil {
+		return "", nil, err
+	}
+	r1, err := e.relay(ctx, r2.addr())
+	if err != nil {
+		r2.Close()
+		return "", nil, fmt.Errorf("starting a relay in the edge's process: %w", err)
+	}
+	return r1, r2.Close, nil
+}
+
 // relayFloor sends one stream -runs times through two plain user-space relays in a row to
 // backend, the first in the edge's process and the second in this one (where the connectors
 // run): the tunnel's topology and process layout without Warren's multiplexing.
 func (b *bench) relayFloor(ctx context.Context, e *edge, backend string, d streamData) (series, error) {
-	r2, err := startTCPBackend(relayConn(backend))
+	r1, stop, err := relayChain(ctx, e, backend)
 	if err != nil {
 		return nil, err
 	}
-	defer r2.Close()
-	r1, err := e.relay(ctx, r2.addr())
-	if err != nil {
-		return nil, fmt.Errorf("starting a relay in the edge's process: %w", err)
-	}
+	defer stop()
 	var out series
 	for r := range b.cfg.runs {
 		b.say("tcp 1 stream run %d/%d: two plain relays", r+1, b.cfg.runs)
