@@ -166,11 +166,11 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 			k := wire.NoticeKey(m.ResumeToken)
 			key = &k
 		}
-		return &clientConn{noticeKey: key,
+		return &clientConn{
 			ctx: cctx, cancel: ccancel, detached: make(chan struct{}), routed: make(chan struct{}),
 			s: s, mux: mux, ctrl: ctrl, started: time.Now(),
 			pending: map[uint32]chan wire.Message{}, registering: map[uint32]*clientTunnel{},
-			byID: map[string]*clientTunnel{},
+			byID: map[string]*clientTunnel{}, noticeKey: key,
 		}, nil
 	case *wire.Error:
 		return fail(fmt.Errorf("tunnel: edge refused the connection: %w", &sessionError{code: m.Code, msg: m.Message}))
