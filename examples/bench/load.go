@@ -51,6 +51,8 @@ type load struct {
 	wg        sync.WaitGroup
 	clients   []*loadClient
 	recStart  time.Time
+	stopOnce  sync.Once
+	result    loadResult
 }
 
 // requestIDs numbers requests uniquely across all loads of a process, so that a backend
@@ -105,8 +107,13 @@ func (r loadResult) rps() float64 { return float64(r.ok) / r.elapsed.Seconds() }
 func (r loadResult) pct(q float64) time.Duration { return percentile(r.lat, q) }
 
 // stop ends the load: every client finishes its request in flight and stops. It returns
-// what was recorded.
+// what was recorded; later calls return the same.
 func (l *load) stop() loadResult {
+	l.stopOnce.Do(func() { l.result = l.finish() })
+	return l.result
+}
+
+func (l *load) finish() loadResult {
 	end := time.Now()
 	l.stopping.Store(true)
 	l.wg.Wait()

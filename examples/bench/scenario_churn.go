@@ -205,12 +205,7 @@ func (b *bench) churnKill(ctx context.Context, env *churnEnv) (churnRun, error) 
 	var run churnRun
 	l := env.load(ctx, b.cfg.clients)
 	l.record()
-	stopped := false
-	defer func() {
-		if !stopped {
-			l.stop()
-		}
-	}()
+	defer l.stop() // on an early return; a no-op once the run has stopped it
 	if err := sleep(ctx, b.settle()); err != nil {
 		return run, err
 	}
@@ -251,7 +246,7 @@ func (b *bench) churnKill(ctx context.Context, env *churnEnv) (churnRun, error) 
 	if err := sleep(ctx, b.settle()); err != nil {
 		return run, err
 	}
-	run.res, stopped = l.stop(), true
+	run.res = l.stop()
 	after, err := env.e.retries(ctx)
 	if err != nil {
 		return run, err
@@ -274,12 +269,7 @@ func (b *bench) churnRolling(ctx context.Context, env *churnEnv) (churnRun, erro
 	var run churnRun
 	l := env.load(ctx, b.cfg.clients)
 	l.record()
-	stopped := false
-	defer func() {
-		if !stopped {
-			l.stop()
-		}
-	}()
+	defer l.stop() // on an early return; a no-op once the run has stopped it
 	if err := sleep(ctx, b.settle()); err != nil {
 		return run, err
 	}
@@ -304,7 +294,7 @@ func (b *bench) churnRolling(ctx context.Context, env *churnEnv) (churnRun, erro
 	if err := sleep(ctx, b.settle()); err != nil {
 		return run, err
 	}
-	run.res, stopped = l.stop(), true
+	run.res = l.stop()
 	run.classes = classify(run.res.failures, first, nil, env.lives())
 	return run, nil
 }
