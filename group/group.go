@@ -40,8 +40,8 @@ func (h KeyHash) Short() string { return hex.EncodeToString(h[:4]) }
 type Group struct {
 	// Kind is the route kind.
 	Kind Kind
-	// Proto is the members' protocol: "http", "https" or "tcp".
-	Proto string
+	// Proto is the members' protocol.
+	Proto Proto
 	// Label is the subdomain (http) or the TCP group name or tunnel label.
 	Label string
 	// Name is the pool's display name as the first joiner set it; "" for a solo tunnel.

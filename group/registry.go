@@ -25,12 +25,50 @@ import (
 	"github.com/warren-tunnel/warren/dispatch"
 )
 
+// Proto is the protocol a tunnel carries and the first half of its route. It is the one
+// definition of the protocol names: the wire, the edge, the connector and the config files
+// all use it.
+type Proto string
+
 // Protocols a member can speak.
 const (
-	ProtoHTTP  = "http"
-	ProtoHTTPS = "https"
-	ProtoTCP   = "tcp"
+	// ProtoHTTP is routed by Host (subdomain) on the public HTTP and HTTPS listeners.
+	ProtoHTTP Proto = "http"
+	// ProtoHTTPS is routed by Host on the public HTTPS listener only.
+	ProtoHTTPS Proto = "https"
+	// ProtoTCP is routed by public TCP port (one port per group).
+	ProtoTCP Proto = "tcp"
 )
+
+// Valid reports whether p is one of the protocols above.
+func (p Proto) Valid() bool { return p == ProtoHTTP || p == ProtoHTTPS || p == ProtoTCP }
+
+// IsHTTP reports whether p is routed by Host (http or https).
+func (p Proto) IsHTTP() bool { return p == ProtoHTTP || p == ProtoHTTPS }
+
+// ValidateSubdomain returns an error saying why s cannot be an HTTP route's subdomain: it
+// must be one DNS label of 1 to 63 characters from a-z, 0-9 and '-', not starting or ending
+// with '-'. The edge and the config files use this one rule.
+func ValidateSubdomain(s string) error {
+	switch {
+	case s == "":
+		return errors.New("must not be empty")
+	case len(s) > 63:
+		return fmt.Errorf("is %d characters long; at most 63 are allowed", len(s))
+	case s[0] == '-' || s[len(s)-1] == '-':
+		return fmt.Errorf("%q must not start or end with \"-\"", s)
+	}
+	for _, r := range s {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
+		case r >= 'A' && r <= 'Z':
+			return fmt.Errorf("%q must be lowercase", s)
+		default:
+			return fmt.Errorf("%q may only hold a-z, 0-9 and \"-\" (found %q)", s, r)
+		}
+	}
+	return nil
+}
 
 // PortRange is an inclusive range of TCP ports.
 type PortRange struct{ Lo, Hi int }
@@ -110,8 +148,8 @@ type Event struct {
 type JoinRequest struct {
 	// ID is the new member's tunnel id; required and unique.
 	ID string
-	// Proto is "http", "https" or "tcp".
-	Proto string
+	// Proto is the member's protocol.
+	Proto Proto
 	// Label is the subdomain (http/https), the group name (grouped tcp) or a display label
 	// (solo tcp).
 	Label string

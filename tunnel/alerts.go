@@ -44,7 +44,7 @@ func (a *alerter) observe(ev group.Event) {
 		p := webhook.Payload{
 			Event:        webhook.EventGroupZeroHealthy,
 			RegionID:     a.srv.cfg.RegionID,
-			Protocol:     g.Proto,
+			Protocol:     string(g.Proto),
 			Label:        g.Label,
 			GroupName:    g.Name,
 			KeyHashShort: g.KeyHash.Short(),

@@ -17,7 +17,7 @@ type TunnelInfo struct {
 	// ID is the tunnel id the edge assigned at registration.
 	ID string `json:"id"`
 	// Proto is "http", "https" or "tcp".
-	Proto string `json:"proto"`
+	Proto group.Proto `json:"proto"`
 	// Label is the subdomain (http, https), the group name (grouped tcp) or the display
 	// name of a solo TCP tunnel.
 	Label string `json:"label"`
@@ -47,7 +47,7 @@ type TunnelInfo struct {
 // counts and the member list cover only that tenant's members.
 type GroupInfo struct {
 	// Protocol is "http", "https" or "tcp".
-	Protocol string `json:"protocol"`
+	Protocol group.Proto `json:"protocol"`
 	// Label is the subdomain (http, https) or the group name (tcp). With Protocol it names
 	// the group's event stream: /api/groups/{protocol}/{label}/events.
 	Label string `json:"label"`
@@ -242,11 +242,13 @@ func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
 // and https the label is the subdomain; for tcp it is the group name, which every TCP pool of
 // that name answers to, or "name~hash8" for the one pool whose key hash starts with hash8.
 type groupRef struct {
-	proto, label string
-	base, key    string // label split at its last '~' when 8 hex digits follow
+	proto     group.Proto
+	label     string
+	base, key string // label split at its last '~' when 8 hex digits follow
 }
 
-func parseGroupRef(proto, label string) (groupRef, bool) {
+func parseGroupRef(p, label string) (groupRef, bool) {
+	proto := group.Proto(p)
 	switch proto {
 	case group.ProtoHTTP, group.ProtoHTTPS:
 		label = strings.ToLower(label)

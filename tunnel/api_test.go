@@ -198,7 +198,7 @@ func rawMember(t *testing.T, e *testEdge, token string, reg *wire.Register) (str
 // probedRegister is a registration of an HTTP pool member with a TCP probe.
 func probedRegister(sub, groupName, key string) *wire.Register {
 	h := sha256.Sum256([]byte(key))
-	return &wire.Register{Req: 1, Proto: wire.ProtoHTTP, Label: sub, Group: groupName, KeyHash: hex.EncodeToString(h[:]),
+	return &wire.Register{Req: 1, Proto: group.ProtoHTTP, Label: sub, Group: groupName, KeyHash: hex.EncodeToString(h[:]),
 		Health: &wire.HealthInfo{Kind: "tcp"}}
 }
 

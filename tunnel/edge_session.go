@@ -62,7 +62,7 @@ type edgeTunnel struct {
 	id     string
 	sess   *edgeSession
 	member *group.Member
-	proto  string
+	proto  group.Proto
 	url    string
 	port   int
 	pool   connPool
@@ -300,7 +300,7 @@ func (e *edgeSession) lookup(id string) *edgeTunnel {
 func (e *edgeSession) register(m *wire.Register) {
 	t, err := e.srv.addTunnel(e, m)
 	if err != nil {
-		e.log.Info("registration rejected", zap.String("proto", m.Proto), zap.String("label", m.Label), zap.Error(err))
+		e.log.Info("registration rejected", zap.String("proto", string(m.Proto)), zap.String("label", m.Label), zap.Error(err))
 		_ = e.send(&wire.Rejected{Req: m.Req, Code: codeFor(err), Message: err.Error()})
 		return
 	}
@@ -376,7 +376,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 		Group:  m.Group,
 		Tenant: e.tenant,
 	}
-	if m.Proto != wire.ProtoTCP {
+	if m.Proto != group.ProtoTCP {
 		if err := validSubdomain(req.Label); err != nil {
 			return nil, err
 		}
@@ -432,12 +432,12 @@ func (s *Server) removeTunnel(t *edgeTunnel) {
 	t.cancel()
 }
 
-func (s *Server) publicURL(proto, sub string) string {
+func (s *Server) publicURL(proto group.Proto, sub string) string {
 	port, def := int(s.httpPort.Load()), 80
-	if proto == wire.ProtoHTTPS {
+	if proto == group.ProtoHTTPS {
 		port, def = int(s.httpsPort.Load()), 443
 	}
-	u := proto + "://" + sub + "." + s.cfg.Domain
+	u := string(proto) + "://" + sub + "." + s.cfg.Domain
 	if port != 0 && port != def {
 		u += fmt.Sprintf(":%d", port)
 	}
@@ -447,12 +447,7 @@ func (s *Server) publicURL(proto, sub string) string {
 // validSubdomain accepts one DNS label: a-z, 0-9 and '-', 1 to 63 characters, not starting
 // or ending with '-'.
 func validSubdomain(s string) error {
-	bad := len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-'
-	for i := 0; i < len(s) && !bad; i++ {
-		c := s[i]
-		bad = !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-')
-	}
-	if bad {
+	if group.ValidateSubdomain(s) != nil {
 		return &group.Error{Err: ErrInvalid, Msg: fmt.Sprintf("invalid subdomain %q: use 1 to 63 letters, digits or '-'", s)}
 	}
 	return nil

@@ -16,8 +16,8 @@ import (
 // health bit changed. For a tenant the counts cover only that tenant's members.
 type GroupEvent struct {
 	// Protocol and Label name the group as in GroupInfo.
-	Protocol string `json:"protocol"`
-	Label    string `json:"label"`
+	Protocol group.Proto `json:"protocol"`
+	Label    string      `json:"label"`
 	// Group is the group's name; KeyHashShort tells apart TCP pools that share it.
 	Group        string `json:"group"`
 	KeyHashShort string `json:"key_hash_short"`
@@ -296,7 +296,7 @@ func (s *Server) apiGroupEvents(w http.ResponseWriter, r *http.Request) {
 			ok = send("event: group_event\ndata: %s\n\n", data)
 		}
 		if !ok {
-			s.log.Debug("admin API: event stream ended", zap.String("group", ref.proto+"/"+ref.label))
+			s.log.Debug("admin API: event stream ended", zap.String("group", string(ref.proto)+"/"+ref.label))
 			return
 		}
 	}

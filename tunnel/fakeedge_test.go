@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"fmt"
+	"github.com/warren-tunnel/warren/group"
 	"net"
 	"sync"
 	"testing"
@@ -238,7 +239,7 @@ func (fc *fakeConn) openData(id string) (wire.Ack, error) {
 		return 0, err
 	}
 	defer st.Close()
-	b, err := wire.AppendEnvelope(nil, wire.Envelope{TunnelID: id, Proto: wire.ProtoHTTP, RemoteAddr: "127.0.0.1:1"})
+	b, err := wire.AppendEnvelope(nil, wire.Envelope{TunnelID: id, Proto: group.ProtoHTTP, RemoteAddr: "127.0.0.1:1"})
 	if err != nil {
 		return 0, err
 	}

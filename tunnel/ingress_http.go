@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/internal/wire"
 )
 
 // httpIngress is the public HTTP side: Host → group → member, per request.
@@ -58,9 +57,9 @@ func (h *httpIngress) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
 		return
 	}
-	if g.Proto == wire.ProtoHTTPS && r.TLS == nil && h.srv.httpsPort.Load() != 0 {
+	if g.Proto == group.ProtoHTTPS && r.TLS == nil && h.srv.httpsPort.Load() != 0 {
 		u := *r.URL
-		u.Scheme, u.Host = "https", strings.TrimPrefix(h.srv.publicURL(wire.ProtoHTTPS, sub), "https://")
+		u.Scheme, u.Host = "https", strings.TrimPrefix(h.srv.publicURL(group.ProtoHTTPS, sub), "https://")
 		http.Redirect(w, r, u.String(), http.StatusPermanentRedirect)
 		return
 	}

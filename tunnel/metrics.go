@@ -122,7 +122,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 	// Read the registry without the collector's lock: Members takes each group's lock,
 	// under which observe takes ours.
-	tunnels := map[string]int{group.ProtoHTTP: 0, group.ProtoHTTPS: 0, group.ProtoTCP: 0}
+	tunnels := map[group.Proto]int{group.ProtoHTTP: 0, group.ProtoHTTPS: 0, group.ProtoTCP: 0}
 	listed := c.srv.registry.Groups()
 	var pools []poolStat
 	for _, g := range listed {
@@ -186,10 +186,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(n), k.group, k.kind)
 	}
 	for proto, n := range tunnels {
-		ch <- prometheus.MustNewConstMetric(c.activeTunnels, prometheus.GaugeValue, float64(n), proto)
+		ch <- prometheus.MustNewConstMetric(c.activeTunnels, prometheus.GaugeValue, float64(n), string(proto))
 	}
-	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(c.srv.requests.http.Load()), group.ProtoHTTP)
-	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(c.srv.requests.tcp.Load()), group.ProtoTCP)
+	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(c.srv.requests.http.Load()), string(group.ProtoHTTP))
+	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(c.srv.requests.tcp.Load()), string(group.ProtoTCP))
 	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(c.srv.retries.open.Load()), "open_failed")
 	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(c.srv.retries.unread.Load()), "reset_unread")
 	deliveries := c.srv.alerts.deliveries()

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/warren-tunnel/warren/group"
 	"net"
 	"net/netip"
 	"strings"
@@ -20,22 +21,25 @@ import (
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
+// Proto is the protocol a tunnel carries ([group.Proto]).
+type Proto = group.Proto
+
 // Protocols a tunnel can carry.
 const (
 	// ProtoHTTP tunnels are reached at http://<subdomain>.<domain> (and over HTTPS when the
 	// edge serves it).
-	ProtoHTTP = wire.ProtoHTTP
+	ProtoHTTP = group.ProtoHTTP
 	// ProtoHTTPS tunnels are reached only over the edge's HTTPS listener; plain HTTP
 	// requests are redirected.
-	ProtoHTTPS = wire.ProtoHTTPS
+	ProtoHTTPS = group.ProtoHTTPS
 	// ProtoTCP tunnels get a public TCP port from the edge's range.
-	ProtoTCP = wire.ProtoTCP
+	ProtoTCP = group.ProtoTCP
 )
 
 // TunnelSpec describes one tunnel to register.
 type TunnelSpec struct {
 	// Proto is ProtoHTTP (the default), ProtoHTTPS or ProtoTCP.
-	Proto string
+	Proto Proto
 	// Subdomain is the HTTP route: the tunnel serves <Subdomain>.<edge domain>. Required
 	// for http and https.
 	Subdomain string
@@ -64,7 +68,7 @@ func (sp TunnelSpec) describe() string {
 	case sp.Proto == ProtoTCP:
 		return "tcp " + sp.Name
 	}
-	return sp.Proto + " " + sp.Subdomain
+	return string(sp.Proto) + " " + sp.Subdomain
 }
 
 func (sp *TunnelSpec) normalize(listen bool) error {
@@ -334,7 +338,7 @@ func (t *clientTunnel) serve(c *clientConn, st *yamux.Stream, env wire.Envelope)
 		_ = st.Close()
 		return
 	}
-	if env.Proto != wire.ProtoTCP && c.noticeKey != nil {
+	if env.Proto != group.ProtoTCP && c.noticeKey != nil {
 		local = &unreadConn{Conn: local, st: st, key: c.noticeKey}
 	}
 	join(c.ctx, local, st)

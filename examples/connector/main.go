@@ -175,7 +175,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // tunnelSpec turns one tunnel of the file into its registration.
 func tunnelSpec(t config.Tunnel) tunnel.TunnelSpec {
 	spec := tunnel.TunnelSpec{
-		Proto:     t.Proto,
+		Proto:     tunnel.Proto(t.Proto),
 		Subdomain: t.Subdomain,
 		Group:     t.Group,
 		GroupKey:  t.GroupKey,

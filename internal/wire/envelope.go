@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"github.com/warren-tunnel/warren/group"
 	"io"
 )
 
@@ -28,7 +29,7 @@ const MaxEnvelopeSize = 3 + MaxTunnelIDLen + 1 + MaxRemoteAddr
 type Envelope struct {
 	TunnelID   string
 	RemoteAddr string
-	Proto      string
+	Proto      group.Proto
 }
 
 // Ack is the connector's one-byte answer to an envelope. Only after AckOK does the edge send
@@ -112,13 +113,13 @@ func (a Ack) String() string {
 	return fmt.Sprintf("ack(%d)", byte(a))
 }
 
-func protoCode(p string) (byte, bool) {
+func protoCode(p group.Proto) (byte, bool) {
 	switch p {
-	case ProtoHTTP:
+	case group.ProtoHTTP:
 		return protoCodeHTTP, true
-	case ProtoHTTPS:
+	case group.ProtoHTTPS:
 		return protoCodeHTTPS, true
-	case ProtoTCP:
+	case group.ProtoTCP:
 		return protoCodeTCP, true
 	}
 	return 0, false
@@ -129,7 +130,7 @@ func protoCode(p string) (byte, bool) {
 func AppendEnvelope(dst []byte, e Envelope) ([]byte, error) {
 	code, ok := protoCode(e.Proto)
 	if !ok {
-		return dst, fmt.Errorf("%w: envelope proto %q", ErrMalformed, truncate(e.Proto, 16))
+		return dst, fmt.Errorf("%w: envelope proto %q", ErrMalformed, truncate(string(e.Proto), 16))
 	}
 	if e.TunnelID == "" || len(e.TunnelID) > MaxTunnelIDLen {
 		return dst, fmt.Errorf("%w: envelope tunnel id length %d", ErrMalformed, len(e.TunnelID))
@@ -156,11 +157,11 @@ func ReadEnvelope(r io.Reader) (Envelope, error) {
 	var e Envelope
 	switch buf[1] {
 	case protoCodeHTTP:
-		e.Proto = ProtoHTTP
+		e.Proto = group.ProtoHTTP
 	case protoCodeHTTPS:
-		e.Proto = ProtoHTTPS
+		e.Proto = group.ProtoHTTPS
 	case protoCodeTCP:
-		e.Proto = ProtoTCP
+		e.Proto = group.ProtoTCP
 	default:
 		return Envelope{}, fmt.Errorf("%w: envelope proto code %d", ErrMalformed, buf[1])
 	}

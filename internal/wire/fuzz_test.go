@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"github.com/warren-tunnel/warren/group"
 	"testing"
 )
 
@@ -42,7 +43,7 @@ func FuzzReadFrame(f *testing.F) {
 
 // FuzzReadEnvelope feeds arbitrary bytes to the data-stream envelope decoder.
 func FuzzReadEnvelope(f *testing.F) {
-	good, _ := AppendEnvelope(nil, Envelope{TunnelID: "t1", RemoteAddr: "127.0.0.1:1", Proto: ProtoTCP})
+	good, _ := AppendEnvelope(nil, Envelope{TunnelID: "t1", RemoteAddr: "127.0.0.1:1", Proto: group.ProtoTCP})
 	f.Add(good)
 	f.Add([]byte{1, 1, 0})
 	f.Add([]byte{1, 3, 64})

@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/hex"
 	"fmt"
+	"github.com/warren-tunnel/warren/group"
 )
 
 // Message is one control frame's payload. The concrete types are the structs below.
@@ -58,13 +59,6 @@ type Error struct {
 	Message string `json:"message"`
 }
 
-// Protocols a tunnel can carry.
-const (
-	ProtoHTTP  = "http"
-	ProtoHTTPS = "https"
-	ProtoTCP   = "tcp"
-)
-
 // HealthInfo describes a tunnel's health check as far as the edge needs it: whether the member
 // starts unhealthy, what kind of probe reports on it, and where to alert.
 type HealthInfo struct {
@@ -83,8 +77,8 @@ type HealthInfo struct {
 // Register asks the edge to create or join a route.
 type Register struct {
 	// Req is chosen by the connector and echoed in Registered or Rejected.
-	Req   uint32 `json:"req"`
-	Proto string `json:"proto"`
+	Req   uint32      `json:"req"`
+	Proto group.Proto `json:"proto"`
 	// Label is the subdomain for http/https, and a display name for tcp (a grouped TCP
 	// tunnel's route is its group name).
 	Label string `json:"label"`
@@ -212,9 +206,9 @@ func (m *Error) Validate() error {
 // Validate implements Message.
 func (m *Register) Validate() error {
 	switch m.Proto {
-	case ProtoHTTP, ProtoHTTPS, ProtoTCP:
+	case group.ProtoHTTP, group.ProtoHTTPS, group.ProtoTCP:
 	default:
-		return fmt.Errorf("%w: unknown proto %q", ErrMalformed, truncate(m.Proto, 16))
+		return fmt.Errorf("%w: unknown proto %q", ErrMalformed, truncate(string(m.Proto), 16))
 	}
 	if err := firstErr(maxLen("label", m.Label, MaxLabelLen), maxLen("group", m.Group, MaxGroupLen)); err != nil {
 		return err

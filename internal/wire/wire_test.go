@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/warren-tunnel/warren/group"
 	"io"
 	"strings"
 	"testing"
@@ -17,9 +18,9 @@ func allMessages() []Message {
 		&Hello{Version: Version, Token: "tok", Client: "warren/test"},
 		&Welcome{Version: Version, SessionID: "s1", RegionID: "eu"},
 		&Error{Code: CodeUnauthorized, Message: "invalid auth token"},
-		&Register{Req: 7, Proto: ProtoHTTP, Label: "pool", Group: "web", KeyHash: hash,
+		&Register{Req: 7, Proto: group.ProtoHTTP, Label: "pool", Group: "web", KeyHash: hash,
 			Health: &HealthInfo{Kind: "tcp", IntervalMS: 10000, TimeoutMS: 3000, MaxFailed: 3, AlertWebhook: "https://hooks.example/x"}},
-		&Register{Req: 8, Proto: ProtoTCP, Label: "db"},
+		&Register{Req: 8, Proto: group.ProtoTCP, Label: "db"},
 		&Registered{Req: 7, TunnelID: "t1", URL: "http://pool.example.com", Group: "web"},
 		&Registered{Req: 8, TunnelID: "t2", URL: "tcp://example.com:20000", Port: 20000},
 		&Rejected{Req: 7, Code: CodeKeyMismatch, Message: "group key does not match"},
@@ -91,9 +92,9 @@ func TestWriteFrameRefusesInvalid(t *testing.T) {
 
 func TestEnvelopeRoundTrip(t *testing.T) {
 	for _, e := range []Envelope{
-		{TunnelID: "t1", RemoteAddr: "203.0.113.9:51234", Proto: ProtoHTTP},
-		{TunnelID: strings.Repeat("i", MaxTunnelIDLen), RemoteAddr: "[2001:db8::1]:443", Proto: ProtoHTTPS},
-		{TunnelID: "t", Proto: ProtoTCP},
+		{TunnelID: "t1", RemoteAddr: "203.0.113.9:51234", Proto: group.ProtoHTTP},
+		{TunnelID: strings.Repeat("i", MaxTunnelIDLen), RemoteAddr: "[2001:db8::1]:443", Proto: group.ProtoHTTPS},
+		{TunnelID: "t", Proto: group.ProtoTCP},
 	} {
 		b, err := AppendEnvelope(nil, e)
 		require.NoError(t, err)
@@ -108,7 +109,7 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 }
 
 func TestEnvelopeLongRemoteAddrIsTruncated(t *testing.T) {
-	b, err := AppendEnvelope(nil, Envelope{TunnelID: "t", Proto: ProtoTCP, RemoteAddr: strings.Repeat("a", 400)})
+	b, err := AppendEnvelope(nil, Envelope{TunnelID: "t", Proto: group.ProtoTCP, RemoteAddr: strings.Repeat("a", 400)})
 	require.NoError(t, err)
 	got, err := ReadEnvelope(bytes.NewReader(b))
 	require.NoError(t, err)
@@ -116,7 +117,7 @@ func TestEnvelopeLongRemoteAddrIsTruncated(t *testing.T) {
 }
 
 func TestEnvelopeRejectsBadInput(t *testing.T) {
-	_, err := AppendEnvelope(nil, Envelope{TunnelID: "", Proto: ProtoTCP})
+	_, err := AppendEnvelope(nil, Envelope{TunnelID: "", Proto: group.ProtoTCP})
 	require.ErrorIs(t, err, ErrMalformed)
 	_, err = AppendEnvelope(nil, Envelope{TunnelID: "t", Proto: "udp"})
 	require.ErrorIs(t, err, ErrMalformed)
@@ -143,7 +144,7 @@ func TestEnvelopeRejectsBadInput(t *testing.T) {
 }
 
 func BenchmarkEnvelopeEncode(b *testing.B) {
-	e := Envelope{TunnelID: "3f9c2a71d0b84e55", RemoteAddr: "203.0.113.9:51234", Proto: ProtoHTTP}
+	e := Envelope{TunnelID: "3f9c2a71d0b84e55", RemoteAddr: "203.0.113.9:51234", Proto: group.ProtoHTTP}
 	buf := make([]byte, 0, MaxEnvelopeSize)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -152,7 +153,7 @@ func BenchmarkEnvelopeEncode(b *testing.B) {
 }
 
 func BenchmarkEnvelopeDecode(b *testing.B) {
-	enc, _ := AppendEnvelope(nil, Envelope{TunnelID: "3f9c2a71d0b84e55", RemoteAddr: "203.0.113.9:51234", Proto: ProtoHTTP})
+	enc, _ := AppendEnvelope(nil, Envelope{TunnelID: "3f9c2a71d0b84e55", RemoteAddr: "203.0.113.9:51234", Proto: group.ProtoHTTP})
 	r := bytes.NewReader(enc)
 	b.ReportAllocs()
 	for b.Loop() {

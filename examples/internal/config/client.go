@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"github.com/warren-tunnel/warren/group"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,9 +15,9 @@ import (
 
 // Tunnel protocols accepted by [Tunnel.Proto].
 const (
-	ProtoHTTP  = "http"
-	ProtoHTTPS = "https"
-	ProtoTCP   = "tcp"
+	ProtoHTTP  = string(group.ProtoHTTP)
+	ProtoHTTPS = string(group.ProtoHTTPS)
+	ProtoTCP   = string(group.ProtoTCP)
 )
 
 // Health check types accepted by [HealthCheck.Type].
