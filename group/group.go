@@ -63,6 +63,11 @@ type Group struct {
 	mu      sync.Mutex // guards members, removed and member histories
 	members []*Member
 	removed bool
+
+	// outMu guards the events waiting for delivery (see Registry.deliver).
+	outMu      sync.Mutex
+	outbox     []Event
+	delivering bool
 }
 
 // Solo reports whether the group is a single, ungrouped tunnel.

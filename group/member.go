@@ -30,12 +30,11 @@ type Member struct {
 	HealthKind string
 	// AlertWebhook is the tenant URL to alert when the group reaches zero healthy members.
 	AlertWebhook string
-	// Value is the caller's payload (the edge keeps its session handle here).
-	Value any
 	// Joined is when the member joined.
 	Joined time.Time
 
 	group *Group
+	value any
 	// state packs closedBit and the active stream count so that Acquire is one CAS.
 	state   atomic.Uint64
 	limit   uint64 // cap on active streams; 0 = none
@@ -50,6 +49,9 @@ type Member struct {
 	histPos int
 	probed  bool // a health report has arrived
 }
+
+// Value returns the payload the member joined with (JoinRequest.Value).
+func (m *Member) Value() any { return m.value }
 
 // Group returns the member's group.
 func (m *Member) Group() *Group { return m.group }

@@ -8,7 +8,8 @@
 // snapshot behind an atomic pointer and takes no lock.
 //
 // The package knows nothing of the wire or of HTTP: the edge stores its own handle in
-// Member.Value and reacts to Events.
+// Member.Value and reacts to Events. Embedders get a read-only View: copies of the table that
+// cannot change it.
 package group
 
 import (
@@ -93,9 +94,12 @@ type Config struct {
 	// OnRemove is called under the route's lock after the last member left, before the port
 	// is returned to the range.
 	OnRemove func(g *Group)
-	// OnEvent is called for every membership and health change, under the group's lock so
-	// that events of one group arrive in order. It must not block and must not call back into
-	// the registry.
+	// OnEvent is called for every membership and health change, in order per group, with no
+	// registry lock held: it may read the registry (View, Group.Members, Member.History) and
+	// even change it. Events of one group are delivered one at a time; a change made while
+	// another goroutine is delivering that group's events is delivered by that goroutine,
+	// right after the ones before it, so a Join or SetHealth can return just before its event
+	// is seen. OnEvent should return quickly: it holds up the next event of its group.
 	OnEvent func(Event)
 }
 
@@ -125,11 +129,14 @@ func (k EventKind) String() string {
 	return "unknown"
 }
 
-// Event describes one change to a group. The counts are taken after the change.
+// Event describes one change to a group. The counts are taken after the change. It holds
+// copies: keeping or changing an Event changes nothing in the registry.
 type Event struct {
-	Kind   EventKind
-	Group  *Group
-	Member *Member
+	Kind EventKind
+	// Group is the group as it was after the change (Members is nil).
+	Group Info
+	// Member is the member the change is about, after the change.
+	Member MemberInfo
 	// Healthy and Reason are the member's health after the change.
 	Healthy bool
 	Reason  string
@@ -160,10 +167,13 @@ type JoinRequest struct {
 	// HealthKind is the probe type that will report on the member ("tcp", "http", "func");
 	// "" or "none" means no probe: the member is healthy for good. With a probe the member
 	// starts unhealthy and joins dispatch after its first healthy report.
-	HealthKind   string
+	HealthKind string
+	// AlertWebhook is the tenant URL to alert when the group reaches zero healthy members.
 	AlertWebhook string
-	Tenant       string
-	Value        any
+	// Tenant is the identity the member's connector authenticated as.
+	Tenant string
+	// Value is the caller's payload, returned by Member.Value.
+	Value any
 }
 
 const shardCount = 64
@@ -181,8 +191,16 @@ type Registry struct {
 	// http maps subdomain → *Group and tcp maps key → *Group. Writes happen under the
 	// key's shard lock; reads (the per-request Host lookup) take no lock.
 	http, tcp sync.Map
-	ports     portPool
-	seq       atomic.Uint64
+	// byID maps member id → *Member for the read-only View.
+	byID sync.Map
+	// retired keeps, per pool name, the dispatches of the pools that are gone, so that a
+	// per-name total never goes down. Removing a pool's route and adding its dispatches here
+	// happen together under retiredMu, and Dispatches reads both under it: a pool is counted
+	// once, either live or retired.
+	retiredMu sync.Mutex
+	retired   map[string]uint64
+	ports portPool
+	seq   atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.
@@ -260,7 +278,12 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 
 	sh := r.shardFor(key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	unlocked := false
+	defer func() {
+		if !unlocked {
+			sh.mu.Unlock()
+		}
+	}()
 
 	var g *Group
 	if v, ok := routes.Load(key); ok {
@@ -281,7 +304,7 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 		Tenant:       req.Tenant,
 		HealthKind:   req.HealthKind,
 		AlertWebhook: req.AlertWebhook,
-		Value:        req.Value,
+		value:        req.Value,
 		Joined:       time.Now(),
 		group:        g,
 		drained:      make(chan struct{}),
@@ -296,11 +319,15 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 	}
 
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.members = append(g.members, m)
 	m.record(Transition{At: m.Joined, Healthy: m.Healthy(), Reason: reason})
 	g.publishLocked()
-	r.emitLocked(EventJoined, g, m, reason, false)
+	r.byID.Store(m.ID, m)
+	r.queueLocked(EventJoined, g, m, reason, false)
+	g.mu.Unlock()
+	sh.mu.Unlock()
+	unlocked = true
+	r.deliver(g)
 	return m, nil
 }
 
@@ -372,14 +399,14 @@ func (r *Registry) Leave(m *Member) {
 	g := m.group
 	sh := r.shardFor(g.key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-
 	g.mu.Lock()
 	i := slices.Index(g.members, m)
 	if i < 0 {
 		g.mu.Unlock()
+		sh.mu.Unlock()
 		return
 	}
+	r.byID.CompareAndDelete(m.ID, m)
 	g.members = slices.Delete(g.members, i, i+1)
 	m.draining.Store(true)
 	g.publishLocked()
@@ -388,23 +415,32 @@ func (r *Registry) Leave(m *Member) {
 	if last {
 		g.removed = true
 	}
-	r.emitLocked(EventLeft, g, m, "left", last)
+	r.queueLocked(EventLeft, g, m, "left", last)
 	g.mu.Unlock()
 
-	if !last {
-		return
+	if last {
+		r.retiredMu.Lock()
+		if g.Kind == KindHTTP {
+			r.http.Delete(g.key)
+		} else {
+			r.tcp.Delete(g.key)
+		}
+		if !g.Solo() {
+			if r.retired == nil {
+				r.retired = map[string]uint64{}
+			}
+			r.retired[g.Name] += g.dispatches.Load()
+		}
+		r.retiredMu.Unlock()
+		if r.cfg.OnRemove != nil {
+			r.cfg.OnRemove(g)
+		}
+		if g.Kind == KindTCP {
+			r.ports.release(g.Port)
+		}
 	}
-	if g.Kind == KindHTTP {
-		r.http.Delete(g.key)
-	} else {
-		r.tcp.Delete(g.key)
-	}
-	if r.cfg.OnRemove != nil {
-		r.cfg.OnRemove(g)
-	}
-	if g.Kind == KindTCP {
-		r.ports.release(g.Port)
-	}
+	sh.mu.Unlock()
+	r.deliver(g)
 }
 
 // Drain stops selecting m for new streams. The returned channel is closed once m's active
@@ -413,8 +449,8 @@ func (r *Registry) Leave(m *Member) {
 func (r *Registry) Drain(m *Member) <-chan struct{} {
 	g := m.group
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if m.draining.Load() {
+		g.mu.Unlock()
 		return m.drained
 	}
 	m.draining.Store(true)
@@ -423,8 +459,10 @@ func (r *Registry) Drain(m *Member) <-chan struct{} {
 	g.publishLocked()
 	m.close()
 	if slices.Contains(g.members, m) {
-		r.emitLocked(EventDraining, g, m, "draining", false)
+		r.queueLocked(EventDraining, g, m, "draining", false)
 	}
+	g.mu.Unlock()
+	r.deliver(g)
 	return m.drained
 }
 
@@ -436,27 +474,31 @@ func (r *Registry) Drain(m *Member) <-chan struct{} {
 func (r *Registry) SetHealth(m *Member, healthy bool, reason string) bool {
 	g := m.group
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if m.HealthKind == "none" || (m.probed && m.healthy.Load() == healthy) || !slices.Contains(g.members, m) {
+		g.mu.Unlock()
 		return false
 	}
 	m.probed = true
 	m.healthy.Store(healthy)
 	m.record(Transition{At: time.Now(), Healthy: healthy, Reason: reason})
 	g.publishLocked()
-	r.emitLocked(EventHealth, g, m, reason, false)
+	r.queueLocked(EventHealth, g, m, reason, false)
+	g.mu.Unlock()
+	r.deliver(g)
 	return true
 }
 
-func (r *Registry) emitLocked(kind EventKind, g *Group, m *Member, reason string, removed bool) {
+// queueLocked appends an event to g's outbox; the caller holds g.mu, which fixes the order
+// of g's events. deliver hands them to OnEvent once the caller has let go of every lock.
+func (r *Registry) queueLocked(kind EventKind, g *Group, m *Member, reason string, removed bool) {
 	if r.cfg.OnEvent == nil {
 		return
 	}
 	members, healthy, selectable := g.countsLocked()
-	r.cfg.OnEvent(Event{
+	ev := Event{
 		Kind:            kind,
-		Group:           g,
-		Member:          m,
+		Group:           g.infoLocked(false),
+		Member:          m.info(),
 		Healthy:         m.Healthy(),
 		Reason:          reason,
 		MemberCount:     members,
@@ -465,7 +507,37 @@ func (r *Registry) emitLocked(kind EventKind, g *Group, m *Member, reason string
 		GroupRemoved:    removed,
 		AlertWebhooks:   alertWebhooksLocked(g, m),
 		At:              time.Now(),
-	})
+	}
+	g.outMu.Lock()
+	g.outbox = append(g.outbox, ev)
+	g.outMu.Unlock()
+}
+
+// deliver hands g's queued events to OnEvent, in order, with no registry lock held. One
+// goroutine delivers a group's events at a time: if another one is at it, it will also
+// deliver what was just queued, so deliver returns at once (this also makes an OnEvent that
+// changes the registry safe).
+func (r *Registry) deliver(g *Group) {
+	if r.cfg.OnEvent == nil {
+		return
+	}
+	g.outMu.Lock()
+	if g.delivering {
+		g.outMu.Unlock()
+		return
+	}
+	g.delivering = true
+	for len(g.outbox) > 0 {
+		batch := g.outbox
+		g.outbox = nil
+		g.outMu.Unlock()
+		for _, ev := range batch {
+			r.cfg.OnEvent(ev)
+		}
+		g.outMu.Lock()
+	}
+	g.delivering = false
+	g.outMu.Unlock()
 }
 
 // alertWebhooksLocked collects the unique alert URLs of g's members and of m.

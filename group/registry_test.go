@@ -209,7 +209,8 @@ func TestHealthGatesDispatch(t *testing.T) {
 
 	last := events[len(events)-1]
 	require.Equal(t, EventHealth, last.Kind)
-	require.Same(t, a, last.Member)
+	require.Equal(t, a.ID, last.Member.ID)
+	require.False(t, last.Member.Healthy)
 	require.Equal(t, 2, last.MemberCount)
 	require.Equal(t, 1, last.HealthyCount)
 	require.Equal(t, 1, last.SelectableCount)

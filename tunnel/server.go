@@ -326,8 +326,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	return s, nil
 }
 
-// Registry returns the edge's routing table (read it; the edge owns it).
-func (s *Server) Registry() *group.Registry { return s.registry }
+// Registry returns a read-only view of the edge's routing table: its groups and members,
+// their health and history. Everything it returns is a copy; the edge alone changes the table.
+func (s *Server) Registry() group.View { return s.registry.View() }
 
 // Handler returns the public HTTP ingress as an http.Handler: it routes each request by its
 // Host header to a group and proxies it to one member. Tests can serve it with httptest.
@@ -696,7 +697,7 @@ func (s *Server) janitor() {
 		case now := <-t.C:
 			for _, g := range s.registry.Groups() {
 				for _, m := range g.Members() {
-					if et, ok := m.Value.(*edgeTunnel); ok {
+					if et, ok := m.Value().(*edgeTunnel); ok {
 						et.pool.sweep(now.Add(-s.cfg.IdleStreamTimeout))
 					}
 				}

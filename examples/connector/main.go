@@ -175,12 +175,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // tunnelSpec turns one tunnel of the file into its registration.
 func tunnelSpec(t config.Tunnel) tunnel.TunnelSpec {
 	spec := tunnel.TunnelSpec{
-		Proto:     tunnel.Proto(t.Proto),
+		Proto:     t.Proto,
 		Subdomain: t.Subdomain,
 		Group:     t.Group,
 		GroupKey:  t.GroupKey,
 	}
-	if t.Proto == config.ProtoTCP {
+	if t.Proto == tunnel.ProtoTCP {
 		spec.Name = t.Name
 	}
 	if h := t.HealthCheck; h != nil {

@@ -1,36 +1,30 @@
 package config
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"math"
+	"net"
 	"net/netip"
 	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
+	"time"
+	"unicode"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/webhook"
 )
 
-// labelProblem says why s is not a DNS label (a-z, 0-9 and "-", 1 to 63
-// characters, no leading or trailing "-"), or returns "".
-func labelProblem(s string) string {
-	switch {
-	case s == "":
-		return "must not be empty"
-	case len(s) > 63:
-		return fmt.Sprintf("is %d characters long; at most 63 are allowed", len(s))
-	case s[0] == '-' || s[len(s)-1] == '-':
-		return fmt.Sprintf("%q must not start or end with \"-\"", s)
-	}
-	for _, r := range s {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
-		case r >= 'A' && r <= 'Z':
-			return fmt.Sprintf("%q must be lowercase", s)
-		default:
-			return fmt.Sprintf("%q may only hold a-z, 0-9 and \"-\" (found %q)", s, r)
-		}
-	}
-	return ""
-}
-
-// domainProblem says why s is not a lowercase DNS host name, or returns "".
+// domainProblem says why s is not a lowercase DNS host name, or returns "":
+// at most 253 characters, not an IP address, and every label 1 to 63
+// characters of a-z, 0-9 and "-", not starting or ending with "-" (the
+// rule of public names, checked by [group.ValidateSubdomain]).
 func domainProblem(s string) string {
 	if len(s) > 253 {
 		return fmt.Sprintf("is %d characters long; a host name has at most 253", len(s))
@@ -45,12 +39,16 @@ func domainProblem(s string) string {
 		if label == "" {
 			return fmt.Sprintf("%q is not a host name: it has an empty label", s)
 		}
-		if p := labelProblem(label); p != "" {
-			return fmt.Sprintf("%q is not a host name: label %s", s, p)
+		if err := group.ValidateSubdomain(label); err != nil {
+			return fmt.Sprintf("%q is not a host name: label %v", s, err)
 		}
 	}
 	return ""
 }
+
+// localLabel matches a label of a local host name: 1 to 63 letters,
+// digits, "_" and "-", not starting or ending with "-".
+var localLabel = regexp.MustCompile(`^[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$`)
 
 // hostProblem says why s is neither an IP address nor a host name, or
 // returns "". Host names are checked loosely (any case, "_" allowed) since
@@ -66,60 +64,185 @@ func hostProblem(s string) string {
 		return fmt.Sprintf("is %d characters long; a host name has at most 253", len(s))
 	}
 	for _, label := range strings.Split(s, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+		if !localLabel.MatchString(label) {
 			return fmt.Sprintf("%q is neither an IP address nor a host name", s)
 		}
-		for _, r := range label {
-			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
-				return fmt.Sprintf("%q is neither an IP address nor a host name", s)
-			}
-		}
 	}
 	return ""
 }
 
-// webhookProblem says why s is not an absolute http or https URL, or
-// returns "".
-func webhookProblem(s string) string {
-	u, err := url.Parse(s)
+// hostPortProblem says why s is not "host:port", or returns "".
+func hostPortProblem(s string) string {
+	host, port, err := net.SplitHostPort(s)
 	if err != nil {
-		return fmt.Sprintf("%q is not a URL: %v", s, unwrapURLError(err))
-	}
-	switch {
-	case u.Scheme != "http" && u.Scheme != "https":
-		return fmt.Sprintf("%q must be an absolute http:// or https:// URL", s)
-	case u.Opaque != "" || u.Hostname() == "":
-		return fmt.Sprintf("%q has no host", s)
-	}
-	if p := u.Port(); p != "" {
-		if _, err := parsePort(p); err != nil {
-			return fmt.Sprintf("%q has an invalid port: %v", s, err)
+		reason := err.Error()
+		if ae := (*net.AddrError)(nil); errors.As(err, &ae) {
+			reason = ae.Err
 		}
+		return fmt.Sprintf("%q is not host:port (%s), e.g. \"tunnel.example.com:4040\"", s, reason)
+	}
+	if p := hostProblem(host); p != "" {
+		return "host " + p
+	}
+	if _, err := parsePort(port); err != nil {
+		return "port " + err.Error()
 	}
 	return ""
-}
-
-func unwrapURLError(err error) error {
-	if ue, ok := err.(*url.Error); ok {
-		return ue.Err
-	}
-	return err
 }
 
 // parsePort parses a decimal TCP port 1..65535.
 func parsePort(s string) (int, error) {
-	if s == "" || len(s) > 5 {
+	n, err := strconv.Atoi(s)
+	switch {
+	case err != nil || s[0] < '0' || s[0] > '9' || len(s) > 5:
 		return 0, fmt.Errorf("%q is not a port number (1-65535)", s)
-	}
-	n := 0
-	for _, r := range s {
-		if r < '0' || r > '9' {
-			return 0, fmt.Errorf("%q is not a port number (1-65535)", s)
-		}
-		n = n*10 + int(r-'0')
-	}
-	if n < 1 || n > 65535 {
+	case n < 1 || n > 65535:
 		return 0, fmt.Errorf("%d is out of range 1-65535", n)
 	}
 	return n, nil
+}
+
+// webhookProblem says why s cannot be an alert webhook URL, or returns ""
+// (also for "", meaning none). The rules are the webhook package's own
+// ([webhook.ValidateURL]: an absolute http or https URL with a host, at
+// most webhook.MaxURLLength bytes), plus a valid port. Like that package,
+// the message leaves the URL out: its path or query may hold a secret.
+func webhookProblem(s string) string {
+	hint := fmt.Sprintf(" (use an absolute http:// or https:// URL of at most %d bytes)", webhook.MaxURLLength)
+	if s == "" {
+		return ""
+	}
+	if err := webhook.ValidateURL(s); err != nil {
+		return strings.TrimPrefix(err.Error(), "webhook: ") + hint
+	}
+	if u, _ := url.Parse(s); u.Port() != "" {
+		if _, err := parsePort(u.Port()); err != nil {
+			return "invalid port: " + err.Error() + hint
+		}
+	}
+	return ""
+}
+
+// probePathProblem says why p cannot be the path of an HTTP probe.
+func probePathProblem(p string) string {
+	if !strings.HasPrefix(p, "/") {
+		return fmt.Sprintf("%q must start with \"/\"", p)
+	}
+	if strings.ContainsFunc(p, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+		return fmt.Sprintf("%q must not contain spaces or control characters (escape them, e.g. %%20)", p)
+	}
+	return ""
+}
+
+// seconds is a duration written as a number of seconds: an integer or a
+// fraction.
+type seconds float64
+
+// maxSeconds is the longest duration a *_secs key may hold.
+const maxSeconds = float64(math.MaxInt64 / int64(time.Second))
+
+// duration stores secs seconds into dst. The sign is left to validation.
+func (r *reporter) duration(key string, secs float64, dst *time.Duration) {
+	switch {
+	case math.IsNaN(secs) || math.IsInf(secs, 0):
+		r.fail(key, ErrInvalid, "must be a finite number of seconds, got %s", formatSeconds(secs))
+	case math.Abs(secs) > maxSeconds:
+		r.fail(key, ErrInvalid, "%s seconds is too long", formatSeconds(secs))
+	case secs != 0 && math.Round(secs*float64(time.Second)) == 0:
+		r.fail(key, ErrInvalid, "%s seconds is below the 1ns resolution", formatSeconds(secs))
+	default:
+		*dst = time.Duration(math.Round(secs * float64(time.Second)))
+	}
+}
+
+func formatSeconds(s float64) string { return strconv.FormatFloat(s, 'g', -1, 64) }
+
+func formatDuration(d time.Duration) string { return formatSeconds(d.Seconds()) }
+
+var durationType, secondsType = reflect.TypeFor[time.Duration](), reflect.TypeFor[seconds]()
+
+// describeType names what a value of Go type t is written as; table is the
+// format's word for a table ("a table" or "a mapping").
+func describeType(t reflect.Type, table string) string {
+	if t == durationType || t == secondsType {
+		return "a number of seconds"
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		return describeType(t.Elem(), table)
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean (true or false)"
+	case reflect.Int, reflect.Int64:
+		return "an integer"
+	case reflect.Slice:
+		if t.Elem().Kind() == reflect.String {
+			return "an array of strings"
+		}
+		return "an array"
+	case reflect.Struct, reflect.Map:
+		return table
+	}
+	return "a value of type " + t.String()
+}
+
+// resolvePath makes a relative path relative to dir (the directory of the
+// configuration file); dir "" leaves it relative to the working directory.
+func resolvePath(dir, p string) string {
+	if p == "" || dir == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(dir, p)
+}
+
+// checkFile reports why path cannot be used as a file, or "" (also for "",
+// meaning none).
+func checkFile(path string) string {
+	fi, err := os.Stat(path)
+	switch {
+	case path == "":
+	case err != nil:
+		return fmt.Sprintf("cannot use %q: %v", path, unwrapPathError(err))
+	case fi.IsDir():
+		return fmt.Sprintf("%q is a directory, not a file", path)
+	}
+	return ""
+}
+
+func unwrapPathError(err error) error {
+	if pe := (*os.PathError)(nil); errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// maxFileSize bounds the configuration text accepted. Real files are a few
+// kilobytes; the bound keeps a wrong path (a log, a binary) or a hostile
+// document from costing much time.
+const maxFileSize = 256 << 10
+
+// sizeError reports text larger than maxFileSize, or returns nil.
+func sizeError(file string, n int) error {
+	if n <= maxFileSize {
+		return nil
+	}
+	return ErrorList{{File: file, Msg: fmt.Sprintf("the file is larger than %d bytes; is this the right file?", maxFileSize), Err: ErrInvalid}}
+}
+
+// readFile reads a configuration file of at most maxFileSize bytes.
+func readFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	var data []byte
+	if err == nil {
+		defer f.Close()
+		data, err = io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	}
+	if err != nil {
+		return nil, ErrorList{{File: path, Msg: "cannot read the configuration file: " + unwrapPathError(err).Error(), Err: err}}
+	}
+	if err := sizeError(path, len(data)); err != nil {
+		return nil, err
+	}
+	return data, nil
 }

@@ -1,23 +1,16 @@
 package config
 
 import (
-	"errors"
 	"fmt"
-	"github.com/warren-tunnel/warren/group"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
-	"unicode"
-)
 
-// Tunnel protocols accepted by [Tunnel.Proto].
-const (
-	ProtoHTTP  = string(group.ProtoHTTP)
-	ProtoHTTPS = string(group.ProtoHTTPS)
-	ProtoTCP   = string(group.ProtoTCP)
+	"go.yaml.in/yaml/v3"
+
+	"github.com/warren-tunnel/warren/group"
 )
 
 // Health check types accepted by [HealthCheck.Type].
@@ -34,60 +27,60 @@ const (
 type Client struct {
 	// File is the name the configuration was parsed from; it prefixes every
 	// error that Validate returns.
-	File string
+	File string `yaml:"-"`
 	// Server is the edge's control address, "host:port". Required.
-	Server string
+	Server string `yaml:"server"`
 	// AuthToken is presented to the edge; empty for none.
-	AuthToken string
+	AuthToken string `yaml:"auth_token"`
 	// TLS says how to reach the edge; TLS.Enabled is false for plain TCP.
-	TLS ClientTLS
+	TLS ClientTLS `yaml:"tls"`
 	// DrainTimeout bounds how long open streams may run when the connector
 	// leaves (drain_timeout_secs). Default 30s.
-	DrainTimeout time.Duration
+	DrainTimeout time.Duration `yaml:"drain_timeout_secs"`
 	// Tunnels are the tunnels to register, in the order of the file.
 	// There is at least one.
-	Tunnels []Tunnel
+	Tunnels []Tunnel `yaml:"tunnels"`
 }
 
 // ClientTLS is the tls mapping of config.yml.
 type ClientTLS struct {
 	// Enabled turns TLS on. It defaults to true when the tls mapping is
 	// present and to false when it is absent.
-	Enabled bool
+	Enabled bool `yaml:"enabled"`
 	// CAPath is a PEM bundle that verifies the edge; empty means the system
 	// roots. Relative paths in a file read by LoadClient are relative to the
 	// directory of that file.
-	CAPath string
+	CAPath string `yaml:"ca_path"`
 	// ServerName is the name verified in the edge's certificate. Parsing
 	// sets it to the host part of Server when TLS is enabled and it is not
 	// given.
-	ServerName string
+	ServerName string `yaml:"server_name"`
 	// InsecureSkipVerify turns certificate verification off. Only an
 	// explicit "true" in the file sets it.
-	InsecureSkipVerify bool
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
 }
 
 // Tunnel is one entry of the tunnels mapping of config.yml.
 type Tunnel struct {
 	// Name is the key of the entry, DNS-label-like (a-z, 0-9, "-").
-	Name string
-	// Proto is ProtoHTTP, ProtoHTTPS or ProtoTCP.
-	Proto string
+	Name string `yaml:"-"`
+	// Proto is group.ProtoHTTP, group.ProtoHTTPS or group.ProtoTCP.
+	Proto group.Proto `yaml:"proto"`
 	// LocalHost is the host of the local service. Default 127.0.0.1.
-	LocalHost string
+	LocalHost string `yaml:"local_host"`
 	// LocalPort is the port of the local service, 1-65535.
-	LocalPort int
+	LocalPort int `yaml:"local_port"`
 	// Subdomain is the public name <subdomain>.<domain>; set for http and
 	// https tunnels, empty for tcp.
-	Subdomain string
+	Subdomain string `yaml:"subdomain"`
 	// Group names the pool this tunnel joins; set together with GroupKey
 	// or not at all.
-	Group string
+	Group string `yaml:"group"`
 	// GroupKey is the pool's shared secret.
-	GroupKey string
+	GroupKey string `yaml:"group_key"`
 	// HealthCheck is the probe of the local service; nil for none (the
 	// member is then always healthy).
-	HealthCheck *HealthCheck
+	HealthCheck *HealthCheck `yaml:"health_check"`
 }
 
 // LocalAddr returns the local service's "host:port".
@@ -98,32 +91,24 @@ func (t Tunnel) LocalAddr() string {
 // HealthCheck is the health_check mapping of a tunnel.
 type HealthCheck struct {
 	// Type is HealthTCP or HealthHTTP.
-	Type string
+	Type string `yaml:"type"`
 	// Path is the path to GET for HealthHTTP; it starts with "/". Empty
 	// for HealthTCP.
-	Path string
+	Path string `yaml:"path"`
 	// Interval is the probe period (interval_secs). Default 10s.
-	Interval time.Duration
+	Interval time.Duration `yaml:"interval_secs"`
 	// Timeout is the per-probe deadline (timeout_secs). Default 3s.
-	Timeout time.Duration
+	Timeout time.Duration `yaml:"timeout_secs"`
 	// MaxFailed is how many consecutive failures make the member
 	// unhealthy. Default 3.
-	MaxFailed int
+	MaxFailed int `yaml:"max_failed"`
 	// Expect2xx makes an HTTP probe need a 2xx status; when false any
 	// response counts. Default true.
-	Expect2xx bool
+	Expect2xx bool `yaml:"expect_2xx"`
 	// AlertWebhook is the tenant URL the edge POSTs to when this tunnel's
 	// group reaches zero healthy members; empty for none.
-	AlertWebhook string
+	AlertWebhook string `yaml:"alert_webhook"`
 }
-
-// Keys of each mapping of config.yml.
-var (
-	clientRootKeys   = []string{"server", "auth_token", "tls", "drain_timeout_secs", "tunnels"}
-	clientTLSKeys    = []string{"enabled", "ca_path", "server_name", "insecure_skip_verify"}
-	clientTunnelKeys = []string{"proto", "local_port", "local_host", "subdomain", "group", "group_key", "health_check"}
-	clientHealthKeys = []string{"type", "path", "interval_secs", "timeout_secs", "max_failed", "expect_2xx", "alert_webhook"}
-)
 
 // DefaultClientPath returns the default location of the connector's
 // configuration file, ~/.warren/config.yml.
@@ -160,57 +145,34 @@ func parseClient(file string, data []byte, dir string) (*Client, error) {
 	if err := sizeError(file, len(data)); err != nil {
 		return nil, err
 	}
-	r := newReporter(file, true)
-	root, perr := parseYAML(file, data, &r.errs)
+	root, perr := parseYAML(file, data)
 	if perr != nil {
-		return nil, append(r.errs, perr).err()
+		return nil, ErrorList{perr}
 	}
+	r := newReporter(file)
 	cfg := &Client{File: file, DrainTimeout: 30 * time.Second}
-	top := r.openTable("", root, clientRootKeys)
-	top.str("server", &cfg.Server)
-	top.str("auth_token", &cfg.AuthToken)
-
-	tl := top.sub("tls", clientTLSKeys)
-	cfg.TLS.Enabled = tl.found
-	tl.boolean("enabled", &cfg.TLS.Enabled)
-	if tl.str("ca_path", &cfg.TLS.CAPath) {
+	nested := r.yamlFields(root, "", cfg)
+	if n := nested["tls"]; n != nil {
+		cfg.TLS.Enabled = n.Kind == yaml.MappingNode
+		r.yamlFields(n, "tls", &cfg.TLS)
 		cfg.TLS.CAPath = resolvePath(dir, cfg.TLS.CAPath)
 	}
-	tl.str("server_name", &cfg.TLS.ServerName)
-	tl.boolean("insecure_skip_verify", &cfg.TLS.InsecureSkipVerify)
-	top.seconds("drain_timeout_secs", &cfg.DrainTimeout)
-
-	tunnels := top.sub("tunnels", nil)
-	for _, f := range tunnels.order {
-		base := joinKey("tunnels", f.name)
-		t := r.openTable(base, f.val, clientTunnelKeys)
-		tun := Tunnel{Name: f.name, LocalHost: "127.0.0.1"}
-		t.str("proto", &tun.Proto)
-		t.integer("local_port", &tun.LocalPort)
-		t.str("local_host", &tun.LocalHost)
-		t.str("subdomain", &tun.Subdomain)
-		t.str("group", &tun.Group)
-		t.str("group_key", &tun.GroupKey)
-		if h := t.sub("health_check", clientHealthKeys); h.found {
-			hc := &HealthCheck{Interval: 10 * time.Second, Timeout: 3 * time.Second, MaxFailed: 3, Expect2xx: true}
-			h.str("type", &hc.Type)
-			h.str("path", &hc.Path)
-			h.seconds("interval_secs", &hc.Interval)
-			h.seconds("timeout_secs", &hc.Timeout)
-			h.integer("max_failed", &hc.MaxFailed)
-			h.boolean("expect_2xx", &hc.Expect2xx)
-			h.str("alert_webhook", &hc.AlertWebhook)
-			tun.HealthCheck = hc
+	tunnels, _ := r.yamlMapping(nested["tunnels"], "tunnels")
+	for _, p := range tunnels {
+		t := Tunnel{Name: p.key.Value, LocalHost: "127.0.0.1"}
+		key := joinKey("tunnels", t.Name)
+		r.lines[key] = p.key.Line
+		if n := r.yamlFields(p.val, key, &t)["health_check"]; n != nil {
+			t.HealthCheck = &HealthCheck{Interval: 10 * time.Second, Timeout: 3 * time.Second, MaxFailed: 3, Expect2xx: true}
+			r.yamlFields(n, joinKey(key, "health_check"), t.HealthCheck)
 		}
-		cfg.Tunnels = append(cfg.Tunnels, tun)
+		cfg.Tunnels = append(cfg.Tunnels, t)
 	}
-
 	if cfg.TLS.Enabled && cfg.TLS.ServerName == "" && hostPortProblem(cfg.Server) == "" {
 		cfg.TLS.ServerName, _, _ = net.SplitHostPort(cfg.Server)
 	}
-
 	cfg.validate(r)
-	if err := r.errs.err(); err != nil {
+	if err := r.err(); err != nil {
 		return nil, err
 	}
 	return cfg, nil
@@ -223,9 +185,9 @@ func (c *Client) Validate() error {
 	if c == nil {
 		return ErrorList{{Msg: "no client configuration", Err: ErrRequired}}
 	}
-	r := &reporter{file: c.File, yaml: true, bad: map[string]bool{}}
+	r := &reporter{file: c.File, bad: map[string]bool{}}
 	c.validate(r)
-	return r.errs.err()
+	return r.err()
 }
 
 func (c *Client) validate(r *reporter) {
@@ -235,24 +197,16 @@ func (c *Client) validate(r *reporter) {
 	case c.Server == "":
 		r.add("server", ErrRequired, "must not be empty: the edge's control address as host:port, e.g. \"tunnel.example.com:4040\"")
 	default:
-		if p := hostPortProblem(c.Server); p != "" {
-			r.add("server", ErrInvalid, "%s", p)
-		}
+		r.invalid("server", hostPortProblem(c.Server))
 	}
 
 	if c.TLS.Enabled {
-		if c.TLS.CAPath != "" {
-			if p := checkFile(c.TLS.CAPath); p != "" {
-				r.add("tls.ca_path", ErrInvalid, "%s", p)
-			}
-			if c.TLS.InsecureSkipVerify {
-				r.add("tls.insecure_skip_verify", ErrInvalid, "cannot be combined with tls.ca_path: the CA bundle would be ignored")
-			}
+		r.invalid("tls.ca_path", checkFile(c.TLS.CAPath))
+		if c.TLS.CAPath != "" && c.TLS.InsecureSkipVerify {
+			r.add("tls.insecure_skip_verify", ErrInvalid, "cannot be combined with tls.ca_path: the CA bundle would be ignored")
 		}
 		if c.TLS.ServerName != "" {
-			if p := hostProblem(c.TLS.ServerName); p != "" {
-				r.add("tls.server_name", ErrInvalid, "%s", p)
-			}
+			r.invalid("tls.server_name", hostProblem(c.TLS.ServerName))
 		}
 	}
 	if c.DrainTimeout <= 0 {
@@ -276,14 +230,14 @@ func (c *Client) validate(r *reporter) {
 }
 
 func (t *Tunnel) validate(r *reporter, base string) {
-	if p := labelProblem(t.Name); p != "" {
-		r.add(base, ErrInvalid, "tunnel name %s (names are DNS-label-like: a-z, 0-9 and \"-\")", p)
+	if err := group.ValidateSubdomain(t.Name); err != nil {
+		r.add(base, ErrInvalid, "tunnel name %v (names are DNS-label-like: a-z, 0-9 and \"-\")", err)
 	}
 	key := func(name string) string { return joinKey(base, name) }
 
-	switch t.Proto {
-	case ProtoHTTP, ProtoHTTPS, ProtoTCP:
-	case "":
+	switch {
+	case t.Proto.Valid():
+	case t.Proto == "":
 		if r.missing(key("proto")) {
 			r.add(key("proto"), ErrRequired, "required: http, https or tcp")
 		} else {
@@ -299,18 +253,16 @@ func (t *Tunnel) validate(r *reporter, base string) {
 	case t.LocalPort < 1 || t.LocalPort > 65535:
 		r.add(key("local_port"), ErrInvalid, "%d is out of range 1-65535", t.LocalPort)
 	}
-	if p := hostProblem(t.LocalHost); p != "" {
-		r.add(key("local_host"), ErrInvalid, "%s", p)
-	}
+	r.invalid(key("local_host"), hostProblem(t.LocalHost))
 
 	switch {
-	case t.Proto == ProtoTCP && t.Subdomain != "":
+	case t.Proto == group.ProtoTCP && t.Subdomain != "":
 		r.add(key("subdomain"), ErrInvalid, "not allowed when proto is \"tcp\": TCP tunnels are reached by port, not by host name")
-	case (t.Proto == ProtoHTTP || t.Proto == ProtoHTTPS) && t.Subdomain == "":
+	case t.Proto.IsHTTP() && t.Subdomain == "":
 		r.add(key("subdomain"), ErrRequired, "required when proto is %q: the public host name is <subdomain>.<domain>", t.Proto)
 	case t.Subdomain != "":
-		if p := labelProblem(t.Subdomain); p != "" {
-			r.add(key("subdomain"), ErrInvalid, "%s (a subdomain is one DNS label: a-z, 0-9 and \"-\")", p)
+		if err := group.ValidateSubdomain(t.Subdomain); err != nil {
+			r.add(key("subdomain"), ErrInvalid, "%v (a subdomain is one DNS label: a-z, 0-9 and \"-\")", err)
 		}
 	}
 
@@ -357,11 +309,7 @@ func (h *HealthCheck) validate(r *reporter, base string) {
 	if h.MaxFailed < 1 {
 		r.add(key("max_failed"), ErrInvalid, "must be at least 1, got %d", h.MaxFailed)
 	}
-	if h.AlertWebhook != "" {
-		if p := webhookProblem(h.AlertWebhook); p != "" {
-			r.add(key("alert_webhook"), ErrInvalid, "%s", p)
-		}
-	}
+	r.invalid(key("alert_webhook"), webhookProblem(h.AlertWebhook))
 }
 
 // validateSharing checks tunnels of one file that would land in the same
@@ -375,7 +323,7 @@ func validateSharing(r *reporter, tunnels []Tunnel) {
 	for i, t := range tunnels {
 		base := joinKey("tunnels", t.Name)
 		switch {
-		case (t.Proto == ProtoHTTP || t.Proto == ProtoHTTPS) && t.Subdomain != "":
+		case t.Proto.IsHTTP() && t.Subdomain != "":
 			j, seen := bySubdomain[t.Subdomain]
 			if !seen {
 				bySubdomain[t.Subdomain] = i
@@ -396,7 +344,7 @@ func validateSharing(r *reporter, tunnels []Tunnel) {
 					"%q differs from %q of %s%s, which has the same subdomain %q; members of one group must use the same protocol",
 					t.Proto, f.Proto, first, r.lineNote(first), t.Subdomain)
 			}
-		case t.Proto == ProtoTCP && t.Group != "" && t.GroupKey != "":
+		case t.Proto == group.ProtoTCP && t.Group != "" && t.GroupKey != "":
 			j, seen := byGroup[t.Group]
 			if !seen {
 				byGroup[t.Group] = i
@@ -410,37 +358,4 @@ func validateSharing(r *reporter, tunnels []Tunnel) {
 			}
 		}
 	}
-}
-
-// hostPortProblem says why s is not "host:port", or returns "".
-func hostPortProblem(s string) string {
-	host, port, err := net.SplitHostPort(s)
-	if err != nil {
-		reason := err.Error()
-		var ae *net.AddrError
-		if errors.As(err, &ae) {
-			reason = ae.Err
-		}
-		return fmt.Sprintf("%q is not host:port (%s), e.g. \"tunnel.example.com:4040\"", s, reason)
-	}
-	if p := hostProblem(host); p != "" {
-		return "host " + p
-	}
-	if _, err := parsePort(port); err != nil {
-		return "port " + err.Error()
-	}
-	return ""
-}
-
-// probePathProblem says why p cannot be the path of an HTTP probe.
-func probePathProblem(p string) string {
-	if !strings.HasPrefix(p, "/") {
-		return fmt.Sprintf("%q must start with \"/\"", p)
-	}
-	for _, r := range p {
-		if unicode.IsSpace(r) || unicode.IsControl(r) {
-			return fmt.Sprintf("%q must not contain spaces or control characters (escape them, e.g. %%20)", p)
-		}
-	}
-	return ""
 }

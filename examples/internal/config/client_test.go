@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/group"
 )
 
 const clientSample = "../../connector/config.example.yml"
@@ -44,7 +45,7 @@ func TestClientSampleParses(t *testing.T) {
 	require.Len(t, cfg.Tunnels, 2)
 	for i, tun := range cfg.Tunnels {
 		require.Equal(t, []string{"a", "b"}[i], tun.Name)
-		require.Equal(t, config.ProtoHTTP, tun.Proto)
+		require.Equal(t, group.ProtoHTTP, tun.Proto)
 		require.Equal(t, "pool", tun.Subdomain)
 		require.Equal(t, "web", tun.Group)
 		require.NotNil(t, tun.HealthCheck)
@@ -504,10 +505,14 @@ tunnels:
 			[]want{{3, "", config.ErrSyntax, "control character U+0001"}}},
 		{"unknown anchor", "server: *nowhere\n",
 			[]want{{1, "", config.ErrSyntax, "unknown anchor"}}},
-		{"deep nesting", "server: localhost:4040\nx: " + strings.Repeat("[", 100) + strings.Repeat("]", 100) + "\n",
-			[]want{{2, "x" + strings.Repeat("[0]", 64), config.ErrSyntax, "nest more than 64 levels"}}},
-		{"self-referencing anchor", "server: localhost:4040\nx: &a [*a]\n",
-			[]want{{2, "x[0]", config.ErrSyntax, "aliases nest too deep"}}},
+		// Only the values of known keys are decoded, and a value of the wrong
+		// type is refused without walking into it.
+		{"deep nesting", "auth_token: " + strings.Repeat("[", 100) + strings.Repeat("]", 100) + "\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "auth_token", config.ErrType, "expected a string, got a sequence"}}},
+		{"self-referencing anchor", "auth_token: &a [*a]\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "auth_token", config.ErrType, "expected a string, got a sequence"}}},
+		{"deep nesting under an unknown key", "x: " + strings.Repeat("[", 100) + strings.Repeat("]", 100) + "\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "x", config.ErrUnknownKey, "unknown key"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.ParseClient("config.yml", []byte(tc.doc))
@@ -515,9 +520,16 @@ tunnels:
 		})
 	}
 
+	t.Run("self-merging mapping", func(t *testing.T) {
+		cfg, err := config.ParseClient("config.yml", []byte("tls: &t {<<: *t, server_name: edge}\n"+tunnelDoc("proto: tcp", "local_port: 1")))
+		require.NoError(t, err)
+		require.Equal(t, "edge", cfg.TLS.ServerName)
+	})
+
 	t.Run("alias bomb", func(t *testing.T) {
+		// Sequences and merge keys that would expand to 10^12 values.
 		var b strings.Builder
-		b.WriteString("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n")
+		b.WriteString("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\nm0: &m0 {type: tcp}\n")
 		for i := 1; i < 12; i++ {
 			fmt.Fprintf(&b, "a%d: &a%d [", i, i)
 			for j := 0; j < 10; j++ {
@@ -526,12 +538,16 @@ tunnels:
 				}
 				fmt.Fprintf(&b, "*a%d", i-1)
 			}
-			b.WriteString("]\n")
+			fmt.Fprintf(&b, "]\nm%d: &m%d {<<: [%s]}\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*m%d, ", i-1), 10), ", "))
 		}
+		b.WriteString("server: *a11\ntunnels:\n  a: {proto: tcp, local_port: 1, health_check: *m11}\n")
 		start := time.Now()
 		_, err := config.ParseClient("config.yml", []byte(b.String()))
-		require.ErrorIs(t, err, config.ErrSyntax)
-		require.Contains(t, err.Error(), "expand to too many values")
+		var list config.ErrorList
+		require.ErrorAs(t, err, &list)
+		require.Len(t, list, 25, "24 unknown keys and the server: %v", err)
+		require.ErrorIs(t, err, config.ErrUnknownKey)
+		require.Contains(t, err.Error(), "config.yml:25: server: expected a string, got a sequence")
 		require.Less(t, time.Since(start), 5*time.Second)
 	})
 }

@@ -39,21 +39,22 @@ type Server struct {
 type ServerSection struct {
 	// Domain is the DNS suffix of public HTTP host names:
 	// <subdomain>.<domain>. Required; a lowercase host name.
-	Domain string
-	// Bind is the address every listener binds to. Default 0.0.0.0.
-	Bind netip.Addr
+	Domain string `toml:"domain"`
+	// Bind is the address every listener binds to (key bind, written as a
+	// string). Default 0.0.0.0.
+	Bind netip.Addr `toml:"-"`
 	// HTTPPort is the public HTTP port; 0 turns it off. Default 8080.
-	HTTPPort int
+	HTTPPort int `toml:"http_port"`
 	// HTTPSPort is the public HTTPS port; 0 (the default) turns it off. A
 	// non-zero port needs [tls].
-	HTTPSPort int
+	HTTPSPort int `toml:"https_port"`
 	// ControlPort is the port connectors dial. Default 4040.
-	ControlPort int
+	ControlPort int `toml:"control_port"`
 	// AdminPort serves /healthz, /metrics and /api; 0 turns it off.
 	// Default 9090.
-	AdminPort int
+	AdminPort int `toml:"admin_port"`
 	// RegionID names this edge in alerts and metrics. Default "local".
-	RegionID string
+	RegionID string `toml:"region_id"`
 }
 
 // Addr returns the "host:port" to listen on for port on the Bind address,
@@ -69,8 +70,8 @@ func (s ServerSection) Addr(port int) string {
 // both PEM files. Relative paths in a file read by LoadServer are relative
 // to the directory of that file.
 type ServerTLS struct {
-	CertPath string // certificate chain (PEM)
-	KeyPath  string // private key (PEM)
+	CertPath string `toml:"cert_path"` // certificate chain (PEM)
+	KeyPath  string `toml:"key_path"`  // private key (PEM)
 }
 
 // Enabled reports whether a certificate and key are configured.
@@ -81,39 +82,39 @@ func (t ServerTLS) Enabled() bool { return t.CertPath != "" && t.KeyPath != "" }
 type Auth struct {
 	// RequireAuth makes connectors present a token. When true there is at
 	// least one token or tenant. Default false.
-	RequireAuth bool
+	RequireAuth bool `toml:"require_auth"`
 	// Tokens authenticate connectors that belong to no tenant.
-	Tokens []string
+	Tokens []string `toml:"tokens"`
 	// AdminToken is the bearer token of the admin API; empty means none
 	// (the edge then keeps the API open only when RequireAuth is false).
-	AdminToken string
+	AdminToken string `toml:"admin_token"`
 	// Tenants are the [[auth.tenants]] entries, in file order.
-	Tenants []Tenant
+	Tenants []Tenant `toml:"tenants"`
 }
 
 // Tenant is one [[auth.tenants]] entry: its token authenticates the
 // tenant's connectors and its admin API calls.
 type Tenant struct {
-	Name  string // unique, non-empty
-	Token string // non-empty, distinct from every other token
+	Name  string `toml:"name"`  // unique, non-empty
+	Token string `toml:"token"` // non-empty, distinct from every other token
 }
 
 // Limits is the [limits] table of server.toml.
 type Limits struct {
-	// TCPPortRange is where TCP tunnels get their public ports. Default
-	// 20000-20100.
-	TCPPortRange PortRange
+	// TCPPortRange is where TCP tunnels get their public ports (key
+	// tcp_port_range, written [low, high]). Default 20000-20100.
+	TCPPortRange PortRange `toml:"-"`
 	// MaxTunnelsPerSession caps registrations per connector. Default 16.
-	MaxTunnelsPerSession int
+	MaxTunnelsPerSession int `toml:"max_tunnels_per_session"`
 	// RequestBodyMaxBytes caps public request bodies; 0 (the default)
 	// means unlimited.
-	RequestBodyMaxBytes int64
+	RequestBodyMaxBytes int64 `toml:"request_body_max_bytes"`
 	// DrainTimeout is how long a leaving member's open streams may run
 	// (drain_timeout_secs). Default 30s.
-	DrainTimeout time.Duration
+	DrainTimeout time.Duration `toml:"-"`
 	// MaxConcurrentPerMember caps in-flight requests or connections per
 	// member; 0 (the default) means unlimited.
-	MaxConcurrentPerMember int
+	MaxConcurrentPerMember int `toml:"max_concurrent_per_member"`
 }
 
 // PortRange is an inclusive range of TCP ports, Low <= High.
@@ -129,31 +130,19 @@ func (r PortRange) Contains(port int) bool { return port >= r.Low && port <= r.H
 type LoadBalancing struct {
 	// Enabled is the kill switch: when false (the default) every
 	// registration is a solo tunnel.
-	Enabled bool
+	Enabled bool `toml:"enabled"`
 	// Strategy is StrategyLeastStreams (the default) or StrategyRandom.
-	Strategy string
+	Strategy string `toml:"strategy"`
 	// AlertWebhookURL is the operator URL POSTed to when a group reaches
 	// zero healthy members; empty for none. An absolute http(s) URL.
-	AlertWebhookURL string
+	AlertWebhookURL string `toml:"alert_webhook_url"`
 	// AllowPrivateAlertWebhooks permits alert URLs that point at private
 	// or loopback addresses. Default false.
-	AllowPrivateAlertWebhooks bool
+	AllowPrivateAlertWebhooks bool `toml:"allow_private_alert_webhooks"`
 	// RetryUnreadRequests sends a bodyless request whose backend reset
 	// its connection with it unread to one other member. Default false.
-	RetryUnreadRequests bool
+	RetryUnreadRequests bool `toml:"retry_unread_requests"`
 }
-
-// Keys of each table of server.toml.
-var (
-	serverRootKeys   = []string{"server", "tls", "auth", "limits", "load_balancing"}
-	serverServerKeys = []string{"domain", "bind", "http_port", "https_port", "control_port", "admin_port", "region_id"}
-	serverTLSKeys    = []string{"cert_path", "key_path"}
-	serverAuthKeys   = []string{"require_auth", "tokens", "admin_token", "tenants"}
-	serverTenantKeys = []string{"name", "token"}
-	serverLimitsKeys = []string{"tcp_port_range", "max_tunnels_per_session", "request_body_max_bytes",
-		"drain_timeout_secs", "max_concurrent_per_member"}
-	serverLBKeys = []string{"enabled", "strategy", "alert_webhook_url", "allow_private_alert_webhooks", "retry_unread_requests"}
-)
 
 // defaultServer returns a Server holding every default of server.toml.
 func defaultServer(file string) *Server {
@@ -200,97 +189,38 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	if err := sizeError(file, len(data)); err != nil {
 		return nil, err
 	}
-	root, perr := parseTOML(file, data)
-	if perr != nil {
-		return nil, ErrorList{perr}
-	}
-	r := newReporter(file, false)
+	r := newReporter(file)
 	cfg := defaultServer(file)
-	top := r.openTable("", root, serverRootKeys)
-
-	s := top.sub("server", serverServerKeys)
-	s.str("domain", &cfg.Server.Domain)
-	var bind string
-	if s.str("bind", &bind) {
-		addr, err := netip.ParseAddr(bind)
+	f := &serverFile{Auth: cfg.Auth, LoadBalancing: cfg.LoadBalancing}
+	f.Server.ServerSection, f.Limits.Limits = cfg.Server, cfg.Limits
+	if !decodeTOML(r, data, f) {
+		return nil, r.err()
+	}
+	cfg.Server, cfg.TLS, cfg.Auth, cfg.Limits, cfg.LoadBalancing = f.Server.ServerSection, f.TLS, f.Auth, f.Limits.Limits, f.LoadBalancing
+	if f.Server.Bind != nil {
+		addr, err := netip.ParseAddr(*f.Server.Bind)
 		if err != nil {
-			r.fail("server.bind", ErrInvalid, "%q is not an IP address; use e.g. \"0.0.0.0\" (all interfaces) or \"127.0.0.1\"", bind)
-		} else {
-			cfg.Server.Bind = addr
+			r.fail("server.bind", ErrInvalid, "%q is not an IP address; use e.g. \"0.0.0.0\" (all interfaces) or \"127.0.0.1\"", *f.Server.Bind)
 		}
+		cfg.Server.Bind = addr
 	}
-	s.integer("http_port", &cfg.Server.HTTPPort)
-	s.integer("https_port", &cfg.Server.HTTPSPort)
-	s.integer("control_port", &cfg.Server.ControlPort)
-	s.integer("admin_port", &cfg.Server.AdminPort)
-	s.str("region_id", &cfg.Server.RegionID)
-
-	t := top.sub("tls", serverTLSKeys)
-	if t.str("cert_path", &cfg.TLS.CertPath) {
-		cfg.TLS.CertPath = resolvePath(dir, cfg.TLS.CertPath)
+	cfg.TLS.CertPath = resolvePath(dir, cfg.TLS.CertPath)
+	cfg.TLS.KeyPath = resolvePath(dir, cfg.TLS.KeyPath)
+	switch pr := f.Limits.TCPPortRange; {
+	case pr == nil:
+	case len(pr) != 2:
+		r.fail("limits.tcp_port_range", ErrInvalid, "must be two ports [low, high], got %d values", len(pr))
+	default:
+		cfg.Limits.TCPPortRange = PortRange{Low: int(pr[0]), High: int(pr[1])}
 	}
-	if t.str("key_path", &cfg.TLS.KeyPath) {
-		cfg.TLS.KeyPath = resolvePath(dir, cfg.TLS.KeyPath)
+	if d := f.Limits.DrainTimeout; d != nil {
+		r.duration("limits.drain_timeout_secs", float64(*d), &cfg.Limits.DrainTimeout)
 	}
-
-	a := top.sub("auth", serverAuthKeys)
-	a.boolean("require_auth", &cfg.Auth.RequireAuth)
-	a.strings("tokens", &cfg.Auth.Tokens)
-	a.str("admin_token", &cfg.Auth.AdminToken)
-	if items, p, ok := a.items("tenants"); ok {
-		cfg.Auth.Tenants = make([]Tenant, 0, len(items))
-		for i, item := range items {
-			tt := r.openTable(indexKey(p, i), item, serverTenantKeys)
-			var tenant Tenant
-			tt.str("name", &tenant.Name)
-			tt.str("token", &tenant.Token)
-			cfg.Auth.Tenants = append(cfg.Auth.Tenants, tenant)
-		}
-	}
-
-	l := top.sub("limits", serverLimitsKeys)
-	if items, p, ok := l.items("tcp_port_range"); ok {
-		readPortRange(r, p, items, &cfg.Limits.TCPPortRange)
-	}
-	l.integer("max_tunnels_per_session", &cfg.Limits.MaxTunnelsPerSession)
-	l.int64("request_body_max_bytes", &cfg.Limits.RequestBodyMaxBytes)
-	l.seconds("drain_timeout_secs", &cfg.Limits.DrainTimeout)
-	l.integer("max_concurrent_per_member", &cfg.Limits.MaxConcurrentPerMember)
-
-	lb := top.sub("load_balancing", serverLBKeys)
-	lb.boolean("enabled", &cfg.LoadBalancing.Enabled)
-	lb.str("strategy", &cfg.LoadBalancing.Strategy)
-	lb.str("alert_webhook_url", &cfg.LoadBalancing.AlertWebhookURL)
-	lb.boolean("allow_private_alert_webhooks", &cfg.LoadBalancing.AllowPrivateAlertWebhooks)
-	lb.boolean("retry_unread_requests", &cfg.LoadBalancing.RetryUnreadRequests)
-
 	cfg.validate(r)
-	if err := r.errs.err(); err != nil {
+	if err := r.err(); err != nil {
 		return nil, err
 	}
 	return cfg, nil
-}
-
-// readPortRange reads [low, high].
-func readPortRange(r *reporter, p string, items []*value, dst *PortRange) {
-	if len(items) != 2 {
-		r.fail(p, ErrInvalid, "must be two ports [low, high], got %d values", len(items))
-		return
-	}
-	var ends [2]int64
-	for i, item := range items {
-		if !r.intValue(indexKey(p, i), item, &ends[i]) {
-			r.bad[p] = true
-			return
-		}
-	}
-	for i, name := range []string{"low", "high"} {
-		if ends[i] < 1 || ends[i] > 65535 {
-			r.fail(p, ErrInvalid, "%s port %d is out of range 1-65535", name, ends[i])
-			return
-		}
-	}
-	*dst = PortRange{Low: int(ends[0]), High: int(ends[1])}
 }
 
 // Validate checks every rule of server.toml on c, for a Server built or
@@ -302,7 +232,7 @@ func (c *Server) Validate() error {
 	}
 	r := &reporter{file: c.File, bad: map[string]bool{}}
 	c.validate(r)
-	return r.errs.err()
+	return r.err()
 }
 
 func (c *Server) validate(r *reporter) {
@@ -313,9 +243,7 @@ func (c *Server) validate(r *reporter) {
 	case s.Domain == "":
 		r.add("server.domain", ErrRequired, "must not be empty: it is the DNS name public host names end in (<subdomain>.<domain>)")
 	default:
-		if p := domainProblem(s.Domain); p != "" {
-			r.add("server.domain", ErrInvalid, "%s", p)
-		}
+		r.invalid("server.domain", domainProblem(s.Domain))
 	}
 	if !s.Bind.IsValid() {
 		r.add("server.bind", ErrInvalid, "must be an IP address, e.g. \"0.0.0.0\"")
@@ -387,11 +315,7 @@ func (c *Server) validate(r *reporter) {
 	if lb.Strategy != StrategyLeastStreams && lb.Strategy != StrategyRandom {
 		r.add("load_balancing.strategy", ErrInvalid, "%q is not a strategy; use %q or %q", lb.Strategy, StrategyLeastStreams, StrategyRandom)
 	}
-	if lb.AlertWebhookURL != "" {
-		if p := webhookProblem(lb.AlertWebhookURL); p != "" {
-			r.add("load_balancing.alert_webhook_url", ErrInvalid, "%s", p)
-		}
-	}
+	r.invalid("load_balancing.alert_webhook_url", webhookProblem(lb.AlertWebhookURL))
 }
 
 func (c *Server) validateTLS(r *reporter) {
@@ -402,16 +326,8 @@ func (c *Server) validateTLS(r *reporter) {
 	case key != "" && cert == "":
 		r.add("tls.cert_path", ErrRequired, "required when tls.key_path is set (give both or neither)")
 	}
-	if cert != "" {
-		if p := checkFile(cert); p != "" {
-			r.add("tls.cert_path", ErrInvalid, "%s", p)
-		}
-	}
-	if key != "" {
-		if p := checkFile(key); p != "" {
-			r.add("tls.key_path", ErrInvalid, "%s", p)
-		}
-	}
+	r.invalid("tls.cert_path", checkFile(cert))
+	r.invalid("tls.key_path", checkFile(key))
 }
 
 func (c *Server) validateAuth(r *reporter) {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/webhook"
 )
 
 const serverSample = "../../edge/server.example.toml"
@@ -288,11 +289,13 @@ func TestServerErrors(t *testing.T) {
 		{"webhook relative", serverDoc("[load_balancing]\nalert_webhook_url = \"hooks.example.com/x\"\n"),
 			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "absolute http:// or https:// URL"}}},
 		{"webhook without host", serverDoc("[load_balancing]\nalert_webhook_url = \"https:///x\"\n"),
-			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "has no host"}}},
+			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "invalid URL: missing host"}}},
 		{"webhook bad port", serverDoc("[load_balancing]\nalert_webhook_url = \"https://h:99999/\"\n"),
 			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "invalid port"}}},
 		{"webhook unparsable", serverDoc("[load_balancing]\nalert_webhook_url = \"http://[::1\"\n"),
-			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "is not a URL"}}},
+			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "invalid URL: cannot be parsed"}}},
+		{"webhook too long", serverDoc("[load_balancing]\nalert_webhook_url = \"" + longURL(webhook.MaxURLLength+1) + "\"\n"),
+			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "longer than 2048 bytes"}}},
 
 		// Several problems are all reported, in line order.
 		{"all problems collected", "[limits]\nmax_tunnels_per_session = 0\n[server]\ndomain = \"X\"\nhttp_port = 1.5\n",
@@ -596,4 +599,29 @@ func TestServerCRLF(t *testing.T) {
 
 	_, err = config.ParseServer("server.toml", []byte("[server]\r\ndomain = \"localhost\"\r\n\r\nhttp_port = -5\r\n"))
 	requireProblems(t, err, "server.toml", want{4, "server.http_port", config.ErrInvalid, "-5 is out of range"})
+}
+
+// longURL returns an https URL of exactly n bytes.
+func longURL(n int) string {
+	const prefix = "https://hooks.example.com/"
+	return prefix + strings.Repeat("a", n-len(prefix))
+}
+
+func TestWebhookURLLengthLimit(t *testing.T) {
+	// The limit is the webhook package's: a URL the edge would refuse at
+	// registration is refused by the file already.
+	require.Equal(t, 2048, webhook.MaxURLLength)
+	for _, n := range []int{webhook.MaxURLLength, webhook.MaxURLLength + 1} {
+		u := longURL(n)
+		_, srvErr := config.ParseServer("server.toml", []byte(serverDoc("[load_balancing]\nalert_webhook_url = '"+u+"'\n")))
+		_, cliErr := config.ParseClient("config.yml", []byte(healthDoc("type: tcp", "alert_webhook: "+u)))
+		if n <= webhook.MaxURLLength {
+			require.NoError(t, srvErr)
+			require.NoError(t, cliErr)
+			continue
+		}
+		requireProblems(t, srvErr, "server.toml", want{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "longer than 2048 bytes"})
+		requireProblems(t, cliErr, "config.yml", want{8, "tunnels.a.health_check.alert_webhook", config.ErrInvalid, "longer than 2048 bytes"})
+		require.NotContains(t, srvErr.Error()+cliErr.Error(), u, "the URL may hold a secret")
+	}
 }

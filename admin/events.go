@@ -54,8 +54,8 @@ type broker struct {
 	// tenants counts each pool's members (and healthy members) per tenant, kept up to date
 	// from the events, so that a tenant's stream can carry the tenant's own counts without
 	// taking the group's lock.
-	tenants map[*group.Group]map[string]*tally
-	counted map[*group.Member]bool // members counted as healthy in tenants
+	tenants map[string]map[string]*tally // group id → tenant → counts
+	counted map[string]bool              // member ids counted as healthy in tenants
 }
 
 type tally struct{ members, healthy int }
@@ -78,8 +78,8 @@ type sseItem struct {
 }
 
 func newBroker(buffer int) *broker {
-	return &broker{buffer: buffer, subs: map[*subscriber]struct{}{}, tenants: map[*group.Group]map[string]*tally{},
-		counted: map[*group.Member]bool{}}
+	return &broker{buffer: buffer, subs: map[*subscriber]struct{}{}, tenants: map[string]map[string]*tally{},
+		counted: map[string]bool{}}
 }
 
 func (b *broker) subscribe(ref groupRef, sc scope) *subscriber {
@@ -127,7 +127,7 @@ func (b *broker) publish(ev group.Event) {
 		}
 		e := base
 		if !sub.sc.admin {
-			t := b.tenants[g][sub.sc.tenant] // exists: the member is the tenant's
+			t := b.tenants[g.ID][sub.sc.tenant] // exists: the member is the tenant's
 			e.HealthyCount, e.MemberCount = t.healthy, t.members
 		}
 		sub.offer(e)
@@ -136,7 +136,7 @@ func (b *broker) publish(ev group.Event) {
 
 // count keeps b.tenants; the caller holds b.mu.
 func (b *broker) count(ev group.Event) {
-	g, m, tenant := ev.Group, ev.Member, ev.Member.Tenant
+	g, m, tenant := ev.Group.ID, ev.Member.ID, ev.Member.Tenant
 	if ev.GroupRemoved {
 		delete(b.tenants, g)
 		delete(b.counted, m)

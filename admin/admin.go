@@ -118,7 +118,7 @@ type scope struct {
 }
 
 // sees reports whether the caller may see m (and, through it, m's group).
-func (sc scope) sees(m *group.Member) bool {
+func (sc scope) sees(m group.MemberInfo) bool {
 	return sc.admin || sc.tenant != "" && m.Tenant == sc.tenant
 }
 

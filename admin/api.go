@@ -114,23 +114,23 @@ func (s *Server) APIHandler() http.Handler {
 }
 
 // groupURL is the public URL of g.
-func (s *Server) groupURL(g *group.Group) string {
+func (s *Server) groupURL(g group.Info) string {
 	if g.Kind == group.KindTCP {
 		return fmt.Sprintf("tcp://%s:%d", s.cfg.Domain, g.Port)
 	}
 	return s.publicURL(g.Proto, g.Label)
 }
 
-func (s *Server) tunnelInfo(g *group.Group, m *group.Member) TunnelInfo {
+func (s *Server) tunnelInfo(g group.Info, m group.MemberInfo) TunnelInfo {
 	t := TunnelInfo{
 		ID:            m.ID,
 		Proto:         g.Proto,
 		Label:         g.Label,
 		Group:         g.Name,
 		Tenant:        m.Tenant,
-		Healthy:       m.Healthy(),
-		Draining:      m.Draining(),
-		ActiveStreams: m.Active(),
+		Healthy:       m.Healthy,
+		Draining:      m.Draining,
+		ActiveStreams: m.Active,
 		HealthKind:    healthKindLabel(m.HealthKind),
 		URL:           s.groupURL(g),
 		JoinedAt:      m.Joined,
@@ -145,22 +145,19 @@ func (s *Server) tunnelInfo(g *group.Group, m *group.Member) TunnelInfo {
 }
 
 // visibleTunnel returns the live member with tunnel id id, if the caller may see it.
-func (s *Server) visibleTunnel(sc scope, id string) (*group.Group, *group.Member, bool) {
-	for _, g := range s.registry.Groups() {
-		for _, m := range g.Members() {
-			if m.ID == id && sc.sees(m) {
-				return g, m, true
-			}
-		}
+func (s *Server) visibleTunnel(sc scope, id string) (group.Info, group.MemberInfo, bool) {
+	m, g, ok := s.registry.View().Member(id)
+	if !ok || !sc.sees(m) {
+		return group.Info{}, group.MemberInfo{}, false
 	}
-	return nil, nil, false
+	return g, m, true
 }
 
 func (s *Server) apiTunnels(w http.ResponseWriter, r *http.Request) {
 	sc := scopeOf(r)
 	out := []TunnelInfo{}
-	for _, g := range s.registry.Groups() {
-		for _, m := range g.Members() {
+	for _, g := range s.registry.View().Groups() {
+		for _, m := range g.Members {
 			if sc.sees(m) {
 				out = append(out, s.tunnelInfo(g, m))
 			}
@@ -183,17 +180,18 @@ func (s *Server) apiTunnel(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) apiHealthEvents(w http.ResponseWriter, r *http.Request) {
 	_, m, ok := s.visibleTunnel(scopeOf(r), r.PathValue("id"))
-	if !ok {
+	hist, live := s.registry.View().History(m.ID)
+	if !ok || !live {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no tunnel with id %q", r.PathValue("id")))
 		return
 	}
-	writeJSON(w, http.StatusOK, m.History())
+	writeJSON(w, http.StatusOK, hist)
 }
 
 func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
 	sc := scopeOf(r)
 	out := []GroupInfo{}
-	for _, g := range s.registry.Groups() {
+	for _, g := range s.registry.View().Groups() {
 		if g.Solo() {
 			continue
 		}
@@ -208,18 +206,18 @@ func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
 		if g.Kind == group.KindTCP {
 			gi.Port = g.Port
 		}
-		for _, m := range g.Members() {
+		for _, m := range g.Members {
 			if !sc.sees(m) {
 				continue
 			}
 			gm := GroupMember{
 				ID:              m.ID,
 				Tenant:          m.Tenant,
-				Healthy:         m.Healthy(),
-				Draining:        m.Draining(),
-				ActiveStreams:   m.Active(),
+				Healthy:         m.Healthy,
+				Draining:        m.Draining,
+				ActiveStreams:   m.Active,
 				HealthKind:      healthKindLabel(m.HealthKind),
-				HasAlertWebhook: m.AlertWebhook != "",
+				HasAlertWebhook: m.HasAlertWebhook,
 				JoinedAt:        m.Joined,
 			}
 			gi.MemberCount++
@@ -280,7 +278,7 @@ func isHex(s string, n int) bool {
 }
 
 // matches reports whether g is a pool the reference names.
-func (ref groupRef) matches(g *group.Group) bool {
+func (ref groupRef) matches(g group.Info) bool {
 	if g.Solo() || g.Proto != ref.proto {
 		return false
 	}
@@ -289,11 +287,11 @@ func (ref groupRef) matches(g *group.Group) bool {
 
 // groupVisible reports whether a live pool that ref names holds a member the caller may see.
 func (s *Server) groupVisible(ref groupRef, sc scope) bool {
-	for _, g := range s.registry.Groups() {
+	for _, g := range s.registry.View().Groups() {
 		if !ref.matches(g) {
 			continue
 		}
-		if slices.ContainsFunc(g.Members(), sc.sees) {
+		if slices.ContainsFunc(g.Members, sc.sees) {
 			return true
 		}
 	}

@@ -11,9 +11,9 @@ import (
 )
 
 // collector is the edge's prometheus.Collector. Gauges and the per-group dispatch counters
-// are read from the registry at scrape time, so dispatch pays nothing for metrics. What the
-// registry forgets is kept here: the dispatches of removed pools (per group name, so that a
-// counter never goes down when a pool goes away) and the health failures.
+// are read from the registry at scrape time, so dispatch pays nothing for metrics; the
+// registry keeps the dispatch totals of removed pools per name, so a counter never goes down.
+// Health failures are counted here from the events.
 //
 // Per-group series are per group name: pools that share a name (HTTP pools on different
 // subdomains, TCP pools with different keys) are summed into one series. Solo tunnels are
@@ -24,13 +24,8 @@ type collector struct {
 	activeTunnels, requests, webhookDelivery *prometheus.Desc
 	retries                                  *prometheus.Desc
 
-	mu       sync.Mutex
-	retained map[string]uint64     // group name → dispatches of its removed pools
-	failed   map[failureKey]uint64 // unhealthy transitions
-	// removed holds pools whose removal is folded into retained but that a registry listing
-	// may still return, with the removal's sequence number; Collect skips and then prunes them.
-	removed map[*group.Group]uint64
-	seq     uint64
+	mu     sync.Mutex
+	failed map[failureKey]uint64 // unhealthy transitions
 }
 
 type failureKey struct{ group, kind string }
@@ -60,9 +55,7 @@ func newCollector(s *Server) *collector {
 		retries: prometheus.NewDesc("warren_dispatch_retries_total",
 			"Requests and connections sent to one other member, by reason: opening the stream to the first failed (open_failed), or its backend reset the connection with the bodyless request unread (reset_unread).",
 			[]string{"reason"}, nil),
-		retained: map[string]uint64{},
-		failed:   map[failureKey]uint64{},
-		removed:  map[*group.Group]uint64{},
+		failed: map[failureKey]uint64{},
 	}
 }
 
@@ -74,30 +67,14 @@ func healthKindLabel(kind string) string {
 	return kind
 }
 
-// observe records what the registry will not remember. It runs under the group's lock and
-// takes only the collector's own lock.
+// observe counts unhealthy transitions, which the registry does not remember.
 func (c *collector) observe(ev group.Event) {
-	g := ev.Group
-	if g.Solo() {
-		return
-	}
-	failure := ev.Kind == group.EventHealth && !ev.Healthy
-	if !failure && !ev.GroupRemoved {
+	if ev.Group.Solo() || ev.Kind != group.EventHealth || ev.Healthy {
 		return
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if failure {
-		c.failed[failureKey{g.Name, healthKindLabel(ev.Member.HealthKind)}]++
-	}
-	if ev.GroupRemoved {
-		// The last member is already closed to new streams. A pick that acquired it just
-		// before may still add its one dispatch; that one is not counted, and the series
-		// never goes down.
-		c.retained[g.Name] += g.Dispatches()
-		c.seq++
-		c.removed[g] = c.seq
-	}
+	c.failed[failureKey{ev.Group.Name, healthKindLabel(ev.Member.HealthKind)}]++
+	c.mu.Unlock()
 }
 
 // Describe implements prometheus.Collector.
@@ -107,73 +84,34 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// poolStat is one live pool as a scrape saw it.
-type poolStat struct {
-	g                *group.Group
-	members, healthy int
-	kinds            []string
-}
-
 // Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	start := c.seq
-	c.mu.Unlock()
-
-	// Read the registry without the collector's lock: Members takes each group's lock,
-	// under which observe takes ours.
+	view := c.srv.registry.View()
 	tunnels := map[group.Proto]int{group.ProtoHTTP: 0, group.ProtoHTTPS: 0, group.ProtoTCP: 0}
-	listed := c.srv.registry.Groups()
-	var pools []poolStat
-	for _, g := range listed {
-		ms := g.Members()
-		tunnels[g.Proto] += len(ms)
-		if g.Solo() {
-			continue
-		}
-		p := poolStat{g: g, members: len(ms)}
-		for _, m := range ms {
-			if m.Healthy() {
-				p.healthy++
-			}
-			p.kinds = append(p.kinds, healthKindLabel(m.HealthKind))
-		}
-		pools = append(pools, p)
-	}
-
 	type healthSplit struct{ healthy, unhealthy int }
 	members := map[string]healthSplit{}
 	c.mu.Lock()
-	dispatches := maps.Clone(c.retained)
 	failures := maps.Clone(c.failed)
-	for _, p := range pools {
-		if _, gone := c.removed[p.g]; gone {
-			continue // its dispatches are in retained already
+	c.mu.Unlock()
+	for _, g := range view.Groups() {
+		tunnels[g.Proto] += len(g.Members)
+		if g.Solo() {
+			continue
 		}
-		name := p.g.Name
-		dispatches[name] += p.g.Dispatches()
-		hs := members[name]
-		hs.healthy += p.healthy
-		hs.unhealthy += p.members - p.healthy
-		members[name] = hs
-		for _, k := range p.kinds {
-			if _, ok := failures[failureKey{name, k}]; !ok {
-				failures[failureKey{name, k}] = 0
+		hs := members[g.Name]
+		for _, m := range g.Members {
+			if m.Healthy {
+				hs.healthy++
+			} else {
+				hs.unhealthy++
+			}
+			if k := (failureKey{g.Name, healthKindLabel(m.HealthKind)}); !hasKey(failures, k) {
+				failures[k] = 0 // every probe type in a pool has a series from the start
 			}
 		}
+		members[g.Name] = hs
 	}
-	// A pool removed before this scrape started and absent from its listing is out of the
-	// registry for good.
-	onList := make(map[*group.Group]bool, len(listed))
-	for _, g := range listed {
-		onList[g] = true
-	}
-	for g, at := range c.removed {
-		if at <= start && !onList[g] {
-			delete(c.removed, g)
-		}
-	}
-	c.mu.Unlock()
+	dispatches := view.Dispatches()
 
 	for name, hs := range members {
 		ch <- prometheus.MustNewConstMetric(c.members, prometheus.GaugeValue, float64(hs.healthy), name, "true")
@@ -202,3 +140,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.webhookDelivery, prometheus.CounterValue, float64(n), string(r))
 	}
 }
+
+func hasKey[K comparable, V any](m map[K]V, k K) bool { _, ok := m[k]; return ok }

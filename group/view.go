@@ -1,0 +1,197 @@
+package group
+
+import "time"
+
+// Info is a copy of one group's state at one moment. Changing it changes nothing.
+type Info struct {
+	// ID is unique per group instance on this edge, also across re-creations of a route.
+	ID string
+	// Kind is the route kind; Proto the members' protocol.
+	Kind  Kind
+	Proto Proto
+	// Label is the subdomain (http, https) or the TCP group name or tunnel label.
+	Label string
+	// Name is the pool's display name; "" for a solo tunnel.
+	Name string
+	// KeyHash is the pool's key hash (zero for a solo tunnel).
+	KeyHash KeyHash
+	// Port is the public TCP port (tcp only).
+	Port int
+	// Dispatches counts the streams handed to the group's members so far.
+	Dispatches uint64
+	// Members are the group's members in join order (nil in an Event).
+	Members []MemberInfo
+}
+
+// Solo reports whether the group is a single, ungrouped tunnel.
+func (i Info) Solo() bool { return i.Name == "" }
+
+// Counts returns the number of members, how many have their health bit set, and how many are
+// selectable (healthy and not draining).
+func (i Info) Counts() (members, healthy, selectable int) {
+	for _, m := range i.Members {
+		if m.Healthy {
+			healthy++
+			if !m.Draining {
+				selectable++
+			}
+		}
+	}
+	return len(i.Members), healthy, selectable
+}
+
+// MemberInfo is a copy of one member's state at one moment. Changing it changes nothing.
+type MemberInfo struct {
+	// ID is the tunnel id the edge assigned.
+	ID string
+	// Tenant is the identity the member's connector authenticated as ("" for none).
+	Tenant string
+	// HealthKind is the probe type reporting on the member: "tcp", "http", "func" or "none".
+	HealthKind string
+	// HasAlertWebhook says whether the member registered a tenant alert URL.
+	HasAlertWebhook bool
+	// Healthy is the member's health bit; Draining says it takes no new work.
+	Healthy, Draining bool
+	// Active is its number of active streams.
+	Active int64
+	// Joined is when the member joined.
+	Joined time.Time
+}
+
+func (m *Member) info() MemberInfo {
+	return MemberInfo{
+		ID:              m.ID,
+		Tenant:          m.Tenant,
+		HealthKind:      m.HealthKind,
+		HasAlertWebhook: m.AlertWebhook != "",
+		Healthy:         m.Healthy(),
+		Draining:        m.Draining(),
+		Active:          m.Active(),
+		Joined:          m.Joined,
+	}
+}
+
+// infoLocked copies g, with its members when withMembers; the caller holds g.mu.
+func (g *Group) infoLocked(withMembers bool) Info {
+	i := Info{
+		ID: g.ID, Kind: g.Kind, Proto: g.Proto, Label: g.Label, Name: g.Name,
+		KeyHash: g.KeyHash, Port: g.Port, Dispatches: g.dispatches.Load(),
+	}
+	if withMembers {
+		i.Members = make([]MemberInfo, len(g.members))
+		for k, m := range g.members {
+			i.Members[k] = m.info()
+		}
+	}
+	return i
+}
+
+// Info returns a copy of the group with its members.
+func (g *Group) Info() Info {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.infoLocked(true)
+}
+
+// View reads a Registry and cannot change it: everything it returns is a copy. It is what an
+// embedder of the edge is given; its zero value sees an empty registry.
+type View struct{ r *Registry }
+
+// View returns a read-only view of r.
+func (r *Registry) View() View { return View{r} }
+
+// Groups returns every live group with its members, in no particular order.
+func (v View) Groups() []Info {
+	if v.r == nil {
+		return nil
+	}
+	gs := v.r.Groups()
+	out := make([]Info, 0, len(gs))
+	for _, g := range gs {
+		out = append(out, g.Info())
+	}
+	return out
+}
+
+// LookupHTTP returns the HTTP(S) group serving a subdomain.
+func (v View) LookupHTTP(subdomain string) (Info, bool) {
+	if v.r == nil {
+		return Info{}, false
+	}
+	g := v.r.LookupHTTP(subdomain)
+	if g == nil {
+		return Info{}, false
+	}
+	return g.Info(), true
+}
+
+// Member returns the live member with this tunnel id and its group.
+func (v View) Member(id string) (MemberInfo, Info, bool) {
+	m := v.member(id)
+	if m == nil {
+		return MemberInfo{}, Info{}, false
+	}
+	g := m.group.Info()
+	for _, mi := range g.Members {
+		if mi.ID == id {
+			return mi, g, true
+		}
+	}
+	return MemberInfo{}, Info{}, false // it left meanwhile
+}
+
+// History returns the last HistoryLen health transitions of the live member with this
+// tunnel id, oldest first.
+func (v View) History(id string) ([]Transition, bool) {
+	m := v.member(id)
+	if m == nil {
+		return nil, false
+	}
+	return m.History(), true
+}
+
+// Dispatches returns, per pool name, the requests and connections dispatched to the pools of
+// that name so far, the pools that are gone included: each total only ever grows (a pick
+// that acquired a member just before its pool was removed may go uncounted). Solo tunnels
+// are not pools and are not counted.
+func (v View) Dispatches() map[string]uint64 {
+	out := map[string]uint64{}
+	if v.r == nil {
+		return out
+	}
+	v.r.retiredMu.Lock()
+	defer v.r.retiredMu.Unlock()
+	for name, n := range v.r.retired {
+		out[name] += n
+	}
+	for _, g := range v.r.Groups() {
+		if !g.Solo() {
+			out[g.Name] += g.dispatches.Load()
+		}
+	}
+	return out
+}
+
+// PortsInUse returns the number of TCP ports currently taken.
+func (v View) PortsInUse() int {
+	if v.r == nil {
+		return 0
+	}
+	return v.r.PortsInUse()
+}
+
+func (v View) member(id string) *Member {
+	if v.r == nil {
+		return nil
+	}
+	return v.r.Member(id)
+}
+
+// Member returns the live member with this tunnel id, or nil.
+func (r *Registry) Member(id string) *Member {
+	x, ok := r.byID.Load(id)
+	if !ok {
+		return nil
+	}
+	return x.(*Member)
+}
