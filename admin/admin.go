@@ -1,4 +1,12 @@
-package tunnel
+// Package admin is an edge's operator plane: the JSON REST API, the live group event streams
+// (Server-Sent Events) and the Prometheus collector.
+//
+// It reads the edge through narrow inputs only: a read-only group.View of the routing table,
+// the group events, a function for each group's public URL, an authenticator for tenant
+// tokens, and a few counters. It knows nothing of how dispatch, tunnels or the wire work.
+// tunnel.Server builds one Plane and serves it from ServeAdmin and AdminHandler; the JSON
+// types here are what those endpoints return.
+package admin
 
 import (
 	"context"
@@ -8,96 +16,176 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/webhook"
 )
 
-// observability is the edge's admin side: who may call the admin API, the metrics
-// collector, and the broker of live group events.
-type observability struct {
+// ErrInvalidToken is what Config.Authenticate returns (wrapped or not) for a token it does
+// not know: the caller gets 401. Any other error is an outage of the authenticator: 503.
+var ErrInvalidToken = errors.New("invalid token")
+
+// Stats are the edge's counters that the registry does not hold, read at each scrape.
+type Stats struct {
+	// HTTPRequests and TCPConnections count the public requests and connections received.
+	HTTPRequests, TCPConnections uint64
+	// RetriesOpenFailed and RetriesResetUnread count the dispatches sent to one other
+	// member: after opening the stream to the first failed, and after its backend reset the
+	// connection with a bodyless request unread.
+	RetriesOpenFailed, RetriesResetUnread uint64
+	// Deliveries counts alert deliveries by result.
+	Deliveries map[webhook.Result]uint64
+}
+
+// Config is what a Plane reads of its edge. View and URL are required.
+type Config struct {
+	// View is the edge's routing table.
+	View group.View
+	// URL returns a group's public URL.
+	URL func(g group.Info) string
+	// AdminToken is the bearer token that sees everything and may read the metrics.
+	AdminToken string
+	// Authenticate maps a tenant token to its tenant; nil means the edge has no tenants.
+	// When both AdminToken and Authenticate are unset the API is open: every caller sees
+	// everything.
+	Authenticate func(ctx context.Context, token string) (tenant string, err error)
+	// Stats returns the edge's counters; nil reports zeros.
+	Stats func() Stats
+	// ShuttingDown reports whether the edge is shutting down (/healthz answers 503).
+	ShuttingDown func() bool
+	// Done is closed when the edge shuts down: every live event stream ends.
+	Done <-chan struct{}
+	// RegionID is the region label of the per-group metrics.
+	RegionID string
+	// Metrics is where the collector is registered; nil means a private registry.
+	Metrics prometheus.Registerer
+	// EventKeepAlive is the interval of the keep-alive comment on an event stream; default 30 s.
+	EventKeepAlive time.Duration
+	// EventBuffer is how many events one stream subscriber may have pending; default 64.
+	EventBuffer int
+	// Logger receives the plane's logs; default none.
+	Logger *zap.Logger
+}
+
+// Plane serves an edge's admin API, event streams and metrics. It is safe for concurrent use.
+type Plane struct {
+	cfg       Config
+	log       *zap.Logger
 	adminHash [sha256.Size]byte
 	hasAdmin  bool
 	metrics   *collector
 	gatherer  prometheus.Gatherer
 	events    *broker
 	// registeredOn is where the collector was registered; Close unregisters it so that an
-	// embedder can start a new Server on the same registry.
+	// embedder can start a new edge on the same registry.
 	registeredOn prometheus.Registerer
 }
 
-// initObservability registers the metrics collector and creates the event broker; it runs
-// in NewServer before any group can exist.
-func (s *Server) initObservability() error {
-	o := &observability{
-		hasAdmin: s.cfg.AdminToken != "",
-		metrics:  newCollector(s),
-		events:   newBroker(s.cfg.EventBuffer),
+// New registers the metrics collector and returns a Plane. Call Close to unregister it.
+func New(cfg Config) (*Plane, error) {
+	if cfg.URL == nil {
+		return nil, errors.New("admin: Config.URL is required")
 	}
-	if o.hasAdmin {
-		o.adminHash = sha256.Sum256([]byte(s.cfg.AdminToken))
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
 	}
-	reg := s.cfg.Metrics
+	if cfg.Stats == nil {
+		cfg.Stats = func() Stats { return Stats{} }
+	}
+	if cfg.ShuttingDown == nil {
+		cfg.ShuttingDown = func() bool { return false }
+	}
+	if cfg.EventKeepAlive <= 0 {
+		cfg.EventKeepAlive = 30 * time.Second
+	}
+	if cfg.EventBuffer <= 0 {
+		cfg.EventBuffer = 64
+	}
+	p := &Plane{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		hasAdmin: cfg.AdminToken != "",
+		events:   newBroker(cfg.EventBuffer),
+	}
+	p.metrics = newCollector(cfg)
+	if p.hasAdmin {
+		p.adminHash = sha256.Sum256([]byte(cfg.AdminToken))
+	}
+	reg := cfg.Metrics
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	if err := reg.Register(o.metrics); err != nil {
-		return fmt.Errorf("tunnel: registering the edge's metrics on ServerConfig.Metrics: %w", err)
+	if err := reg.Register(p.metrics); err != nil {
+		return nil, fmt.Errorf("registering the edge's metrics on ServerConfig.Metrics: %w", err)
 	}
-	o.registeredOn = reg
+	p.registeredOn = reg
 	if g, ok := reg.(prometheus.Gatherer); ok {
-		o.gatherer = g
+		p.gatherer = g
 	} else {
 		private := prometheus.NewRegistry()
-		if err := private.Register(o.metrics); err != nil {
-			return fmt.Errorf("tunnel: registering the edge's metrics: %w", err)
+		if err := private.Register(p.metrics); err != nil {
+			reg.Unregister(p.metrics)
+			return nil, fmt.Errorf("registering the edge's metrics: %w", err)
 		}
-		o.gatherer = private
+		p.gatherer = private
 	}
-	s.obs = o
-	return nil
+	return p, nil
 }
 
-// AdminHandler returns the whole admin API as an http.Handler, as ServeAdmin serves it:
+// Close unregisters the collector. It does not end open event streams: Config.Done does.
+func (p *Plane) Close() { p.registeredOn.Unregister(p.metrics) }
+
+// Gatherer is where the metrics are gathered from: Config.Metrics when it is a Gatherer,
+// otherwise a private registry holding only the edge's metrics.
+func (p *Plane) Gatherer() prometheus.Gatherer { return p.gatherer }
+
+// Observe takes one group event: it feeds the health-failure counters and the live event
+// streams. It never blocks.
+func (p *Plane) Observe(ev group.Event) {
+	p.metrics.observe(ev)
+	p.events.publish(ev)
+}
+
+// EventStreams is the number of live event streams open now.
+func (p *Plane) EventStreams() int { return p.events.subscribers() }
+
+// Handler returns the whole admin API as an http.Handler:
 //
 //   - GET /healthz answers 200 "ok" while the edge is serving and 503 once it is shutting
 //     down. It needs no token.
 //   - GET /metrics is MetricsHandler.
 //   - /api/ is APIHandler.
-func (s *Server) AdminHandler() http.Handler {
+func (p *Plane) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if s.shuttingDown() {
+		if p.cfg.ShuttingDown() {
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)
 			return
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
 	})
-	mux.Handle("GET /metrics", s.MetricsHandler())
-	mux.Handle("/api/", s.APIHandler())
+	mux.Handle("GET /metrics", p.MetricsHandler())
+	mux.Handle("/api/", p.APIHandler())
 	return mux
 }
 
-// closeObservability unregisters the edge's collector.
-func (s *Server) closeObservability() {
-	s.obs.registeredOn.Unregister(s.obs.metrics)
-}
-
 // MetricsHandler returns the Prometheus exposition of the edge's metrics (and of everything
-// else registered on ServerConfig.Metrics when that is a Gatherer), whatever the request's
-// path. It is open when the API is (no AdminToken and no Auth); otherwise it needs the admin
-// token: no token or an unknown one is 401, a tenant's token 403.
-func (s *Server) MetricsHandler() http.Handler {
-	h := promhttp.HandlerFor(s.obs.gatherer, promhttp.HandlerOpts{
-		ErrorLog:      zap.NewStdLog(s.log.Named("metrics")),
+// else registered on Config.Metrics when that is a Gatherer), whatever the request's path.
+// It is open when the API is; otherwise it needs the admin token: no token or an unknown one
+// is 401, a tenant's token 403.
+func (p *Plane) MetricsHandler() http.Handler {
+	h := promhttp.HandlerFor(p.gatherer, promhttp.HandlerOpts{
+		ErrorLog:      zap.NewStdLog(p.log.Named("metrics")),
 		ErrorHandling: promhttp.ContinueOnError,
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sc, ok := s.authenticate(w, r)
+		sc, ok := p.authenticate(w, r)
 		if !ok {
 			return
 		}
@@ -131,9 +219,9 @@ func scopeOf(r *http.Request) scope {
 }
 
 // requireAuth runs next with the caller's scope in the request context, or answers 401.
-func (s *Server) requireAuth(next http.Handler) http.Handler {
+func (p *Plane) requireAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sc, ok := s.authenticate(w, r)
+		sc, ok := p.authenticate(w, r)
 		if !ok {
 			return
 		}
@@ -144,8 +232,8 @@ func (s *Server) requireAuth(next http.Handler) http.Handler {
 // authenticate finds the caller's scope from its bearer token. When it returns false it has
 // already answered: 401 for a missing or invalid token, 503 when the authenticator failed
 // for another reason.
-func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (scope, bool) {
-	if !s.obs.hasAdmin && s.cfg.Auth == nil {
+func (p *Plane) authenticate(w http.ResponseWriter, r *http.Request) (scope, bool) {
+	if !p.hasAdmin && p.cfg.Authenticate == nil {
 		return scope{admin: true}, true // open API: the self-hosted default
 	}
 	token, ok := bearerToken(r)
@@ -153,23 +241,23 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (scope, bo
 		unauthorized(w, "missing bearer token")
 		return scope{}, false
 	}
-	if s.obs.hasAdmin {
+	if p.hasAdmin {
 		h := sha256.Sum256([]byte(token))
-		if subtle.ConstantTimeCompare(h[:], s.obs.adminHash[:]) == 1 {
+		if subtle.ConstantTimeCompare(h[:], p.adminHash[:]) == 1 {
 			return scope{admin: true}, true
 		}
 	}
-	if s.cfg.Auth == nil {
+	if p.cfg.Authenticate == nil {
 		unauthorized(w, "invalid token")
 		return scope{}, false
 	}
-	tenant, err := s.cfg.Auth.Authenticate(r.Context(), token)
+	tenant, err := p.cfg.Authenticate(r.Context(), token)
 	switch {
-	case errors.Is(err, ErrUnauthorized):
+	case errors.Is(err, ErrInvalidToken):
 		unauthorized(w, "invalid token")
 		return scope{}, false
 	case err != nil:
-		s.log.Warn("admin API: authenticator failed", zap.Error(err))
+		p.log.Warn("admin API: authenticator failed", zap.Error(err))
 		writeError(w, http.StatusServiceUnavailable, "cannot check the token now")
 		return scope{}, false
 	}
@@ -189,20 +277,4 @@ func bearerToken(r *http.Request) (string, bool) {
 func unauthorized(w http.ResponseWriter, msg string) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="warren"`)
 	writeError(w, http.StatusUnauthorized, msg)
-}
-
-// onGroupEvent receives every membership and health change from the registry, under the
-// group's lock, in order. Everything it calls only records and queues: it never blocks and
-// never takes a group's lock.
-func (s *Server) onGroupEvent(ev group.Event) {
-	s.alerts.observe(ev)
-	s.obs.metrics.observe(ev)
-	s.obs.events.publish(ev)
-	if s.cfg.OnEvent != nil {
-		s.cfg.OnEvent(ev)
-	}
-	if ev.Kind == group.EventHealth || ev.GroupRemoved {
-		s.log.Debug("group changed", zap.String("event", ev.Kind.String()), zap.String("group", ev.Group.Name),
-			zap.String("label", ev.Group.Label), zap.Int("members", ev.MemberCount), zap.Int("healthy", ev.SelectableCount))
-	}
 }

@@ -1,4 +1,4 @@
-package tunnel
+package admin
 
 import (
 	"cmp"
@@ -88,6 +88,18 @@ type GroupMember struct {
 	JoinedAt time.Time `json:"joined_at"`
 }
 
+// HealthEvent is one health transition of a tunnel in the JSON of
+// GET /api/tunnels/{id}/health-events. Only changes are recorded, not every probe; the first
+// entry is the registration.
+type HealthEvent struct {
+	// At is when the edge recorded the change.
+	At time.Time `json:"at"`
+	// Healthy is the tunnel's health bit after the change.
+	Healthy bool `json:"healthy"`
+	// Reason says why, e.g. "probe succeeded" or "3 consecutive probe failures: …".
+	Reason string `json:"reason"`
+}
+
 // APIHandler returns the JSON admin API as an http.Handler. It serves these paths (mount it
 // at the root of a mux, or under "/api/"):
 //
@@ -103,25 +115,17 @@ type GroupMember struct {
 // registered and the groups that hold at least one of them, with counts over those members
 // alone; a token Auth accepts with no tenant sees nothing. Whatever a caller cannot see is
 // 404, exactly as if it did not exist.
-func (s *Server) APIHandler() http.Handler {
+func (p *Plane) APIHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /api/tunnels", s.apiTunnels)
-	mux.HandleFunc("GET /api/tunnels/{id}", s.apiTunnel)
-	mux.HandleFunc("GET /api/tunnels/{id}/health-events", s.apiHealthEvents)
-	mux.HandleFunc("GET /api/groups", s.apiGroups)
-	mux.HandleFunc("GET /api/groups/{protocol}/{label}/events", s.apiGroupEvents)
-	return s.requireAuth(mux)
+	mux.HandleFunc("GET /api/tunnels", p.apiTunnels)
+	mux.HandleFunc("GET /api/tunnels/{id}", p.apiTunnel)
+	mux.HandleFunc("GET /api/tunnels/{id}/health-events", p.apiHealthEvents)
+	mux.HandleFunc("GET /api/groups", p.apiGroups)
+	mux.HandleFunc("GET /api/groups/{protocol}/{label}/events", p.apiGroupEvents)
+	return p.requireAuth(mux)
 }
 
-// groupURL is the public URL of g.
-func (s *Server) groupURL(g group.Info) string {
-	if g.Kind == group.KindTCP {
-		return fmt.Sprintf("tcp://%s:%d", s.cfg.Domain, g.Port)
-	}
-	return s.publicURL(g.Proto, g.Label)
-}
-
-func (s *Server) tunnelInfo(g group.Info, m group.MemberInfo) TunnelInfo {
+func (p *Plane) tunnelInfo(g group.Info, m group.MemberInfo) TunnelInfo {
 	t := TunnelInfo{
 		ID:            m.ID,
 		Proto:         g.Proto,
@@ -132,7 +136,7 @@ func (s *Server) tunnelInfo(g group.Info, m group.MemberInfo) TunnelInfo {
 		Draining:      m.Draining,
 		ActiveStreams: m.Active,
 		HealthKind:    healthKindLabel(m.HealthKind),
-		URL:           s.groupURL(g),
+		URL:           p.cfg.URL(g),
 		JoinedAt:      m.Joined,
 	}
 	if !g.Solo() {
@@ -145,21 +149,21 @@ func (s *Server) tunnelInfo(g group.Info, m group.MemberInfo) TunnelInfo {
 }
 
 // visibleTunnel returns the live member with tunnel id id, if the caller may see it.
-func (s *Server) visibleTunnel(sc scope, id string) (group.Info, group.MemberInfo, bool) {
-	m, g, ok := s.registry.View().Member(id)
+func (p *Plane) visibleTunnel(sc scope, id string) (group.Info, group.MemberInfo, bool) {
+	m, g, ok := p.cfg.View.Member(id)
 	if !ok || !sc.sees(m) {
 		return group.Info{}, group.MemberInfo{}, false
 	}
 	return g, m, true
 }
 
-func (s *Server) apiTunnels(w http.ResponseWriter, r *http.Request) {
+func (p *Plane) apiTunnels(w http.ResponseWriter, r *http.Request) {
 	sc := scopeOf(r)
 	out := []TunnelInfo{}
-	for _, g := range s.registry.View().Groups() {
+	for _, g := range p.cfg.View.Groups() {
 		for _, m := range g.Members {
 			if sc.sees(m) {
-				out = append(out, s.tunnelInfo(g, m))
+				out = append(out, p.tunnelInfo(g, m))
 			}
 		}
 	}
@@ -169,29 +173,36 @@ func (s *Server) apiTunnels(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) apiTunnel(w http.ResponseWriter, r *http.Request) {
-	g, m, ok := s.visibleTunnel(scopeOf(r), r.PathValue("id"))
+func (p *Plane) apiTunnel(w http.ResponseWriter, r *http.Request) {
+	g, m, ok := p.visibleTunnel(scopeOf(r), r.PathValue("id"))
 	if !ok {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no tunnel with id %q", r.PathValue("id")))
 		return
 	}
-	writeJSON(w, http.StatusOK, s.tunnelInfo(g, m))
+	writeJSON(w, http.StatusOK, p.tunnelInfo(g, m))
 }
 
-func (s *Server) apiHealthEvents(w http.ResponseWriter, r *http.Request) {
-	_, m, ok := s.visibleTunnel(scopeOf(r), r.PathValue("id"))
-	hist, live := s.registry.View().History(m.ID)
-	if !ok || !live {
+func (p *Plane) apiHealthEvents(w http.ResponseWriter, r *http.Request) {
+	var hist []group.Transition
+	_, m, ok := p.visibleTunnel(scopeOf(r), r.PathValue("id"))
+	if ok {
+		hist, ok = p.cfg.View.History(m.ID)
+	}
+	if !ok {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no tunnel with id %q", r.PathValue("id")))
 		return
 	}
-	writeJSON(w, http.StatusOK, hist)
+	out := make([]HealthEvent, len(hist))
+	for i, t := range hist {
+		out[i] = HealthEvent(t)
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
-func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
+func (p *Plane) apiGroups(w http.ResponseWriter, r *http.Request) {
 	sc := scopeOf(r)
 	out := []GroupInfo{}
-	for _, g := range s.registry.View().Groups() {
+	for _, g := range p.cfg.View.Groups() {
 		if g.Solo() {
 			continue
 		}
@@ -200,7 +211,7 @@ func (s *Server) apiGroups(w http.ResponseWriter, r *http.Request) {
 			Label:        g.Label,
 			Name:         g.Name,
 			KeyHashShort: g.KeyHash.Short(),
-			URL:          s.groupURL(g),
+			URL:          p.cfg.URL(g),
 			Members:      []GroupMember{},
 		}
 		if g.Kind == group.KindTCP {
@@ -286,8 +297,8 @@ func (ref groupRef) matches(g group.Info) bool {
 }
 
 // groupVisible reports whether a live pool that ref names holds a member the caller may see.
-func (s *Server) groupVisible(ref groupRef, sc scope) bool {
-	for _, g := range s.registry.View().Groups() {
+func (p *Plane) groupVisible(ref groupRef, sc scope) bool {
+	for _, g := range p.cfg.View.Groups() {
 		if !ref.matches(g) {
 			continue
 		}

@@ -1,4 +1,4 @@
-package tunnel
+package admin
 
 import (
 	"encoding/json"
@@ -43,8 +43,7 @@ type LaggedEvent struct {
 // reading does not hold its handler for ever.
 const sseWriteTimeout = 10 * time.Second
 
-// broker fans group health transitions out to the live event streams. publish runs under a
-// group's lock: it never blocks, and a subscriber whose buffer is full misses the event
+// broker fans group health transitions out to the live event streams. publish never blocks, and a subscriber whose buffer is full misses the event
 // instead of delaying the edge or the other subscribers.
 type broker struct {
 	buffer int
@@ -88,6 +87,12 @@ func (b *broker) subscribe(ref groupRef, sc scope) *subscriber {
 	b.subs[sub] = struct{}{}
 	b.mu.Unlock()
 	return sub
+}
+
+func (b *broker) subscribers() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.subs)
 }
 
 func (b *broker) unsubscribe(sub *subscriber) {
@@ -221,8 +226,8 @@ func (b *broker) takeLag(sub *subscriber) (int, bool) {
 
 // apiGroupEvents serves GET /api/groups/{protocol}/{label}/events: a Server-Sent Events
 // stream of the group's health transitions, with a keep-alive comment every
-// ServerConfig.EventKeepAlive. It ends when the client goes away or the edge shuts down.
-func (s *Server) apiGroupEvents(w http.ResponseWriter, r *http.Request) {
+// Config.EventKeepAlive. It ends when the client goes away or the edge shuts down.
+func (p *Plane) apiGroupEvents(w http.ResponseWriter, r *http.Request) {
 	sc := scopeOf(r)
 	ref, ok := parseGroupRef(r.PathValue("protocol"), r.PathValue("label"))
 	notFound := fmt.Sprintf("no group %s/%s", r.PathValue("protocol"), r.PathValue("label"))
@@ -231,14 +236,14 @@ func (s *Server) apiGroupEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Subscribe before looking, so that no transition falls between the look and the stream.
-	events := s.obs.events
+	events := p.events
 	sub := events.subscribe(ref, sc)
 	defer events.unsubscribe(sub)
-	if !s.groupVisible(ref, sc) {
+	if !p.groupVisible(ref, sc) {
 		writeError(w, http.StatusNotFound, notFound)
 		return
 	}
-	if s.shuttingDown() {
+	if p.cfg.ShuttingDown() {
 		writeError(w, http.StatusServiceUnavailable, "shutting down")
 		return
 	}
@@ -258,11 +263,11 @@ func (s *Server) apiGroupEvents(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	if !send(": group events of %s/%s\n\n", ref.proto, ref.label) {
-		s.log.Debug("admin API: event stream ended before its first event (the ResponseWriter must flush)")
+		p.log.Debug("admin API: event stream ended before its first event (the ResponseWriter must flush)")
 		return
 	}
 
-	keepAlive := time.NewTicker(s.cfg.EventKeepAlive)
+	keepAlive := time.NewTicker(p.cfg.EventKeepAlive)
 	defer keepAlive.Stop()
 	for {
 		var it sseItem
@@ -282,7 +287,7 @@ func (s *Server) apiGroupEvents(w http.ResponseWriter, r *http.Request) {
 					continue
 				case <-r.Context().Done():
 					return
-				case <-s.done:
+				case <-p.cfg.Done:
 					return
 				}
 			}
@@ -296,7 +301,7 @@ func (s *Server) apiGroupEvents(w http.ResponseWriter, r *http.Request) {
 			ok = send("event: group_event\ndata: %s\n\n", data)
 		}
 		if !ok {
-			s.log.Debug("admin API: event stream ended", zap.String("group", string(ref.proto)+"/"+ref.label))
+			p.log.Debug("admin API: event stream ended", zap.String("group", string(ref.proto)+"/"+ref.label))
 			return
 		}
 	}

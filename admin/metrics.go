@@ -1,4 +1,4 @@
-package tunnel
+package admin
 
 import (
 	"maps"
@@ -19,7 +19,7 @@ import (
 // subdomains, TCP pools with different keys) are summed into one series. Solo tunnels are
 // not pools and appear only in warren_active_tunnels and warren_requests_total.
 type collector struct {
-	srv                                      *Server
+	cfg                                      Config
 	members, dispatches, failures            *prometheus.Desc
 	activeTunnels, requests, webhookDelivery *prometheus.Desc
 	retries                                  *prometheus.Desc
@@ -30,10 +30,10 @@ type collector struct {
 
 type failureKey struct{ group, kind string }
 
-func newCollector(s *Server) *collector {
-	region := prometheus.Labels{"region": s.cfg.RegionID}
+func newCollector(cfg Config) *collector {
+	region := prometheus.Labels{"region": cfg.RegionID}
 	return &collector{
-		srv: s,
+		cfg: cfg,
 		members: prometheus.NewDesc("warren_group_members",
 			"Members of the load-balancing groups with this name, by health bit.",
 			[]string{"group", "healthy"}, region),
@@ -86,7 +86,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	view := c.srv.registry.View()
+	view := c.cfg.View
+	stats := c.cfg.Stats()
 	tunnels := map[group.Proto]int{group.ProtoHTTP: 0, group.ProtoHTTPS: 0, group.ProtoTCP: 0}
 	type healthSplit struct{ healthy, unhealthy int }
 	members := map[string]healthSplit{}
@@ -126,11 +127,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for proto, n := range tunnels {
 		ch <- prometheus.MustNewConstMetric(c.activeTunnels, prometheus.GaugeValue, float64(n), string(proto))
 	}
-	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(c.srv.requests.http.Load()), string(group.ProtoHTTP))
-	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(c.srv.requests.tcp.Load()), string(group.ProtoTCP))
-	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(c.srv.retries.open.Load()), "open_failed")
-	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(c.srv.retries.unread.Load()), "reset_unread")
-	deliveries := c.srv.alerts.deliveries()
+	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(stats.HTTPRequests), string(group.ProtoHTTP))
+	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(stats.TCPConnections), string(group.ProtoTCP))
+	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesOpenFailed), "open_failed")
+	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesResetUnread), "reset_unread")
+	deliveries := maps.Clone(stats.Deliveries)
+	if deliveries == nil {
+		deliveries = map[webhook.Result]uint64{}
+	}
 	for _, r := range []webhook.Result{webhook.ResultSuccess, webhook.ResultFailure, webhook.ResultRefused, webhook.ResultDropped} {
 		if _, ok := deliveries[r]; !ok {
 			deliveries[r] = 0 // every outcome has a series from the start

@@ -45,7 +45,7 @@ func New(name string) (Strategy, error) {
 	return nil, fmt.Errorf("dispatch: unknown strategy %q (want %q or %q)", name, NameLeastStreams, NameRandom)
 }
 
-// Random picks a member uniformly at random, ignoring load, as seed 000 describes.
+// Random picks a member uniformly at random, ignoring load.
 // The zero value is ready to use.
 type Random struct{}
 

@@ -1,7 +1,9 @@
 package group
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -32,6 +34,25 @@ func (k Kind) String() string {
 
 // KeyHash is the SHA-256 of a group key. Only the hash ever reaches the edge.
 type KeyHash [32]byte
+
+// HashKey returns the KeyHash of a group key: its SHA-256. Connectors send only this hash,
+// and a reserved endpoint or a test can compute the same value from the key.
+func HashKey(key string) KeyHash { return sha256.Sum256([]byte(key)) }
+
+// ParseKeyHash parses the 64 hex digits of a KeyHash (as KeyHash.String writes them).
+func ParseKeyHash(s string) (KeyHash, error) {
+	var h KeyHash
+	if len(s) != hex.EncodedLen(len(h)) {
+		return h, fmt.Errorf("a key hash is %d hex digits, got %d characters", hex.EncodedLen(len(h)), len(s))
+	}
+	if _, err := hex.Decode(h[:], []byte(s)); err != nil {
+		return KeyHash{}, fmt.Errorf("a key hash is hex digits: %w", err)
+	}
+	return h, nil
+}
+
+// String is the full hash in hex. Prefer Short in logs.
+func (h KeyHash) String() string { return hex.EncodeToString(h[:]) }
 
 // Short is the first 8 hex characters, safe to log and to show.
 func (h KeyHash) Short() string { return hex.EncodeToString(h[:4]) }

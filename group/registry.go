@@ -199,8 +199,8 @@ type Registry struct {
 	// once, either live or retired.
 	retiredMu sync.Mutex
 	retired   map[string]uint64
-	ports portPool
-	seq   atomic.Uint64
+	ports     portPool
+	seq       atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.
@@ -240,8 +240,8 @@ func (r *Registry) shardFor(key string) *shard {
 }
 
 // Join creates, joins or rejects in one step under the route's lock. Rejections are *Error
-// values wrapping ErrKeyMismatch, ErrInUse, ErrProtoMismatch, ErrNoPorts or ErrInvalid, with
-// the seed documents' wording.
+// values wrapping ErrKeyMismatch, ErrInUse, ErrProtoMismatch, ErrNoPorts or ErrInvalid, whose
+// messages a connector shows verbatim (e.g. "group key does not match for subdomain 'pool'").
 func (r *Registry) Join(req JoinRequest) (*Member, error) {
 	if req.ID == "" {
 		return nil, reject(ErrInvalid, "tunnel id is empty")

@@ -2,6 +2,7 @@ package group
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,4 +141,16 @@ func TestDispatchTotalsOutliveTheirPools(t *testing.T) {
 	require.NoError(t, err)
 	c.Group().Pick().Release()
 	require.Equal(t, map[string]uint64{"web": 4}, r.View().Dispatches())
+}
+
+func TestKeyHashHelpers(t *testing.T) {
+	h := HashKey("shared-secret")
+	require.Equal(t, "d3046ecc", h.Short())
+	back, err := ParseKeyHash(h.String())
+	require.NoError(t, err)
+	require.Equal(t, h, back)
+	_, err = ParseKeyHash("d3046ecc")
+	require.ErrorContains(t, err, "64 hex digits")
+	_, err = ParseKeyHash(strings.Repeat("zz", 32))
+	require.ErrorContains(t, err, "hex")
 }

@@ -16,7 +16,8 @@
 // protocol: whoever owns a Prober turns its reports into whatever messages
 // the edge needs.
 //
-// The defaults ([DefaultInterval], [DefaultTimeout], [DefaultMaxFailed]) are
-// those of the rustunnel health_check table; [TCPReadiness] returns the
-// faster TCP readiness check of the uplink document.
+// The defaults ([DefaultInterval], [DefaultTimeout], [DefaultMaxFailed]) are a
+// probe every 10 s with a 3 s timeout, unhealthy after 3 consecutive failures;
+// [TCPReadiness] returns a faster TCP readiness check (every 3 s, 400 ms
+// timeout, unhealthy after 2 failures).
 package health

@@ -24,8 +24,8 @@ const (
 	TypeFunc Type = "func"
 )
 
-// Defaults applied by [Spec.WithDefaults] to zero fields. They match the
-// rustunnel health_check table.
+// Defaults applied by [Spec.WithDefaults] to zero fields: a probe every 10 s
+// with a 3 s timeout, unhealthy after 3 consecutive failures.
 const (
 	DefaultInterval  = 10 * time.Second
 	DefaultTimeout   = 3 * time.Second
@@ -52,8 +52,8 @@ type Spec struct {
 	// Prober reports the target unhealthy. 0 means DefaultMaxFailed.
 	MaxFailed int
 	// AnyStatus makes a TypeHTTP probe succeed on any well-formed status
-	// line, whatever the code. It is the inverse of rustunnel's expect_2xx;
-	// the default (false) expects a 2xx status.
+	// line, whatever the code (the config files' expect_2xx: false); the
+	// default (false) expects a 2xx status.
 	AnyStatus bool
 	// Check is the function a TypeFunc probe calls. Required for TypeFunc,
 	// must be nil for other types. It should return promptly once its
@@ -131,7 +131,7 @@ func validatePath(p string) error {
 	return nil
 }
 
-// TCPReadiness returns the readiness check of the uplink document: a TCP
+// TCPReadiness returns a quick readiness check: a TCP
 // connect every 3 s with a 400 ms timeout; ready after one success,
 // unhealthy after two consecutive failures.
 func TCPReadiness() Spec {

@@ -17,7 +17,7 @@ func TestWithDefaultsFillsZeroFields(t *testing.T) {
 	require.Equal(t, DefaultMaxFailed, got.MaxFailed)
 	require.False(t, got.AnyStatus, "the default expects a 2xx status")
 
-	// The documented defaults are the rustunnel table's.
+	// The documented defaults: every 10 s, 3 s timeout, 3 failures, 2xx expected.
 	require.Equal(t, 10*time.Second, DefaultInterval)
 	require.Equal(t, 3*time.Second, DefaultTimeout)
 	require.Equal(t, 3, DefaultMaxFailed)

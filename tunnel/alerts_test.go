@@ -72,7 +72,7 @@ func (s *switchable) spec() *health.Spec {
 
 func selectable(e *testEdge, sub string) func() int {
 	return func() int {
-		g := e.Registry().LookupHTTP(sub)
+		g := e.registry.LookupHTTP(sub)
 		if g == nil {
 			return -1
 		}
@@ -117,7 +117,7 @@ func TestAlertFiresOncePerDownwardEdge(t *testing.T) {
 	require.Equal(t, "http", p.Protocol)
 	require.Equal(t, "pool", p.Label)
 	require.Equal(t, "web", p.GroupName)
-	require.Equal(t, e.Registry().LookupHTTP("pool").KeyHash.Short(), p.KeyHashShort)
+	require.Equal(t, e.registry.LookupHTTP("pool").KeyHash.Short(), p.KeyHashShort)
 	require.Len(t, p.KeyHashShort, 8)
 	require.Equal(t, 3, p.MemberCount)
 	_, err := time.Parse(time.RFC3339, p.At)
@@ -167,7 +167,7 @@ func TestAlertFiresWhenTheLastHealthyMemberLeaves(t *testing.T) {
 	_, err = solo.Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(b.URL))
 	require.NoError(t, err)
 	require.NoError(t, solo.Close())
-	require.Eventually(t, func() bool { return e.Registry().LookupHTTP("solo") == nil }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return e.registry.LookupHTTP("solo") == nil }, 5*time.Second, 5*time.Millisecond)
 	require.Len(t, op.alerts(), 2)
 }
 

@@ -138,7 +138,7 @@ func TestChaosSoak(t *testing.T) {
 	for _, m := range members {
 		m.join(t, r.control)
 	}
-	require.Eventually(t, func() bool { _, _, n := edge().Registry().LookupHTTP("pool").Counts(); return n == 4 }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { _, _, n := edge().registry.LookupHTTP("pool").Counts(); return n == 4 }, 10*time.Second, 5*time.Millisecond)
 
 	var (
 		x                             excuses
@@ -185,7 +185,7 @@ func TestChaosSoak(t *testing.T) {
 		})
 	}
 	tcpPort := func() int {
-		for _, g := range edge().Registry().Groups() {
+		for _, g := range edge().registry.Groups() {
 			if g.Kind == group.KindTCP && g.Name == "db" {
 				return g.Port
 			}
@@ -244,7 +244,7 @@ func TestChaosSoak(t *testing.T) {
 			r.start()
 			edgeMu.Unlock()
 			require.Eventually(t, func() bool {
-				g := edge().Registry().LookupHTTP("pool")
+				g := edge().registry.LookupHTTP("pool")
 				return g != nil && len(g.Members()) == 4 && tcpPort() != 0
 			}, 20*time.Second, 5*time.Millisecond, "every member re-joins the restarted edge")
 			end()
@@ -255,7 +255,7 @@ func TestChaosSoak(t *testing.T) {
 		case k == 0: // drain, then register again: never a failure
 			actions["drain+rejoin"]++
 			m.mu.Lock()
-			require.NoError(t, m.tun.Close())
+			require.NoError(t, m.tun.Shutdown(ctxT(t)))
 			tun, err := m.sess.Forward(ctxT(t), m.spec, m.target)
 			require.NoError(t, err)
 			m.tun = tun
@@ -283,7 +283,7 @@ func TestChaosSoak(t *testing.T) {
 		}
 		// No two pools ever share a TCP port.
 		ports := map[int]string{}
-		for _, g := range edge().Registry().Groups() {
+		for _, g := range edge().registry.Groups() {
 			if g.Kind == group.KindTCP {
 				if other, dup := ports[g.Port]; dup {
 					bad("port %d shared by %s and %s", g.Port, other, g.ID)
@@ -300,16 +300,16 @@ func TestChaosSoak(t *testing.T) {
 
 	// Membership as the registry sees it matches the members that are up.
 	require.Eventually(t, func() bool {
-		g := edge().Registry().LookupHTTP("pool")
+		g := edge().registry.LookupHTTP("pool")
 		return g != nil && len(g.Members()) == 4
 	}, 10*time.Second, 5*time.Millisecond)
 
 	for _, m := range members {
 		require.NoError(t, m.sess.Close())
 	}
-	require.Eventually(t, func() bool { return len(edge().Registry().Groups()) == 0 }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return len(edge().registry.Groups()) == 0 }, 10*time.Second, 5*time.Millisecond,
 		"every group is removed once its members left")
-	require.Zero(t, edge().Registry().PortsInUse(), "no TCP port leaked")
+	require.Zero(t, edge().registry.PortsInUse(), "no TCP port leaked")
 	r.stop()
 
 	if v := firstBad.Load(); v != nil {

@@ -20,6 +20,8 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
+	"github.com/warren-tunnel/warren/internal/proxy"
 	"github.com/warren-tunnel/warren/internal/wire"
 	"github.com/warren-tunnel/warren/webhook"
 )
@@ -27,6 +29,9 @@ import (
 // controlWriteTimeout bounds one control frame write, so a connector that stopped reading
 // cannot pin the goroutine writing to it.
 const controlWriteTimeout = 10 * time.Second
+
+// pastTime is a deadline that has always passed: setting it unblocks pending I/O at once.
+var pastTime = time.Unix(1, 0)
 
 // edgeSession is one connector's session on the edge.
 type edgeSession struct {
@@ -60,16 +65,13 @@ type edgeSession struct {
 // edgeTunnel is one registered tunnel: a member of a group, owned by a session.
 type edgeTunnel struct {
 	id     string
-	sess   *edgeSession
 	member *group.Member
-	proto  group.Proto
 	url    string
 	port   int
-	pool   connPool
-	// ctx ends when the tunnel is removed (drained, drain timed out, deregistered, or its
-	// session ended): every stream still open on it is cut then.
-	ctx      context.Context
-	cancel   context.CancelFunc
+	// data is the tunnel's data path, the member's Value. Closed when the tunnel is removed
+	// (drained, drain timed out, deregistered, or its session ended): every stream still
+	// open on it is cut then.
+	data     *proxy.Tunnel
 	draining atomic.Bool // a Drain is being waited for (only one waiter per tunnel)
 }
 
@@ -82,7 +84,7 @@ func newID() string {
 func (s *Server) newSession(c net.Conn) (*edgeSession, error) {
 	id := newID()
 	log := s.log.With(zap.String("session", id), zap.String("remote", c.RemoteAddr().String()))
-	mux, err := newMux(c, true, log, s.cfg.OpenTimeout)
+	mux, err := mux.Server(c, log, s.cfg.OpenTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +217,7 @@ func (e *edgeSession) run() error {
 			e.drain(m.TunnelID)
 		case *wire.Deregister:
 			if t := e.take(m.TunnelID); t != nil {
-				e.srv.removeTunnel(t)
+				e.remove(t)
 				_ = e.send(&wire.Deregistered{TunnelID: t.id, Reason: "deregistered"})
 			}
 		default:
@@ -259,6 +261,40 @@ func (e *edgeSession) goodbye(err *sessionError) {
 	}
 }
 
+// closeSessions ends every connector session. With goodbye, each connector is first told
+// why, in parallel, for at most goodbyeTimeout in all (a stalled connector cannot hold the
+// others or the caller); then every session is closed.
+func (s *Server) closeSessions(reason string, goodbye bool) {
+	s.mu.Lock()
+	var sess []*edgeSession
+	for e := range s.sessions {
+		sess = append(sess, e)
+	}
+	s.mu.Unlock()
+	var wg sync.WaitGroup
+	if goodbye {
+		bye := &sessionError{code: wire.CodeShuttingDown, msg: reason}
+		said := make(chan struct{}, len(sess))
+		for _, e := range sess {
+			wg.Go(func() { e.goodbye(bye); said <- struct{}{} })
+		}
+		t := time.NewTimer(goodbyeTimeout)
+	wait:
+		for range sess {
+			select {
+			case <-said:
+			case <-t.C:
+				break wait
+			}
+		}
+		t.Stop()
+	}
+	for _, e := range sess {
+		_ = e.mux.Close() // also ends any goodbye still stuck in a write
+	}
+	wg.Wait()
+}
+
 // end removes every tunnel of the session and closes it.
 func (e *edgeSession) end(err error) {
 	e.mu.Lock()
@@ -267,7 +303,7 @@ func (e *edgeSession) end(err error) {
 	e.tunnels = nil
 	e.mu.Unlock()
 	for _, t := range tunnels {
-		e.srv.removeTunnel(t)
+		e.remove(t)
 	}
 	_ = e.mux.Close()
 	e.cancel()
@@ -317,7 +353,7 @@ func (e *edgeSession) health(m *wire.Health) {
 	if e.srv.registry.SetHealth(t.member, m.Healthy, m.Reason) {
 		e.log.Info("member health changed", zap.String("tunnel", t.id), zap.Bool("healthy", m.Healthy), zap.String("reason", m.Reason))
 		if !m.Healthy {
-			t.pool.closeIdle()
+			t.data.CloseIdle()
 		}
 	}
 }
@@ -333,7 +369,7 @@ func (e *edgeSession) drain(id string) {
 		return // already draining: one waiter is enough, however many Drains arrive
 	}
 	drained := e.srv.registry.Drain(t.member)
-	t.pool.closeIdle()
+	t.data.CloseIdle()
 	e.log.Info("draining member", zap.String("tunnel", id), zap.Int64("active", t.member.Active()))
 	e.srv.wg.Go(func() {
 		timer := time.NewTimer(e.srv.cfg.DrainTimeout)
@@ -349,7 +385,7 @@ func (e *edgeSession) drain(id string) {
 		if e.take(id) == nil {
 			return
 		}
-		e.srv.removeTunnel(t)
+		e.remove(t)
 		e.log.Info("member drained", zap.String("tunnel", id), zap.String("reason", reason))
 		_ = e.send(&wire.Deregistered{TunnelID: id, Reason: reason})
 	})
@@ -397,12 +433,11 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 			req.AlertWebhook = h.AlertWebhook
 		}
 	}
-	t := &edgeTunnel{id: req.ID, sess: e, proto: m.Proto}
-	t.ctx, t.cancel = context.WithCancel(e.ctx)
-	req.Value = t
+	t := &edgeTunnel{id: req.ID, data: proxy.NewTunnel(e.ctx, req.ID, m.Proto, e.mux, &e.noticeKey)}
+	req.Value = t.data
 	member, err := s.registry.Join(req)
 	if err != nil {
-		t.cancel()
+		t.data.Close()
 		return nil, err
 	}
 	t.member = member
@@ -416,7 +451,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	e.mu.Lock()
 	if e.ended {
 		e.mu.Unlock()
-		s.removeTunnel(t)
+		e.remove(t)
 		return nil, ErrSessionClosed
 	}
 	e.tunnels[t.id] = t
@@ -426,10 +461,10 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	return t, nil
 }
 
-func (s *Server) removeTunnel(t *edgeTunnel) {
-	s.registry.Leave(t.member)
-	t.pool.close()
-	t.cancel()
+// remove takes the tunnel out of its group and cuts its streams.
+func (e *edgeSession) remove(t *edgeTunnel) {
+	e.srv.registry.Leave(t.member)
+	t.data.Close()
 }
 
 func (s *Server) publicURL(proto group.Proto, sub string) string {

@@ -92,7 +92,9 @@ func (e *sessionError) Error() string { return e.msg }
 
 func (e *sessionError) Unwrap() error { return sentinelFor(e.code) }
 
-// permanent reports whether a connect error must not be retried.
+// permanent reports whether a connect error must not be retried: the edge refused the token
+// or the protocol version, or the dialer answered that the edge is gone for good
+// (ErrServerClosed, as an in-memory edge's Server.DialContext does once it was closed).
 func permanent(err error) bool {
-	return errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrUnsupportedVersion)
+	return errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrUnsupportedVersion) || errors.Is(err, ErrServerClosed)
 }

@@ -152,10 +152,10 @@ func TestGroupEventsStreamHealthTransitions(t *testing.T) {
 
 	ha.down.Store(true)
 	ev := st.nextGroupEvent()
-	require.Equal(t, "http", ev.Protocol)
+	require.Equal(t, ProtoHTTP, ev.Protocol)
 	require.Equal(t, "pool", ev.Label)
 	require.Equal(t, "web", ev.Group)
-	require.Equal(t, e.Registry().LookupHTTP("pool").KeyHash.Short(), ev.KeyHashShort)
+	require.Equal(t, e.registry.LookupHTTP("pool").KeyHash.Short(), ev.KeyHashShort)
 	require.Equal(t, ta.ID(), ev.TunnelID)
 	require.False(t, ev.Healthy)
 	require.Contains(t, ev.Reason, "switched off")
@@ -243,7 +243,7 @@ func TestGroupEventsSlowConsumerLagsAlone(t *testing.T) {
 	// hold. The edge makes them all without waiting for any consumer.
 	const n = 5000
 	for i := range n {
-		require.True(t, e.Registry().SetHealth(m, i%2 == 0, fmt.Sprintf("flip %d", i)))
+		require.True(t, e.registry.SetHealth(m, i%2 == 0, fmt.Sprintf("flip %d", i)))
 	}
 
 	// The fast consumer has everything accounted for while the slow one has read nothing.
@@ -261,7 +261,7 @@ func TestGroupEventsSlowConsumerLagsAlone(t *testing.T) {
 	require.Equal(t, "lagged", order[len(order)-1], "the gap is reported where it is: after the last event queued")
 
 	// The next transition reaches both consumers, after the gap.
-	require.True(t, e.Registry().SetHealth(m, n%2 == 0, "after the gap"))
+	require.True(t, e.registry.SetHealth(m, n%2 == 0, "after the gap"))
 	for _, s := range []*sseStream{fast, slow} {
 		ev := s.nextGroupEvent()
 		require.Equal(t, "after the gap", ev.Reason)
@@ -308,10 +308,7 @@ func TestGroupEventsAreScopedToTheTenant(t *testing.T) {
 
 func TestGroupEventsEndWithTheClientOrTheEdge(t *testing.T) {
 	subscribers := func(e *testEdge) int {
-		b := e.obs.events
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return len(b.subs)
+		return e.admin.EventStreams()
 	}
 	t.Run("client goes away", func(t *testing.T) {
 		e := startEdge(t, ServerConfig{LoadBalancing: true})

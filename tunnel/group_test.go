@@ -196,7 +196,7 @@ func TestRetryAvoidsADeadBackend(t *testing.T) {
 	}
 	require.Equal(t, int64(200), served.Load(), "every request reached the live backend exactly once")
 	// Each request that picked the dead member first went to the live one instead.
-	mfs, err := e.obs.gatherer.Gather()
+	mfs, err := e.admin.Gatherer().Gather()
 	require.NoError(t, err)
 	retries := map[string]float64{}
 	for _, mf := range mfs {
@@ -286,7 +286,7 @@ func TestRollingRestartLosesNothing(t *testing.T) {
 	}
 	waitFor(50)
 	for _, m := range ms {
-		require.NoError(t, m.tun.Close(), "drain")
+		require.NoError(t, m.tun.Shutdown(ctxT(t)), "drain")
 		waitFor(30)
 		tun, err := m.sess.Forward(ctxT(t), pool("pool"), m.addr)
 		require.NoError(t, err)
@@ -350,7 +350,7 @@ func TestUpgradedConnectionStaysOnItsMemberWhileItDrains(t *testing.T) {
 	closed := make(chan error, 1)
 	go func() { closed <- ta.Shutdown(context.Background()) }()
 	require.Eventually(t, func() bool {
-		g := e.Registry().LookupHTTP("pool")
+		g := e.registry.LookupHTTP("pool")
 		for _, m := range g.Members() {
 			if m.Draining() {
 				return true

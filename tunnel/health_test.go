@@ -106,7 +106,7 @@ func tcpCheck(interval time.Duration, maxFailed int) *health.Spec {
 	return &health.Spec{Type: health.TypeTCP, Interval: interval, Timeout: interval, MaxFailed: maxFailed}
 }
 
-// TestKilledBackendLeavesAndReturns is seed 000's check: the down member gets none of 50
+// TestKilledBackendLeavesAndReturns: the down member gets none of 50
 // requests, it leaves the rotation within max_failed × interval (plus slack), and after its
 // backend restarts both members share again.
 func TestKilledBackendLeavesAndReturns(t *testing.T) {
@@ -142,7 +142,7 @@ func TestKilledBackendLeavesAndReturns(t *testing.T) {
 	b.start()
 	ev.next(t, tb.ID(), true)
 	require.Equal(t, map[string]int{"A": 25, "B": 25}, e.tally("pool", 50), "both share again")
-	hist := e.Registry().LookupHTTP("pool").Members()[1].History()
+	hist := e.registry.LookupHTTP("pool").Members()[1].History()
 	require.Len(t, hist, 4, "registered, healthy, unhealthy, healthy: %v", hist)
 }
 
@@ -190,7 +190,7 @@ func TestHTTPProbeStatusThroughTheEdge(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 
 	// The strict member reports unhealthy with the status as the reason and stays out.
-	m := e.Registry().LookupHTTP("strict").Members()[0]
+	m := e.registry.LookupHTTP("strict").Members()[0]
 	require.Eventually(t, func() bool { return len(m.History()) == 2 }, 5*time.Second, 10*time.Millisecond)
 	require.Contains(t, m.History()[1].Reason, "http status 500")
 	code, _ = e.get("strict", "/")
@@ -235,5 +235,5 @@ func TestHealthReportsOnlyFromTheOwningSession(t *testing.T) {
 	require.NoError(t, c.send(drainFrame(tun.ID())))
 	code, _ := e.get("app", "/")
 	require.Equal(t, http.StatusOK, code)
-	require.True(t, e.Registry().LookupHTTP("app").Members()[0].Healthy())
+	require.True(t, e.registry.LookupHTTP("app").Members()[0].Healthy())
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -21,7 +22,7 @@ import (
 func rawControl(t *testing.T, addr string) (*yamux.Session, net.Conn) {
 	c, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
-	mux, err := yamux.Client(c, muxConfig(zap.NewNop(), false, 0))
+	mux, err := yamux.Client(c, mux.ClientConfig(zap.NewNop()))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mux.Close() })
 	st, err := mux.OpenStream()
@@ -97,7 +98,7 @@ func TestHostileConnectorsLeaveOthersServing(t *testing.T) {
 	t.Run("no control stream at all", func(t *testing.T) {
 		c, err := net.Dial("tcp", e.controlAddr)
 		require.NoError(t, err)
-		mux, err := yamux.Client(c, muxConfig(zap.NewNop(), false, 0))
+		mux, err := yamux.Client(c, mux.ClientConfig(zap.NewNop()))
 		require.NoError(t, err)
 		defer mux.Close()
 		select {
@@ -164,7 +165,7 @@ func TestHostileConnectorsLeaveOthersServing(t *testing.T) {
 		stillServing()
 	})
 	t.Run("frames for tunnels the session does not own are ignored", func(t *testing.T) {
-		victim := e.Registry().LookupHTTP("app").Members()[0].ID
+		victim := e.registry.LookupHTTP("app").Members()[0].ID
 		mux, ctrl := rawControl(t, e.controlAddr)
 		hello(t, ctrl)
 		for _, m := range []wire.Message{
@@ -181,7 +182,7 @@ func TestHostileConnectorsLeaveOthersServing(t *testing.T) {
 		require.IsType(t, &wire.Registered{}, m)
 		_ = mux.Close()
 		stillServing()
-		require.True(t, e.Registry().LookupHTTP("app").Members()[0].Healthy())
+		require.True(t, e.registry.LookupHTTP("app").Members()[0].Healthy())
 	})
 	t.Run("connector-opened data streams are refused", func(t *testing.T) {
 		mux, ctrl := rawControl(t, e.controlAddr)

@@ -72,8 +72,8 @@ func TestMetricsAfterJoinsDispatchesFailuresAndLeaves(t *testing.T) {
 		TCPPorts: tcpRange(44100), TCPBindHost: "127.0.0.1"})
 	healthy := func(id string, want bool) func() bool {
 		return func() bool {
-			_, m, ok := e.visibleTunnel(scope{admin: true}, id)
-			return ok && m.Healthy() == want
+			m := e.registry.Member(id)
+			return m != nil && m.Healthy() == want
 		}
 	}
 	wait := func(cond func() bool) {
@@ -134,7 +134,7 @@ func TestMetricsAfterJoinsDispatchesFailuresAndLeaves(t *testing.T) {
 	stopEcho()
 	wait(healthy(td.ID(), false)) // db has no healthy member: alert 2
 
-	require.NoError(t, testutil.GatherAndCompare(e.obs.gatherer, strings.NewReader(helpMembers+`
+	require.NoError(t, testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(helpMembers+`
 warren_group_members{group="db",healthy="false",region="eu"} 1
 warren_group_members{group="db",healthy="true",region="eu"} 0
 warren_group_members{group="web",healthy="false",region="eu"} 2
@@ -162,8 +162,8 @@ warren_requests_total{proto="tcp"} 3
 	require.NoError(t, sessC.Close())
 	require.NoError(t, sessA.Close())
 	require.NoError(t, sessB.Close())
-	wait(func() bool { return e.Registry().LookupHTTP("pool") == nil && e.Registry().LookupHTTP("alt") == nil })
-	require.NoError(t, testutil.GatherAndCompare(e.obs.gatherer, strings.NewReader(helpDispatches+`
+	wait(func() bool { return e.registry.LookupHTTP("pool") == nil && e.registry.LookupHTTP("alt") == nil })
+	require.NoError(t, testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(helpDispatches+`
 warren_group_dispatches_total{group="db",region="eu"} 3
 warren_group_dispatches_total{group="web",region="eu"} 10
 `), "warren_group_dispatches_total"))
@@ -203,7 +203,7 @@ warren_webhook_deliveries_total{result="success"} 3
 		"warren_active_tunnels", "warren_requests_total", "warren_webhook_deliveries_total"}
 	// The webhook sender counts a delivery just after the receiver has answered.
 	wait(func() bool {
-		return testutil.GatherAndCompare(e.obs.gatherer, strings.NewReader(want), names...) == nil
+		return testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(want), names...) == nil
 	})
 
 	// The same through a real scrape of /metrics on the admin listener.
@@ -223,7 +223,7 @@ func TestMetricsCountersSurviveRemovalsAndNeverDuplicate(t *testing.T) {
 	b := backend(t, "b")
 	dispatches := func() float64 {
 		t.Helper()
-		mfs, err := e.obs.gatherer.Gather() // fails on duplicate series
+		mfs, err := e.admin.Gatherer().Gather() // fails on duplicate series
 		require.NoError(t, err)
 		for _, mf := range mfs {
 			if mf.GetName() == "warren_group_dispatches_total" {
@@ -253,13 +253,9 @@ func TestMetricsCountersSurviveRemovalsAndNeverDuplicate(t *testing.T) {
 			require.GreaterOrEqual(t, now, last)
 			last = now
 		}
-		require.Eventually(t, func() bool { return len(e.Registry().Groups()) == 0 }, 5*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return len(e.registry.Groups()) == 0 }, 5*time.Second, 5*time.Millisecond)
 	}
 	require.Equal(t, float64(15), dispatches())
-	c := e.obs.metrics
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	require.Empty(t, c.removed, "removed pools are pruned once no listing can return them")
 }
 
 func TestMetricsRegisterOnTheEmbeddersRegistry(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -76,7 +77,7 @@ func stalledConnector(t *testing.T, e *testEdge, logs *logBuffer, busy bool) {
 	c, err := e.DialContext(context.Background(), "", "")
 	require.NoError(t, err)
 	sc := &stallConn{Conn: c, closed: make(chan struct{})}
-	mux, err := yamux.Client(sc, muxConfig(zap.NewNop(), false, 0))
+	mux, err := yamux.Client(sc, mux.ClientConfig(zap.NewNop()))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = mux.Close() })
 	st, err := mux.OpenStream()
@@ -219,7 +220,7 @@ func TestRepeatedDrainFramesStartOneWaiter(t *testing.T) {
 	}
 	grew := runtime.NumGoroutine() - before
 	require.Less(t, grew, 50, "%d Drain frames for one tunnel left %d more goroutines", n, grew)
-	require.True(t, e.Registry().LookupHTTP("flood").Members()[0].Draining())
+	require.True(t, e.registry.LookupHTTP("flood").Members()[0].Draining())
 }
 
 // A backend that answers a plain request with 101 Switching Protocols gets a 502, and the
@@ -238,7 +239,7 @@ func TestUnrequestedSwitchingProtocolsReleasesTheStreamSlot(t *testing.T) {
 	sess := e.connect()
 	_, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "up"}, addr)
 	require.NoError(t, err)
-	m := e.Registry().LookupHTTP("up").Members()[0]
+	m := e.registry.LookupHTTP("up").Members()[0]
 	for range 3 {
 		code, _ := e.get("up", "/")
 		require.Equal(t, http.StatusBadGateway, code)
@@ -266,9 +267,9 @@ func TestDrainTimeoutEndsStreamsOfTheRemovedTunnel(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "ping", string(buf))
 
-	// The connection stays open: the drain runs into its timeout, and Close returns once the
-	// edge removed the tunnel.
-	require.NoError(t, tun.Close())
+	// The connection stays open: the drain runs into its timeout, and Shutdown returns once
+	// the edge removed the tunnel.
+	require.NoError(t, tun.Shutdown(ctxT(t)))
 	_, _ = c.Write([]byte("pong"))
 	n, err := io.ReadFull(c, buf)
 	require.Error(t, err, "the connection outlived its tunnel (read %q)", buf[:n])
@@ -342,11 +343,11 @@ func TestGracefulShutdownSendsNoZeroHealthyAlert(t *testing.T) {
 		_, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: sub, Group: "web-" + sub, GroupKey: "k"}, hostPort(b.URL))
 		require.NoError(t, err)
 	}
-	require.Len(t, e.Registry().Groups(), 3)
+	require.Len(t, e.registry.Groups(), 3)
 	require.NoError(t, e.Shutdown(ctxT(t)))
 	// Every group left the registry before Shutdown returned, and the alert decision is
 	// taken (and logged) as a group changes.
-	require.Empty(t, e.Registry().Groups())
+	require.Empty(t, e.registry.Groups())
 	require.Zero(t, strings.Count(logs.String(), "group has no healthy member"), "alerts decided on shutdown")
 	require.Empty(t, e.alerts.deliveries())
 	require.Empty(t, op.alerts())
@@ -386,7 +387,7 @@ func TestExtraStreamsBeforeHelloAreNotKept(t *testing.T) {
 	raw, err := net.Dial("tcp", e.controlAddr)
 	require.NoError(t, err)
 	cc := &corkConn{Conn: raw, corked: true}
-	mux, err := yamux.Client(cc, muxConfig(zap.NewNop(), false, 0))
+	mux, err := yamux.Client(cc, mux.ClientConfig(zap.NewNop()))
 	require.NoError(t, err)
 	defer mux.Close()
 	ctrl, err := mux.OpenStream()
@@ -430,15 +431,15 @@ func TestExtraStreamsBeforeHelloAreNotKept(t *testing.T) {
 // limit of unacknowledged opens is reached.
 func TestStreamOpenToUnacknowledgingConnectorIsBounded(t *testing.T) {
 	e := startEdge(t, ServerConfig{OpenTimeout: 300 * time.Millisecond})
-	mux, ctrl := rawControl(t, e.controlAddr)
+	ym, ctrl := rawControl(t, e.controlAddr)
 	hello(t, ctrl)
 	require.NoError(t, wire.WriteFrame(ctrl, &wire.Register{Req: 1, Proto: "http", Label: "wedged"}))
 	m, err := wire.ReadFrame(ctrl)
 	require.NoError(t, err)
 	require.IsType(t, &wire.Registered{}, m)
-	// Nobody calls mux.AcceptStream: the edge's opens are never acknowledged.
+	// Nobody calls ym.AcceptStream: the edge's opens are never acknowledged.
 
-	const n = edgeAcceptBacklog + 16 // more than yamux lets be unacknowledged at once
+	n := mux.ServerConfig(zap.NewNop(), time.Second).AcceptBacklog + 16 // more than yamux lets be unacknowledged at once
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	codes := make([]int, n)
@@ -455,7 +456,7 @@ func TestStreamOpenToUnacknowledgingConnectorIsBounded(t *testing.T) {
 	select {
 	case <-finished:
 	case <-time.After(3 * time.Second):
-		_ = mux.Close() // lets the blocked requests end, for the leak check
+		_ = ym.Close() // lets the blocked requests end, for the leak check
 		<-finished
 		t.Fatal("requests to a connector that acknowledges no stream did not end")
 	}
@@ -463,11 +464,11 @@ func TestStreamOpenToUnacknowledgingConnectorIsBounded(t *testing.T) {
 		require.GreaterOrEqual(t, code, 500, "request %d", i)
 	}
 	select {
-	case <-mux.CloseChan():
+	case <-ym.CloseChan():
 	case <-time.After(2 * time.Second):
 		t.Fatal("the edge kept the session of a connector that acknowledges no stream")
 	}
-	require.Eventually(t, func() bool { return e.Registry().LookupHTTP("wedged") == nil }, 2*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return e.registry.LookupHTTP("wedged") == nil }, 2*time.Second, 5*time.Millisecond)
 }
 
 // A backend closes keep-alive connections idle for its own timeout (5 s in Node). With
@@ -533,7 +534,7 @@ func TestCloseDuringHelloHasNoControlStreamRace(t *testing.T) {
 	c, err := e.DialContext(context.Background(), "", "")
 	require.NoError(t, err)
 	fc := &firstReadConn{Conn: c, first: make(chan struct{})}
-	mux, err := yamux.Client(fc, muxConfig(zap.NewNop(), false, 0))
+	mux, err := yamux.Client(fc, mux.ClientConfig(zap.NewNop()))
 	require.NoError(t, err)
 	defer mux.Close()
 	_, err = mux.OpenStream() // and never say hello

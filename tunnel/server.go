@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,9 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/warren-tunnel/warren/admin"
 	"github.com/warren-tunnel/warren/dispatch"
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/internal/wire"
+	"github.com/warren-tunnel/warren/internal/proxy"
 	"github.com/warren-tunnel/warren/webhook"
 )
 
@@ -42,6 +43,11 @@ type ServerConfig struct {
 	// Strategy picks a member per request or connection: "least_streams" (default) or
 	// "random".
 	Strategy string
+	// NewStrategy, when set, makes each new pool's dispatch strategy and Strategy is
+	// ignored: an embedder's own dispatch.Strategy. It is called once per pool, so a
+	// strategy may keep per-pool state (as LeastStreams keeps its tie rotation); Pick is
+	// called concurrently and must not block.
+	NewStrategy func() dispatch.Strategy
 
 	// TCPPorts is the inclusive range TCP tunnels take their public port from. The zero
 	// range refuses TCP tunnels with ErrNoPorts.
@@ -96,8 +102,8 @@ type ServerConfig struct {
 	// unread (its connector says so with an unread notice: internal/wire/spec.md). The
 	// kernel resets on close only when the application left received bytes unread, so
 	// such a request never reached a handler; this saves the requests queued in a backend
-	// that dies. Off by default: the product rule lets the edge pick another member only
-	// when opening the stream fails, and never once a request byte was written.
+	// that dies. Off by default: by default the edge picks another member only when
+	// opening the stream fails, and never once a request byte was written.
 	RetryUnreadRequests bool
 
 	// ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes protect the public HTTP listeners
@@ -119,8 +125,9 @@ type ServerConfig struct {
 	AlertTimeout time.Duration
 
 	// OnEvent, when set, receives every group membership and health change (joins,
-	// leaves, health transitions, drains) in order per group. It is called synchronously
-	// under the group's lock: it must return quickly and must not call into the Server.
+	// leaves, health transitions, drains) in order per group, with no lock of the edge
+	// held: it may read the edge (Registry, the admin API). The event holds copies. It
+	// holds up the next event of its group, so it should return quickly.
 	OnEvent func(group.Event)
 
 	// AdminToken is the bearer token of the admin API: it sees every tunnel and group and
@@ -198,8 +205,15 @@ func (c *ServerConfig) setDefaults() error {
 			return fmt.Errorf("tunnel: alert webhook URL: %w", err)
 		}
 	}
-	if _, err := dispatch.New(c.Strategy); err != nil {
-		return err
+	if c.NewStrategy == nil {
+		if _, err := dispatch.New(c.Strategy); err != nil {
+			return err
+		}
+		name := c.Strategy
+		c.NewStrategy = func() dispatch.Strategy {
+			st, _ := dispatch.New(name)
+			return st
+		}
 	}
 	if r := c.TCPPorts; r != (group.PortRange{}) && (r.Lo < 1 || r.Hi > 65535 || r.Lo > r.Hi) {
 		return fmt.Errorf("tunnel: invalid TCP port range %d-%d", r.Lo, r.Hi)
@@ -217,9 +231,10 @@ type Server struct {
 	ctx      context.Context // cancelled by Close: aborts every stream still open
 	cancel   context.CancelFunc
 	registry *group.Registry
-	proxy    *httpIngress
+	ingress  *proxy.HTTP // public HTTP (edge_ingress.go)
+	tcp      *proxy.TCP  // public TCP: a listener per TCP group
 	alerts   *alerter
-	obs      *observability // admin API auth, metrics collector, live event broker (admin.go)
+	admin    *admin.Plane // admin API, live event streams, metrics (edge_admin.go)
 
 	httpPort, httpsPort atomic.Int32
 
@@ -229,7 +244,6 @@ type Server struct {
 	sessions     map[*edgeSession]struct{}
 	sessionByID  map[string]*edgeSession // for resuming: a reconnect ends its previous session
 	httpSrvs     map[*http.Server]struct{}
-	tcpRoutes    map[*group.Group]*tcpRoute
 	done         chan struct{} // closed when Shutdown or Close starts
 	closeOnce    sync.Once
 	closeOnceObs sync.Once
@@ -246,45 +260,6 @@ type Server struct {
 	publicConns connCount
 }
 
-// connCount counts live connections and lets Close wait for none.
-type connCount struct {
-	mu   sync.Mutex
-	n    int
-	zero chan struct{} // closed while n == 0
-}
-
-func (c *connCount) track(_ net.Conn, st http.ConnState) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.zero == nil {
-		c.zero = make(chan struct{})
-		close(c.zero)
-	}
-	switch st {
-	case http.StateNew:
-		if c.n == 0 {
-			c.zero = make(chan struct{})
-		}
-		c.n++
-	case http.StateClosed, http.StateHijacked:
-		c.n--
-		if c.n == 0 {
-			close(c.zero)
-		}
-	}
-}
-
-// idle returns a channel closed once no tracked connection is left.
-func (c *connCount) idle() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.zero == nil {
-		c.zero = make(chan struct{})
-		close(c.zero)
-	}
-	return c.zero
-}
-
 // NewServer returns an edge configured by cfg. It starts two small background workers (the
 // idle-stream janitor and the alert sender) and no listener: the Serve methods do that.
 // Always Close (or Shutdown) a Server, even one that never served.
@@ -299,40 +274,49 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		sessions:    map[*edgeSession]struct{}{},
 		sessionByID: map[string]*edgeSession{},
 		httpSrvs:    map[*http.Server]struct{}{},
-		tcpRoutes:   map[*group.Group]*tcpRoute{},
 		done:        make(chan struct{}),
-	}
-	if err := s.initObservability(); err != nil {
-		return nil, err
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.httpPort.Store(int32(cfg.PublicHTTPPort))
 	s.httpsPort.Store(int32(cfg.PublicHTTPSPort))
+	pc := cfg.proxyConfig()
+	pc.Stats = proxy.Stats{HTTPRequests: &s.requests.http, TCPConnections: &s.requests.tcp,
+		RetriesOpenFailed: &s.retries.open, RetriesResetUnread: &s.retries.unread}
+	pc.HTTPSHost = func(sub string) string { // "": no HTTPS listener, no redirect
+		if s.httpsPort.Load() == 0 {
+			return ""
+		}
+		return strings.TrimPrefix(s.publicURL(group.ProtoHTTPS, sub), "https://")
+	}
+	s.tcp = proxy.NewTCP(pc)
+	bindTCP := func(g *group.Group) error {
+		if err := s.tcp.OnCreate(g); !errors.Is(err, proxy.ErrClosed) {
+			return err
+		}
+		return ErrServerClosed
+	}
 	s.registry = group.NewRegistry(group.Config{
 		LoadBalancing:      cfg.LoadBalancing,
 		Ports:              cfg.TCPPorts,
 		MaxActivePerMember: int64(cfg.MaxConcurrentPerMember),
-		NewStrategy: func() dispatch.Strategy {
-			st, _ := dispatch.New(cfg.Strategy)
-			return st
-		},
-		OnCreate: s.onGroupCreate,
-		OnRemove: s.onGroupRemove,
-		OnEvent:  s.onGroupEvent,
+		NewStrategy:        cfg.NewStrategy,
+		OnCreate:           bindTCP,
+		OnRemove:           s.tcp.OnRemove,
+		OnEvent:            s.onGroupEvent,
 	})
-	s.proxy = newHTTPIngress(s)
+	if err := s.newAdmin(); err != nil {
+		return nil, err
+	}
+	pc.Registry = s.registry
+	s.ingress = proxy.NewHTTP(pc)
 	s.alerts = newAlerter(s)
-	s.wg.Go(s.janitor)
+	s.wg.Go(func() { s.ingress.Janitor(idleSweepInterval, s.done) })
 	return s, nil
 }
 
 // Registry returns a read-only view of the edge's routing table: its groups and members,
 // their health and history. Everything it returns is a copy; the edge alone changes the table.
 func (s *Server) Registry() group.View { return s.registry.View() }
-
-// Handler returns the public HTTP ingress as an http.Handler: it routes each request by its
-// Host header to a group and proxies it to one member. Tests can serve it with httptest.
-func (s *Server) Handler() http.Handler { return s.proxy }
 
 func (s *Server) shuttingDown() bool {
 	select {
@@ -443,63 +427,10 @@ func (s *Server) DialContext(ctx context.Context, _, _ string) (net.Conn, error)
 	return client, nil
 }
 
-// ServePublic serves public HTTP on l until Shutdown or Close, and returns ErrServerClosed
-// then. The public server has read-header and idle timeouts and a header size limit, so a
-// slow client cannot hold others.
-func (s *Server) ServePublic(l net.Listener) error {
-	s.httpPort.CompareAndSwap(0, int32(portOf(l.Addr())))
-	return s.serveHTTP(l, s.proxy)
-}
-
-// ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig.
-func (s *Server) ServePublicTLS(l net.Listener) error {
-	if s.cfg.TLSConfig == nil {
-		return errors.New("tunnel: ServePublicTLS needs ServerConfig.TLSConfig")
-	}
-	s.httpsPort.CompareAndSwap(0, int32(portOf(l.Addr())))
-	return s.serveHTTP(tls.NewListener(l, s.cfg.TLSConfig), s.proxy)
-}
-
 // ServeAdmin serves the admin API (AdminHandler: /healthz, /metrics and /api) on l until
 // Shutdown or Close.
 func (s *Server) ServeAdmin(l net.Listener) error {
 	return s.serveHTTP(l, s.AdminHandler())
-}
-
-func (s *Server) serveHTTP(l net.Listener, h http.Handler) error {
-	hs := &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
-		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
-		ErrorLog:          zap.NewStdLog(s.log.Named("http")),
-		ConnState:         s.publicConns.track,
-	}
-	s.mu.Lock()
-	if s.closing {
-		s.mu.Unlock()
-		_ = l.Close()
-		return ErrServerClosed
-	}
-	s.httpSrvs[hs] = struct{}{}
-	s.mu.Unlock()
-	err := hs.Serve(l)
-	if errors.Is(err, http.ErrServerClosed) {
-		return ErrServerClosed
-	}
-	return err
-}
-
-func portOf(a net.Addr) int {
-	if ta, ok := a.(*net.TCPAddr); ok {
-		return ta.Port
-	}
-	_, p, err := net.SplitHostPort(a.String())
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(p)
-	return n
 }
 
 // ListenAndServe listens on the configured addresses (control, public HTTP, and HTTPS and
@@ -569,7 +500,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, l := range listeners {
 		_ = l.Close()
 	}
-	s.closeTCPListeners()
+	s.tcp.Close()
 	hwg.Wait()
 
 	// Wait for in-flight streams (TCP connections, upgraded HTTP) to end.
@@ -586,12 +517,12 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.alerts.stop()
 	s.closeSessions("edge shutting down", true)
 	waited := make(chan struct{})
-	go func() { s.wg.Wait(); close(waited) }()
+	go func() { s.wg.Wait(); s.tcp.Wait(); close(waited) }()
 	select {
 	case <-waited:
 		s.cancel()
 		_ = s.alerts.close()
-		s.closeOnceObs.Do(s.closeObservability)
+		s.closeOnceObs.Do(s.admin.Close)
 	case <-ctx.Done():
 		_ = s.Close()
 		return ctx.Err()
@@ -615,14 +546,15 @@ func (s *Server) Close() error {
 	for _, hs := range httpSrvs {
 		_ = hs.Close()
 	}
-	s.closeTCPListeners()
+	s.tcp.Close()
 	s.alerts.stop() // groups vanishing because the edge stops is not an outage to page about
 	s.closeSessions("edge closed", false)
 	s.cancel()
 	s.wg.Wait()
+	s.tcp.Wait()
 	<-s.publicConns.idle() // net/http's connection goroutines end within its 500 ms linger
 	_ = s.alerts.close()
-	s.closeOnceObs.Do(s.closeObservability)
+	s.closeOnceObs.Do(s.admin.Close)
 	return nil
 }
 
@@ -642,40 +574,6 @@ func (s *Server) beginClose() ([]net.Listener, []*http.Server) {
 	return ls, hs
 }
 
-// closeSessions ends every connector session. With goodbye, each connector is first told
-// why, in parallel, for at most goodbyeTimeout in all (a stalled connector cannot hold the
-// others or the caller); then every session is closed.
-func (s *Server) closeSessions(reason string, goodbye bool) {
-	s.mu.Lock()
-	var sess []*edgeSession
-	for e := range s.sessions {
-		sess = append(sess, e)
-	}
-	s.mu.Unlock()
-	var wg sync.WaitGroup
-	if goodbye {
-		bye := &sessionError{code: wire.CodeShuttingDown, msg: reason}
-		said := make(chan struct{}, len(sess))
-		for _, e := range sess {
-			wg.Go(func() { e.goodbye(bye); said <- struct{}{} })
-		}
-		t := time.NewTimer(goodbyeTimeout)
-	wait:
-		for range sess {
-			select {
-			case <-said:
-			case <-t.C:
-				break wait
-			}
-		}
-		t.Stop()
-	}
-	for _, e := range sess {
-		_ = e.mux.Close() // also ends any goodbye still stuck in a write
-	}
-	wg.Wait()
-}
-
 func (s *Server) activeStreams() int64 {
 	var n int64
 	for _, g := range s.registry.Groups() {
@@ -684,24 +582,4 @@ func (s *Server) activeStreams() int64 {
 		}
 	}
 	return n
-}
-
-// janitor closes idle pooled HTTP streams that have not been used for a while.
-func (s *Server) janitor() {
-	t := time.NewTicker(idleSweepInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.done:
-			return
-		case now := <-t.C:
-			for _, g := range s.registry.Groups() {
-				for _, m := range g.Members() {
-					if et, ok := m.Value().(*edgeTunnel); ok {
-						et.pool.sweep(now.Add(-s.cfg.IdleStreamTimeout))
-					}
-				}
-			}
-		}
-	}
 }

@@ -117,7 +117,8 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		TCPBindHost:   "127.0.0.1",
 		Logger:        log,
 		Metrics:       e.reg,
-		// Off by default (the product rule); on here so that the churn report shows
+		// Off by default (a request is replayed only when no byte of it was written);
+		// on here so that the churn report shows
 		// what it saves.
 		RetryUnreadRequests: true,
 	})

@@ -1,4 +1,4 @@
-package tunnel
+package proxy
 
 import (
 	"bufio"
@@ -19,11 +19,6 @@ import (
 )
 
 const (
-	// maxIdlePerMember caps a member's pool of idle keep-alive streams.
-	maxIdlePerMember = 64
-	// idleSweepInterval is how often the janitor closes pooled streams idle for longer
-	// than ServerConfig.IdleStreamTimeout and lets the others drop their buffers.
-	idleSweepInterval = 30 * time.Second
 	// maxResponseHeaderBytes bounds a backend's response head, so a hostile connector
 	// cannot make the edge buffer without end.
 	maxResponseHeaderBytes = 1 << 20
@@ -31,16 +26,13 @@ const (
 	maxInterimResponses = 8
 )
 
-// pastTime is a deadline that has always passed: setting it unblocks pending I/O at once.
-var pastTime = time.Unix(1, 0)
-
 var errHeadersTooLarge = errors.New("backend response headers too large")
 
 // memberConn is one HTTP/1.1 connection to a member, carried on a yamux stream. The edge
 // writes requests and reads responses on it itself (instead of using http.Transport) so that
 // it controls exactly when a request may be retried: never once a byte of it was written.
 type memberConn struct {
-	t         *edgeTunnel
+	t         *Tunnel
 	st        *yamux.Stream
 	lim       headLimiter
 	br        *bufio.Reader
@@ -72,7 +64,7 @@ func (l *headLimiter) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func newMemberConn(t *edgeTunnel, st *yamux.Stream) *memberConn {
+func newMemberConn(t *Tunnel, st *yamux.Stream) *memberConn {
 	pc := &memberConn{t: t, st: st}
 	// A removed tunnel's streams end with it, in flight or idle.
 	pc.unhook = context.AfterFunc(t.ctx, pc.abort)
@@ -123,7 +115,7 @@ func (pc *memberConn) readResponse(req *http.Request) (*http.Response, error) {
 			// at hand are a backend's own (and waiting for more could wait for ever).
 			if pc.br.Buffered() >= wire.UnreadNoticeLen {
 				notice, _ := pc.br.Peek(wire.UnreadNoticeLen)
-				if wire.IsUnreadNotice(notice, &pc.t.sess.noticeKey, pc.st.StreamID()) {
+				if wire.IsUnreadNotice(notice, pc.t.noticeKey, pc.st.StreamID()) {
 					return nil, errUnread
 				}
 			}

@@ -1,4 +1,4 @@
-package tunnel
+package mux
 
 import (
 	"net"
@@ -45,20 +45,27 @@ const (
 	streamCloseTimeout = 5 * time.Minute
 )
 
-// muxConfig returns the yamux configuration for one side. openTimeout is the edge's
-// ServerConfig.OpenTimeout (unused on the connector).
+// ClientConfig returns the connector's yamux configuration. It opens only its control stream,
+// so it needs no open timeout (see ServerConfig).
+func ClientConfig(log *zap.Logger) *yamux.Config { return config(log, false, 0) }
+
+// ServerConfig returns the edge's yamux configuration; openTimeout is the edge's deadline for
+// a whole stream open (ServerConfig.OpenTimeout in package tunnel).
 //
 // StreamOpenTimeout bounds, on the edge, how long an opened stream may wait for the
 // connector's SYN-ACK; when it expires yamux closes the *whole session*. That is right here:
 // the connector's accept loop acknowledges every stream at once (before it dials its
 // backend), so a connector that leaves an open unacknowledged that long is broken, and
 // without a bound the edge's opens to it would block for ever once yamux's limit of
-// unacknowledged opens is reached. It is 9/10 of OpenTimeout, the edge's deadline for the
+// unacknowledged opens is reached. It is 9/10 of openTimeout, the edge's deadline for the
 // whole open (SYN-ACK, then the envelope's acknowledgement after the backend dial): it must
 // fire first, because closing a stream that was never acknowledged cancels yamux's timer and
-// leaves its slot taken for streamCloseTimeout. The connector opens only its control stream
-// and needs no such bound.
-func muxConfig(log *zap.Logger, edge bool, openTimeout time.Duration) *yamux.Config {
+// leaves its slot taken for streamCloseTimeout.
+func ServerConfig(log *zap.Logger, openTimeout time.Duration) *yamux.Config {
+	return config(log, true, openTimeout)
+}
+
+func config(log *zap.Logger, edge bool, openTimeout time.Duration) *yamux.Config {
 	cfg := yamux.DefaultConfig()
 	cfg.AcceptBacklog = acceptBacklog
 	cfg.StreamOpenTimeout = 0
@@ -76,12 +83,13 @@ func muxConfig(log *zap.Logger, edge bool, openTimeout time.Duration) *yamux.Con
 	return cfg
 }
 
-// newMux starts a yamux session over conn (wrapped in a muxConn to save system calls); the
-// edge passes its OpenTimeout, the connector 0.
-func newMux(conn net.Conn, server bool, log *zap.Logger, openTimeout time.Duration) (*yamux.Session, error) {
-	mc := newMuxConn(conn)
-	if server {
-		return yamux.Server(mc, muxConfig(log, true, openTimeout))
-	}
-	return yamux.Client(mc, muxConfig(log, false, 0))
+// Client starts the connector's yamux session over conn (wrapped to save system calls).
+func Client(conn net.Conn, log *zap.Logger) (*yamux.Session, error) {
+	return yamux.Client(newConn(conn), ClientConfig(log))
+}
+
+// Server starts the edge's yamux session over conn (wrapped to save system calls);
+// openTimeout is as for ServerConfig.
+func Server(conn net.Conn, log *zap.Logger, openTimeout time.Duration) (*yamux.Session, error) {
+	return yamux.Server(newConn(conn), ServerConfig(log, openTimeout))
 }

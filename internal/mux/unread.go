@@ -1,4 +1,4 @@
-package tunnel
+package mux
 
 import (
 	"bytes"
@@ -10,10 +10,6 @@ import (
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
-// errUnread is the edge's reading of an unread notice: the member's backend reset its
-// connection with the request unread. A bodyless request may then go to one other member.
-var errUnread = errors.New("the backend reset its connection before reading the request")
-
 // errExchangeEnded ends the backend-to-edge copy once the notice was sent.
 var errExchangeEnded = errors.New("exchange ended with an unread notice")
 
@@ -21,8 +17,8 @@ var errExchangeEnded = errors.New("exchange ended with an unread notice")
 // turns the notice off for the stream.
 const maxTrackedHead = 16 << 10
 
-// noticeStream is the data stream an unreadConn writes its notice on (a *yamux.Stream).
-type noticeStream interface {
+// NoticeStream is the data stream an unread notice is written on (a *yamux.Stream).
+type NoticeStream interface {
 	Write(p []byte) (int, error)
 	StreamID() uint32
 }
@@ -51,7 +47,7 @@ const (
 // Protocols above all: the stream may carry anything after it).
 type unreadConn struct {
 	net.Conn
-	st  noticeStream // the data stream, where the notice goes
+	st  NoticeStream // the data stream, where the notice goes
 	key *[32]byte    // the session's notice key
 
 	mu       sync.Mutex
@@ -59,6 +55,13 @@ type unreadConn struct {
 	head     []byte // a request head that spans several writes, until its end is seen
 	off      bool   // no notice on this stream any more
 	notified bool   // the notice was written; nothing else goes to the edge
+}
+
+// NewUnreadConn wraps the connector's connection to an HTTP backend that carries the data
+// stream st: if the backend resets it while a bodyless request is pending, an unread notice
+// keyed with the session's notice key goes to the edge on st (see unreadConn).
+func NewUnreadConn(backend net.Conn, st NoticeStream, key *[32]byte) net.Conn {
+	return &unreadConn{Conn: backend, st: st, key: key}
 }
 
 // Write forwards bytes from the edge to the backend.
@@ -142,7 +145,7 @@ func (c *unreadConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// CloseWrite half-closes the backend connection (join uses it at the edge's end of input).
+// CloseWrite half-closes the backend connection (Join uses it at the edge's end of input).
 func (c *unreadConn) CloseWrite() error {
 	if cw, ok := c.Conn.(closeWriter); ok {
 		return cw.CloseWrite()

@@ -1,4 +1,4 @@
-package tunnel
+package mux
 
 import (
 	"context"
@@ -21,6 +21,20 @@ const (
 )
 
 var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+
+// BufferPool lends copy buffers from the pool Join uses (for httputil.ReverseProxy).
+type BufferPool struct{}
+
+// Get returns a buffer of the busy size.
+func (BufferPool) Get() []byte { return *copyBufs.Get().(*[]byte) }
+
+// Put returns b to the pool if it came from it (has the busy buffer's capacity).
+func (BufferPool) Put(b []byte) {
+	if cap(b) == copyBufSize {
+		b = b[:copyBufSize]
+		copyBufs.Put(&b)
+	}
+}
 
 // shrinker is a yamux stream: Shrink frees its receive buffer while it is empty.
 type shrinker interface{ Shrink() }
@@ -87,12 +101,12 @@ func closeWrite(c net.Conn) {
 	_ = c.Close()
 }
 
-// join copies bytes both ways between a and b until both directions end, then closes
+// Join copies bytes both ways between a and b until both directions end, then closes
 // both. A clean end of input on one side half-closes the other side's write direction, so
 // a peer that shuts down its sending side still receives the reply. An error in either
 // direction, or the end of ctx (the session or the server going away), aborts both at once:
 // deadlines in the past unblock every pending Read and Write, and both ends are closed.
-func join(ctx context.Context, a, b net.Conn) {
+func Join(ctx context.Context, a, b net.Conn) {
 	var aborted atomic.Bool
 	abort := func() {
 		if aborted.Swap(true) {

@@ -52,7 +52,9 @@ func WithToken(token string) Option { return func(o *dialOptions) { o.token = to
 func WithTLS(cfg *tls.Config) Option { return func(o *dialOptions) { o.tlsConfig = cfg } }
 
 // WithDialer replaces the function that opens the connection to the edge. Pass an edge's
-// Server.DialContext to connect in memory.
+// Server.DialContext to connect in memory. An error wrapping ErrServerClosed from dial ends
+// the session for good (Err wraps it) instead of being retried: the in-memory edge answers
+// it once it was closed.
 func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
 	return func(o *dialOptions) { o.dial = dial }
 }
@@ -83,8 +85,8 @@ func WithBackoff(min, max time.Duration) Option {
 	}
 }
 
-// WithDrainTimeout bounds how long closing a tunnel waits for its in-flight requests and
-// connections (default 30 s).
+// WithDrainTimeout bounds how long a tunnel's drain (Tunnel.Close, Session.Close) waits for
+// its in-flight requests and connections (default 30 s).
 func WithDrainTimeout(d time.Duration) Option {
 	return func(o *dialOptions) {
 		if d > 0 {

@@ -2,7 +2,6 @@ package tunnel
 
 import (
 	"fmt"
-	"github.com/warren-tunnel/warren/group"
 	"net"
 	"sync"
 	"testing"
@@ -13,6 +12,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -101,19 +102,19 @@ func (fe *fakeEdge) accepted() int {
 func (fe *fakeEdge) addr() string { return fe.ln.Addr().String() }
 
 func (fe *fakeEdge) serve(fc *fakeConn) {
-	mux, err := newMux(fc.raw, true, zap.NewNop(), 10*time.Second)
+	ym, err := mux.Server(fc.raw, zap.NewNop(), 10*time.Second)
 	if err != nil {
 		_ = fc.raw.Close()
 		return
 	}
-	ctrl, err := mux.AcceptStream()
+	ctrl, err := ym.AcceptStream()
 	if err != nil {
 		return
 	}
 	if _, err := wire.ReadFrame(ctrl); err != nil { // the hello
 		return
 	}
-	fc.mux, fc.ctrl = mux, ctrl
+	fc.mux, fc.ctrl = ym, ctrl
 	fe.mu.Lock()
 	gate := fe.gate
 	fe.mu.Unlock()

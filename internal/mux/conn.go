@@ -1,4 +1,4 @@
-package tunnel
+package mux
 
 import (
 	"encoding/binary"
@@ -12,9 +12,9 @@ const (
 	muxTypeData   = 0
 )
 
-// muxConn is the connection yamux runs over. It exists to save system calls, which dominate
+// frameConn is the connection yamux runs over. It exists to save system calls, which dominate
 // the tunnel's CPU profile: yamux's send loop writes every data frame as two Writes, the
-// 12-byte header and then the body. muxConn holds back a data header and sends it together
+// 12-byte header and then the body. frameConn holds back a data header and sends it together
 // with the body that always follows it: one writev on TCP, one record on TLS. Other frames
 // (window updates, pings, go-away, FIN-only frames) carry no body and are written at once.
 //
@@ -29,7 +29,7 @@ const (
 //
 // Only yamux's single send loop writes, but Write is locked anyway so that correctness never
 // depends on that.
-type muxConn struct {
+type frameConn struct {
 	net.Conn
 
 	mu      sync.Mutex
@@ -40,9 +40,9 @@ type muxConn struct {
 	join    []byte      // for conns without writev (TLS): header and body copied into one Write
 }
 
-func newMuxConn(c net.Conn) *muxConn { return &muxConn{Conn: c} }
+func newConn(c net.Conn) *frameConn { return &frameConn{Conn: c} }
 
-func (c *muxConn) Write(p []byte) (int, error) {
+func (c *frameConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.pending {
@@ -58,7 +58,7 @@ func (c *muxConn) Write(p []byte) (int, error) {
 }
 
 // writeFrame writes the held header and body as one unit and reports the body's length.
-func (c *muxConn) writeFrame(body []byte) (int, error) {
+func (c *frameConn) writeFrame(body []byte) (int, error) {
 	if _, ok := c.Conn.(*net.TCPConn); ok {
 		c.vecArr = [2][]byte{c.hdr[:], body}
 		c.vec = c.vecArr[:]

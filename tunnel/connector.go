@@ -11,9 +11,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
 
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -43,31 +43,6 @@ type Session struct {
 
 	reqs atomic.Uint32
 	wg   sync.WaitGroup
-}
-
-// clientConn is one connection generation of a session.
-type clientConn struct {
-	s       *Session
-	ctx     context.Context // cancelled when the connection is lost or the session closes
-	cancel  context.CancelFunc
-	mux     *yamux.Session
-	ctrl    net.Conn
-	started time.Time
-
-	wmu sync.Mutex
-
-	detached chan struct{} // closed once the session stopped using this connection
-	routed   chan struct{} // closed and replaced (under mu) whenever a registration is routed
-
-	mu          sync.Mutex
-	pending     map[uint32]chan wire.Message
-	registering map[uint32]*clientTunnel // the tunnel each pending Register is for
-	byID        map[string]*clientTunnel
-	fatal       error // an Error frame the edge sent
-
-	// noticeKey tags unread notices on this connection's HTTP streams (nil: the edge gave
-	// no resume token, and the connector sends no notices).
-	noticeKey *[32]byte
 }
 
 // Dial connects a connector to the edge at addr ("host:port"), says hello with the token and
@@ -116,16 +91,16 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 		}
 		raw = tc
 	}
-	mux, err := newMux(raw, false, s.log, 0)
+	ym, err := mux.Client(raw, s.log)
 	if err != nil {
 		_ = raw.Close()
 		return nil, err
 	}
 	fail := func(err error) (*clientConn, error) {
-		_ = mux.Close()
+		_ = ym.Close()
 		return nil, err
 	}
-	ctrl, err := mux.OpenStream()
+	ctrl, err := ym.OpenStream()
 	if err != nil {
 		return fail(fmt.Errorf("tunnel: opening the control stream: %w", err))
 	}
@@ -168,7 +143,7 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 		}
 		return &clientConn{
 			ctx: cctx, cancel: ccancel, detached: make(chan struct{}), routed: make(chan struct{}),
-			s: s, mux: mux, ctrl: ctrl, started: time.Now(),
+			s: s, mux: ym, ctrl: ctrl, started: time.Now(),
 			pending: map[uint32]chan wire.Message{}, registering: map[uint32]*clientTunnel{},
 			byID: map[string]*clientTunnel{}, noticeKey: key,
 		}, nil
@@ -383,7 +358,8 @@ func (s *Session) closeDone() {
 }
 
 // Done is closed when the session has stopped for good: after Close, or after a permanent
-// failure (the edge refused the token on reconnect). Err then says why.
+// failure: the edge refused the token on reconnect, or the dialer answered an error wrapping
+// ErrServerClosed (an in-memory edge that was closed). Err then says why.
 func (s *Session) Done() <-chan struct{} { return s.done }
 
 // Err returns why the session stopped, or nil while it runs (and after a clean Close).
@@ -422,15 +398,17 @@ func (s *Session) liveConn(ctx context.Context) (*clientConn, error) {
 	}
 }
 
-// Close drains every tunnel (bounded by the drain timeout), tells the edge, closes the
-// connection and waits for every goroutine of the session. It is idempotent.
+// Close drains every tunnel, including those whose Close began a drain that is still under
+// way (all bounded by the drain timeout), closes the connection and waits for every goroutine
+// of the session. It is idempotent.
 func (s *Session) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.drainTimeout)
 	defer cancel()
 	return s.Shutdown(ctx)
 }
 
-// Shutdown is Close with the drain bounded by ctx instead of the drain timeout.
+// Shutdown is Close with the drains bounded by ctx instead of the drain timeout: when ctx
+// ends, the streams still open are cut and the edge removes the tunnels at once.
 func (s *Session) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closing || s.shuttingDown {
@@ -467,154 +445,4 @@ func (s *Session) Shutdown(ctx context.Context) error {
 	}
 	s.closeDone()
 	return nil
-}
-
-// send writes one control frame on c.
-func (c *clientConn) send(m wire.Message) error {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	_ = c.ctrl.SetWriteDeadline(time.Now().Add(controlWriteTimeout))
-	return wire.WriteFrame(c.ctrl, m)
-}
-
-func (c *clientConn) fatalErr() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.fatal
-}
-
-// readControl handles frames from the edge until the connection ends.
-func (c *clientConn) readControl() {
-	defer c.mux.Close()
-	for {
-		msg, err := wire.ReadFrame(c.ctrl)
-		if err != nil {
-			if !c.mux.IsClosed() {
-				c.s.log.Info("control stream ended", zap.Error(err))
-			}
-			return
-		}
-		switch m := msg.(type) {
-		case *wire.Registered:
-			if !c.reply(m.Req, m, m.TunnelID) {
-				// Nobody waits for it any more (the caller's context ended): do not leave an
-				// orphan member on the edge.
-				c.drop(m.TunnelID)
-			}
-		case *wire.Rejected:
-			c.reply(m.Req, m, "")
-		case *wire.Deregistered:
-			c.mu.Lock()
-			t := c.byID[m.TunnelID]
-			delete(c.byID, m.TunnelID)
-			c.mu.Unlock()
-			if t != nil {
-				t.deregistered(c, m.Reason)
-			}
-		case *wire.Error:
-			c.mu.Lock()
-			c.fatal = &sessionError{code: m.Code, msg: m.Message}
-			c.mu.Unlock()
-			c.s.log.Warn("edge closed the session", zap.String("code", m.Code), zap.String("message", m.Message))
-			return
-		default:
-			c.s.log.Warn("unexpected frame from the edge", zap.Stringer("type", msg.Type()))
-			return
-		}
-	}
-}
-
-// drop forgets a registration nobody owns and asks the edge to remove it.
-func (c *clientConn) drop(id string) {
-	c.mu.Lock()
-	delete(c.byID, id)
-	c.mu.Unlock()
-	_ = c.send(&wire.Deregister{TunnelID: id})
-}
-
-// reply hands the answer to registration req to its waiter and reports whether there was
-// one. For a registration (tunnelID set) it first routes the tunnel's streams: the edge may
-// dispatch to it before anyone learns the registration succeeded. Taking the waiter and
-// routing happen in one critical section, so a waiter that gives up either finds its request
-// still pending (and this answer is then dropped here) or receives the answer (and drops it).
-func (c *clientConn) reply(req uint32, m wire.Message, tunnelID string) bool {
-	c.mu.Lock()
-	ch, t := c.pending[req], c.registering[req]
-	delete(c.pending, req)
-	delete(c.registering, req)
-	if ch != nil && t != nil && tunnelID != "" {
-		c.byID[tunnelID] = t
-		close(c.routed)
-		c.routed = make(chan struct{})
-	}
-	c.mu.Unlock()
-	if ch == nil {
-		return false
-	}
-	ch <- m
-	return true
-}
-
-// acceptStreams serves the data streams the edge opens until the connection ends.
-func (c *clientConn) acceptStreams() {
-	for {
-		st, err := c.mux.AcceptStream()
-		if err != nil {
-			return
-		}
-		c.s.wg.Go(func() { c.serveStream(st) })
-	}
-}
-
-// serveStream reads a data stream's envelope, connects it to the tunnel's target and
-// acknowledges, or refuses.
-func (c *clientConn) serveStream(st *yamux.Stream) {
-	_ = st.SetReadDeadline(time.Now().Add(10 * time.Second))
-	env, err := wire.ReadEnvelope(st)
-	if err != nil {
-		refuse(st, wire.AckMalformed)
-		return
-	}
-	_ = st.SetReadDeadline(time.Time{})
-	t := c.route(env.TunnelID)
-	if t == nil {
-		refuse(st, wire.AckUnknownTunnel)
-		return
-	}
-	t.serve(c, st, env)
-}
-
-// routeWait bounds how long a stream for an unknown tunnel waits for a registration in
-// flight: the edge may dispatch to a new member before this side has read its Registered.
-const routeWait = 2 * time.Second
-
-// route returns the tunnel a stream is for, waiting briefly while registrations are pending.
-func (c *clientConn) route(id string) *clientTunnel {
-	var timeout <-chan time.Time
-	for {
-		c.mu.Lock()
-		t, waiting, routed := c.byID[id], len(c.registering) > 0, c.routed
-		c.mu.Unlock()
-		if t != nil || !waiting {
-			return t
-		}
-		if timeout == nil {
-			timer := time.NewTimer(routeWait)
-			defer timer.Stop()
-			timeout = timer.C
-		}
-		select {
-		case <-routed:
-		case <-timeout:
-			return nil
-		case <-c.ctx.Done():
-			return nil
-		}
-	}
-}
-
-func refuse(st *yamux.Stream, a wire.Ack) {
-	_ = st.SetWriteDeadline(time.Now().Add(time.Second))
-	_, _ = st.Write([]byte{byte(a)})
-	_ = st.Close()
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -54,7 +55,7 @@ func TestTransientFailuresAreRetriedAndLogged(t *testing.T) {
 	}
 	r.start()
 	defer r.stop()
-	require.Eventually(t, func() bool { return tun.ID() != "" && r.cur.Registry().LookupHTTP("app") != nil }, 10*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return tun.ID() != "" && r.cur.registry.LookupHTTP("app") != nil }, 10*time.Second, 5*time.Millisecond)
 }
 
 // TestBackoffResetsAfterAHealthyPeriod: a connection that stayed up for the healthy period
@@ -97,7 +98,7 @@ func TestLateRegisteredIsDeregistered(t *testing.T) {
 		if err != nil {
 			return
 		}
-		mux, err := yamux.Server(c, muxConfig(zap.NewNop(), true, 10*time.Second))
+		mux, err := yamux.Server(c, mux.ServerConfig(zap.NewNop(), 10*time.Second))
 		if err != nil {
 			return
 		}

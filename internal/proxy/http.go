@@ -1,0 +1,208 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
+)
+
+// HTTP is the public HTTP ingress, an http.Handler: it routes each request by its Host
+// header (<subdomain>.<Domain>) to a group and proxies it to one member, per request, over a
+// pooled keep-alive stream. Unknown hosts get 404, a group with no selectable member 503, a
+// backend that fails mid-request 502.
+type HTTP struct {
+	cfg   Config
+	proxy *httputil.ReverseProxy
+}
+
+type groupCtxKey struct{}
+
+// NewHTTP returns the HTTP ingress configured by cfg.
+func NewHTTP(cfg Config) *HTTP {
+	cfg.setDefaults()
+	h := &HTTP{cfg: cfg}
+	h.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = pr.In.Host
+			pr.Out.Host = pr.In.Host
+			pr.SetXForwarded()
+			// The edge already answered "100 Continue" to the client when the body was
+			// first read; the backend gets a plain request.
+			pr.Out.Header.Del("Expect")
+		},
+		Transport:    &memberTransport{cfg: &h.cfg},
+		BufferPool:   mux.BufferPool{},
+		ErrorHandler: h.proxyError,
+		ErrorLog:     zap.NewStdLog(cfg.Logger.Named("proxy")),
+	}
+	return h
+}
+
+// ServeHTTP implements http.Handler.
+func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.cfg.Stats.HTTPRequests.Add(1)
+	sub, ok := subdomainOf(r.Host, h.cfg.Domain)
+	if !ok {
+		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
+		return
+	}
+	g := h.cfg.Registry.LookupHTTP(sub)
+	if g == nil {
+		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
+		return
+	}
+	if g.Proto == group.ProtoHTTPS && r.TLS == nil {
+		if host := h.cfg.HTTPSHost(sub); host != "" {
+			u := *r.URL
+			u.Scheme, u.Host = "https", host
+			http.Redirect(w, r, u.String(), http.StatusPermanentRedirect)
+			return
+		}
+	}
+	if max := h.cfg.RequestBodyMaxBytes; max > 0 && r.Body != nil && r.Body != http.NoBody {
+		if r.ContentLength > max {
+			http.Error(w, fmt.Sprintf("request body over the limit of %d bytes", max), http.StatusRequestEntityTooLarge)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, max)
+	}
+	ctx := context.WithValue(r.Context(), groupCtxKey{}, g)
+	if r.Body != nil && r.Body != http.NoBody {
+		rc := http.NewResponseController(w)
+		ctx = context.WithValue(ctx, abortBodyKey{}, func() { _ = rc.SetReadDeadline(pastTime) })
+	}
+	h.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// SweepIdle closes the pooled streams of every member that have been idle for longer than
+// Config.IdleStreamTimeout at now, and lets the others drop their receive buffers. The edge
+// calls it now and then.
+func (h *HTTP) SweepIdle(now time.Time) {
+	cutoff := now.Add(-h.cfg.IdleStreamTimeout)
+	for _, g := range h.cfg.Registry.Groups() {
+		for _, m := range g.Members() {
+			if t, ok := m.Value().(*Tunnel); ok {
+				t.pool.sweep(cutoff)
+			}
+		}
+	}
+}
+
+// Janitor calls SweepIdle every interval until done is closed.
+func (h *HTTP) Janitor(interval time.Duration, done <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			h.SweepIdle(now)
+		}
+	}
+}
+
+type abortBodyKey struct{}
+
+// bodyAborter returns a func that ends a blocked read of req's public body (or does nothing).
+func bodyAborter(req *http.Request) func() {
+	if f, ok := req.Context().Value(abortBodyKey{}).(func()); ok {
+		return f
+	}
+	return func() {}
+}
+
+func (h *HTTP) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.Is(err, ErrNoMember):
+		if g, _ := r.Context().Value(groupCtxKey{}).(*group.Group); g != nil && g.Saturated() {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, fmt.Sprintf("every backend for %s is at its concurrency limit", r.Host), http.StatusServiceUnavailable)
+			return
+		}
+		http.Error(w, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
+	case errors.As(err, &mbe):
+		http.Error(w, fmt.Sprintf("request body over the limit of %d bytes", mbe.Limit), http.StatusRequestEntityTooLarge)
+	case r.Context().Err() != nil:
+		// The client went away; nobody reads this answer.
+		w.WriteHeader(http.StatusBadGateway)
+	default:
+		h.cfg.Logger.Debug("proxy error", zap.String("host", r.Host), zap.Error(err))
+		http.Error(w, "bad gateway: the tunnel's backend failed", http.StatusBadGateway)
+	}
+}
+
+// subdomainOf returns the single label in front of domain in host, lower-cased; host may carry
+// a port and a trailing dot.
+func subdomainOf(host, domain string) (string, bool) {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(host, ".")
+	if len(host) <= len(domain)+1 || host[len(host)-len(domain)-1] != '.' ||
+		!strings.EqualFold(host[len(host)-len(domain):], domain) {
+		return "", false
+	}
+	sub := strings.ToLower(host[:len(host)-len(domain)-1])
+	if sub == "" || strings.IndexByte(sub, '.') >= 0 {
+		return "", false
+	}
+	return sub, true
+}
+
+// memberTransport is the reverse proxy's RoundTripper: it dispatches each request to one
+// member of the group in the request's context and carries it over a pooled stream.
+type memberTransport struct{ cfg *Config }
+
+// RoundTrip implements http.RoundTripper.
+func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	g, _ := req.Context().Value(groupCtxKey{}).(*group.Group)
+	if g == nil {
+		return nil, ErrNoMember
+	}
+	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed}
+	pc, m, err := t.conn(p)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := pc.roundTrip(req, m)
+	if errors.Is(err, errUnread) && t.cfg.RetryUnreadRequests && (req.Body == nil || req.Body == http.NoBody) && req.Context().Err() == nil {
+		// The member's backend reset its connection with the request unread (it died or
+		// dropped its queue): no byte of it reached a handler, and having no body it can be
+		// sent again, to one other member if the retry is unspent.
+		t.cfg.Logger.Debug("backend reset the connection with the request unread; trying another member",
+			zap.String("host", req.Host), zap.String("tunnel", pc.t.id))
+		if pc2, m2, err2 := t.conn(p); err2 == nil {
+			t.cfg.Stats.RetriesResetUnread.Add(1)
+			return pc2.roundTrip(req, m2)
+		}
+	}
+	return resp, err
+}
+
+// conn returns a stream to a member picked by p ready for one request: a pooled idle stream
+// to the picked member, or a fresh one. A failed open is retried once on another member.
+func (t *memberTransport) conn(p *picker) (*memberConn, *group.Member, error) {
+	return pick(p, func(tun *Tunnel) (*memberConn, error) {
+		if pc := tun.pool.get(t.cfg.IdleStreamTimeout); pc != nil {
+			return pc, nil
+		}
+		st, err := tun.open("", t.cfg.OpenTimeout)
+		if err != nil {
+			return nil, err
+		}
+		return newMemberConn(tun, st), nil
+	})
+}

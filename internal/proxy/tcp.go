@@ -1,0 +1,167 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
+)
+
+// TCP is the public TCP ingress: a listener on each TCP group's port, bound when the group
+// is created and closed when it is removed. Each accepted connection goes to one member,
+// picked per connection (a failed stream open is retried once on another member); with no
+// selectable member it is accepted and closed at once. Wire OnCreate and OnRemove into the
+// registry's group.Config; Close stops it, Wait waits for its goroutines.
+type TCP struct {
+	cfg  Config
+	done chan struct{} // closed by Close: ends accept back-offs
+	wg   sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	routes map[*group.Group]net.Listener
+}
+
+// NewTCP returns the TCP ingress configured by cfg (Registry is not used).
+func NewTCP(cfg Config) *TCP {
+	cfg.setDefaults()
+	return &TCP{cfg: cfg, done: make(chan struct{}), routes: map[*group.Group]net.Listener{}}
+}
+
+func (t *TCP) listen(port int) (net.Listener, error) {
+	if t.cfg.ListenTCP != nil {
+		return t.cfg.ListenTCP(port)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(t.cfg.TCPBindHost, fmt.Sprint(port)))
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES) {
+			return nil, fmt.Errorf("%w: %v", group.ErrPortUnavailable, err)
+		}
+		return nil, err
+	}
+	return ln, nil
+}
+
+// OnCreate binds a new TCP group's port and starts accepting on it; other groups are left
+// alone. It is a group.Config.OnCreate and runs under the route's lock. An error wrapping
+// group.ErrPortUnavailable means the port is taken; ErrClosed that Close was called.
+func (t *TCP) OnCreate(g *group.Group) error {
+	if g.Kind != group.KindTCP {
+		return nil
+	}
+	ln, err := t.listen(g.Port)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		_ = ln.Close()
+		return ErrClosed
+	}
+	t.routes[g] = ln
+	t.wg.Add(1)
+	t.mu.Unlock()
+	go func() {
+		defer t.wg.Done()
+		t.accept(g, ln)
+	}()
+	t.cfg.Logger.Info("TCP port opened", zap.Int("port", g.Port), zap.String("group", g.Name))
+	return nil
+}
+
+// OnRemove closes a removed TCP group's listener, before its port returns to the range. It
+// is a group.Config.OnRemove. Connections in flight go on until their tunnel ends.
+func (t *TCP) OnRemove(g *group.Group) {
+	if g.Kind != group.KindTCP {
+		return
+	}
+	t.mu.Lock()
+	ln := t.routes[g]
+	delete(t.routes, g)
+	t.mu.Unlock()
+	if ln != nil {
+		_ = ln.Close()
+		t.cfg.Logger.Info("TCP port closed", zap.Int("port", g.Port))
+	}
+}
+
+// Close closes every listener and makes OnCreate fail from now on. Connections in flight
+// are left to end with their tunnels. Close is idempotent.
+func (t *TCP) Close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.closed {
+		t.closed = true
+		close(t.done)
+	}
+	for _, ln := range t.routes {
+		_ = ln.Close()
+	}
+}
+
+// Wait waits for every goroutine the ingress started: the accept loops (which end at Close
+// or OnRemove) and the connections (which end when the client or the tunnel does).
+func (t *TCP) Wait() { t.wg.Wait() }
+
+// accept accepts connections on g's listener until it is closed. A temporary accept error
+// is retried after a growing pause, which Close cuts short.
+func (t *TCP) accept(g *group.Group, ln net.Listener) {
+	var backoff time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if isTemporary(err) && !t.isClosed() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				timer := time.NewTimer(backoff)
+				select {
+				case <-timer.C:
+				case <-t.done:
+					timer.Stop()
+				}
+				continue
+			}
+			return
+		}
+		backoff = 0
+		t.wg.Go(func() { t.serve(g, c) })
+	}
+}
+
+func (t *TCP) isClosed() bool {
+	select {
+	case <-t.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func isTemporary(err error) bool {
+	var te interface{ Temporary() bool }
+	return errors.As(err, &te) && te.Temporary()
+}
+
+// serve carries one public TCP connection to one member. With no selectable member the
+// connection is accepted and closed at once.
+func (t *TCP) serve(g *group.Group, c net.Conn) {
+	t.cfg.Stats.TCPConnections.Add(1)
+	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed}
+	remote := c.RemoteAddr().String()
+	st, m, err := pick(p, func(tun *Tunnel) (*yamux.Stream, error) { return tun.open(remote, t.cfg.OpenTimeout) })
+	if err != nil {
+		t.cfg.Logger.Debug("TCP connection refused", zap.Int("port", g.Port), zap.Error(err))
+		_ = c.Close()
+		return
+	}
+	defer m.Release()
+	mux.Join(m.Value().(*Tunnel).ctx, c, st)
+}

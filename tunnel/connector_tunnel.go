@@ -1,0 +1,175 @@
+package tunnel
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/warren-tunnel/warren/internal/wire"
+)
+
+// Tunnel is a registered tunnel that forwards to a local address (see Session.Forward).
+type Tunnel struct{ t *clientTunnel }
+
+// ID is the tunnel id the edge assigned; it changes when the session reconnects, and is ""
+// while the tunnel is not registered.
+func (h *Tunnel) ID() string { h.t.mu.Lock(); defer h.t.mu.Unlock(); return h.t.id }
+
+// URL is the tunnel's public URL: http(s)://<subdomain>.<domain>[:port] or tcp://<domain>:<port>.
+func (h *Tunnel) URL() string { h.t.mu.Lock(); defer h.t.mu.Unlock(); return h.t.url }
+
+// Port is the public TCP port of a TCP tunnel (0 for HTTP).
+func (h *Tunnel) Port() int { h.t.mu.Lock(); defer h.t.mu.Unlock(); return h.t.port }
+
+// Group is the pool's name as its first member set it ("" for a solo tunnel).
+func (h *Tunnel) Group() string { h.t.mu.Lock(); defer h.t.mu.Unlock(); return h.t.groupName }
+
+// Done is closed when the tunnel has ended: closed, rejected after a reconnect, or its
+// session stopped.
+func (h *Tunnel) Done() <-chan struct{} { return h.t.done }
+
+// Err says why the tunnel ended; nil while it runs and after Close.
+func (h *Tunnel) Err() error { h.t.mu.Lock(); defer h.t.mu.Unlock(); return h.t.err }
+
+// Close begins the tunnel's drain and returns at once: the edge stops selecting the tunnel
+// for new requests and connections, those in flight finish (bounded by the drain timeout,
+// WithDrainTimeout, and the edge's own), then the edge removes it and Done is closed. A
+// Listener's Accept returns net.ErrClosed as soon as Close is called, so http.Server.Close
+// and Shutdown on it do not wait for the drain. Close is idempotent; Session.Close waits for
+// (and bounds) every drain still under way.
+func (h *Tunnel) Close() error {
+	h.t.beginDrain(context.Background(), h.t.s.opts.drainTimeout)
+	return nil
+}
+
+// Shutdown is the waiting form of Close: it drains the tunnel and returns once the tunnel
+// has ended, the in-flight requests and connections finished. ctx bounds the wait: when it
+// ends first, streams still open are cut and the edge removes the tunnel at once. After
+// Close it waits for the drain Close began. It returns nil.
+func (h *Tunnel) Shutdown(ctx context.Context) error { return h.t.shutdown(ctx) }
+
+// Forward registers a tunnel that carries each public request or connection to localAddr
+// ("host:port"), dialled afresh for every stream. It returns once the edge accepted the
+// registration; a rejection is a *RejectedError carrying the edge's message.
+func (s *Session) Forward(ctx context.Context, spec TunnelSpec, localAddr string) (*Tunnel, error) {
+	if err := spec.normalize(false); err != nil {
+		return nil, err
+	}
+	if _, _, err := net.SplitHostPort(localAddr); err != nil {
+		return nil, fmt.Errorf("tunnel: %w: local address %q: %v", ErrInvalid, localAddr, err)
+	}
+	t := s.newTunnel(spec)
+	t.target = localAddr
+	if err := s.add(ctx, t); err != nil {
+		return nil, err
+	}
+	return &Tunnel{t}, nil
+}
+
+// Listener is a registered tunnel whose streams are accepted in-process: it is a
+// net.Listener, so http.Serve(l, handler) serves an in-process backend through the edge.
+type Listener struct{ Tunnel }
+
+// Listen registers a tunnel whose public requests or connections are handed to the
+// returned listener's Accept.
+func (s *Session) Listen(ctx context.Context, spec TunnelSpec) (*Listener, error) {
+	if err := spec.normalize(true); err != nil {
+		return nil, err
+	}
+	t := s.newTunnel(spec)
+	t.accept = make(chan *streamConn)
+	if err := s.add(ctx, t); err != nil {
+		return nil, err
+	}
+	return &Listener{Tunnel{t}}, nil
+}
+
+// Accept waits for the next public request stream or connection. Once Close or Shutdown
+// began, or the tunnel ended, it returns an error wrapping net.ErrClosed (and ErrTunnelClosed,
+// or why the tunnel ended).
+func (l *Listener) Accept() (net.Conn, error) {
+	select {
+	case <-l.t.stopping:
+		return nil, l.closedErr()
+	default:
+	}
+	select {
+	case c := <-l.t.accept:
+		return c, nil
+	case <-l.t.stopping:
+		return nil, l.closedErr()
+	case <-l.t.done:
+		return nil, l.closedErr()
+	}
+}
+
+func (l *Listener) closedErr() error {
+	if err := l.Err(); err != nil {
+		return fmt.Errorf("%w: %w", net.ErrClosed, err)
+	}
+	return fmt.Errorf("%w: %w", ErrTunnelClosed, net.ErrClosed)
+}
+
+// Addr returns the tunnel's public URL as a net.Addr of network "warren".
+func (l *Listener) Addr() net.Addr { return l.t.addr() }
+
+// tunnelAddr is a tunnel's public URL as a net.Addr.
+type tunnelAddr string
+
+func (tunnelAddr) Network() string  { return "warren" }
+func (a tunnelAddr) String() string { return string(a) }
+
+func remoteAddr(s string) net.Addr {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return net.TCPAddrFromAddrPort(ap)
+	}
+	return tunnelAddr("edge")
+}
+
+// streamConn is a data stream handed to a Listen tunnel's Accept. Its acknowledgement is
+// written before the first byte of the application's, whichever comes first.
+type streamConn struct {
+	*yamux.Stream
+	local, remote net.Addr
+	ackOnce       sync.Once
+	ackErr        error
+}
+
+func (c *streamConn) ack() error {
+	c.ackOnce.Do(func() { _, c.ackErr = c.Stream.Write([]byte{byte(wire.AckOK)}) })
+	return c.ackErr
+}
+
+// Write implements net.Conn.
+func (c *streamConn) Write(p []byte) (int, error) {
+	if err := c.ack(); err != nil {
+		return 0, err
+	}
+	return c.Stream.Write(p)
+}
+
+// CloseWrite half-closes: the peer reads EOF, and this side can still read. The stream was
+// accepted, so its acknowledgement goes first.
+func (c *streamConn) CloseWrite() error {
+	_ = c.ack()
+	return c.Stream.Close()
+}
+
+// Close closes both directions: pending reads return at once. The stream was accepted, so
+// its acknowledgement goes first.
+func (c *streamConn) Close() error {
+	_ = c.ack()
+	_ = c.Stream.SetReadDeadline(pastTime)
+	return c.Stream.Close()
+}
+
+// LocalAddr is the tunnel's public URL.
+func (c *streamConn) LocalAddr() net.Addr { return c.local }
+
+// RemoteAddr is the public client's address for TCP tunnels; HTTP streams are shared by
+// requests from many clients (use X-Forwarded-For).
+func (c *streamConn) RemoteAddr() net.Addr { return c.remote }
