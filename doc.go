@@ -22,13 +22,17 @@
 //
 // # An edge in a few lines
 //
+//	auth, err := tunnel.NewStaticTokens([]string{connectorToken}, nil) // at least 16 characters
+//	if err != nil {
+//		log.Fatal(err)
+//	}
 //	srv, err := tunnel.NewServer(tunnel.ServerConfig{
 //		Domain:        "tunnel.example.com",
 //		LoadBalancing: true,
 //		ControlAddr:   ":4040", // connectors dial this
 //		HTTPAddr:      ":8080", // public HTTP: <subdomain>.tunnel.example.com
 //		AdminAddr:     "127.0.0.1:9090",
-//		Auth:          tunnel.NewStaticTokens([]string{"connector-token"}, nil),
+//		Auth:          auth,
 //	})
 //	if err != nil {
 //		log.Fatal(err)
@@ -43,7 +47,7 @@
 //
 // # A connector in a few lines
 //
-//	sess, err := tunnel.Dial(ctx, "tunnel.example.com:4040", tunnel.WithToken("connector-token"))
+//	sess, err := tunnel.Dial(ctx, "tunnel.example.com:4040", tunnel.WithToken(connectorToken))
 //	if err != nil {
 //		log.Fatal(err)
 //	}

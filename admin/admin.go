@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/throttle"
 	"github.com/warren-tunnel/warren/webhook"
 )
 
@@ -54,6 +56,18 @@ type Config struct {
 	// When both AdminToken and Authenticate are unset the API is open: every caller sees
 	// everything.
 	Authenticate func(ctx context.Context, token string) (tenant string, err error)
+	// Throttle limits token guessing per caller address (the request's RemoteAddr): a
+	// caller with recent failures waits before its token is checked, and a blocked one gets
+	// 429 with Retry-After without its token being checked. A wrong token counts as a
+	// failure, a missing one does not. tunnel.Server shares one with its control listener;
+	// nil means no throttling.
+	Throttle *throttle.Auth
+	// Endpoints returns the reserved routes that have no live group, listed with zero
+	// members; nil means none.
+	Endpoints func() []Endpoint
+	// MaxEventStreams returns how many live event streams a tenant may have open at once
+	// (0: no cap); nil means no cap. The admin token is never capped.
+	MaxEventStreams func(tenant string) int
 	// Stats returns the edge's counters; nil reports zeros.
 	Stats func() Stats
 	// ShuttingDown reports whether the edge is shutting down (/healthz answers 503).
@@ -230,8 +244,9 @@ func (p *Plane) requireAuth(next http.Handler) http.Handler {
 }
 
 // authenticate finds the caller's scope from its bearer token. When it returns false it has
-// already answered: 401 for a missing or invalid token, 503 when the authenticator failed
-// for another reason.
+// answered (unless the client left while the throttle held it): 401 for a missing or invalid
+// token, 429 when Config.Throttle refuses the caller's address (its token is not checked),
+// 503 when the authenticator failed for another reason or the edge shut down meanwhile.
 func (p *Plane) authenticate(w http.ResponseWriter, r *http.Request) (scope, bool) {
 	if !p.hasAdmin && p.cfg.Authenticate == nil {
 		return scope{admin: true}, true // open API: the self-hosted default
@@ -241,27 +256,65 @@ func (p *Plane) authenticate(w http.ResponseWriter, r *http.Request) (scope, boo
 		unauthorized(w, "missing bearer token")
 		return scope{}, false
 	}
+	attempt, err := p.cfg.Throttle.Begin(throttle.KeyOfString(r.RemoteAddr))
+	if refused := (*throttle.RefusedError)(nil); errors.As(err, &refused) {
+		w.Header().Set("Retry-After", strconv.Itoa(int(throttle.RoundUp(refused.RetryAfter).Seconds())))
+		writeError(w, http.StatusTooManyRequests, refused.Error())
+		return scope{}, false
+	}
+	if attempt.Delay() > 0 && !p.wait(w, r, attempt) {
+		return scope{}, false
+	}
 	if p.hasAdmin {
 		h := sha256.Sum256([]byte(token))
 		if subtle.ConstantTimeCompare(h[:], p.adminHash[:]) == 1 {
+			attempt.Done()
 			return scope{admin: true}, true
 		}
 	}
 	if p.cfg.Authenticate == nil {
+		attempt.Fail()
 		unauthorized(w, "invalid token")
 		return scope{}, false
 	}
 	tenant, err := p.cfg.Authenticate(r.Context(), token)
 	switch {
 	case errors.Is(err, ErrInvalidToken):
+		attempt.Fail()
 		unauthorized(w, "invalid token")
 		return scope{}, false
 	case err != nil:
+		attempt.Done()
 		p.log.Warn("admin API: authenticator failed", zap.Error(err))
 		writeError(w, http.StatusServiceUnavailable, "cannot check the token now")
 		return scope{}, false
 	}
+	attempt.Done()
 	return scope{tenant: tenant}, true
+}
+
+// wait waits for the throttle's delay before a token is checked. It reports false, having
+// answered 503 if the client is still there, when the request ends or the edge shuts down
+// first.
+func (p *Plane) wait(w http.ResponseWriter, r *http.Request, attempt *throttle.Attempt) bool {
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	waited := make(chan struct{})
+	defer close(waited)
+	go func() {
+		select {
+		case <-p.cfg.Done:
+			cancel()
+		case <-waited:
+		}
+	}()
+	if attempt.Wait(ctx) == nil {
+		return true
+	}
+	if r.Context().Err() == nil {
+		writeError(w, http.StatusServiceUnavailable, "shutting down")
+	}
+	return false
 }
 
 // bearerToken returns the token of an "Authorization: Bearer <token>" header.

@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -65,6 +64,12 @@ type GroupInfo struct {
 	HealthyCount int `json:"healthy_count"`
 	// Members are the group's members in the order they joined.
 	Members []GroupMember `json:"members"`
+	// Reserved marks an endpoint reserved by the edge's configuration that has no member
+	// now (it answers 503 until one registers).
+	Reserved bool `json:"reserved,omitempty"`
+
+	// key is the full key hash: pools may share a short one, pages must not.
+	key string
 }
 
 // GroupMember is one member of a GroupInfo. A member's alert webhook URL is never shown,
@@ -167,10 +172,10 @@ func (p *Plane) apiTunnels(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b TunnelInfo) int {
-		return cmp.Or(cmp.Compare(a.Proto, b.Proto), cmp.Compare(a.Label, b.Label), a.JoinedAt.Compare(b.JoinedAt), cmp.Compare(a.ID, b.ID))
-	})
-	writeJSON(w, http.StatusOK, out)
+	key := func(t TunnelInfo) []string {
+		return []string{string(t.Proto), t.Label, fmt.Sprintf("%020d", t.JoinedAt.UnixNano()), t.ID}
+	}
+	writePage(w, r, out, key)
 }
 
 func (p *Plane) apiTunnel(w http.ResponseWriter, r *http.Request) {
@@ -213,6 +218,7 @@ func (p *Plane) apiGroups(w http.ResponseWriter, r *http.Request) {
 			KeyHashShort: g.KeyHash.Short(),
 			URL:          p.cfg.URL(g),
 			Members:      []GroupMember{},
+			key:          g.KeyHash.String(),
 		}
 		if g.Kind == group.KindTCP {
 			gi.Port = g.Port
@@ -241,10 +247,27 @@ func (p *Plane) apiGroups(w http.ResponseWriter, r *http.Request) {
 			out = append(out, gi)
 		}
 	}
-	slices.SortFunc(out, func(a, b GroupInfo) int {
-		return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Label, b.Label), cmp.Compare(a.KeyHashShort, b.KeyHashShort))
-	})
-	writeJSON(w, http.StatusOK, out)
+	for _, ep := range p.endpoints() {
+		if !sc.admin && (sc.tenant == "" || sc.tenant != ep.Tenant) {
+			continue
+		}
+		g := ep.Info
+		gi := GroupInfo{Protocol: g.Proto, Label: g.Label, Name: g.Name, KeyHashShort: g.KeyHash.Short(),
+			URL: p.cfg.URL(g), Members: []GroupMember{}, Reserved: true, key: g.KeyHash.String()}
+		if g.Kind == group.KindTCP {
+			gi.Port = g.Port
+		}
+		out = append(out, gi)
+	}
+	writePage(w, r, out, func(g GroupInfo) []string { return []string{string(g.Protocol), g.Label, g.KeyHashShort, g.key} })
+}
+
+// endpoints are the reserved routes with no live group, to list with zero members.
+func (p *Plane) endpoints() []Endpoint {
+	if p.cfg.Endpoints == nil {
+		return nil
+	}
+	return p.cfg.Endpoints()
 }
 
 // groupRef names the group(s) of an event stream: /api/groups/{protocol}/{label}. For http

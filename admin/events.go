@@ -81,12 +81,25 @@ func newBroker(buffer int) *broker {
 		counted: map[string]bool{}}
 }
 
-func (b *broker) subscribe(ref groupRef, sc scope) *subscriber {
+// subscribe adds a subscriber, unless a tenant caller already has max streams open (0: no
+// cap; the admin is never capped).
+func (b *broker) subscribe(ref groupRef, sc scope, max int) (*subscriber, bool) {
 	sub := &subscriber{ref: ref, sc: sc, ch: make(chan sseItem, b.buffer)}
 	b.mu.Lock()
+	defer b.mu.Unlock()
+	if max > 0 && !sc.admin {
+		n := 0
+		for s := range b.subs {
+			if !s.sc.admin && s.sc.tenant == sc.tenant {
+				n++
+			}
+		}
+		if n >= max {
+			return nil, false
+		}
+	}
 	b.subs[sub] = struct{}{}
-	b.mu.Unlock()
-	return sub
+	return sub, true
 }
 
 func (b *broker) subscribers() int {
@@ -237,7 +250,16 @@ func (p *Plane) apiGroupEvents(w http.ResponseWriter, r *http.Request) {
 	}
 	// Subscribe before looking, so that no transition falls between the look and the stream.
 	events := p.events
-	sub := events.subscribe(ref, sc)
+	max := 0
+	if p.cfg.MaxEventStreams != nil {
+		max = p.cfg.MaxEventStreams(sc.tenant)
+	}
+	sub, ok := events.subscribe(ref, sc, max)
+	if !ok {
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusTooManyRequests, fmt.Sprintf("too many open event streams for this tenant (max_event_streams %d)", max))
+		return
+	}
 	defer events.unsubscribe(sub)
 	if !p.groupVisible(ref, sc) {
 		writeError(w, http.StatusNotFound, notFound)

@@ -51,6 +51,19 @@ func ParseKeyHash(s string) (KeyHash, error) {
 	return h, nil
 }
 
+// MarshalText writes the hash as 64 hex digits (and so in JSON).
+func (h KeyHash) MarshalText() ([]byte, error) { return []byte(h.String()), nil }
+
+// UnmarshalText reads 64 hex digits.
+func (h *KeyHash) UnmarshalText(b []byte) error {
+	v, err := ParseKeyHash(string(b))
+	if err != nil {
+		return err
+	}
+	*h = v
+	return nil
+}
+
 // String is the full hash in hex. Prefer Short in logs.
 func (h KeyHash) String() string { return hex.EncodeToString(h[:]) }
 

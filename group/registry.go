@@ -172,6 +172,10 @@ type JoinRequest struct {
 	AlertWebhook string
 	// Tenant is the identity the member's connector authenticated as.
 	Tenant string
+	// Port is the public port a grouped TCP registration wants when it creates its pool:
+	// the pool's port from before (held with HoldPorts). 0, or a port that is not
+	// available, takes the next free one.
+	Port int
 	// Value is the caller's payload, returned by Member.Value.
 	Value any
 }
@@ -368,8 +372,16 @@ func (r *Registry) create(kind Kind, key string, req JoinRequest, grouped bool) 
 	}
 	var unavailable []int
 	defer func() { r.ports.release(unavailable...) }()
+	want := req.Port
 	for {
-		port, ok := r.ports.take()
+		port, ok := 0, false
+		if want > 0 {
+			port, ok = r.ports.takePort(want)
+			want = 0 // once: an unavailable wanted port falls back to the next free one
+		}
+		if !ok {
+			port, ok = r.ports.take()
+		}
 		if !ok {
 			return nil, reject(ErrNoPorts, "no TCP ports available")
 		}
@@ -559,11 +571,13 @@ func alertWebhooksLocked(g *Group, m *Member) []string {
 }
 
 // portPool hands out TCP ports next-fit from the last one given, so that a port just
-// returned is not reused at once (late packets for the old pool go nowhere).
+// returned is not reused at once (late packets for the old pool go nowhere). A held port
+// (kept for a route's owner) is never handed out by take, only asked for by number.
 type portPool struct {
 	mu     sync.Mutex
 	lo     int
 	inUse  []bool
+	held   []bool
 	cursor int
 }
 
@@ -573,6 +587,29 @@ func (p *portPool) init(r PortRange) {
 	}
 	p.lo = r.Lo
 	p.inUse = make([]bool, r.Hi-r.Lo+1)
+	p.held = make([]bool, r.Hi-r.Lo+1)
+}
+
+// takePort takes one given port if it is in the range and not in use (held or not).
+func (p *portPool) takePort(port int) (int, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := port - p.lo
+	if i < 0 || i >= len(p.inUse) || p.inUse[i] {
+		return 0, false
+	}
+	p.inUse[i] = true
+	return port, true
+}
+
+func (p *portPool) hold(on bool, ports ...int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, port := range ports {
+		if i := port - p.lo; i >= 0 && i < len(p.held) {
+			p.held[i] = on
+		}
+	}
 }
 
 func (p *portPool) take() (int, bool) {
@@ -581,7 +618,7 @@ func (p *portPool) take() (int, bool) {
 	n := len(p.inUse)
 	for k := range n {
 		i := (p.cursor + k) % n
-		if !p.inUse[i] {
+		if !p.inUse[i] && !p.held[i] {
 			p.inUse[i] = true
 			p.cursor = (i + 1) % n
 			return p.lo + i, true
@@ -599,6 +636,14 @@ func (p *portPool) release(ports ...int) {
 		}
 	}
 }
+
+// HoldPorts keeps ports for routes whose owners may come back: Join never gives a held port
+// to a new pool unless JoinRequest.Port asks for it by number. Ports outside the range are
+// ignored.
+func (r *Registry) HoldPorts(ports ...int) { r.ports.hold(true, ports...) }
+
+// ReleasePorts undoes HoldPorts: the ports go back to the range once no pool uses them.
+func (r *Registry) ReleasePorts(ports ...int) { r.ports.hold(false, ports...) }
 
 // PortsInUse returns the number of TCP ports currently taken (for invariant checks and metrics).
 func (r *Registry) PortsInUse() int {

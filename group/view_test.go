@@ -154,3 +154,31 @@ func TestKeyHashHelpers(t *testing.T) {
 	_, err = ParseKeyHash(strings.Repeat("zz", 32))
 	require.ErrorContains(t, err, "hex")
 }
+
+// A held port is never given to a new pool, only to the pool that asks for it by number;
+// released, it is free again.
+func TestHeldPortsGoOnlyToTheirPool(t *testing.T) {
+	r := NewRegistry(Config{LoadBalancing: true, Ports: PortRange{Lo: 20000, Hi: 20002}})
+	r.HoldPorts(20000, 20001)
+	a, err := r.Join(tcpReq("other", "k"))
+	require.NoError(t, err)
+	require.Equal(t, 20002, a.Group().Port, "held ports are skipped")
+	_, err = r.Join(tcpReq("another", "k"))
+	require.ErrorIs(t, err, ErrNoPorts, "the held ports are not free")
+
+	req := tcpReq("db", "k")
+	req.Port = 20001
+	b, err := r.Join(req)
+	require.NoError(t, err)
+	require.Equal(t, 20001, b.Group().Port, "the owner's pool gets its port back")
+	r.Leave(b)
+	r.ReleasePorts(20000)
+	c, err := r.Join(tcpReq("third", "k"))
+	require.NoError(t, err)
+	require.Equal(t, 20000, c.Group().Port)
+
+	req = tcpReq("busy", "k")
+	req.Port = 20002 // in use by "other": the next free port instead
+	_, err = r.Join(req)
+	require.ErrorIs(t, err, ErrNoPorts, "20002 is in use and 20001, free since db left, is still held for it")
+}

@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"encoding/hex"
 	"sync"
 	"sync/atomic"
 
@@ -10,57 +11,96 @@ import (
 	"github.com/warren-tunnel/warren/webhook"
 )
 
-// alerter turns group events into group_zero_healthy alerts: a Debouncer per group, and
-// a bounded Sender that never blocks frame handling or dispatch.
+// alerter turns group events into group_zero_healthy and group_recovered alerts: a
+// Debouncer (at most one alert per pool per AlertMinInterval) and a Sender with one bounded
+// queue per destination, neither of which ever blocks frame handling or dispatch.
 type alerter struct {
 	srv      *Server
-	debounce *webhook.Debouncer
+	debounce *webhook.Debouncer[alertInfo]
 	sender   *webhook.Sender
 
 	stopped atomic.Bool // the edge is closing: groups vanish without an outage
 
 	mu      sync.Mutex
 	results map[webhook.Result]uint64
+	fired   map[string]uint64 // alerts decided, by event
+}
+
+// alertInfo is what an alert says about its group, as of the group's latest event.
+type alertInfo struct {
+	proto, label, name, keyShort string
+	members                      int
+	tenantURLs                   []string
 }
 
 func newAlerter(s *Server) *alerter {
-	a := &alerter{srv: s, debounce: webhook.NewDebouncer(), results: map[webhook.Result]uint64{}}
+	a := &alerter{srv: s, results: map[webhook.Result]uint64{}, fired: map[string]uint64{}}
 	a.sender = webhook.NewSender(webhook.SenderConfig{
 		Timeout:      s.cfg.AlertTimeout,
 		AllowPrivate: s.cfg.AllowPrivateAlertWebhooks,
 		Logger:       s.log.Named("alerts"),
 		OnResult:     a.count,
 	})
+	a.debounce = webhook.NewDebouncer(webhook.DebouncerConfig[alertInfo]{
+		MinInterval: s.cfg.AlertMinInterval,
+		Fire:        a.fire,
+	})
 	return a
 }
 
-// observe runs for every group event, under the group's lock: it only decides and queues.
+// poolKey identifies a pool across re-creations (its route and key), so that a pool whose
+// members join and leave over and over stays within one alert per interval. It holds the
+// full key hash and is never logged.
+func poolKey(g group.Info) string {
+	return string(g.Proto) + "\x00" + g.Label + "\x00" + hex.EncodeToString(g.KeyHash[:])
+}
+
+// observe runs for every group event, with no lock held: it only records and decides;
+// sending is queued.
 func (a *alerter) observe(ev group.Event) {
 	g := ev.Group
 	if g.Solo() || a.stopped.Load() {
 		return
 	}
-	if a.debounce.Observe(g.ID, ev.SelectableCount) {
-		p := webhook.Payload{
-			Event:        webhook.EventGroupZeroHealthy,
-			RegionID:     a.srv.cfg.RegionID,
-			Protocol:     string(g.Proto),
-			Label:        g.Label,
-			GroupName:    g.Name,
-			KeyHashShort: g.KeyHash.Short(),
-			MemberCount:  ev.MemberCount,
-			At:           webhook.FormatTime(ev.At),
-		}
-		dests := webhook.Destinations(a.srv.cfg.AlertWebhookURL, ev.AlertWebhooks)
-		a.srv.log.Warn("group has no healthy member", zap.String("group", g.Name), zap.String("label", g.Label),
-			zap.String("key", p.KeyHashShort), zap.Int("members", ev.MemberCount), zap.Int("destinations", len(dests)),
-			zap.String("cause", ev.Kind.String()))
-		if len(dests) > 0 {
-			a.sender.Send(dests, p)
-		}
-	}
+	key := poolKey(g)
+	a.debounce.Observe(key, ev.SelectableCount, alertInfo{
+		proto: string(g.Proto), label: g.Label, name: g.Name, keyShort: g.KeyHash.Short(),
+		members: ev.MemberCount, tenantURLs: ev.AlertWebhooks,
+	})
 	if ev.GroupRemoved {
-		a.debounce.Forget(g.ID)
+		a.debounce.Remove(key)
+	}
+}
+
+// fire sends one alert the debouncer decided on, at once or when its interval ended.
+func (a *alerter) fire(al webhook.Alert[alertInfo]) {
+	if a.stopped.Load() {
+		return
+	}
+	v := al.Value
+	p := webhook.Payload{
+		Event:        al.Event,
+		RegionID:     a.srv.cfg.RegionID,
+		Protocol:     v.proto,
+		Label:        v.label,
+		GroupName:    v.name,
+		KeyHashShort: v.keyShort,
+		MemberCount:  v.members,
+		At:           webhook.FormatTime(al.Since),
+	}
+	dests := webhook.Destinations(a.srv.cfg.AlertWebhookURL, v.tenantURLs)
+	msg := "group has no healthy member"
+	if al.Event == webhook.EventGroupRecovered {
+		msg = "group has a healthy member again"
+	}
+	a.srv.log.Warn(msg, zap.String("group", v.name), zap.String("label", v.label),
+		zap.String("key", v.keyShort), zap.Int("members", v.members), zap.Int("destinations", len(dests)),
+		zap.Int("falls", al.Falls), zap.Time("since", al.Since))
+	a.mu.Lock()
+	a.fired[al.Event]++
+	a.mu.Unlock()
+	if len(dests) > 0 {
+		a.sender.Send(dests, p)
 	}
 }
 
@@ -81,7 +121,22 @@ func (a *alerter) deliveries() map[webhook.Result]uint64 {
 	return out
 }
 
+// decided returns how many alerts were decided, by event.
+func (a *alerter) decided() map[string]uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]uint64, len(a.fired))
+	for k, v := range a.fired {
+		out[k] = v
+	}
+	return out
+}
+
 // stop makes the alerter ignore the events of an edge that is closing.
 func (a *alerter) stop() { a.stopped.Store(true) }
 
-func (a *alerter) close() error { return a.sender.Close() }
+// close cancels the alerts still held back and releases the sender.
+func (a *alerter) close() error {
+	a.debounce.Close()
+	return a.sender.Close()
+}

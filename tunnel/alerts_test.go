@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,7 +15,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
+	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/health"
 	"github.com/warren-tunnel/warren/webhook"
 )
@@ -57,11 +60,12 @@ func (r *receiver) alerts() []webhook.Payload {
 	return append([]webhook.Payload(nil), r.got...)
 }
 
-// switchable is a health check the test turns on and off.
+// switchable is a health check the test turns on and off. Its check returns at once; the
+// timeout is generous so that a loaded machine (a starved goroutine) never fails it.
 type switchable struct{ down atomic.Bool }
 
 func (s *switchable) spec() *health.Spec {
-	return &health.Spec{Type: health.TypeFunc, Interval: 10 * time.Millisecond, Timeout: 50 * time.Millisecond, MaxFailed: 1,
+	return &health.Spec{Type: health.TypeFunc, Interval: 10 * time.Millisecond, Timeout: 5 * time.Second, MaxFailed: 1,
 		Check: func(context.Context) error {
 			if s.down.Load() {
 				return errors.New("switched off")
@@ -81,9 +85,21 @@ func selectable(e *testEdge, sub string) func() int {
 	}
 }
 
-func TestAlertFiresOncePerDownwardEdge(t *testing.T) {
+// events returns the Event of each alert r received, in order.
+func (r *receiver) events() []string {
+	var out []string
+	for _, p := range r.alerts() {
+		out = append(out, p.Event)
+	}
+	return out
+}
+
+// With an interval that never holds anything back, every fall and every recovery is posted
+// once to the operator and to each unique tenant URL.
+func TestAlertOnEveryFallAndRecovery(t *testing.T) {
 	op, t1, t2 := newReceiver(t), newReceiver(t), newReceiver(t)
-	e := startEdge(t, ServerConfig{LoadBalancing: true, RegionID: "eu", AlertWebhookURL: op.URL, AllowPrivateAlertWebhooks: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: true, RegionID: "eu", AlertWebhookURL: op.URL, AllowPrivateAlertWebhooks: true,
+		AlertMinInterval: time.Nanosecond})
 	b := backend(t, "b")
 	var ha, hb, hc switchable
 	for _, m := range []struct {
@@ -97,6 +113,7 @@ func TestAlertFiresOncePerDownwardEdge(t *testing.T) {
 	}
 	n := selectable(e, "pool")
 	require.Eventually(t, func() bool { return n() == 3 }, 5*time.Second, 5*time.Millisecond)
+	require.Empty(t, op.alerts(), "members coming up for the first time is not a recovery")
 
 	ha.down.Store(true)
 	hb.down.Store(true)
@@ -104,12 +121,13 @@ func TestAlertFiresOncePerDownwardEdge(t *testing.T) {
 	hc.down.Store(true)
 	require.Eventually(t, func() bool { return n() == 0 }, 5*time.Second, 5*time.Millisecond)
 
-	wantOne := func(r *receiver, count int) {
+	want := func(r *receiver, events ...string) {
 		t.Helper()
-		require.Eventually(t, func() bool { return len(r.alerts()) == count }, 5*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return len(r.alerts()) == len(events) }, 5*time.Second, 5*time.Millisecond)
+		require.Equal(t, events, r.events())
 	}
 	for _, r := range []*receiver{op, t1, t2} {
-		wantOne(r, 1) // t2 is shared by two members: posted once
+		want(r, webhook.EventGroupZeroHealthy) // t2 is shared by two members: posted once
 	}
 	p := op.alerts()[0]
 	require.Equal(t, "group_zero_healthy", p.Event)
@@ -123,22 +141,26 @@ func TestAlertFiresOncePerDownwardEdge(t *testing.T) {
 	_, err := time.Parse(time.RFC3339, p.At)
 	require.NoError(t, err)
 
-	// Recovery alone does not fire; the next fall does.
+	// A recovery is posted; so is the next fall.
 	ha.down.Store(false)
 	require.Eventually(t, func() bool { return n() == 1 }, 5*time.Second, 5*time.Millisecond)
+	for _, r := range []*receiver{op, t1, t2} {
+		want(r, webhook.EventGroupZeroHealthy, webhook.EventGroupRecovered)
+	}
+	require.Equal(t, "group_recovered", op.alerts()[1].Event)
 	ha.down.Store(true)
 	require.Eventually(t, func() bool { return n() == 0 }, 5*time.Second, 5*time.Millisecond)
-	wantOne(op, 2)
-	wantOne(t1, 2)
-	wantOne(t2, 2)
+	for _, r := range []*receiver{op, t1, t2} {
+		want(r, webhook.EventGroupZeroHealthy, webhook.EventGroupRecovered, webhook.EventGroupZeroHealthy)
+	}
 	// Staying down fires nothing more.
 	time.Sleep(100 * time.Millisecond) // several probe intervals of steady state; nothing to await
-	require.Len(t, op.alerts(), 2)
+	require.Len(t, op.alerts(), 3)
 }
 
 func TestAlertFiresWhenTheLastHealthyMemberLeaves(t *testing.T) {
 	op := newReceiver(t)
-	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL})
+	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, AlertMinInterval: time.Nanosecond})
 	b := backend(t, "b")
 	sess := e.connect()
 	_, err := sess.Forward(ctxT(t), pool("pool"), hostPort(b.URL))
@@ -147,7 +169,9 @@ func TestAlertFiresWhenTheLastHealthyMemberLeaves(t *testing.T) {
 	require.Eventually(t, func() bool { return len(op.alerts()) == 1 }, 5*time.Second, 5*time.Millisecond)
 	require.Equal(t, 1, op.alerts()[0].MemberCount, "the pool reached zero when its last member started draining")
 
-	// A member that vanishes without a goodbye (connection cut) fires too.
+	// The pool is created again (a new pool: the old one's interval is over, so its coming up
+	// is not a recovery), and its member vanishes without a goodbye (connection cut): that
+	// fires too.
 	var raw net.Conn
 	cut, err := Dial(ctxT(t), e.controlAddr, WithReconnect(false), WithDialer(func(ctx context.Context, n, a string) (net.Conn, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, n, a)
@@ -160,6 +184,7 @@ func TestAlertFiresWhenTheLastHealthyMemberLeaves(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, raw.Close())
 	require.Eventually(t, func() bool { return len(op.alerts()) == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Equal(t, []string{webhook.EventGroupZeroHealthy, webhook.EventGroupZeroHealthy}, op.events())
 	require.Equal(t, 0, op.alerts()[1].MemberCount)
 
 	// Solo tunnels are not pools: no alert.
@@ -169,6 +194,133 @@ func TestAlertFiresWhenTheLastHealthyMemberLeaves(t *testing.T) {
 	require.NoError(t, solo.Close())
 	require.Eventually(t, func() bool { return e.registry.LookupHTTP("solo") == nil }, 5*time.Second, 5*time.Millisecond)
 	require.Len(t, op.alerts(), 2)
+}
+
+// A member flapping as fast as its connector can send health frames gives one alert to the
+// operator and to its tenant per interval, not one per fall.
+func TestAlertFloodFromAFlappingMemberIsOneAlert(t *testing.T) {
+	op, tenant := newReceiver(t), newReceiver(t)
+	var falls atomic.Int32
+	var up atomic.Bool
+	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, AllowPrivateAlertWebhooks: true,
+		AlertMinInterval: time.Hour, Logger: zap.NewNop(),
+		OnEvent: func(ev group.Event) { // after the alerter has seen the event
+			if ev.Group.Label != "pool" {
+				return
+			}
+			if ev.SelectableCount > 0 {
+				up.Store(true)
+			} else if up.Swap(false) {
+				falls.Add(1)
+			}
+		}})
+	b := backend(t, "b")
+	sess := e.connect(WithLogger(zap.NewNop()))
+	spec := pool("pool")
+	spec.AlertWebhook = tenant.URL
+	spec.Health = &health.Spec{Type: health.TypeFunc, Interval: time.Hour, Timeout: time.Second, MaxFailed: 1,
+		Check: func(context.Context) error { return nil }} // reports healthy once, then never again
+	tun, err := sess.Forward(ctxT(t), spec, hostPort(b.URL))
+	require.NoError(t, err)
+	n := selectable(e, "pool")
+	require.Eventually(t, func() bool { return n() == 1 }, 5*time.Second, 5*time.Millisecond)
+
+	c, err := sess.liveConn(ctxT(t))
+	require.NoError(t, err)
+	const frames = 1000
+	start := time.Now()
+	for i := range frames {
+		require.NoError(t, c.send(healthFrame(tun.ID(), i%2 == 1))) // down, up, down, ... ends up
+	}
+	t.Logf("%d health frames sent in %v", frames, time.Since(start))
+	// The control stream is read in order: once a later registration is answered, every
+	// health frame before it has been handled, and its events delivered.
+	_, err = sess.Forward(ctxT(t), TunnelSpec{Subdomain: "barrier"}, hostPort(b.URL))
+	require.NoError(t, err)
+	require.Greater(t, falls.Load(), int32(100), "the member flapped")
+	require.Equal(t, map[string]uint64{webhook.EventGroupZeroHealthy: 1}, e.alerts.decided(), "one alert for the whole flood")
+	for _, r := range []*receiver{op, tenant} {
+		require.Eventually(t, func() bool { return len(r.alerts()) == 1 }, 5*time.Second, 5*time.Millisecond)
+	}
+	require.Equal(t, map[webhook.Result]uint64{webhook.ResultSuccess: 2}, e.alerts.deliveries())
+}
+
+// A group that fell, recovered and fell again inside the interval is reported down again
+// when the interval ends; a recovery inside the interval is reported when it ends.
+func TestAlertRecoveryAndSecondFallInsideTheIntervalAreNotLost(t *testing.T) {
+	op := newReceiver(t)
+	const interval = 300 * time.Millisecond
+	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, AlertMinInterval: interval})
+	b := backend(t, "b")
+	var h switchable
+	spec := pool("pool")
+	spec.Health = h.spec()
+	_, err := e.connect().Forward(ctxT(t), spec, hostPort(b.URL))
+	require.NoError(t, err)
+	n := selectable(e, "pool")
+	require.Eventually(t, func() bool { return n() == 1 }, 5*time.Second, 5*time.Millisecond)
+
+	flip := func(down bool, want int) {
+		t.Helper()
+		h.down.Store(down)
+		require.Eventually(t, func() bool { return n() == want }, 5*time.Second, time.Millisecond)
+	}
+	received := func(count int) {
+		t.Helper()
+		require.Eventually(t, func() bool { return len(op.alerts()) == count }, 5*time.Second, time.Millisecond)
+	}
+	first := time.Now() // before the first alert is decided
+	flip(true, 0)
+	received(1)
+	flip(false, 1)
+	flip(true, 0) // fell again: held back
+	if got := len(op.alerts()); time.Since(first) < interval {
+		require.Equal(t, 1, got, "nothing more inside the interval")
+	}
+	received(2)
+	require.GreaterOrEqual(t, time.Since(first), interval, "the second alert waited for the interval")
+	require.Equal(t, []string{webhook.EventGroupZeroHealthy, webhook.EventGroupZeroHealthy}, op.events(),
+		"the second outage is reported")
+
+	flip(false, 1) // recovered: held back until the interval since the second alert ends
+	received(3)
+	require.GreaterOrEqual(t, time.Since(first), 2*interval, "the third alert waited for the interval after the second")
+	require.Equal(t, []string{webhook.EventGroupZeroHealthy, webhook.EventGroupZeroHealthy, webhook.EventGroupRecovered}, op.events())
+}
+
+// A tenant whose alert URL hangs, flooded with alerts from its many pools, delays and drops
+// only its own alerts: another tenant's outage alert arrives at once.
+func TestHangingTenantAlertURLDoesNotSuppressAnotherTenantsAlert(t *testing.T) {
+	op, good := newReceiver(t), newReceiver(t)
+	hanging := newReceiver(t)
+	hanging.hold = make(chan struct{})
+	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, AllowPrivateAlertWebhooks: true,
+		AlertTimeout: time.Minute})
+	defer close(hanging.hold) // before the edge closes and waits for the deliveries in flight
+	b := backend(t, "b")
+
+	// Tenant A: 12 pools, all alerting to the hanging URL, all falling at once.
+	a := e.connect()
+	for i := range 12 {
+		spec := TunnelSpec{Subdomain: fmt.Sprintf("a%d", i), Group: fmt.Sprintf("a%d", i), GroupKey: "k", AlertWebhook: hanging.URL}
+		_, err := a.Forward(ctxT(t), spec, hostPort(b.URL))
+		require.NoError(t, err)
+	}
+	require.NoError(t, a.Close())
+	require.Eventually(t, func() bool { return len(hanging.alerts()) == 1 && len(op.alerts()) == 12 }, 5*time.Second, time.Millisecond)
+
+	// Tenant B's pool falls: its alert is not stuck behind A's.
+	var h switchable
+	spec := pool("pool")
+	spec.Health, spec.AlertWebhook = h.spec(), good.URL
+	_, err := e.connect().Forward(ctxT(t), spec, hostPort(b.URL))
+	require.NoError(t, err)
+	n := selectable(e, "pool")
+	require.Eventually(t, func() bool { return n() == 1 }, 5*time.Second, 5*time.Millisecond)
+	h.down.Store(true)
+	require.Eventually(t, func() bool { return len(good.alerts()) == 1 && len(op.alerts()) == 13 }, 5*time.Second, time.Millisecond)
+	require.Len(t, hanging.alerts(), 1, "the hanging URL still holds its first alert; the others wait in its own queue")
+	require.Zero(t, e.alerts.deliveries()[webhook.ResultDropped], "nothing dropped")
 }
 
 func TestPrivateTenantAlertURLsAreRefusedByDefault(t *testing.T) {

@@ -258,22 +258,23 @@ func keys(m map[string]any) []string {
 }
 
 func TestAPIScopesEachTenantToItsOwnMembers(t *testing.T) {
-	auth := NewStaticTokens([]string{"plain-token"}, map[string]string{"acme": "acme-token", "globex": "globex-token"})
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: auth, AdminToken: "admin-token"})
+	auth := mustStaticTokens(t, []string{"plain-token-0123456789"}, map[string]string{"acme": "acme-token-0123456789", "globex": "globex-token-0123456789"})
+	// Wrong tokens are tried below: no delay (the throttle has tests of its own).
+	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: auth, AdminToken: "admin-token-0123456789", AuthFailureDelay: -1})
 	b := backend(t, "b")
-	acme, globex := e.connect(WithToken("acme-token")), e.connect(WithToken("globex-token"))
+	acme, globex := e.connect(WithToken("acme-token-0123456789")), e.connect(WithToken("globex-token-0123456789"))
 	acmeShared, err := acme.Forward(ctxT(t), pool("shared"), hostPort(b.URL))
 	require.NoError(t, err)
 	acmeSolo, err := acme.Forward(ctxT(t), TunnelSpec{Subdomain: "acme-solo"}, hostPort(b.URL))
 	require.NoError(t, err)
 	var globexHealth switchable
-	gs := pool("shared")
+	gs := pool("globex-shared") // "shared" is acme's: a route belongs to one tenant
 	gs.Health = globexHealth.spec()
 	globexShared, err := globex.Forward(ctxT(t), gs, hostPort(b.URL))
 	require.NoError(t, err)
 	globexOwn, err := globex.Forward(ctxT(t), TunnelSpec{Subdomain: "globex-only", Group: "internal", GroupKey: "g"}, hostPort(b.URL))
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return selectable(e, "shared")() == 2 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return selectable(e, "globex-shared")() == 1 }, 5*time.Second, 5*time.Millisecond)
 	api := newAPIClient(t, e.adminAddr)
 
 	t.Run("no or wrong token is 401", func(t *testing.T) {
@@ -287,7 +288,7 @@ func TestAPIScopesEachTenantToItsOwnMembers(t *testing.T) {
 		require.Equal(t, `Bearer realm="warren"`, h.Get("WWW-Authenticate"))
 		req, err := http.NewRequest(http.MethodGet, api.base+"/api/tunnels", nil)
 		require.NoError(t, err)
-		req.Header.Set("Authorization", "Basic admin-token")
+		req.Header.Set("Authorization", "Basic admin-token-0123456789")
 		resp, err := api.hc.Do(req)
 		require.NoError(t, err)
 		resp.Body.Close()
@@ -297,63 +298,65 @@ func TestAPIScopesEachTenantToItsOwnMembers(t *testing.T) {
 	})
 
 	t.Run("the admin token sees everything", func(t *testing.T) {
-		tunnels := getJSON[[]TunnelInfo](api, "admin-token", "/api/tunnels")
+		tunnels := getJSON[[]TunnelInfo](api, "admin-token-0123456789", "/api/tunnels")
 		require.Len(t, tunnels, 4)
 		byID := tunnelsByID(tunnels)
 		require.Equal(t, "acme", byID[acmeShared.ID()].Tenant)
 		require.Equal(t, "globex", byID[globexOwn.ID()].Tenant)
-		groups := getJSON[[]GroupInfo](api, "admin-token", "/api/groups")
-		require.Len(t, groups, 2)
+		groups := getJSON[[]GroupInfo](api, "admin-token-0123456789", "/api/groups")
+		require.Len(t, groups, 3)
 		require.Equal(t, "globex-only", groups[0].Label)
-		require.Equal(t, "shared", groups[1].Label)
-		require.Equal(t, 2, groups[1].MemberCount)
-		require.Equal(t, 2, groups[1].HealthyCount)
-		getJSON[[]group.Transition](api, "admin-token", "/api/tunnels/"+globexShared.ID()+"/health-events")
+		require.Equal(t, "globex-shared", groups[1].Label)
+		require.Equal(t, "shared", groups[2].Label)
+		require.Equal(t, 1, groups[2].MemberCount)
+		require.Equal(t, 1, groups[2].HealthyCount)
+		getJSON[[]group.Transition](api, "admin-token-0123456789", "/api/tunnels/"+globexShared.ID()+"/health-events")
 	})
 
 	t.Run("a tenant sees its own members and the groups holding them", func(t *testing.T) {
-		tunnels := getJSON[[]TunnelInfo](api, "acme-token", "/api/tunnels")
+		tunnels := getJSON[[]TunnelInfo](api, "acme-token-0123456789", "/api/tunnels")
 		require.ElementsMatch(t, []string{acmeShared.ID(), acmeSolo.ID()}, keysOf(tunnelsByID(tunnels)))
-		groups := getJSON[[]GroupInfo](api, "acme-token", "/api/groups")
-		require.Len(t, groups, 1, "globex-only holds no acme member")
+		groups := getJSON[[]GroupInfo](api, "acme-token-0123456789", "/api/groups")
+		require.Len(t, groups, 1, "globex's groups hold no acme member")
 		require.Equal(t, "shared", groups[0].Label)
-		require.Equal(t, 1, groups[0].MemberCount, "counts cover the tenant's members only")
+		require.Equal(t, 1, groups[0].MemberCount)
 		require.Equal(t, 1, groups[0].HealthyCount)
 		require.Equal(t, []string{acmeShared.ID()}, memberIDs(groups[0]))
 
 		// globex's unhealthy member is invisible to acme, so acme's counts do not move.
 		globexHealth.down.Store(true)
-		require.Eventually(t, func() bool { return selectable(e, "shared")() == 1 }, 5*time.Second, 5*time.Millisecond)
-		groups = getJSON[[]GroupInfo](api, "acme-token", "/api/groups")
+		require.Eventually(t, func() bool { return selectable(e, "globex-shared")() == 0 }, 5*time.Second, 5*time.Millisecond)
+		groups = getJSON[[]GroupInfo](api, "acme-token-0123456789", "/api/groups")
 		require.Equal(t, 1, groups[0].HealthyCount)
-		groups = getJSON[[]GroupInfo](api, "globex-token", "/api/groups")
+		groups = getJSON[[]GroupInfo](api, "globex-token-0123456789", "/api/groups")
 		require.Len(t, groups, 2)
 		require.Equal(t, 1, groups[1].MemberCount)
 		require.Equal(t, 0, groups[1].HealthyCount)
-		getJSON[TunnelInfo](api, "acme-token", "/api/tunnels/"+acmeShared.ID())
+		getJSON[TunnelInfo](api, "acme-token-0123456789", "/api/tunnels/"+acmeShared.ID())
 	})
 
 	t.Run("what a tenant cannot see is 404, like what does not exist", func(t *testing.T) {
-		hidden := requireError(t, api, "acme-token", "/api/tunnels/"+globexShared.ID(), http.StatusNotFound)
-		missing := requireError(t, api, "acme-token", "/api/tunnels/"+strings.Repeat("0", len(globexShared.ID())), http.StatusNotFound)
+		hidden := requireError(t, api, "acme-token-0123456789", "/api/tunnels/"+globexShared.ID(), http.StatusNotFound)
+		missing := requireError(t, api, "acme-token-0123456789", "/api/tunnels/"+strings.Repeat("0", len(globexShared.ID())), http.StatusNotFound)
 		require.Equal(t, strings.ReplaceAll(hidden, globexShared.ID(), "X"), strings.ReplaceAll(missing, strings.Repeat("0", len(globexShared.ID())), "X"))
-		requireError(t, api, "acme-token", "/api/tunnels/"+globexShared.ID()+"/health-events", http.StatusNotFound)
-		requireError(t, api, "acme-token", "/api/groups/http/globex-only/events", http.StatusNotFound)
-		requireError(t, api, "acme-token", "/api/groups/http/acme-solo/events", http.StatusNotFound)
+		requireError(t, api, "acme-token-0123456789", "/api/tunnels/"+globexShared.ID()+"/health-events", http.StatusNotFound)
+		requireError(t, api, "acme-token-0123456789", "/api/groups/http/globex-only/events", http.StatusNotFound)
+		requireError(t, api, "acme-token-0123456789", "/api/groups/http/globex-shared/events", http.StatusNotFound)
+		requireError(t, api, "acme-token-0123456789", "/api/groups/http/acme-solo/events", http.StatusNotFound)
 	})
 
 	t.Run("a valid token of no tenant sees nothing", func(t *testing.T) {
-		require.Empty(t, getJSON[[]TunnelInfo](api, "plain-token", "/api/tunnels"))
-		require.Empty(t, getJSON[[]GroupInfo](api, "plain-token", "/api/groups"))
-		requireError(t, api, "plain-token", "/api/tunnels/"+acmeShared.ID(), http.StatusNotFound)
-		requireError(t, api, "plain-token", "/api/groups/http/shared/events", http.StatusNotFound)
+		require.Empty(t, getJSON[[]TunnelInfo](api, "plain-token-0123456789", "/api/tunnels"))
+		require.Empty(t, getJSON[[]GroupInfo](api, "plain-token-0123456789", "/api/groups"))
+		requireError(t, api, "plain-token-0123456789", "/api/tunnels/"+acmeShared.ID(), http.StatusNotFound)
+		requireError(t, api, "plain-token-0123456789", "/api/groups/http/shared/events", http.StatusNotFound)
 	})
 
 	t.Run("metrics need the admin token", func(t *testing.T) {
 		requireError(t, api, "", "/metrics", http.StatusUnauthorized)
 		requireError(t, api, "wrong-token", "/metrics", http.StatusUnauthorized)
-		requireError(t, api, "acme-token", "/metrics", http.StatusForbidden)
-		code, _, body := api.get("admin-token", "/metrics")
+		requireError(t, api, "acme-token-0123456789", "/metrics", http.StatusForbidden)
+		code, _, body := api.get("admin-token-0123456789", "/metrics")
 		require.Equal(t, http.StatusOK, code)
 		require.Contains(t, string(body), `warren_group_members{group="web",healthy="true",region="local"} 1`)
 	})
@@ -371,14 +374,14 @@ func TestAPIHandlersServeEmbedders(t *testing.T) {
 	errDown := errors.New("token store unreachable")
 	auth := AuthenticatorFunc(func(_ context.Context, token string) (string, error) {
 		switch token {
-		case "acme-token":
+		case "acme-token-0123456789":
 			return "acme", nil
 		case "flaky":
 			return "", errDown
 		}
 		return "", ErrUnauthorized
 	})
-	srv, err := NewServer(ServerConfig{AdminToken: "admin-token", Auth: auth, Logger: zaptest.NewLogger(t)})
+	srv, err := NewServer(ServerConfig{AdminToken: "admin-token-0123456789", Auth: auth, Logger: zaptest.NewLogger(t)})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, srv.Close()) }()
 	mux := http.NewServeMux()
@@ -388,26 +391,26 @@ func TestAPIHandlersServeEmbedders(t *testing.T) {
 	defer hs.Close()
 	api := newAPIClient(t, strings.TrimPrefix(hs.URL, "http://"))
 
-	require.Empty(t, getJSON[[]TunnelInfo](api, "admin-token", "/api/tunnels"))
-	require.Empty(t, getJSON[[]GroupInfo](api, "acme-token", "/api/groups"))
+	require.Empty(t, getJSON[[]TunnelInfo](api, "admin-token-0123456789", "/api/tunnels"))
+	require.Empty(t, getJSON[[]GroupInfo](api, "acme-token-0123456789", "/api/groups"))
 	requireError(t, api, "nobody", "/api/tunnels", http.StatusUnauthorized)
 	requireError(t, api, "flaky", "/api/tunnels", http.StatusServiceUnavailable)
-	requireError(t, api, "admin-token", "/api/groups/udp/x/events", http.StatusNotFound)
-	requireError(t, api, "admin-token", "/api/groups/http/nothing/events", http.StatusNotFound)
-	code, h, _ := api.do(http.MethodPost, "admin-token", "/api/tunnels")
+	requireError(t, api, "admin-token-0123456789", "/api/groups/udp/x/events", http.StatusNotFound)
+	requireError(t, api, "admin-token-0123456789", "/api/groups/http/nothing/events", http.StatusNotFound)
+	code, h, _ := api.do(http.MethodPost, "admin-token-0123456789", "/api/tunnels")
 	require.Equal(t, http.StatusMethodNotAllowed, code)
 	require.Contains(t, h.Get("Allow"), http.MethodGet)
 
-	code, _, body := api.get("admin-token", "/custom/metrics")
+	code, _, body := api.get("admin-token-0123456789", "/custom/metrics")
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, string(body), `warren_requests_total{proto="http"} 0`)
-	requireError(t, api, "acme-token", "/custom/metrics", http.StatusForbidden)
+	requireError(t, api, "acme-token-0123456789", "/custom/metrics", http.StatusForbidden)
 }
 
 // ExampleServer_AdminHandler serves an edge's admin API with an admin token and asks it for
 // the load-balancing groups.
 func ExampleServer_AdminHandler() {
-	srv, err := NewServer(ServerConfig{LoadBalancing: true, AdminToken: "s3cret"})
+	srv, err := NewServer(ServerConfig{LoadBalancing: true, AdminToken: "s3cret-admin-token"})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -416,7 +419,7 @@ func ExampleServer_AdminHandler() {
 	admin := httptest.NewServer(srv.AdminHandler()) // or srv.ServeAdmin(listener)
 	defer admin.Close()
 
-	for _, token := range []string{"", "s3cret"} {
+	for _, token := range []string{"", "s3cret-admin-token"} {
 		req, _ := http.NewRequest(http.MethodGet, admin.URL+"/api/groups", nil)
 		if token != "" {
 			req.Header.Set("Authorization", "Bearer "+token)

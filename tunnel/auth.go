@@ -4,7 +4,26 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"fmt"
+	"maps"
+	"slices"
+	"unicode/utf8"
 )
+
+// MinTokenLength is the fewest characters a token may have: NewStaticTokens refuses shorter
+// connector and tenant tokens, and NewServer a shorter AdminToken. Failed authentications are
+// throttled per source address (ServerConfig.MaxAuthFailuresPerIP), which makes guessing a
+// random token of this length hopeless; a short one could still be found.
+const MinTokenLength = 16
+
+// checkTokenLength refuses a token shorter than MinTokenLength; what names it in the error
+// (the token itself never appears).
+func checkTokenLength(what, token string) error {
+	if n := utf8.RuneCountInString(token); n < MinTokenLength {
+		return fmt.Errorf("tunnel: %s is %d characters long; tokens need at least %d", what, n, MinTokenLength)
+	}
+	return nil
+}
 
 // Authenticator decides whether a connector's token may connect, and as which tenant.
 // A tenant is an identity that owns tunnels; the admin API scopes what a tenant token sees
@@ -35,16 +54,24 @@ type tokenEntry struct {
 }
 
 // NewStaticTokens accepts the plain tokens (no tenant) and, per tenant name, that tenant's
-// token.
-func NewStaticTokens(tokens []string, tenants map[string]string) *StaticTokens {
+// token. It returns an error, naming the token by its position or tenant and never by its
+// value, when a token is shorter than MinTokenLength characters.
+func NewStaticTokens(tokens []string, tenants map[string]string) (*StaticTokens, error) {
 	a := &StaticTokens{}
-	for _, t := range tokens {
+	for i, t := range tokens {
+		if err := checkTokenLength(fmt.Sprintf("token %d", i), t); err != nil {
+			return nil, err
+		}
 		a.hashes = append(a.hashes, tokenEntry{hash: sha256.Sum256([]byte(t))})
 	}
-	for name, t := range tenants {
+	for _, name := range slices.Sorted(maps.Keys(tenants)) {
+		t := tenants[name]
+		if err := checkTokenLength(fmt.Sprintf("the token of tenant %q", name), t); err != nil {
+			return nil, err
+		}
 		a.hashes = append(a.hashes, tokenEntry{hash: sha256.Sum256([]byte(t)), tenant: name})
 	}
-	return a
+	return a, nil
 }
 
 // Authenticate implements Authenticator. Every entry is compared, so the time taken does not

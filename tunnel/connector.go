@@ -325,9 +325,11 @@ func (s *Session) retryRegistrations(c *clientConn, ts []*clientTunnel) {
 	}
 }
 
-// transientRejection reports whether a rejection may go away by itself.
+// transientRejection reports whether a re-registration refused after a reconnect is tried
+// again: every rejection but a malformed registration may go away (the owner of the route
+// leaves, its claim lapses, ports free up, the edge's store comes back).
 func transientRejection(err error) bool {
-	return errors.Is(err, ErrNoPorts) || errors.Is(err, ErrLimit)
+	return errors.Is(err, ErrRejected) && !errors.Is(err, ErrInvalid)
 }
 
 // fail ends the session for good with err.

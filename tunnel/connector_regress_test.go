@@ -493,18 +493,18 @@ func TestLongNonASCIIProbeReasonKeepsTheSession(t *testing.T) {
 // tenant's live event stream keeps the right healthy_count (and recovers to the right one).
 func TestTenantEventCountsAfterFirstUnhealthyVerdict(t *testing.T) {
 	e := startEdge(t, ServerConfig{LoadBalancing: true, EventKeepAlive: time.Hour,
-		Auth: NewStaticTokens(nil, map[string]string{"acme": "acme-token"})})
+		Auth: mustStaticTokens(t, nil, map[string]string{"acme": "acme-token-0123456789"})})
 	b := backend(t, "b")
 	var ok, late switchable
 	late.down.Store(true)
-	sess := e.connect(WithToken("acme-token"))
+	sess := e.connect(WithToken("acme-token-0123456789"))
 	spec := pool("pool")
 	spec.Health = ok.spec()
 	_, err := sess.Forward(ctxT(t), spec, hostPort(b.URL))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return selectable(e, "pool")() == 1 }, 5*time.Second, 5*time.Millisecond)
 
-	st := openStream(t, e.adminAddr, "acme-token", "/api/groups/http/pool/events", nil)
+	st := openStream(t, e.adminAddr, "acme-token-0123456789", "/api/groups/http/pool/events", nil)
 	require.Equal(t, http.StatusOK, st.resp.StatusCode)
 	st.read()
 	spec.Health = late.spec()

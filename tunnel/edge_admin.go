@@ -32,10 +32,27 @@ type (
 // once the registry exists and before any group can.
 func (s *Server) newAdmin() error {
 	cfg := admin.Config{
-		View:           s.registry.View(),
-		URL:            s.groupURL,
-		AdminToken:     s.cfg.AdminToken,
-		Stats:          s.stats,
+		View: s.registry.View(),
+		URL: func(g group.Info) string { // the group's public URL
+			if g.Kind == group.KindTCP {
+				return fmt.Sprintf("tcp://%s:%d", s.cfg.Domain, g.Port)
+			}
+			return s.publicURL(g.Proto, g.Label)
+		},
+		AdminToken: s.cfg.AdminToken,
+		Stats: func() admin.Stats { // the counters the admin plane reads at each scrape
+			return admin.Stats{
+				HTTPRequests:       s.requests.http.Load(),
+				TCPConnections:     s.requests.tcp.Load(),
+				RetriesOpenFailed:  s.retries.open.Load(),
+				RetriesResetUnread: s.retries.unread.Load(),
+				Deliveries:         s.alerts.deliveries(),
+			}
+		},
+		Endpoints: s.routes.idleEndpoints,
+		MaxEventStreams: func(tenant string) int {
+			return s.cfg.TenantLimits[tenant].or(s.cfg.Limits).MaxEventStreams
+		},
 		ShuttingDown:   s.shuttingDown,
 		Done:           s.done,
 		RegionID:       s.cfg.RegionID,
@@ -44,6 +61,7 @@ func (s *Server) newAdmin() error {
 		EventBuffer:    s.cfg.EventBuffer,
 		Logger:         s.log.Named("admin"),
 	}
+	cfg.Throttle = s.authLimit // shared with the control listener
 	if auth := s.cfg.Auth; auth != nil {
 		cfg.Authenticate = func(ctx context.Context, token string) (string, error) {
 			tenant, err := auth.Authenticate(ctx, token)
@@ -59,25 +77,6 @@ func (s *Server) newAdmin() error {
 	}
 	s.admin = p
 	return nil
-}
-
-// stats are the counters the admin plane reads at each scrape.
-func (s *Server) stats() admin.Stats {
-	return admin.Stats{
-		HTTPRequests:       s.requests.http.Load(),
-		TCPConnections:     s.requests.tcp.Load(),
-		RetriesOpenFailed:  s.retries.open.Load(),
-		RetriesResetUnread: s.retries.unread.Load(),
-		Deliveries:         s.alerts.deliveries(),
-	}
-}
-
-// groupURL is the public URL of g.
-func (s *Server) groupURL(g group.Info) string {
-	if g.Kind == group.KindTCP {
-		return fmt.Sprintf("tcp://%s:%d", s.cfg.Domain, g.Port)
-	}
-	return s.publicURL(g.Proto, g.Label)
 }
 
 // onGroupEvent receives every membership and health change from the registry, in order per

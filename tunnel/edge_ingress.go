@@ -30,6 +30,11 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 		RetryUnreadRequests: c.RetryUnreadRequests,
 		TCPBindHost:         c.TCPBindHost,
 		ListenTCP:           c.ListenTCP,
+
+		// Negative (no limit) is zero to the proxy.
+		RequestBodyTimeout:      max(c.RequestBodyTimeout, 0),
+		RequestBodyMinRate:      max(c.RequestBodyMinRate, 0),
+		RequestBodyMinRateGrace: c.RequestBodyMinRateGrace,
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/proxy"
+	"github.com/warren-tunnel/warren/internal/throttle"
 	"github.com/warren-tunnel/warren/internal/wire"
 	"github.com/warren-tunnel/warren/webhook"
 )
@@ -43,6 +44,18 @@ type edgeSession struct {
 	mux    *yamux.Session
 	log    *zap.Logger
 	tenant string
+	// counted is set while the session counts against its tenant's max_sessions.
+	counted atomic.Bool
+
+	// remote is the connection's source address as the throttles key it; helloBy is when
+	// the control stream and the Hello must have arrived (HelloTimeout after the accept).
+	remote  throttle.Key
+	helloBy time.Time
+	// preAuth holds the connection's place among those not yet authenticated, until its
+	// Hello is accepted; welcomed is set then (by the control goroutine, which alone reads
+	// it).
+	preAuth  *throttle.Slot
+	welcomed bool
 
 	wmu  sync.Mutex // serialises control writes
 	ctrl net.Conn
@@ -65,6 +78,7 @@ type edgeSession struct {
 // edgeTunnel is one registered tunnel: a member of a group, owned by a session.
 type edgeTunnel struct {
 	id     string
+	tenant string
 	member *group.Member
 	url    string
 	port   int
@@ -73,6 +87,7 @@ type edgeTunnel struct {
 	// open on it is cut then.
 	data     *proxy.Tunnel
 	draining atomic.Bool // a Drain is being waited for (only one waiter per tunnel)
+	removed  atomic.Bool // remove ran
 }
 
 func newID() string {
@@ -81,7 +96,8 @@ func newID() string {
 	return hex.EncodeToString(b[:])
 }
 
-func (s *Server) newSession(c net.Conn) (*edgeSession, error) {
+func (s *Server) newSession(c net.Conn, preAuth *throttle.Slot) (*edgeSession, error) {
+	helloBy := time.Now().Add(s.cfg.HelloTimeout)
 	id := newID()
 	log := s.log.With(zap.String("session", id), zap.String("remote", c.RemoteAddr().String()))
 	mux, err := mux.Server(c, log, s.cfg.OpenTimeout)
@@ -89,7 +105,8 @@ func (s *Server) newSession(c net.Conn) (*edgeSession, error) {
 		return nil, err
 	}
 	e := &edgeSession{srv: s, id: id, conn: c, mux: mux, log: log, tunnels: map[string]*edgeTunnel{}, endedCh: make(chan struct{}),
-		registrations: rate.NewLimiter(rate.Limit(s.cfg.RegisterRate), s.cfg.RegisterBurst)}
+		registrations: rate.NewLimiter(rate.Limit(s.cfg.RegisterRate), s.cfg.RegisterBurst),
+		remote:        throttle.KeyOf(c.RemoteAddr()), helloBy: helloBy, preAuth: preAuth}
 	e.ctx, e.cancel = context.WithCancel(s.ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -142,7 +159,8 @@ func (s *Server) replaceSession(id, token string, by *edgeSession) {
 }
 
 func (e *edgeSession) run() error {
-	ctx, cancel := context.WithTimeout(context.Background(), e.srv.cfg.HelloTimeout)
+	defer e.preAuth.Release()
+	ctx, cancel := context.WithDeadline(context.Background(), e.helloBy)
 	ctrl, err := e.mux.AcceptStreamWithContext(ctx)
 	cancel()
 	if err != nil {
@@ -157,14 +175,20 @@ func (e *edgeSession) run() error {
 	// unaccepted, each able to buffer a window of data: a connector that opened any is
 	// broken or hostile.
 	_ = e.mux.GoAway()
-	if n := e.mux.NumStreams(); n > 1 {
-		return e.fail(wire.CodeProtocol, fmt.Sprintf("opened %d streams; a connector opens only its control stream", n))
+	if err := e.onlyControlStream(); err != nil {
+		return err
 	}
 
-	_ = ctrl.SetReadDeadline(time.Now().Add(e.srv.cfg.HelloTimeout))
+	_ = ctrl.SetReadDeadline(e.helloBy)
 	msg, err := wire.ReadFrame(ctrl)
 	if err != nil {
 		return e.fail(wire.CodeProtocol, fmt.Sprintf("reading hello: %v", err))
+	}
+	// yamux may have let in a stream it was opening as the GoAway went out; one the connector
+	// opened before its Hello has been counted by now (yamux handles a connection's frames in
+	// order).
+	if err := e.onlyControlStream(); err != nil {
+		return err
 	}
 	hello, ok := msg.(*wire.Hello)
 	if !ok {
@@ -174,23 +198,20 @@ func (e *edgeSession) run() error {
 		return e.fail(wire.CodeUnsupportedVersion, fmt.Sprintf("unsupported protocol version %d (this edge speaks %d)", hello.Version, wire.Version))
 	}
 	if a := e.srv.cfg.Auth; a != nil {
-		actx, cancel := context.WithTimeout(e.ctx, e.srv.cfg.HelloTimeout)
-		tenant, err := a.Authenticate(actx, hello.Token)
-		cancel()
-		switch {
-		case errors.Is(err, ErrUnauthorized):
-			e.log.Info("connector rejected: invalid auth token")
-			return e.fail(wire.CodeUnauthorized, ErrUnauthorized.Error())
-		case err != nil:
-			// Not a verdict on the token: the connector retries later.
-			e.log.Warn("authenticator failed", zap.Error(err))
-			return e.fail(wire.CodeUnavailable, "authentication unavailable, try again later")
+		if err := e.authenticate(a, hello.Token); err != nil {
+			return err
 		}
-		e.tenant = tenant
 	}
+	e.preAuth.Release()
+	e.welcomed = true
 	if hello.ResumeSession != "" {
 		e.srv.replaceSession(hello.ResumeSession, hello.ResumeToken, e)
 	}
+	if lim := e.srv.cfg.TenantLimits[e.tenant].or(e.srv.cfg.Limits); !e.srv.routes.take(e.srv.routes.sessions, e.tenant, lim.MaxSessions) {
+		e.log.Warn("connector refused: tenant session quota", zap.String("tenant", e.tenant), zap.Int("max_sessions", lim.MaxSessions))
+		return e.fail(wire.CodeLimit, fmt.Sprintf("this tenant already has %d connector sessions (max_sessions)", lim.MaxSessions))
+	}
+	e.counted.Store(true)
 	token := newID() + newID()
 	e.resumeHash = sha256.Sum256([]byte(token))
 	e.noticeKey = wire.NoticeKey(token)
@@ -226,9 +247,65 @@ func (e *edgeSession) run() error {
 	}
 }
 
-// fail tells the connector why the session ends and returns that as an error.
+// onlyControlStream fails the session if the connector opened any stream besides its control
+// stream.
+func (e *edgeSession) onlyControlStream() error {
+	if n := e.mux.NumStreams(); n > 1 {
+		return e.fail(wire.CodeProtocol, fmt.Sprintf("opened %d streams; a connector opens only its control stream", n))
+	}
+	return nil
+}
+
+// authenticate checks the Hello's token, throttled per source address: an address with
+// recent failures waits before its token is checked, and a blocked one is refused without
+// its token being checked. Failures are logged by the throttle, in aggregate.
+func (e *edgeSession) authenticate(a Authenticator, token string) error {
+	attempt, err := e.srv.authLimit.Begin(e.remote)
+	if err != nil {
+		// Not a verdict on the token: the connector retries after its backoff.
+		return e.fail(wire.CodeUnavailable, err.Error())
+	}
+	if d := attempt.Delay(); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-e.mux.CloseChan(): // the connector left, or the edge is closing
+			t.Stop()
+			attempt.Done()
+			return ErrSessionClosed
+		case <-e.ctx.Done():
+			t.Stop()
+			attempt.Done()
+			return e.ctx.Err()
+		}
+	}
+	actx, cancel := context.WithTimeout(e.ctx, e.srv.cfg.HelloTimeout)
+	tenant, err := a.Authenticate(actx, token)
+	cancel()
+	switch {
+	case errors.Is(err, ErrUnauthorized):
+		attempt.Fail()
+		return e.fail(wire.CodeUnauthorized, ErrUnauthorized.Error())
+	case err != nil:
+		attempt.Done()
+		// Not a verdict on the token: the connector retries later.
+		e.log.Warn("authenticator failed", zap.Error(err))
+		return e.fail(wire.CodeUnavailable, "authentication unavailable, try again later")
+	}
+	attempt.Done()
+	e.tenant = tenant
+	return nil
+}
+
+// fail tells the connector why the session ends and returns that as an error. Before the
+// Hello is accepted the reason is logged at debug level only: anyone can open connections,
+// and the throttles log their refusals and the failed authentications in aggregate.
 func (e *edgeSession) fail(code, msg string) error {
-	e.log.Info("closing connector session", zap.String("code", code), zap.String("reason", msg))
+	lvl := zap.InfoLevel
+	if !e.welcomed {
+		lvl = zap.DebugLevel
+	}
+	e.log.Log(lvl, "closing connector session", zap.String("code", code), zap.String("reason", msg))
 	_ = e.send(&wire.Error{Code: code, Message: msg})
 	return &sessionError{code: code, msg: msg}
 }
@@ -305,13 +382,20 @@ func (e *edgeSession) end(err error) {
 	for _, t := range tunnels {
 		e.remove(t)
 	}
+	if e.counted.Swap(false) {
+		e.srv.routes.give(e.srv.routes.sessions, e.tenant)
+	}
 	_ = e.mux.Close()
 	e.cancel()
 	e.srv.mu.Lock()
 	delete(e.srv.sessions, e)
 	delete(e.srv.sessionByID, e.id)
 	e.srv.mu.Unlock()
-	e.log.Info("connector disconnected", zap.Int("tunnels", len(tunnels)), zap.NamedError("reason", err))
+	lvl := zap.InfoLevel
+	if !e.welcomed {
+		lvl = zap.DebugLevel // see fail
+	}
+	e.log.Log(lvl, "connector disconnected", zap.Int("tunnels", len(tunnels)), zap.NamedError("reason", err))
 }
 
 // take removes and returns the session's tunnel id, or nil if the session does not own it.
@@ -433,15 +517,32 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 			req.AlertWebhook = h.AlertWebhook
 		}
 	}
-	t := &edgeTunnel{id: req.ID, data: proxy.NewTunnel(e.ctx, req.ID, m.Proto, e.mux, &e.noticeKey)}
+	lim := s.cfg.TenantLimits[e.tenant].or(s.cfg.Limits)
+	if !s.routes.take(s.routes.tunnels, e.tenant, lim.MaxTunnels) {
+		return nil, fmt.Errorf("%w: this tenant already has %d tunnels (max_tunnels)", ErrLimit, lim.MaxTunnels)
+	}
+	grouped := m.Group != "" && s.cfg.LoadBalancing
+	tk, err := s.routes.claim(e.tenant, &req, grouped, lim.MaxTCPPorts)
+	if err != nil {
+		s.routes.give(s.routes.tunnels, e.tenant)
+		return nil, err
+	}
+	t := &edgeTunnel{id: req.ID, tenant: e.tenant, data: proxy.NewTunnel(e.ctx, req.ID, m.Proto, e.mux, &e.noticeKey)}
 	req.Value = t.data
 	member, err := s.registry.Join(req)
 	if err != nil {
+		s.routes.abandon(tk)
+		s.routes.give(s.routes.tunnels, e.tenant)
 		t.data.Close()
 		return nil, err
 	}
 	t.member = member
 	g := member.Group()
+	// Write the route through before the registration is acknowledged.
+	if err := s.routes.joined(tk, g); err != nil {
+		e.remove(t)
+		return nil, err
+	}
 	if g.Kind == group.KindTCP {
 		t.port = g.Port
 		t.url = fmt.Sprintf("tcp://%s:%d", s.cfg.Domain, g.Port)
@@ -461,10 +562,13 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	return t, nil
 }
 
-// remove takes the tunnel out of its group and cuts its streams.
+// remove takes the tunnel out of its group and cuts its streams. It runs once per tunnel.
 func (e *edgeSession) remove(t *edgeTunnel) {
 	e.srv.registry.Leave(t.member)
 	t.data.Close()
+	if !t.removed.Swap(true) {
+		e.srv.routes.give(e.srv.routes.tunnels, t.tenant)
+	}
 }
 
 func (s *Server) publicURL(proto group.Proto, sub string) string {

@@ -37,6 +37,12 @@ var (
 	ErrNoPorts = group.ErrNoPorts
 	// ErrInvalid: the registration is malformed (bad subdomain, bad alert URL, ...).
 	ErrInvalid = group.ErrInvalid
+	// ErrOwned: the route belongs to another tenant ("subdomain 'pool' belongs to another
+	// tenant"), by its first claim or a reserved endpoint, until its claim lapses.
+	ErrOwned = errors.New("route belongs to another tenant")
+	// ErrUnavailable: the edge cannot serve the request now (e.g. it cannot write its route
+	// store); retried.
+	ErrUnavailable = errors.New("edge unavailable")
 )
 
 // RejectedError is a registration the edge refused. Error returns the edge's message verbatim.
@@ -69,6 +75,8 @@ var codeSentinels = map[string]error{
 	wire.CodeNoPorts:            ErrNoPorts,
 	wire.CodeLimit:              ErrLimit,
 	wire.CodeInvalid:            ErrInvalid,
+	wire.CodeOwned:              ErrOwned,
+	wire.CodeUnavailable:        ErrUnavailable,
 }
 
 func sentinelFor(code string) error { return codeSentinels[code] }

@@ -3,9 +3,11 @@ package tunnel
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,18 +17,18 @@ import (
 )
 
 func TestWrongTokenIsRejectedAndOthersKeepServing(t *testing.T) {
-	e := startEdge(t, ServerConfig{Auth: NewStaticTokens([]string{"good"}, map[string]string{"acme": "acme-token"})})
+	e := startEdge(t, ServerConfig{Auth: mustStaticTokens(t, []string{"good-connector-token"}, map[string]string{"acme": "acme-token-0123456789"})})
 	b := backend(t, "b")
-	good := e.connect(WithToken("good"))
+	good := e.connect(WithToken("good-connector-token"))
 	_, err := good.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))
 	require.NoError(t, err)
 
-	for _, tok := range []string{"", "bad", "good "} {
+	for _, tok := range []string{"", "bad", "good-connector-token "} {
 		_, err := Dial(ctxT(t), e.controlAddr, WithToken(tok))
 		require.ErrorIs(t, err, ErrUnauthorized, "token %q", tok)
 		require.ErrorContains(t, err, "invalid auth token")
 	}
-	tenant := e.connect(WithToken("acme-token"))
+	tenant := e.connect(WithToken("acme-token-0123456789"))
 	_, err = tenant.Forward(ctxT(t), TunnelSpec{Subdomain: "acme"}, hostPort(b.URL))
 	require.NoError(t, err, "a tenant's token authenticates its connectors")
 
@@ -177,7 +179,7 @@ func TestPermanentRejectionOnReconnectStopsTheSession(t *testing.T) {
 	require.NoError(t, err)
 
 	r.stop()
-	r.cfg.Auth = NewStaticTokens([]string{"new"}, nil)
+	r.cfg.Auth = mustStaticTokens(t, []string{"new-connector-token"}, nil)
 	r.start()
 	defer r.stop()
 	select {
@@ -192,12 +194,16 @@ func TestPermanentRejectionOnReconnectStopsTheSession(t *testing.T) {
 	require.Error(t, err)
 }
 
-func TestRejectedOnReconnectEndsOnlyThatTunnel(t *testing.T) {
+// A tunnel refused after a reconnect (here another connector took its subdomain while the
+// edge restarted) keeps retrying with backoff, says why, and comes back once the route is
+// free; the session and its other tunnels keep running meanwhile.
+func TestRejectedOnReconnectKeepsRetrying(t *testing.T) {
 	r := &restartableEdge{t: t, control: "127.0.0.1:0", public: "127.0.0.1:0"}
 	r.start()
 	defer func() { r.stop() }()
-	b := backend(t, "b")
-	sess, err := Dial(ctxT(t), r.control, WithLogger(zaptest.NewLogger(t)), WithBackoff(50*time.Millisecond, 100*time.Millisecond))
+	b, other := backend(t, "b"), backend(t, "thief")
+	var logs logBuffer
+	sess, err := Dial(ctxT(t), r.control, WithLogger(logs.logger()), WithBackoff(50*time.Millisecond, 100*time.Millisecond))
 	require.NoError(t, err)
 	defer sess.Close()
 	keep, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "keep"}, hostPort(b.URL))
@@ -210,25 +216,35 @@ func TestRejectedOnReconnectEndsOnlyThatTunnel(t *testing.T) {
 	// Another connector takes "taken" before ours comes back.
 	thief, err := Dial(ctxT(t), r.control, WithDialer((&net.Dialer{}).DialContext))
 	require.NoError(t, err)
-	defer thief.Close()
-	_, err = thief.Forward(ctxT(t), TunnelSpec{Subdomain: "taken"}, hostPort(b.URL))
+	thiefTun, err := thief.Forward(ctxT(t), TunnelSpec{Subdomain: "taken"}, hostPort(other.URL))
 	require.NoError(t, err)
 
-	select {
-	case <-lose.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the rejected tunnel did not end")
-	}
-	require.ErrorIs(t, lose.Err(), ErrInUse)
-	require.EqualError(t, lose.Err(), "subdomain 'taken' is already in use")
+	require.Eventually(t, func() bool {
+		return strings.Contains(logs.String(), "subdomain 'taken' is already in use")
+	}, 10*time.Second, 10*time.Millisecond, "the refusal is logged with the edge's words")
 	require.Eventually(t, func() bool { return keep.ID() != "" }, 10*time.Second, 10*time.Millisecond)
 	select {
+	case <-lose.Done():
+		t.Fatal("the refused tunnel ended instead of retrying")
 	case <-keep.Done():
-		t.Fatal("the other tunnel ended too")
+		t.Fatal("the other tunnel ended")
 	case <-sess.Done():
 		t.Fatal("the session ended")
 	default:
 	}
+
+	require.NoError(t, thiefTun.Shutdown(ctxT(t)))
+	client := publicClient(r.public)
+	require.Eventually(t, func() bool {
+		resp, err := client.Get("http://taken." + testDomain + "/")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode == http.StatusOK && string(body) == "b /"
+	}, 10*time.Second, 20*time.Millisecond, "the tunnel is back once the route is free")
+	require.NoError(t, thief.Close())
 }
 
 func TestSessionCloseDeregisters(t *testing.T) {

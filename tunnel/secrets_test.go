@@ -53,12 +53,12 @@ func TestSecretsNeverReachTheLogs(t *testing.T) {
 	op := newReceiver(t)
 	e := startEdge(t, ServerConfig{
 		LoadBalancing: true, Logger: logs.logger(), AlertWebhookURL: op.URL,
-		Auth: NewStaticTokens([]string{token}, map[string]string{"acme": tenantToken}),
+		Auth: mustStaticTokens(t, []string{token}, map[string]string{"acme": tenantToken}),
 	})
 	b := backend(t, "b")
 	spec := TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: groupKey}
 
-	a := e.connect(WithToken(token), WithLogger(logs.logger()))
+	a := e.connect(WithToken(tenantToken), WithLogger(logs.logger())) // one pool, one tenant
 	ta, err := a.Forward(ctxT(t), spec, hostPort(b.URL))
 	require.NoError(t, err)
 	c := e.connect(WithToken(tenantToken), WithLogger(logs.logger()))

@@ -12,214 +12,15 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/admin"
-	"github.com/warren-tunnel/warren/dispatch"
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/policy"
 	"github.com/warren-tunnel/warren/internal/proxy"
-	"github.com/warren-tunnel/warren/webhook"
+	"github.com/warren-tunnel/warren/internal/throttle"
+	"github.com/warren-tunnel/warren/store"
 )
-
-// ServerConfig configures an edge. The zero value is a working in-memory edge: public
-// domain "localhost", no authentication, load balancing off, no TCP port range, and
-// default timeouts. Every field is optional.
-type ServerConfig struct {
-	// Domain is the public domain: HTTP tunnels are reached at <subdomain>.<Domain>.
-	// Default "localhost".
-	Domain string
-	// RegionID names this edge in alerts and metrics. Default "local".
-	RegionID string
-	// Logger receives the edge's logs. Default zap.NewNop().
-	Logger *zap.Logger
-
-	// Auth checks connector tokens. Nil accepts every connector, with or without a token.
-	Auth Authenticator
-
-	// LoadBalancing is the kill switch for groups: when false (the default) the group
-	// fields of a registration are accepted and ignored, and every tunnel is solo.
-	LoadBalancing bool
-	// Strategy picks a member per request or connection: "least_streams" (default) or
-	// "random".
-	Strategy string
-	// NewStrategy, when set, makes each new pool's dispatch strategy and Strategy is
-	// ignored: an embedder's own dispatch.Strategy. It is called once per pool, so a
-	// strategy may keep per-pool state (as LeastStreams keeps its tie rotation); Pick is
-	// called concurrently and must not block.
-	NewStrategy func() dispatch.Strategy
-
-	// TCPPorts is the inclusive range TCP tunnels take their public port from. The zero
-	// range refuses TCP tunnels with ErrNoPorts.
-	TCPPorts group.PortRange
-	// TCPBindHost is the address TCP tunnel listeners bind to. Default "" (all addresses).
-	TCPBindHost string
-	// ListenTCP, when set, replaces net.Listen for TCP tunnel ports (tests can hand out
-	// in-memory listeners). It should return an error wrapping group.ErrPortUnavailable when
-	// the port is taken, so the next port is tried.
-	ListenTCP func(port int) (net.Listener, error)
-
-	// ControlAddr, HTTPAddr, HTTPSAddr and AdminAddr are the listen addresses used by
-	// ListenAndServe. ControlAddr defaults to ":4040"; an empty HTTPAddr, HTTPSAddr or
-	// AdminAddr means that listener is off; HTTPSAddr needs TLSConfig.
-	ControlAddr, HTTPAddr, HTTPSAddr, AdminAddr string
-	// TLSConfig, when set, makes the control listener of ListenAndServe speak TLS and is
-	// used for the public HTTPS listener.
-	TLSConfig *tls.Config
-	// PublicHTTPPort and PublicHTTPSPort are the ports written into tunnel URLs; 0 means
-	// the port of the first public listener served (80 and 443 are left out of URLs).
-	PublicHTTPPort, PublicHTTPSPort int
-
-	// HelloTimeout bounds how long a new connector may take to open its control stream and
-	// say hello. Default 10 s.
-	HelloTimeout time.Duration
-	// OpenTimeout bounds opening a data stream to a member, including its
-	// acknowledgement (the connector dials its backend first). Default 10 s.
-	OpenTimeout time.Duration
-	// DrainTimeout bounds how long a draining member's open streams may run before it is
-	// removed anyway. Default 30 s.
-	DrainTimeout time.Duration
-	// IdleStreamTimeout is how long an idle keep-alive stream to a member is kept for
-	// reuse. It should be shorter than the backends' own keep-alive timeouts (5 s in Node
-	// and Apache): a request sent on a stream whose backend connection has just closed
-	// fails with 502 (it is never replayed), and a pooled stream older than this is never
-	// used. Default 4 s.
-	IdleStreamTimeout time.Duration
-	// MaxTunnelsPerSession caps the tunnels one connector session may hold. Default 16.
-	MaxTunnelsPerSession int
-	// RegisterRate and RegisterBurst limit how fast one session may register tunnels
-	// (token bucket: RegisterRate per second, bursts of RegisterBurst). Defaults 5/s and
-	// MaxTunnelsPerSession; a flood gets ErrLimit rejections and costs the edge little.
-	RegisterRate  float64
-	RegisterBurst int
-	// MaxConcurrentPerMember caps the in-flight requests and TCP connections of each member
-	// (0: no cap). When every member of a group is at its cap, HTTP gets a 503 saying so and
-	// TCP connections are closed: a flood on one group cannot take all of a connector's
-	// capacity, nor the edge's.
-	MaxConcurrentPerMember int
-	// RetryUnreadRequests lets the edge send a bodyless HTTP request to one other member
-	// when the first member's backend reset its TCP connection with the request still
-	// unread (its connector says so with an unread notice: internal/wire/spec.md). The
-	// kernel resets on close only when the application left received bytes unread, so
-	// such a request never reached a handler; this saves the requests queued in a backend
-	// that dies. Off by default: by default the edge picks another member only when
-	// opening the stream fails, and never once a request byte was written.
-	RetryUnreadRequests bool
-
-	// ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes protect the public HTTP listeners
-	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB.
-	ReadHeaderTimeout, IdleTimeout time.Duration
-	MaxHeaderBytes                 int
-	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
-	RequestBodyMaxBytes int64
-
-	// AlertWebhookURL is the operator's URL: the edge POSTs a group_zero_healthy alert
-	// to it whenever any group reaches zero healthy members, in addition to the tenant URLs
-	// the group's members registered. It is trusted (it may point at a private address).
-	AlertWebhookURL string
-	// AllowPrivateAlertWebhooks lets tenant alert URLs resolve to loopback, private and
-	// link-local addresses. Off by default: a tenant must not make the edge POST inside its
-	// own network.
-	AllowPrivateAlertWebhooks bool
-	// AlertTimeout bounds one alert POST. Default 5 s.
-	AlertTimeout time.Duration
-
-	// OnEvent, when set, receives every group membership and health change (joins,
-	// leaves, health transitions, drains) in order per group, with no lock of the edge
-	// held: it may read the edge (Registry, the admin API). The event holds copies. It
-	// holds up the next event of its group, so it should return quickly.
-	OnEvent func(group.Event)
-
-	// AdminToken is the bearer token of the admin API: it sees every tunnel and group and
-	// may read /metrics. Tenant tokens (checked by Auth, the same tokens the tenant's
-	// connectors present) see only their own members. When AdminToken is empty and Auth is
-	// nil, the API and /metrics are open and every caller gets the admin view.
-	AdminToken string
-	// Metrics is where the edge registers its Prometheus collector; /metrics serves it when
-	// it is also a prometheus.Gatherer (a *prometheus.Registry is), and otherwise a private
-	// registry holding only the edge's metrics. Nil means a fresh private registry. One
-	// Registerer holds the metrics of one Server.
-	Metrics prometheus.Registerer
-	// EventKeepAlive is the interval of the keep-alive comment on a live group event stream.
-	// Default 30 s.
-	EventKeepAlive time.Duration
-	// EventBuffer is how many events one live event subscriber may have pending; past it, the
-	// subscriber misses events and is sent a "lagged" event. Default 64.
-	EventBuffer int
-}
-
-func (c *ServerConfig) setDefaults() error {
-	if c.Domain == "" {
-		c.Domain = "localhost"
-	}
-	if c.RegionID == "" {
-		c.RegionID = "local"
-	}
-	if c.Logger == nil {
-		c.Logger = zap.NewNop()
-	}
-	if c.ControlAddr == "" {
-		c.ControlAddr = ":4040"
-	}
-	if c.HelloTimeout <= 0 {
-		c.HelloTimeout = 10 * time.Second
-	}
-	if c.OpenTimeout <= 0 {
-		c.OpenTimeout = 10 * time.Second
-	}
-	if c.DrainTimeout <= 0 {
-		c.DrainTimeout = 30 * time.Second
-	}
-	if c.IdleStreamTimeout <= 0 {
-		c.IdleStreamTimeout = 4 * time.Second
-	}
-	if c.MaxTunnelsPerSession <= 0 {
-		c.MaxTunnelsPerSession = 16
-	}
-	if c.RegisterRate <= 0 {
-		c.RegisterRate = 5
-	}
-	if c.RegisterBurst <= 0 {
-		c.RegisterBurst = c.MaxTunnelsPerSession
-	}
-	if c.ReadHeaderTimeout <= 0 {
-		c.ReadHeaderTimeout = 10 * time.Second
-	}
-	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = 120 * time.Second
-	}
-	if c.MaxHeaderBytes <= 0 {
-		c.MaxHeaderBytes = 32 << 10
-	}
-	if c.AlertTimeout <= 0 {
-		c.AlertTimeout = webhook.DefaultTimeout
-	}
-	if c.EventKeepAlive <= 0 {
-		c.EventKeepAlive = 30 * time.Second
-	}
-	if c.EventBuffer <= 0 {
-		c.EventBuffer = 64
-	}
-	if c.AlertWebhookURL != "" {
-		if err := webhook.ValidateURL(c.AlertWebhookURL); err != nil {
-			return fmt.Errorf("tunnel: alert webhook URL: %w", err)
-		}
-	}
-	if c.NewStrategy == nil {
-		if _, err := dispatch.New(c.Strategy); err != nil {
-			return err
-		}
-		name := c.Strategy
-		c.NewStrategy = func() dispatch.Strategy {
-			st, _ := dispatch.New(name)
-			return st
-		}
-	}
-	if r := c.TCPPorts; r != (group.PortRange{}) && (r.Lo < 1 || r.Hi > 65535 || r.Lo > r.Hi) {
-		return fmt.Errorf("tunnel: invalid TCP port range %d-%d", r.Lo, r.Hi)
-	}
-	return nil
-}
 
 // Server is an edge: it accepts connector sessions, keeps the routing table of groups, and
 // carries public HTTP requests and TCP connections to the members. Create it with NewServer;
@@ -231,10 +32,15 @@ type Server struct {
 	ctx      context.Context // cancelled by Close: aborts every stream still open
 	cancel   context.CancelFunc
 	registry *group.Registry
+	routes   *routeBook  // route ownership, reserved endpoints (edge_routes.go)
 	ingress  *proxy.HTTP // public HTTP (edge_ingress.go)
 	tcp      *proxy.TCP  // public TCP: a listener per TCP group
 	alerts   *alerter
 	admin    *admin.Plane // admin API, live event streams, metrics (edge_admin.go)
+	// authLimit throttles failed authentications per source address, on the control and
+	// admin listeners together; preAuth caps the control connections not yet authenticated.
+	authLimit *throttle.Auth
+	preAuth   *throttle.Conns
 
 	httpPort, httpsPort atomic.Int32
 
@@ -247,6 +53,8 @@ type Server struct {
 	done         chan struct{} // closed when Shutdown or Close starts
 	closeOnce    sync.Once
 	closeOnceObs sync.Once
+	// closeOnceStore closes the route store once every session is gone.
+	closeOnceStore sync.Once
 
 	// requests counts public HTTP requests and TCP connections (metrics).
 	requests struct{ http, tcp atomic.Uint64 }
@@ -260,8 +68,9 @@ type Server struct {
 	publicConns connCount
 }
 
-// NewServer returns an edge configured by cfg. It starts two small background workers (the
-// idle-stream janitor and the alert sender) and no listener: the Serve methods do that.
+// NewServer returns an edge configured by cfg. It starts a few small background workers (the
+// idle-stream janitor, the alert sender, the route sweeper and the writer of the throttles'
+// aggregate log lines) and no listener: the Serve methods do that.
 // Always Close (or Shutdown) a Server, even one that never served.
 func NewServer(cfg ServerConfig) (*Server, error) {
 	if err := cfg.setDefaults(); err != nil {
@@ -276,6 +85,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		httpSrvs:    map[*http.Server]struct{}{},
 		done:        make(chan struct{}),
 	}
+	s.authLimit, s.preAuth = cfg.throttles()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.httpPort.Store(int32(cfg.PublicHTTPPort))
 	s.httpsPort.Store(int32(cfg.PublicHTTPSPort))
@@ -287,6 +97,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			return ""
 		}
 		return strings.TrimPrefix(s.publicURL(group.ProtoHTTPS, sub), "https://")
+	}
+	// Reserved endpoints and their policies; the route book exists before any traffic.
+	pc.Reserved = func(sub string) bool { return s.routes.reserved(sub) }
+	pc.HTTPGate = func(sub string) *policy.Gate { return s.routes.gates[store.Key(store.KindHTTP, sub)] }
+	pc.TCPGate = func(g *group.Group) *policy.Gate {
+		return s.routes.gates[store.Key(store.KindTCP, g.Label)+"/"+g.KeyHash.String()]
 	}
 	s.tcp = proxy.NewTCP(pc)
 	bindTCP := func(g *group.Group) error {
@@ -301,16 +117,27 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		MaxActivePerMember: int64(cfg.MaxConcurrentPerMember),
 		NewStrategy:        cfg.NewStrategy,
 		OnCreate:           bindTCP,
-		OnRemove:           s.tcp.OnRemove,
-		OnEvent:            s.onGroupEvent,
+		OnRemove: func(g *group.Group) {
+			s.tcp.OnRemove(g)
+			s.routes.emptied(g)
+		},
+		OnEvent: s.onGroupEvent,
 	})
+	routes, err := openRouteBook(&s.cfg, s.registry, s.log)
+	if err != nil {
+		return nil, err
+	}
+	s.routes = routes
 	if err := s.newAdmin(); err != nil {
+		_ = routes.st.Close()
 		return nil, err
 	}
 	pc.Registry = s.registry
 	s.ingress = proxy.NewHTTP(pc)
 	s.alerts = newAlerter(s)
 	s.wg.Go(func() { s.ingress.Janitor(idleSweepInterval, s.done) })
+	s.wg.Go(func() { s.routes.sweeper(s.done) })
+	s.wg.Go(s.logThrottled)
 	return s, nil
 }
 
@@ -399,9 +226,18 @@ func isTemporary(err error) bool {
 
 // ServeConn serves one connector over c, which may be any net.Conn (a TCP or TLS connection,
 // or one end of net.Pipe), and returns when the session ends. It closes c.
+//
+// Until its Hello is accepted the connection counts toward MaxPreAuthConns and
+// MaxPreAuthConnsPerIP; over either cap it is closed at once and ServeConn returns an error.
 func (s *Server) ServeConn(c net.Conn) error {
-	sess, err := s.newSession(c)
+	slot := s.preAuth.Acquire(throttle.KeyOf(c.RemoteAddr()))
+	if slot == nil {
+		_ = c.Close()
+		return errPreAuthFull
+	}
+	sess, err := s.newSession(c, slot)
 	if err != nil {
+		slot.Release()
 		_ = c.Close()
 		return err
 	}
@@ -522,6 +358,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-waited:
 		s.cancel()
 		_ = s.alerts.close()
+		s.closeOnceStore.Do(func() { _ = s.routes.st.Close() })
 		s.closeOnceObs.Do(s.admin.Close)
 	case <-ctx.Done():
 		_ = s.Close()
@@ -554,6 +391,7 @@ func (s *Server) Close() error {
 	s.tcp.Wait()
 	<-s.publicConns.idle() // net/http's connection goroutines end within its 500 ms linger
 	_ = s.alerts.close()
+	s.closeOnceStore.Do(func() { _ = s.routes.st.Close() })
 	s.closeOnceObs.Do(s.admin.Close)
 	return nil
 }

@@ -1,55 +1,242 @@
 package webhook
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
-// Debouncer detects zero-healthy edges per group. It is safe for concurrent
-// use; the zero value is not usable, call [NewDebouncer].
-//
-// Each group has an "alerted" flag:
-//
-//   - An observation with healthy == 0 fires (Observe returns true) only when
-//     the flag is clear, and then sets it. While the group stays at zero,
-//     further observations do not fire.
-//   - An observation with healthy > 0 clears the flag, so the next fall to
-//     zero fires afresh. A flapping group fires once per downward edge.
-//   - A group seen for the first time starts with its flag set: a pool that
-//     has never had a healthy member did not "transition" to zero (members
-//     with a health check start unhealthy), so it does not fire until it has
-//     been healthy at least once.
-//
-// Negative counts are treated as zero.
-type Debouncer struct {
-	mu      sync.Mutex
-	alerted map[string]bool
+// DefaultMinInterval is the default DebouncerConfig.MinInterval: at most one
+// alert per group per minute.
+const DefaultMinInterval = time.Minute
+
+// Clock is the time source of a Debouncer; tests inject a fake one.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// AfterFunc calls f, in a goroutine of its own, once d has passed. The
+	// returned stop function cancels the call and reports whether it did
+	// (false if f has already been called or started).
+	AfterFunc(d time.Duration, f func()) (stop func() bool)
 }
 
-// NewDebouncer returns an empty Debouncer.
-func NewDebouncer() *Debouncer {
-	return &Debouncer{alerted: make(map[string]bool)}
+// realClock is the wall clock.
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) AfterFunc(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+
+// Alert is one alert a Debouncer decided to send.
+type Alert[T any] struct {
+	// Group is the key the group was observed under.
+	Group string
+	// Event is EventGroupZeroHealthy when the group has no healthy member
+	// now, EventGroupRecovered when it has one again.
+	Event string
+	// Since is when the group entered the state Event reports.
+	Since time.Time
+	// Falls counts the group's falls to zero healthy members since its
+	// previous alert (those held back by the interval included).
+	Falls int
+	// Value is the value of the group's latest observation.
+	Value T
 }
 
-// Observe records group's current healthy-member count and reports whether
-// this observation is a downward edge to zero that must fire an alert.
-func (d *Debouncer) Observe(group string, healthy int) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	alerted, known := d.alerted[group]
-	if !known {
-		// Never seen: treat as already alerted (see the type's doc).
-		alerted = true
+// DebouncerConfig configures a Debouncer.
+type DebouncerConfig[T any] struct {
+	// MinInterval is the shortest time between two alerts of one group.
+	// Default DefaultMinInterval (60 s).
+	MinInterval time.Duration
+	// Clock is the time source. Default: the wall clock.
+	Clock Clock
+	// Fire is called once per alert, either from Observe or Remove (an
+	// alert due at once) or from a timer goroutine (an alert held back until
+	// the end of its group's interval), never with the Debouncer's lock held.
+	// It must not block for long and must not call the Debouncer.
+	Fire func(Alert[T])
+}
+
+// Debouncer turns a stream of "group G now has N healthy members"
+// observations into alerts, at most one per group per MinInterval however
+// fast the group flaps. It is safe for concurrent use; create it with
+// NewDebouncer and stop it with Close. T is whatever the caller needs to
+// build an alert (names, destinations); the latest observed value is handed
+// back in each Alert.
+//
+// The rules, per group:
+//
+//   - A group is down when it has zero healthy members after having had at
+//     least one, and up otherwise. A group that has never had a healthy
+//     member is not down (members with a health check start unhealthy), so
+//     it does not alert until it has been up once. Negative counts are zero.
+//   - Each alert reports the group's state when it is sent:
+//     EventGroupZeroHealthy when down, EventGroupRecovered when up.
+//   - An alert is due when the group fell to zero since its previous alert,
+//     or when its state differs from the one its previous alert reported (a
+//     group with no previous alert counts as reported up). So a fall is
+//     always reported, a recovery is reported once the fall was, and a
+//     group that stays down is reported once.
+//   - A due alert is sent at once when the group's previous alert is at
+//     least MinInterval old (or there is none). Otherwise it is sent when
+//     MinInterval has passed since the previous alert, reporting the state
+//     at that moment: a group that fell, recovered and fell again inside
+//     the interval gets a zero-healthy alert when the interval ends, and
+//     one that fell and recovered inside it gets a recovered alert.
+//   - A removed group (Remove) keeps its state until MinInterval has passed
+//     since its last alert, so that a group removed and re-created under
+//     the same key cannot alert more often; an alert still due is sent
+//     then. Its state is forgotten afterwards.
+type Debouncer[T any] struct {
+	interval time.Duration
+	clock    Clock
+	fire     func(Alert[T])
+
+	mu     sync.Mutex
+	closed bool
+	groups map[string]*debounceState[T]
+	firing sync.WaitGroup // Fire calls under way
+}
+
+// debounceState is one group's state.
+type debounceState[T any] struct {
+	everUp   bool      // has had a healthy member
+	down     bool      // at zero after having been up
+	reported bool      // the previous alert reported down
+	falls    int       // falls since the previous alert
+	since    time.Time // when the current state (down or up) began
+	last     time.Time // when the previous alert was decided; zero: never
+	removed  bool
+	value    T
+	stop     func() bool // cancels the armed timer; nil when none
+	gen      uint64      // identifies the armed timer
+}
+
+// NewDebouncer returns a Debouncer with cfg's defaults applied.
+func NewDebouncer[T any](cfg DebouncerConfig[T]) *Debouncer[T] {
+	if cfg.MinInterval <= 0 {
+		cfg.MinInterval = DefaultMinInterval
 	}
-	if healthy > 0 {
-		d.alerted[group] = false
-		return false
+	if cfg.Clock == nil {
+		cfg.Clock = realClock{}
 	}
-	d.alerted[group] = true
-	return !alerted
+	if cfg.Fire == nil {
+		cfg.Fire = func(Alert[T]) {}
+	}
+	return &Debouncer[T]{interval: cfg.MinInterval, clock: cfg.Clock, fire: cfg.Fire,
+		groups: make(map[string]*debounceState[T])}
 }
 
-// Forget drops a group's state, typically when the group is removed. A later
-// Observe for the same name starts fresh, as a never-healthy group.
-func (d *Debouncer) Forget(group string) {
+// Observe records that group now has healthy healthy members, with v as the
+// value later alerts of the group carry, and sends the alert this makes due
+// if the group's interval allows. A group removed earlier is live again.
+// After Close, Observe does nothing.
+func (d *Debouncer[T]) Observe(group string, healthy int, v T) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.alerted, group)
+	if d.closed {
+		d.mu.Unlock()
+		return
+	}
+	now := d.clock.Now()
+	st := d.groups[group]
+	if st == nil {
+		st = &debounceState[T]{since: now}
+		d.groups[group] = st
+	}
+	st.value, st.removed = v, false
+	switch {
+	case healthy > 0:
+		st.everUp = true
+		if st.down {
+			st.down, st.since = false, now
+		}
+	case st.everUp && !st.down:
+		st.down, st.since = true, now
+		st.falls++
+	}
+	d.step(group, st, now)
+}
+
+// Remove records that group no longer exists; see the rules of Debouncer.
+func (d *Debouncer[T]) Remove(group string) {
+	d.mu.Lock()
+	st := d.groups[group]
+	if d.closed || st == nil {
+		d.mu.Unlock()
+		return
+	}
+	st.removed = true
+	d.step(group, st, d.clock.Now())
+}
+
+// Close cancels every alert still held back and waits for the Fire calls
+// under way. Later Observe and Remove calls do nothing. It is idempotent.
+func (d *Debouncer[T]) Close() {
+	d.mu.Lock()
+	d.closed = true
+	for _, st := range d.groups {
+		d.disarm(st)
+	}
+	d.groups = map[string]*debounceState[T]{}
+	d.mu.Unlock()
+	d.firing.Wait()
+}
+
+// step applies the rules to st at now: it sends the due alert, arms the timer
+// for the end of the interval, or forgets a removed group. d.mu is held and
+// step releases it.
+func (d *Debouncer[T]) step(group string, st *debounceState[T], now time.Time) {
+	due := st.falls > 0 || st.down != st.reported
+	end := st.last.Add(d.interval)
+	open := st.last.IsZero() || !now.Before(end)
+	switch {
+	case due && open:
+		a := Alert[T]{Group: group, Event: EventGroupRecovered, Since: st.since, Falls: st.falls, Value: st.value}
+		if st.down {
+			a.Event = EventGroupZeroHealthy
+		}
+		st.reported, st.falls, st.last = st.down, 0, now
+		d.disarm(st)
+		if st.removed {
+			d.arm(group, st, d.interval) // forget it when this interval ends
+		}
+		d.firing.Add(1)
+		d.mu.Unlock()
+		defer d.firing.Done()
+		d.fire(a)
+		return
+	case due || (st.removed && !open):
+		d.arm(group, st, end.Sub(now))
+	case st.removed:
+		d.disarm(st)
+		delete(d.groups, group)
+	}
+	d.mu.Unlock()
+}
+
+// arm makes the timer call step for group after wait, unless one is armed.
+// d.mu is held.
+func (d *Debouncer[T]) arm(group string, st *debounceState[T], wait time.Duration) {
+	if st.stop != nil {
+		return
+	}
+	st.gen++
+	gen := st.gen
+	st.stop = d.clock.AfterFunc(wait, func() {
+		d.mu.Lock()
+		if d.closed || d.groups[group] != st || st.gen != gen {
+			d.mu.Unlock()
+			return
+		}
+		st.stop = nil
+		d.step(group, st, d.clock.Now())
+	})
+}
+
+// disarm cancels st's timer; d.mu is held.
+func (d *Debouncer[T]) disarm(st *debounceState[T]) {
+	if st.stop != nil {
+		st.stop()
+		st.stop = nil
+	}
+	st.gen++
 }

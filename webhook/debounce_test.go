@@ -3,101 +3,387 @@ package webhook
 import (
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-func TestDebouncerFiresOnceOnFallToZero(t *testing.T) {
-	d := NewDebouncer()
-	require.False(t, d.Observe("web", 2), "2 of 2 healthy is not an edge")
-	require.False(t, d.Observe("web", 1), "1 of 2 healthy must not fire")
-	require.True(t, d.Observe("web", 0), "0 of 2 after being healthy must fire")
-	require.False(t, d.Observe("web", 0), "a repeated 0 must not re-fire")
-	require.False(t, d.Observe("web", 0))
+// fakeClock is a Clock that moves only when told to. Advance runs the timers that fall due,
+// in time order, in the caller's goroutine.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
 }
 
-func TestDebouncerRecoveryAndSecondFall(t *testing.T) {
-	d := NewDebouncer()
-	d.Observe("web", 1)
-	require.True(t, d.Observe("web", 0))
-	require.False(t, d.Observe("web", 1), "recovery alone must not fire")
-	require.False(t, d.Observe("web", 2))
-	require.True(t, d.Observe("web", 0), "a second fall fires afresh")
+type fakeTimer struct {
+	at   time.Time
+	f    func()
+	done bool
 }
 
-func TestDebouncerFlappingFiresOncePerDownwardEdge(t *testing.T) {
-	d := NewDebouncer()
-	fired := 0
-	for _, h := range []int{1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 2, 0} {
-		if d.Observe("web", h) {
-			fired++
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 5, 6, 13, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{at: c.now.Add(d), f: f}
+	c.timers = append(c.timers, t)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		stopped := !t.done
+		t.done = true
+		return stopped
+	}
+}
+
+// Advance moves the clock forward by d, running every timer due on the way.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	target := c.now.Add(d)
+	for {
+		var next *fakeTimer
+		for _, t := range c.timers {
+			if !t.done && !t.at.After(target) && (next == nil || t.at.Before(next.at)) {
+				next = t
+			}
+		}
+		if next == nil {
+			break
+		}
+		next.done = true
+		if next.at.After(c.now) {
+			c.now = next.at
+		}
+		c.mu.Unlock()
+		next.f()
+		c.mu.Lock()
+	}
+	c.now = target
+	live := c.timers[:0]
+	for _, t := range c.timers {
+		if !t.done {
+			live = append(live, t)
 		}
 	}
-	require.Equal(t, 4, fired)
+	c.timers = live
+	c.mu.Unlock()
+}
+
+// pendingTimers counts the timers armed and not yet run or stopped.
+func (c *fakeClock) pendingTimers() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, t := range c.timers {
+		if !t.done {
+			n++
+		}
+	}
+	return n
+}
+
+// alertLog collects the alerts a Debouncer fires.
+type alertLog struct {
+	mu  sync.Mutex
+	got []Alert[int]
+}
+
+func (l *alertLog) fire(a Alert[int]) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.got = append(l.got, a)
+}
+
+func (l *alertLog) all() []Alert[int] {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Alert[int](nil), l.got...)
+}
+
+func (l *alertLog) events() []string {
+	var out []string
+	for _, a := range l.all() {
+		out = append(out, a.Event)
+	}
+	return out
+}
+
+const interval = time.Minute
+
+func newTestDebouncer(t *testing.T) (*Debouncer[int], *fakeClock, *alertLog) {
+	t.Helper()
+	c, log := newFakeClock(), &alertLog{}
+	d := NewDebouncer(DebouncerConfig[int]{MinInterval: interval, Clock: c, Fire: log.fire})
+	t.Cleanup(d.Close)
+	return d, c, log
+}
+
+const (
+	zero      = EventGroupZeroHealthy
+	recovered = EventGroupRecovered
+)
+
+func TestDebouncerFallAndRecoveryOutsideTheInterval(t *testing.T) {
+	d, c, log := newTestDebouncer(t)
+	d.Observe("web", 2, 1)
+	d.Observe("web", 1, 2)
+	require.Empty(t, log.all(), "1 of 2 healthy is not an outage")
+	fell := c.Now()
+	d.Observe("web", 0, 3)
+	require.Equal(t, []string{zero}, log.events(), "a fall with no previous alert is sent at once")
+	a := log.all()[0]
+	require.Equal(t, Alert[int]{Group: "web", Event: zero, Since: fell, Falls: 1, Value: 3}, a)
+	d.Observe("web", 0, 4)
+	c.Advance(3 * interval)
+	d.Observe("web", 0, 5)
+	require.Len(t, log.all(), 1, "a group that stays down is reported once")
+
+	back := c.Now()
+	d.Observe("web", 1, 6)
+	require.Equal(t, []string{zero, recovered}, log.events(), "the recovery of a reported fall is sent at once once the interval is over")
+	require.Equal(t, Alert[int]{Group: "web", Event: recovered, Since: back, Falls: 0, Value: 6}, log.all()[1])
+	d.Observe("web", 2, 7)
+	c.Advance(2 * interval)
+	d.Observe("web", 0, 8)
+	require.Equal(t, []string{zero, recovered, zero}, log.events(), "a second fall is sent afresh")
+	require.Zero(t, c.pendingTimers(), "nothing is held back")
+}
+
+// A member flapping 1,000 times in 24 ms gives one alert, then one more when the interval ends
+// (reporting the state then), then nothing.
+func TestDebouncerFloodGivesOneAlertPerInterval(t *testing.T) {
+	d, c, log := newTestDebouncer(t)
+	start := c.Now()
+	falls := 0
+	for i := range 1000 {
+		healthy := i % 2 // 0, 1, 0, 1, ... ending healthy
+		if healthy == 0 && i > 0 {
+			falls++
+		}
+		d.Observe("web", healthy, i)
+		c.Advance(24 * time.Microsecond)
+	}
+	d.Observe("web", 0, 1000) // ends down
+	falls++
+	require.Len(t, log.all(), 1, "the whole flood gives one alert")
+	first := log.all()[0]
+	require.Equal(t, zero, first.Event)
+	require.Equal(t, start.Add(2*24*time.Microsecond), first.Since, "sent at the first fall")
+	c.Advance(first.Since.Add(interval).Sub(c.Now()) - time.Nanosecond)
+	require.Len(t, log.all(), 1, "nothing more until the interval ends")
+
+	c.Advance(time.Nanosecond)
+	got := log.all()
+	require.Len(t, got, 2, "the change held back is reported when the interval ends")
+	require.Equal(t, zero, got[1].Event, "the group is down when the interval ends")
+	require.Equal(t, falls-1, got[1].Falls, "every fall after the first alert is counted in the next one")
+	require.Equal(t, 1000, got[1].Value, "the latest value")
+	require.GreaterOrEqual(t, got[1].Since.Sub(start), 24*time.Millisecond, "since the last fall, at the end of the flood")
+
+	c.Advance(10 * interval)
+	require.Len(t, log.all(), 2, "nothing more is due")
+}
+
+// However a group flaps for a long time, its alerts are at least MinInterval apart.
+func TestDebouncerAlertsAreAtLeastTheIntervalApart(t *testing.T) {
+	c := newFakeClock()
+	var at []time.Time
+	d := NewDebouncer(DebouncerConfig[int]{MinInterval: interval, Clock: c, Fire: func(Alert[int]) { at = append(at, c.Now()) }})
+	defer d.Close()
+	step := 7 * time.Second
+	total := 30 * interval
+	for i := 0; time.Duration(i)*step < total; i++ {
+		d.Observe("web", i%3, i) // 0, 1, 2, 0, 1, 2, ...
+		c.Advance(step)
+	}
+	c.Advance(interval)
+	require.Greater(t, len(at), 1)
+	require.LessOrEqual(t, len(at), int(total/interval)+2)
+	for i := 1; i < len(at); i++ {
+		require.GreaterOrEqual(t, at[i].Sub(at[i-1]), interval, "alerts %d and %d", i-1, i)
+	}
+}
+
+func TestDebouncerFallRecoveryFallInsideTheIntervalIsReportedAtItsEnd(t *testing.T) {
+	d, c, log := newTestDebouncer(t)
+	d.Observe("web", 1, 0)
+	d.Observe("web", 0, 1) // alert 1
+	first := c.Now()
+	c.Advance(time.Second)
+	d.Observe("web", 1, 2) // recovered: held back
+	c.Advance(time.Second)
+	fellAgain := c.Now()
+	d.Observe("web", 0, 3) // fell again: held back
+	require.Equal(t, []string{zero}, log.events())
+
+	c.Advance(first.Add(interval).Sub(c.Now()) - time.Nanosecond)
+	require.Len(t, log.all(), 1, "nothing before the interval ends")
+	c.Advance(time.Nanosecond)
+	require.Equal(t, []string{zero, zero}, log.events(), "the new outage is reported when the interval ends")
+	require.Equal(t, Alert[int]{Group: "web", Event: zero, Since: fellAgain, Falls: 1, Value: 3}, log.all()[1])
+}
+
+func TestDebouncerRecoveryInsideTheIntervalIsReportedAtItsEnd(t *testing.T) {
+	d, c, log := newTestDebouncer(t)
+	d.Observe("web", 1, 0)
+	d.Observe("web", 0, 1)
+	c.Advance(time.Second)
+	back := c.Now()
+	d.Observe("web", 3, 2)
+	require.Equal(t, []string{zero}, log.events())
+	c.Advance(interval)
+	require.Equal(t, []string{zero, recovered}, log.events())
+	require.Equal(t, Alert[int]{Group: "web", Event: recovered, Since: back, Value: 2}, log.all()[1])
+
+	// An outage that begins and ends inside the next interval is not lost: the recovery is
+	// reported, with the fall counted.
+	c.Advance(time.Second)
+	d.Observe("web", 0, 3)
+	c.Advance(time.Second)
+	d.Observe("web", 1, 4)
+	require.Len(t, log.all(), 2)
+	c.Advance(interval)
+	require.Equal(t, []string{zero, recovered, recovered}, log.events())
+	require.Equal(t, 1, log.all()[2].Falls)
 }
 
 func TestDebouncerNeverHealthyGroupDoesNotFire(t *testing.T) {
-	d := NewDebouncer()
-	require.False(t, d.Observe("cold", 0), "a pool that never came up did not transition to 0")
-	require.False(t, d.Observe("cold", 0))
-	require.False(t, d.Observe("cold", 1))
-	require.True(t, d.Observe("cold", 0), "after its first healthy member, a fall fires")
+	d, c, log := newTestDebouncer(t)
+	d.Observe("cold", 0, 0)
+	d.Observe("cold", 0, 1)
+	c.Advance(2 * interval)
+	require.Empty(t, log.all(), "a pool that never came up did not fall to zero")
+	d.Observe("cold", 1, 2)
+	require.Empty(t, log.all(), "coming up for the first time is not a recovery")
+	d.Observe("cold", 0, 3)
+	require.Equal(t, []string{zero}, log.events(), "after its first healthy member, a fall fires")
 }
 
 func TestDebouncerNegativeCountIsZero(t *testing.T) {
-	d := NewDebouncer()
-	d.Observe("web", 1)
-	require.True(t, d.Observe("web", -1))
-	require.False(t, d.Observe("web", 0))
+	d, _, log := newTestDebouncer(t)
+	d.Observe("web", 1, 0)
+	d.Observe("web", -1, 1)
+	require.Equal(t, []string{zero}, log.events())
 }
 
 func TestDebouncerGroupsAreIndependent(t *testing.T) {
-	d := NewDebouncer()
-	d.Observe("a", 1)
-	d.Observe("b", 1)
-	require.True(t, d.Observe("a", 0))
-	require.True(t, d.Observe("b", 0), "b's edge is not debounced by a's")
+	d, _, log := newTestDebouncer(t)
+	d.Observe("a", 1, 0)
+	d.Observe("b", 1, 0)
+	d.Observe("a", 0, 0)
+	d.Observe("b", 0, 0)
+	got := log.all()
+	require.Len(t, got, 2, "b's alert is not held back by a's interval")
+	require.Equal(t, "a", got[0].Group)
+	require.Equal(t, "b", got[1].Group)
 }
 
-func TestDebouncerForget(t *testing.T) {
-	d := NewDebouncer()
-	d.Observe("web", 1)
-	d.Forget("web")
-	require.False(t, d.Observe("web", 0), "a forgotten group starts as never-healthy")
+// A group removed and re-created under the same key stays within its interval, and a removed
+// group's state is forgotten once its interval is over.
+func TestDebouncerRemoveKeepsTheIntervalThenForgets(t *testing.T) {
+	d, c, log := newTestDebouncer(t)
+	for range 100 { // a member that joins healthy and leaves, over and over
+		d.Observe("web", 1, 0)
+		d.Observe("web", 0, 1)
+		d.Remove("web")
+	}
+	require.Equal(t, []string{zero}, log.events(), "re-creating the group does not reset its interval")
+	c.Advance(interval)
+	require.Equal(t, []string{zero, zero}, log.events(), "the falls held back are reported when the interval ends")
+	require.Len(t, d.groups, 1, "kept for one more interval after its last alert")
+	c.Advance(interval)
+	require.Len(t, log.all(), 2)
+	require.Empty(t, d.groups, "a removed group is forgotten once its interval is over")
+	require.Zero(t, c.pendingTimers())
 
-	d.Observe("web", 1)
-	require.True(t, d.Observe("web", 0))
-	d.Forget("web")
-	d.Forget("web") // forgetting twice (or an unknown group) is harmless
-	d.Forget("unknown")
-	d.Observe("web", 1)
-	require.True(t, d.Observe("web", 0), "a re-created group fires on its own edge")
+	// Never-alerted groups are forgotten at once; many of them leave nothing behind.
+	for i := range 1000 {
+		g := "g" + strconv.Itoa(i)
+		d.Observe(g, 0, 0)
+		d.Remove(g)
+	}
+	require.Empty(t, d.groups)
+	require.Zero(t, c.pendingTimers())
+}
+
+func TestDebouncerRecreatedGroupReportsItsRecovery(t *testing.T) {
+	d, c, log := newTestDebouncer(t)
+	d.Observe("web", 1, 0)
+	d.Observe("web", 0, 1) // the last member left: alert
+	d.Remove("web")
+	c.Advance(time.Second)
+	d.Observe("web", 0, 2) // re-created, its member's probe not passed yet
+	d.Observe("web", 1, 3) // up again
+	c.Advance(interval)
+	require.Equal(t, []string{zero, recovered}, log.events())
+}
+
+func TestDebouncerCloseCancelsHeldAlerts(t *testing.T) {
+	c, log := newFakeClock(), &alertLog{}
+	d := NewDebouncer(DebouncerConfig[int]{MinInterval: interval, Clock: c, Fire: log.fire})
+	d.Observe("web", 1, 0)
+	d.Observe("web", 0, 0)
+	d.Observe("web", 1, 0) // held back
+	d.Close()
+	d.Close() // idempotent
+	c.Advance(2 * interval)
+	d.Observe("web", 0, 0)
+	d.Remove("web")
+	require.Equal(t, []string{zero}, log.events())
 }
 
 func TestDebouncerConcurrentObserve(t *testing.T) {
-	d := NewDebouncer()
+	d, _, log := newTestDebouncer(t)
 	const groups, goroutines = 8, 16
 	for g := range groups {
-		d.Observe("g"+strconv.Itoa(g), 3)
+		d.Observe("g"+strconv.Itoa(g), 3, 0)
 	}
-	var fired [groups]atomic.Int32
 	var wg sync.WaitGroup
 	for i := range goroutines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for g := range groups {
-				name := "g" + strconv.Itoa((g+i)%groups)
-				if d.Observe(name, 0) {
-					fired[(g+i)%groups].Add(1)
-				}
+				d.Observe("g"+strconv.Itoa((g+i)%groups), 0, i)
+				d.Observe("g"+strconv.Itoa((g+i)%groups), i%2, i)
 			}
-		}()
+		})
 	}
 	wg.Wait()
+	fired := map[string]int{}
+	for _, a := range log.all() {
+		fired[a.Group]++
+	}
 	for g := range groups {
-		require.Equal(t, int32(1), fired[g].Load(), "group g%d must fire exactly once", g)
+		require.Equal(t, 1, fired["g"+strconv.Itoa(g)], "group g%d fires once within its interval", g)
+	}
+}
+
+// With the wall clock, an alert held back is sent by a timer when the interval ends.
+func TestDebouncerWallClockSendsHeldAlert(t *testing.T) {
+	got := make(chan Alert[int], 4)
+	const short = 50 * time.Millisecond
+	d := NewDebouncer(DebouncerConfig[int]{MinInterval: short, Fire: func(a Alert[int]) { got <- a }})
+	defer d.Close()
+	d.Observe("web", 1, 0)
+	start := time.Now()
+	d.Observe("web", 0, 1)
+	d.Observe("web", 1, 2)
+	require.Equal(t, zero, (<-got).Event, "sent from Observe")
+	select {
+	case a := <-got:
+		require.Equal(t, recovered, a.Event)
+		require.GreaterOrEqual(t, time.Since(start), short, "not before the interval ends")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the held-back recovery was never sent")
 	}
 }

@@ -19,9 +19,10 @@ type Destination struct {
 	// URL is the absolute http or https URL to POST to.
 	URL string
 	// Trusted is true only for the operator URL configured on the edge.
-	// Untrusted (tenant) destinations are refused when they resolve to
-	// loopback, private, link-local or unspecified addresses, and their
-	// redirects are not followed.
+	// Untrusted (tenant) destinations are refused when they resolve to an
+	// address that is not globally reachable (see ErrRefused), their
+	// redirects are not followed, and a Sender bounds how many of them it
+	// tracks.
 	Trusted bool
 }
 

@@ -11,8 +11,8 @@ import (
 	"github.com/warren-tunnel/warren/webhook"
 )
 
-// The edge feeds every health change into a Debouncer and, on a downward
-// edge, sends one alert to the operator URL and the group's tenant URLs.
+// The edge feeds every health change into a Debouncer, which decides when to
+// alert; each alert goes to the operator URL and the group's tenant URLs.
 func Example() {
 	// A stand-in for the operator's alert receiver.
 	received := make(chan string, 1)
@@ -29,25 +29,29 @@ func Example() {
 	})
 	defer sender.Close()
 
-	debouncer := webhook.NewDebouncer()
 	keyHash := sha256.Sum256([]byte("shared-secret-for-this-pool"))
 	// Tenant URLs collected from the group's members; none here.
 	dests := webhook.Destinations(receiver.URL, nil)
+	debouncer := webhook.NewDebouncer(webhook.DebouncerConfig[int]{
+		MinInterval: time.Minute,
+		Fire: func(a webhook.Alert[int]) {
+			sender.Send(dests, webhook.Payload{
+				Event:        a.Event,
+				RegionID:     "eu",
+				Protocol:     "http",
+				Label:        "pool",
+				GroupName:    "web",
+				KeyHashShort: webhook.ShortHash(keyHash),
+				MemberCount:  a.Value,
+				At:           webhook.FormatTime(time.Date(2026, 5, 6, 13, 24, 55, 0, time.UTC)),
+			})
+		},
+	})
+	defer debouncer.Close()
 
+	// Healthy members of a two-member pool: 2, 1, then 0.
 	for _, healthy := range []int{2, 1, 0, 0} {
-		if !debouncer.Observe("web", healthy) {
-			continue
-		}
-		sender.Send(dests, webhook.Payload{
-			Event:        webhook.EventGroupZeroHealthy,
-			RegionID:     "eu",
-			Protocol:     "http",
-			Label:        "pool",
-			GroupName:    "web",
-			KeyHashShort: webhook.ShortHash(keyHash),
-			MemberCount:  2,
-			At:           webhook.FormatTime(time.Date(2026, 5, 6, 13, 24, 55, 0, time.UTC)),
-		})
+		debouncer.Observe("web", healthy, 2)
 	}
 
 	fmt.Println(<-received)
@@ -57,15 +61,19 @@ func Example() {
 	// success
 }
 
-// A Debouncer fires once per fall to zero, and not for a pool that never
-// had a healthy member.
+// A Debouncer alerts on the first fall at once, not for a pool that never had
+// a healthy member, and holds back what happens next until the interval since
+// its previous alert is over.
 func ExampleDebouncer() {
-	d := webhook.NewDebouncer()
-	for _, healthy := range []int{0, 2, 1, 0, 0, 1, 0} {
-		fmt.Print(d.Observe("web", healthy), " ")
+	d := webhook.NewDebouncer(webhook.DebouncerConfig[string]{
+		MinInterval: time.Hour,
+		Fire:        func(a webhook.Alert[string]) { fmt.Println(a.Event, "after", a.Value) },
+	})
+	defer d.Close() // cancels the alerts still held back
+	for i, healthy := range []int{0, 2, 1, 0, 0, 1, 0} {
+		d.Observe("web", healthy, fmt.Sprintf("observation %d", i))
 	}
-	fmt.Println()
-	// Output: false false false true false false true
+	// Output: group_zero_healthy after observation 3
 }
 
 // Destinations puts the trusted operator URL first and sends each unique

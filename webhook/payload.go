@@ -5,9 +5,16 @@ import (
 	"time"
 )
 
-// EventGroupZeroHealthy is the value of [Payload.Event] for the alert sent
-// when a group transitions to zero healthy members.
-const EventGroupZeroHealthy = "group_zero_healthy"
+// Values of [Payload.Event].
+const (
+	// EventGroupZeroHealthy: the group has zero healthy members (it fell
+	// to zero, possibly again, since its previous alert).
+	EventGroupZeroHealthy = "group_zero_healthy"
+	// EventGroupRecovered: the group has a healthy member again after a
+	// fall to zero that was reported, or that began and ended while its
+	// alerts were held back by the minimum interval.
+	EventGroupRecovered = "group_recovered"
+)
 
 // timeLayout is RFC 3339 with a numeric zone offset, so a UTC time renders as
 // "+00:00" exactly like the documented example payload.
@@ -20,9 +27,9 @@ const timeLayout = "2006-01-02T15:04:05-07:00"
 //	 "label":"pool","group_name":"web","key_hash_short":"deadbeef",
 //	 "member_count":2,"at":"2026-05-06T13:24:55+00:00"}
 type Payload struct {
-	// Event names the alert; currently always EventGroupZeroHealthy.
+	// Event names the alert: EventGroupZeroHealthy or EventGroupRecovered.
 	Event string `json:"event"`
-	// RegionID identifies the edge (region) that observed the transition.
+	// RegionID identifies the edge (region) that observed the change.
 	RegionID string `json:"region_id"`
 	// Protocol is the group's protocol: "http", "https" or "tcp".
 	Protocol string `json:"protocol"`
@@ -33,9 +40,11 @@ type Payload struct {
 	// KeyHashShort is the first 8 hex characters of the group's key hash;
 	// see ShortHash.
 	KeyHashShort string `json:"key_hash_short"`
-	// MemberCount is the number of members in the group (all unhealthy).
+	// MemberCount is the number of members in the group at its latest
+	// change (for EventGroupZeroHealthy, none of them healthy).
 	MemberCount int `json:"member_count"`
-	// At is the time of the transition in RFC 3339; see FormatTime.
+	// At is when the group entered the state Event reports, in RFC 3339;
+	// see FormatTime.
 	At string `json:"at"`
 }
 

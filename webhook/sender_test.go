@@ -2,6 +2,9 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -262,9 +265,10 @@ func TestSenderBoundsConcurrentDeliveries(t *testing.T) {
 	})
 	defer s.Close()
 
-	dest := []Destination{{URL: srv.URL, Trusted: true}}
-	for range sends {
-		s.Send(dest, samplePayload())
+	// Many destinations: each has one delivery in flight at most, so the bound on the
+	// whole Sender is the number of workers.
+	for i := range sends {
+		s.Send([]Destination{{URL: fmt.Sprintf("%s/d%d", srv.URL, i%16), Trusted: true}}, samplePayload())
 	}
 	select {
 	case <-done:
@@ -461,3 +465,313 @@ func TestSenderSendNothing(t *testing.T) {
 // drainBody reads the request body in full. net/http only notices that the
 // client went away (cancelling r.Context()) once the body has been consumed.
 func drainBody(r *http.Request) { _, _ = io.Copy(io.Discard, r.Body) }
+
+// hangingServer never answers a request until release is closed (or the client gives up);
+// it reports each arrival's path.
+type hangingServer struct {
+	*httptest.Server
+	arrived  chan string
+	release  chan struct{}
+	inFlight atomic.Int32
+	peak     atomic.Int32
+	// releaseAll lets every request held (and every later one) answer 200.
+	releaseAll func()
+}
+
+func newHangingServer(t *testing.T) *hangingServer {
+	t.Helper()
+	h := &hangingServer{arrived: make(chan string, 4096), release: make(chan struct{})}
+	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		drainBody(r)
+		n := h.inFlight.Add(1)
+		defer h.inFlight.Add(-1)
+		for p := h.peak.Load(); n > p && !h.peak.CompareAndSwap(p, n); p = h.peak.Load() {
+		}
+		h.arrived <- r.URL.Path
+		select {
+		case <-h.release:
+		case <-r.Context().Done():
+		}
+	}))
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(h.release) }); h.Close() })
+	h.releaseAll = func() { once.Do(func() { close(h.release) }) }
+	return h
+}
+
+// waitArrival waits (bounded) for the next request to reach h.
+func (h *hangingServer) waitArrival(t *testing.T) string {
+	t.Helper()
+	select {
+	case p := <-h.arrived:
+		return p
+	case <-time.After(5 * time.Second):
+		t.Fatal("no request reached the hanging receiver")
+		return ""
+	}
+}
+
+// tally records every outcome: per destination URL (for waitFor and of), and in order on ch.
+type tally struct {
+	mu     sync.Mutex
+	byURL  map[string][]outcome
+	taken  map[string]int // outcomes of each URL already returned by waitFor
+	counts map[string]map[Result]int
+	errs   map[Result]map[error]int
+	ch     chan outcome
+}
+
+func newTally() *tally {
+	return &tally{byURL: map[string][]outcome{}, taken: map[string]int{}, counts: map[string]map[Result]int{},
+		errs: map[Result]map[error]int{}, ch: make(chan outcome, 16384)}
+}
+
+func (t *tally) hook(d Destination, r Result, err error) {
+	t.mu.Lock()
+	o := outcome{d, r, err}
+	t.byURL[d.URL] = append(t.byURL[d.URL], o)
+	if t.counts[d.URL] == nil {
+		t.counts[d.URL] = map[Result]int{}
+	}
+	t.counts[d.URL][r]++
+	for _, e := range []error{ErrQueueFull, ErrTooManyDestinations, ErrClosed} {
+		if errors.Is(err, e) {
+			if t.errs[r] == nil {
+				t.errs[r] = map[error]int{}
+			}
+			t.errs[r][e]++
+		}
+	}
+	t.mu.Unlock()
+	t.ch <- o
+}
+
+func (t *tally) of(url string) map[Result]int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := map[Result]int{}
+	for r, n := range t.counts[url] {
+		out[r] = n
+	}
+	return out
+}
+
+// waitFor waits (bounded) for the next outcome for url and returns it.
+func (t *tally) waitFor(tt *testing.T, url string) outcome {
+	tt.Helper()
+	var o outcome
+	require.Eventually(tt, func() bool {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if i := t.taken[url]; i < len(t.byURL[url]) {
+			o = t.byURL[url][i]
+			t.taken[url] = i + 1
+			return true
+		}
+		return false
+	}, 5*time.Second, time.Millisecond, "no outcome for %s", url)
+	return o
+}
+
+// A tenant whose URL hangs and is flooded with alerts fills only its own queue: another
+// tenant's alert and the operator's are delivered at once, and only the hanging URL's
+// alerts are dropped (and counted as dropped).
+func TestSenderHangingDestinationDelaysAndDropsOnlyItsOwnAlerts(t *testing.T) {
+	hang := newHangingServer(t)
+	good, got := recordingServer(t, 8)
+	res := newTally()
+	const flood = 2000
+	s := NewSender(SenderConfig{Timeout: time.Minute, AllowPrivate: true, OnResult: res.hook})
+	defer s.Close()
+	defer hang.releaseAll() // before Close, which waits for the requests in flight
+
+	hanging := hang.URL + "/tenant-a"
+	for range flood {
+		s.Send([]Destination{{URL: hanging}}, samplePayload())
+	}
+	hang.waitArrival(t) // the first is in flight and will not come back
+	tenantB, operator := good.URL+"/tenant-b", good.URL+"/operator"
+	start := time.Now()
+	s.Send(Destinations(operator, []string{hanging, tenantB}), samplePayload())
+	for _, u := range []string{operator, tenantB} {
+		o := res.waitFor(t, u)
+		require.Equal(t, ResultSuccess, o.result, u)
+	}
+	require.Less(t, time.Since(start), 5*time.Second, "not delayed by the hanging URL")
+	require.Len(t, got, 2)
+
+	// Of the hanging URL's flood+1 alerts: one is in flight, UntrustedQueueSize wait, the
+	// rest were dropped as they came.
+	sent := flood + 1
+	wantDropped := sent - 1 - DefaultUntrustedQueueSize
+	require.Equal(t, map[Result]int{ResultDropped: wantDropped}, res.of(hanging))
+	require.Equal(t, map[Result]int{ResultSuccess: 1}, res.of(tenantB))
+	require.Equal(t, map[Result]int{ResultSuccess: 1}, res.of(operator))
+	require.Equal(t, map[error]int{ErrQueueFull: wantDropped}, res.errs[ResultDropped])
+	require.Equal(t, int32(1), hang.peak.Load(), "one delivery in flight per destination")
+
+	// Close drops the queued ones at once and waits for the one in flight (released here).
+	closed := make(chan struct{})
+	go func() { _ = s.Close(); close(closed) }()
+	require.Eventually(t, func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.closed }, 5*time.Second, time.Millisecond)
+	hang.releaseAll()
+	<-closed
+	require.Equal(t, map[Result]int{ResultDropped: sent - 1, ResultSuccess: 1}, res.of(hanging))
+}
+
+// The operator's (trusted) alerts never wait behind tenant URLs, even when every worker
+// tenants may use is held by a hanging URL.
+func TestSenderTrustedDestinationNeverWaitsBehindUntrusted(t *testing.T) {
+	hang := newHangingServer(t)
+	good, _ := recordingServer(t, 1)
+	res := newTally()
+	s := NewSender(SenderConfig{Workers: 2, Timeout: time.Minute, AllowPrivate: true, OnResult: res.hook})
+	defer s.Close()
+	defer hang.releaseAll() // before Close, which waits for the requests in flight
+	var tenants []string
+	for i := range 5 {
+		tenants = append(tenants, fmt.Sprintf("%s/tenant-%d", hang.URL, i))
+	}
+	s.Send(Destinations("", tenants), samplePayload())
+	hang.waitArrival(t)
+	operator := good.URL + "/operator"
+	s.Send([]Destination{{URL: operator, Trusted: true}}, samplePayload())
+	require.Equal(t, ResultSuccess, res.waitFor(t, operator).result)
+	require.Equal(t, int32(1), hang.peak.Load(), "of 2 workers, tenants may hold 1")
+}
+
+// Once hanging URLs have failed, they hold at most half of the tenant workers and wait for
+// the others: a healthy tenant URL is served at once.
+func TestSenderFailingDestinationsHoldAtMostHalfTheWorkers(t *testing.T) {
+	var answer atomic.Bool // false: 500 at once; true: hang
+	hang := newHangingServer(t)
+	flaky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if answer.Load() {
+			hang.Config.Handler.ServeHTTP(w, r)
+			return
+		}
+		drainBody(r)
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	defer flaky.Close()
+	good, _ := recordingServer(t, 1)
+	res := newTally()
+	const workers = 9 // 8 for tenants, 4 of them for failing ones
+	s := NewSender(SenderConfig{Workers: workers, Timeout: time.Minute, AllowPrivate: true, OnResult: res.hook})
+	defer s.Close()
+	defer hang.releaseAll() // before Close, which waits for the requests in flight
+
+	var bad []string
+	for i := range 12 {
+		bad = append(bad, fmt.Sprintf("%s/bad-%d", flaky.URL, i))
+	}
+	s.Send(Destinations("", bad), samplePayload())
+	for range bad {
+		o := <-res.ch
+		require.Equal(t, ResultFailure, o.result)
+	}
+	// Every bad URL is now failing; from here on they hang.
+	answer.Store(true)
+	for range 3 {
+		s.Send(Destinations("", bad), samplePayload())
+	}
+	failingSlots := (workers - 1) / 2
+	for range failingSlots {
+		hang.waitArrival(t)
+	}
+	tenant := good.URL + "/tenant"
+	s.Send([]Destination{{URL: tenant}}, samplePayload())
+	require.Equal(t, ResultSuccess, res.waitFor(t, tenant).result)
+	require.Equal(t, int32(failingSlots), hang.peak.Load(), "failing destinations hold half of the tenant workers")
+	require.Equal(t, int32(failingSlots), hang.inFlight.Load(), "still held while the healthy tenant was served")
+}
+
+// However many distinct destinations are flooded, the Sender keeps state for a bounded
+// number of them; the rest are dropped, and trusted destinations are never refused for it.
+func TestSenderBoundsTheDestinationsItTracks(t *testing.T) {
+	hang := newHangingServer(t)
+	good, _ := recordingServer(t, 8)
+	res := newTally()
+	const maxDests = 8
+	s := NewSender(SenderConfig{Workers: 2, Timeout: time.Minute, AllowPrivate: true, MaxUntrustedDestinations: maxDests, OnResult: res.hook})
+	defer s.Close()
+	defer hang.releaseAll() // before Close, which waits for the requests in flight
+	var urls []string
+	for i := range 1000 {
+		urls = append(urls, fmt.Sprintf("%s/t%d", hang.URL, i))
+	}
+	for _, u := range urls {
+		s.Send([]Destination{{URL: u}}, samplePayload())
+	}
+	s.mu.Lock()
+	tracked := len(s.dests)
+	s.mu.Unlock()
+	require.Equal(t, maxDests, tracked)
+	dropped := 0
+	for range len(urls) - maxDests {
+		o := <-res.ch
+		require.Equal(t, ResultDropped, o.result)
+		require.ErrorIs(t, o.err, ErrTooManyDestinations)
+		dropped++
+	}
+	require.Equal(t, len(urls)-maxDests, dropped)
+
+	operator := good.URL + "/operator"
+	s.Send([]Destination{{URL: operator, Trusted: true}}, samplePayload())
+	require.Equal(t, ResultSuccess, res.waitFor(t, operator).result)
+
+	// Once the destinations drain, new ones are accepted again.
+	hang.releaseAll()
+	for _, u := range urls[:maxDests] {
+		require.Equal(t, ResultSuccess, res.waitFor(t, u).result)
+	}
+	fresh := good.URL + "/fresh"
+	s.Send([]Destination{{URL: fresh}}, samplePayload())
+	require.Equal(t, ResultSuccess, res.waitFor(t, fresh).result)
+}
+
+// Failing destinations are remembered up to the bound; the oldest is forgotten to make room.
+func TestSenderForgetsTheOldestFailingDestination(t *testing.T) {
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		drainBody(r)
+		w.WriteHeader(http.StatusBadGateway)
+	}))
+	defer bad.Close()
+	res := newTally()
+	s := NewSender(SenderConfig{Workers: 2, AllowPrivate: true, MaxUntrustedDestinations: 3, OnResult: res.hook})
+	defer s.Close()
+	for i := range 10 {
+		u := fmt.Sprintf("%s/b%d", bad.URL, i)
+		s.Send([]Destination{{URL: u}}, samplePayload())
+		require.Equal(t, ResultFailure, res.waitFor(t, u).result)
+		s.mu.Lock()
+		n := len(s.dests)
+		s.mu.Unlock()
+		require.LessOrEqual(t, n, 3)
+	}
+}
+
+// Deliveries to one destination are made one at a time, in the order they were sent.
+func TestSenderDeliversInOrderPerDestination(t *testing.T) {
+	srv, got := recordingServer(t, 100)
+	res := newTally()
+	s := NewSender(SenderConfig{OnResult: res.hook})
+	for i := range 100 {
+		p := samplePayload()
+		p.MemberCount = i
+		s.Send([]Destination{{URL: srv.URL, Trusted: true}}, p)
+	}
+	for range 100 {
+		require.Equal(t, ResultSuccess, res.waitFor(t, srv.URL).result)
+	}
+	require.NoError(t, s.Close())
+	close(got)
+	want := 0
+	for r := range got {
+		var p Payload
+		require.NoError(t, json.Unmarshal(r.body, &p))
+		require.Equal(t, want, p.MemberCount)
+		want++
+	}
+	require.Equal(t, 100, want)
+}

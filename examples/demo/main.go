@@ -50,15 +50,20 @@ func run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(out, format+"\n", args...)
 	}
 
-	// The edge. Each connector has its own token, which the edge knows by a tenant name:
-	// the event hook prints it to say which backend a member forwards to.
+	// The edge. Both connectors present the token of one tenant ("demo"): a route belongs
+	// to one tenant. The event hook names each member by the backend it forwards to.
 	events := make(chan group.Event, 100)
+	var names sync.Map // tunnel id → backend name
+	auth, err := tunnel.NewStaticTokens(nil, map[string]string{"demo": "demo-token-0123456789"})
+	if err != nil {
+		return err
+	}
 	edge, err := tunnel.NewServer(tunnel.ServerConfig{
 		Domain:        "localhost",
 		LoadBalancing: true,
-		Auth:          tunnel.NewStaticTokens(nil, map[string]string{"A": "token-a", "B": "token-b"}),
-		OnEvent: func(ev group.Event) { // runs under the group's lock: print and return
-			say("    edge: %s", describe(ev))
+		Auth:          auth,
+		OnEvent: func(ev group.Event) { // in order per group: print and return
+			say("    edge: %s", describe(ev, &names))
 			select {
 			case events <- ev:
 			default:
@@ -96,7 +101,7 @@ func run(ctx context.Context, out io.Writer) error {
 	var url string
 	var connectors []*tunnel.Session
 	for _, be := range []*backend{a, b} {
-		sess, err := tunnel.Dial(ctx, controlLn.Addr().String(), tunnel.WithToken("token-"+strings.ToLower(be.name)))
+		sess, err := tunnel.Dial(ctx, controlLn.Addr().String(), tunnel.WithToken("demo-token-0123456789"))
 		if err != nil {
 			return err
 		}
@@ -109,6 +114,7 @@ func run(ctx context.Context, out io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("connector %s: %w", be.name, err)
 		}
+		names.Store(t.ID(), be.name)
 		url = t.URL()
 	}
 	if err := waitFor(ctx, events, "both members healthy", func(ev group.Event) bool { return ev.HealthyCount == 2 }); err != nil {
@@ -145,7 +151,8 @@ func run(ctx context.Context, out io.Writer) error {
 	}
 	healthEvent := func(name string, healthy bool) func(group.Event) bool {
 		return func(ev group.Event) bool {
-			return ev.Kind == group.EventHealth && ev.Member.Tenant == name && ev.Healthy == healthy
+			who, _ := names.Load(ev.Member.ID)
+			return ev.Kind == group.EventHealth && who == name && ev.Healthy == healthy
 		}
 	}
 
@@ -192,8 +199,11 @@ func run(ctx context.Context, out io.Writer) error {
 }
 
 // describe turns an edge event into a sentence.
-func describe(ev group.Event) string {
-	who := "backend " + ev.Member.Tenant
+func describe(ev group.Event, names *sync.Map) string {
+	who := "a new member"
+	if name, ok := names.Load(ev.Member.ID); ok {
+		who = "backend " + name.(string)
+	}
 	switch {
 	case ev.Kind == group.EventJoined:
 		return fmt.Sprintf("%s joined group %q (%d of %d healthy): %s", who, ev.Group.Name, ev.HealthyCount, ev.MemberCount, ev.Reason)

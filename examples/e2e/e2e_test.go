@@ -30,7 +30,7 @@ var buildFlags []string
 var binDir string
 
 const (
-	token    = "e2e-token"
+	token    = "e2e-connector-token"
 	groupKey = "shared-secret-for-this-pool"
 	// waitTimeout bounds every wait for a process to print a line, become ready or exit.
 	waitTimeout = 15 * time.Second

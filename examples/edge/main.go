@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -135,16 +136,61 @@ func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error
 		MaxConcurrentPerMember: c.Limits.MaxConcurrentPerMember,
 		AdminToken:             c.Auth.AdminToken,
 
+		RequestBodyTimeout:      orNoLimit(c.Limits.RequestBodyTimeout),
+		RequestBodyMinRate:      orNoLimit(c.Limits.RequestBodyMinRate),
+		RequestBodyMinRateGrace: c.Limits.RequestBodyMinRateGrace,
+
+		HelloTimeout:         c.Limits.HelloTimeout,
+		MaxPreAuthConns:      c.Limits.MaxPreAuthConns,
+		MaxPreAuthConnsPerIP: c.Limits.MaxPreAuthConnsPerIP,
+		MaxAuthFailuresPerIP: c.Limits.MaxAuthFailuresPerIP,
+		AuthFailureWindow:    c.Limits.AuthFailureWindow,
+		AuthBlockDuration:    c.Limits.AuthBlock,
+
 		AlertWebhookURL:           c.LoadBalancing.AlertWebhookURL,
 		AllowPrivateAlertWebhooks: c.LoadBalancing.AllowPrivateAlertWebhooks,
+		AlertMinInterval:          c.LoadBalancing.AlertMinInterval,
 		RetryUnreadRequests:       c.LoadBalancing.RetryUnreadRequests,
+
+		StateDir: s.StateDir,
+		RouteTTL: c.Limits.RouteTTL,
+		Limits:   tenantLimits(c.Limits.Quotas),
+	}
+	for _, t := range c.Auth.Tenants {
+		if t.Quotas != (config.Quotas{}) {
+			if sc.TenantLimits == nil {
+				sc.TenantLimits = map[string]tunnel.TenantLimits{}
+			}
+			sc.TenantLimits[t.Name] = tenantLimits(t.Quotas)
+		}
+	}
+	for _, ep := range c.Endpoints {
+		sc.Endpoints = append(sc.Endpoints, tunnel.Endpoint{
+			Subdomain: ep.Subdomain,
+			Proto:     tunnel.Proto(ep.Proto),
+			Port:      ep.Port,
+			Tenant:    ep.Tenant,
+			Group:     ep.Group,
+			KeyHash:   config.KeyHash(ep.KeySHA256),
+			Policy: tunnel.Policy{
+				AllowCIDRs:    config.Prefixes(ep.AllowCIDRs),
+				DenyCIDRs:     config.Prefixes(ep.DenyCIDRs),
+				RateLimit:     ep.RateLimit,
+				RateBurst:     ep.RateBurst,
+				MaxConcurrent: ep.MaxConcurrent,
+			},
+		})
 	}
 	if c.Auth.RequireAuth {
 		tenants := make(map[string]string, len(c.Auth.Tenants))
 		for _, t := range c.Auth.Tenants {
 			tenants[t.Name] = t.Token
 		}
-		sc.Auth = tunnel.NewStaticTokens(c.Auth.Tokens, tenants)
+		auth, err := tunnel.NewStaticTokens(c.Auth.Tokens, tenants)
+		if err != nil {
+			return tunnel.ServerConfig{}, fmt.Errorf("%s: auth: %w", c.File, err)
+		}
+		sc.Auth = auth
 	}
 	if c.TLS.Enabled() {
 		cert, err := tls.LoadX509KeyPair(c.TLS.CertPath, c.TLS.KeyPath)
@@ -154,6 +200,21 @@ func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error
 		sc.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	return sc, nil
+}
+
+// tenantLimits turns the file's quotas into the edge's.
+func tenantLimits(q config.Quotas) tunnel.TenantLimits {
+	return tunnel.TenantLimits{MaxSessions: q.MaxSessions, MaxTunnels: q.MaxTunnels,
+		MaxTCPPorts: q.MaxTCPPorts, MaxEventStreams: q.MaxEventStreams}
+}
+
+// orNoLimit turns the file's 0 (no limit) into the edge's: a negative value (its 0 means
+// the default).
+func orNoLimit[T time.Duration | int64](v T) T {
+	if v == 0 {
+		return -1
+	}
+	return v
 }
 
 func orOff(addr string) string {

@@ -82,20 +82,20 @@ func TestServerConfigAuth(t *testing.T) {
 domain = "localhost"
 [auth]
 require_auth = true
-tokens = ["plain-token"]
+tokens = ["plain-token-0123456789"]
 [[auth.tenants]]
 name = "acme"
-token = "acme-token"
+token = "acme-token-0123456789"
 `)
 	sc, err := serverConfig(c, zap.NewNop())
 	require.NoError(t, err)
 	require.NotNil(t, sc.Auth)
 	ctx := context.Background()
 
-	tenant, err := sc.Auth.Authenticate(ctx, "plain-token")
+	tenant, err := sc.Auth.Authenticate(ctx, "plain-token-0123456789")
 	require.NoError(t, err)
 	require.Empty(t, tenant)
-	tenant, err = sc.Auth.Authenticate(ctx, "acme-token")
+	tenant, err = sc.Auth.Authenticate(ctx, "acme-token-0123456789")
 	require.NoError(t, err)
 	require.Equal(t, "acme", tenant)
 	_, err = sc.Auth.Authenticate(ctx, "wrong")
@@ -130,9 +130,15 @@ func TestEveryKeyIsWired(t *testing.T) {
 [server]
 domain = "localhost"
 [auth]
-admin_token = "admin"
+admin_token = "admin-token-0123456789"
 [limits]
 max_concurrent_per_member = 3
+max_preauth_conns = 64
+max_preauth_conns_per_ip = 4
+hello_timeout_secs = 2
+max_auth_failures_per_ip = 5
+auth_failure_window_secs = 60
+auth_block_secs = 120
 [load_balancing]
 alert_webhook_url = "https://hooks.example.com/x"
 allow_private_alert_webhooks = true
@@ -140,11 +146,17 @@ retry_unread_requests = true
 `)
 	sc, err := serverConfig(c, zap.NewNop())
 	require.NoError(t, err)
-	require.Equal(t, "admin", sc.AdminToken)
+	require.Equal(t, "admin-token-0123456789", sc.AdminToken)
 	require.Equal(t, "https://hooks.example.com/x", sc.AlertWebhookURL)
 	require.True(t, sc.AllowPrivateAlertWebhooks)
 	require.True(t, sc.RetryUnreadRequests)
 	require.Equal(t, 3, sc.MaxConcurrentPerMember)
+	require.Equal(t, 64, sc.MaxPreAuthConns)
+	require.Equal(t, 4, sc.MaxPreAuthConnsPerIP)
+	require.Equal(t, 2*time.Second, sc.HelloTimeout)
+	require.Equal(t, 5, sc.MaxAuthFailuresPerIP)
+	require.Equal(t, time.Minute, sc.AuthFailureWindow)
+	require.Equal(t, 2*time.Minute, sc.AuthBlockDuration)
 }
 
 func TestRunBadConfigExits2(t *testing.T) {

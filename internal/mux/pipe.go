@@ -2,11 +2,14 @@ package mux
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hashicorp/yamux"
 )
 
 // Copy buffers. A connection that is busy copies through a large pooled buffer, so a bulk
@@ -34,6 +37,22 @@ func (BufferPool) Put(b []byte) {
 		b = b[:copyBufSize]
 		copyBufs.Put(&b)
 	}
+}
+
+// ErrSessionEnded is what Join and StreamEOF report, instead of io.EOF, for a yamux stream
+// whose session ended before the peer closed the stream: yamux ends every stream of a dead
+// session with a plain io.EOF, which would make a cut stream look like one that ended. It
+// wraps io.ErrUnexpectedEOF.
+var ErrSessionEnded = fmt.Errorf("the session ended before the stream did: %w", io.ErrUnexpectedEOF)
+
+// StreamEOF returns err as read from st, except that io.EOF read after st's session ended
+// becomes ErrSessionEnded. A stream whose close arrived and whose session died before the
+// close was read is reported as cut too: yamux keeps no trace of the close then.
+func StreamEOF(st *yamux.Stream, err error) error {
+	if err == io.EOF && st.Session().IsClosed() {
+		return ErrSessionEnded
+	}
+	return err
 }
 
 // shrinker is a yamux stream: Shrink frees its receive buffer while it is empty.
@@ -73,6 +92,9 @@ func copyConn(dst io.Writer, src io.Reader) error {
 			}
 		}
 		if rerr != nil {
+			if st, ok := src.(*yamux.Stream); ok {
+				rerr = StreamEOF(st, rerr)
+			}
 			if rerr == io.EOF {
 				return nil
 			}
@@ -101,11 +123,18 @@ func closeWrite(c net.Conn) {
 	_ = c.Close()
 }
 
+// resetter is implemented by TCP connections: SetLinger(0) makes Close send a reset (RST).
+type resetter interface{ SetLinger(sec int) error }
+
 // Join copies bytes both ways between a and b until both directions end, then closes
 // both. A clean end of input on one side half-closes the other side's write direction, so
-// a peer that shuts down its sending side still receives the reply. An error in either
-// direction, or the end of ctx (the session or the server going away), aborts both at once:
-// deadlines in the past unblock every pending Read and Write, and both ends are closed.
+// a peer that shuts down its sending side still receives the reply. A yamux stream whose
+// session ended before the peer closed it has not ended cleanly (see ErrSessionEnded).
+//
+// An error in either direction, or the end of ctx (the session or the server going away),
+// aborts both at once: deadlines in the past unblock every pending Read and Write, and both
+// ends are closed; an end that is a TCP connection is reset (RST) instead of closed with a
+// FIN, so that its peer sees the cut instead of what looks like the end of the data.
 func Join(ctx context.Context, a, b net.Conn) {
 	var aborted atomic.Bool
 	abort := func() {
@@ -115,6 +144,11 @@ func Join(ctx context.Context, a, b net.Conn) {
 		past := time.Unix(1, 0)
 		_ = a.SetDeadline(past)
 		_ = b.SetDeadline(past)
+		for _, c := range []net.Conn{a, b} {
+			if r, ok := c.(resetter); ok {
+				_ = r.SetLinger(0)
+			}
+		}
 		_ = a.Close()
 		_ = b.Close()
 	}

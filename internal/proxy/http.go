@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +21,12 @@ import (
 // HTTP is the public HTTP ingress, an http.Handler: it routes each request by its Host
 // header (<subdomain>.<Domain>) to a group and proxies it to one member, per request, over a
 // pooled keep-alive stream. Unknown hosts get 404, a group with no selectable member 503, a
-// backend that fails mid-request 502.
+// backend that fails mid-request 502; a Host with a bad port (not 0-65535) and a malformed
+// request body get 400, a request body that arrives too slowly (Config.RequestBodyTimeout,
+// Config.RequestBodyMinRate) 408. Once a response has started, any of these failures
+// aborts the client's connection instead of ending the response cleanly (the
+// http.ErrAbortHandler panic of httputil.ReverseProxy under an http.Server): a body with a
+// Content-Length ends short, a chunked one without its last chunk.
 type HTTP struct {
 	cfg   Config
 	proxy *httputil.ReverseProxy
@@ -52,13 +59,34 @@ func NewHTTP(cfg Config) *HTTP {
 // ServeHTTP implements http.Handler.
 func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.cfg.Stats.HTTPRequests.Add(1)
+	if !validHostPort(r.Host) {
+		http.Error(w, fmt.Sprintf("invalid port in host %q", r.Host), http.StatusBadRequest)
+		return
+	}
 	sub, ok := subdomainOf(r.Host, h.cfg.Domain)
 	if !ok {
 		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
 		return
 	}
+	if h.cfg.HTTPGate != nil {
+		if gate := h.cfg.HTTPGate(sub); gate != nil {
+			done, refused := gate.Admit(clientAddr(r.RemoteAddr))
+			if refused != nil {
+				if refused.RetryAfter > 0 {
+					w.Header().Set("Retry-After", strconv.Itoa(int(refused.RetryAfter.Seconds())))
+				}
+				http.Error(w, refused.Reason, refused.Status)
+				return
+			}
+			defer done()
+		}
+	}
 	g := h.cfg.Registry.LookupHTTP(sub)
 	if g == nil {
+		if h.cfg.Reserved != nil && h.cfg.Reserved(sub) {
+			http.Error(w, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
+			return
+		}
 		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
 		return
 	}
@@ -80,7 +108,13 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := context.WithValue(r.Context(), groupCtxKey{}, g)
 	if r.Body != nil && r.Body != http.NoBody {
 		rc := http.NewResponseController(w)
-		ctx = context.WithValue(ctx, abortBodyKey{}, func() { _ = rc.SetReadDeadline(pastTime) })
+		// The body is forwarded while the response comes back (a backend may answer before
+		// it read the whole upload, or stream both ways): the server must not consume the
+		// rest of the body itself when the response starts.
+		_ = rc.EnableFullDuplex()
+		body := newPublicBody(r.Body, rc, &h.cfg)
+		r.Body = body
+		ctx = context.WithValue(ctx, abortBodyKey{}, body.abort)
 	}
 	h.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
@@ -124,7 +158,11 @@ func bodyAborter(req *http.Request) func() {
 }
 
 func (h *HTTP) proxyError(w http.ResponseWriter, r *http.Request, err error) {
-	var mbe *http.MaxBytesError
+	var (
+		mbe *http.MaxBytesError
+		bte *bodyTimeoutError
+		rbe *requestBodyError
+	)
 	switch {
 	case errors.Is(err, ErrNoMember):
 		if g, _ := r.Context().Value(groupCtxKey{}).(*group.Group); g != nil && g.Saturated() {
@@ -135,13 +173,41 @@ func (h *HTTP) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		http.Error(w, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
 	case errors.As(err, &mbe):
 		http.Error(w, fmt.Sprintf("request body over the limit of %d bytes", mbe.Limit), http.StatusRequestEntityTooLarge)
+	case errors.As(err, &bte):
+		// The rest of the body may still come: the connection cannot carry another request.
+		w.Header().Set("Connection", "close")
+		http.Error(w, bte.Error(), http.StatusRequestTimeout)
 	case r.Context().Err() != nil:
 		// The client went away; nobody reads this answer.
 		w.WriteHeader(http.StatusBadGateway)
+	case errors.As(err, &rbe):
+		h.cfg.Logger.Debug("bad request body", zap.String("host", r.Host), zap.Error(err))
+		w.Header().Set("Connection", "close")
+		http.Error(w, "bad request: "+rbe.Error(), http.StatusBadRequest)
 	default:
 		h.cfg.Logger.Debug("proxy error", zap.String("host", r.Host), zap.Error(err))
 		http.Error(w, "bad gateway: the tunnel's backend failed", http.StatusBadGateway)
 	}
+}
+
+// validHostPort reports whether the port of a Host header, if it has one, is a decimal
+// number from 0 to 65535 (an empty port, "host:", is allowed as RFC 3986 allows it).
+func validHostPort(host string) bool {
+	_, port, err := net.SplitHostPort(host)
+	if err != nil || port == "" {
+		return true // no port (a host that is not host:port is judged by subdomainOf)
+	}
+	if len(port) > 5 {
+		return false
+	}
+	n := 0
+	for _, c := range []byte(port) {
+		if c < '0' || c > '9' {
+			return false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n <= 65535
 }
 
 // subdomainOf returns the single label in front of domain in host, lower-cased; host may carry
@@ -205,4 +271,13 @@ func (t *memberTransport) conn(p *picker) (*memberConn, *group.Member, error) {
 		}
 		return newMemberConn(tun, st), nil
 	})
+}
+
+// clientAddr is the IP of a remote address "host:port"; the zero Addr if it has none.
+func clientAddr(remote string) netip.Addr {
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -64,11 +65,20 @@ func (l *headLimiter) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// streamReader reads a member's stream; the end of a stream whose session died first is an
+// error (mux.ErrSessionEnded), never the end of a response.
+type streamReader struct{ st *yamux.Stream }
+
+func (r streamReader) Read(p []byte) (int, error) {
+	n, err := r.st.Read(p)
+	return n, mux.StreamEOF(r.st, err)
+}
+
 func newMemberConn(t *Tunnel, st *yamux.Stream) *memberConn {
 	pc := &memberConn{t: t, st: st}
 	// A removed tunnel's streams end with it, in flight or idle.
 	pc.unhook = context.AfterFunc(t.ctx, pc.abort)
-	pc.lim.r = st
+	pc.lim.r = streamReader{st}
 	// 4 KiB, as net/http's Transport: enough for a response head; bodies larger than the
 	// buffer are read straight into the proxy's copy buffer.
 	pc.br = bufio.NewReaderSize(&pc.lim, 4<<10)
@@ -149,7 +159,9 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 		go func() {
 			err := pc.writeRequest(req)
 			if body.err != nil {
-				err = body.err // Request.Write hides the cause (e.g. *http.MaxBytesError)
+				// Request.Write hides the cause (e.g. *http.MaxBytesError), and the public
+				// client's body failed, not the backend.
+				err = &requestBodyError{body.err}
 			}
 			if err != nil {
 				// The body broke off (client gone, over the limit): the backend would

@@ -31,6 +31,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/policy"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -54,6 +55,16 @@ type Config struct {
 	IdleStreamTimeout time.Duration
 	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
 	RequestBodyMaxBytes int64
+	// RequestBodyTimeout bounds how long a public request body may take to arrive, from
+	// the edge's first read of it; 0 means no limit.
+	RequestBodyTimeout time.Duration
+	// RequestBodyMinRate is the slowest average, in bytes per second since the edge's first
+	// read, at which a public request body may arrive once RequestBodyMinRateGrace has
+	// passed: byte n must have arrived by grace + n/rate. 0 means no minimum.
+	RequestBodyMinRate int64
+	// RequestBodyMinRateGrace is the time a request body gets before RequestBodyMinRate
+	// applies.
+	RequestBodyMinRateGrace time.Duration
 	// RetryUnreadRequests lets a bodyless HTTP request go to one other member when the
 	// first member's backend reset its connection with the request unread.
 	RetryUnreadRequests bool
@@ -61,6 +72,14 @@ type Config struct {
 	// subdomain, where plain-HTTP requests to it are redirected; "" means no redirect (the
 	// edge serves no HTTPS). Nil means never redirect.
 	HTTPSHost func(subdomain string) string
+	// Reserved reports whether a subdomain is a reserved endpoint: with no group it
+	// answers 503 (no healthy backend), not 404. Nil means none is.
+	Reserved func(subdomain string) bool
+	// HTTPGate returns the admission policy of a subdomain, or nil; TCPGate that of a TCP
+	// pool. A refused HTTP request gets the refusal's status (403, 429 or 503, with
+	// Retry-After); a refused TCP connection is closed. Nil means no policy anywhere.
+	HTTPGate func(subdomain string) *policy.Gate
+	TCPGate  func(g *group.Group) *policy.Gate
 
 	// TCPBindHost is the address TCP group listeners bind to; "" means all addresses.
 	TCPBindHost string

@@ -25,9 +25,14 @@ import (
 // connector is a fake connector at the far end of an in-memory yamux session.
 type connector struct {
 	edge    *yamux.Session // the edge's side, which opens the streams
+	conn    net.Conn       // the connector's end of the connection
 	key     [32]byte       // the session's unread-notice key
 	streams atomic.Int64   // streams received, acknowledged or not
 }
+
+// kill cuts the connector's connection without a goodbye, as a crash does: both sessions
+// end, and every stream on them with its buffered bytes.
+func (c *connector) kill() { _ = c.conn.Close() }
 
 // startConnector runs a fake connector: it answers every stream's envelope with ack and,
 // when that is AckOK, hands the stream to serve (which may be nil).
@@ -38,7 +43,7 @@ func startConnector(t *testing.T, ack wire.Ack, serve func(c *connector, st *yam
 	require.NoError(t, err)
 	client, err := mux.Client(b, zap.NewNop())
 	require.NoError(t, err)
-	c := &connector{edge: edge, key: wire.NoticeKey("resume token")}
+	c := &connector{edge: edge, conn: b, key: wire.NoticeKey("resume token")}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {

@@ -18,8 +18,11 @@ import (
 // TCP is the public TCP ingress: a listener on each TCP group's port, bound when the group
 // is created and closed when it is removed. Each accepted connection goes to one member,
 // picked per connection (a failed stream open is retried once on another member); with no
-// selectable member it is accepted and closed at once. Wire OnCreate and OnRemove into the
-// registry's group.Config; Close stops it, Wait waits for its goroutines.
+// selectable member it is accepted and closed at once. A connection whose member side is
+// cut before its end (the connector's session died, or the tunnel was removed) is reset,
+// so that the client sees the loss; a clean end (the backend closed) is a FIN. Wire
+// OnCreate and OnRemove into the registry's group.Config; Close stops it, Wait waits for
+// its goroutines.
 type TCP struct {
 	cfg  Config
 	done chan struct{} // closed by Close: ends accept back-offs
@@ -154,8 +157,19 @@ func isTemporary(err error) bool {
 // connection is accepted and closed at once.
 func (t *TCP) serve(g *group.Group, c net.Conn) {
 	t.cfg.Stats.TCPConnections.Add(1)
-	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed}
 	remote := c.RemoteAddr().String()
+	if t.cfg.TCPGate != nil {
+		if gate := t.cfg.TCPGate(g); gate != nil {
+			done, refused := gate.Admit(clientAddr(remote))
+			if refused != nil {
+				t.cfg.Logger.Debug("TCP connection refused by the endpoint's policy", zap.Int("port", g.Port), zap.String("why", refused.Reason))
+				_ = c.Close()
+				return
+			}
+			defer done()
+		}
+	}
+	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed}
 	st, m, err := pick(p, func(tun *Tunnel) (*yamux.Stream, error) { return tun.open(remote, t.cfg.OpenTimeout) })
 	if err != nil {
 		t.cfg.Logger.Debug("TCP connection refused", zap.Int("port", g.Port), zap.Error(err))

@@ -50,6 +50,7 @@ const (
 	CodeNoPorts            = "no_ports"
 	CodeLimit              = "limit"
 	CodeInvalid            = "invalid"
+	CodeOwned              = "route_owned"
 	CodeInternal           = "internal"
 )
 

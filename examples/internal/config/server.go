@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
+	"unicode/utf8"
 )
 
 // Load-balancing strategies accepted by [LoadBalancing.Strategy].
@@ -33,6 +34,38 @@ type Server struct {
 	Limits Limits
 	// LoadBalancing is the [load_balancing] table.
 	LoadBalancing LoadBalancing
+	// Endpoints are the [[endpoints]] entries, in file order: routes reserved for a
+	// tenant, with their traffic policy.
+	Endpoints []Endpoint
+}
+
+// Endpoint is one [[endpoints]] entry: a route reserved for a tenant before any connector
+// registers it, and the policy for its public traffic.
+type Endpoint struct {
+	// Subdomain reserves an HTTP(S) route; with Proto "tcp", Group and Port reserve a TCP
+	// pool's name and public port.
+	Subdomain string `toml:"subdomain"`
+	// Proto is "http" (the default) or "tcp".
+	Proto string `toml:"proto"`
+	// Port is a TCP endpoint's public port, inside limits.tcp_port_range.
+	Port int `toml:"port"`
+	// Tenant owns the endpoint: a name from [[auth.tenants]], or "" for the connectors of
+	// auth.tokens (and of an edge without authentication).
+	Tenant string `toml:"tenant"`
+	// Group is the pool's name; required.
+	Group string `toml:"group"`
+	// KeySHA256 is the hex SHA-256 of the group key (never the key); required for TCP.
+	KeySHA256 string `toml:"key_sha256"`
+	// AllowCIDRs, when not empty, are the only client addresses admitted; DenyCIDRs are
+	// refused (deny wins).
+	AllowCIDRs []string `toml:"allow_cidrs"`
+	DenyCIDRs  []string `toml:"deny_cidrs"`
+	// RateLimit is the requests (TCP: connections) per second per client IP; 0 means none.
+	RateLimit float64 `toml:"rate_limit"`
+	// RateBurst is the burst of RateLimit; 0 means RateLimit rounded up.
+	RateBurst int `toml:"rate_burst"`
+	// MaxConcurrent caps the endpoint's in-flight requests and connections; 0 means none.
+	MaxConcurrent int `toml:"max_concurrent"`
 }
 
 // ServerSection is the [server] table of server.toml.
@@ -55,6 +88,10 @@ type ServerSection struct {
 	AdminPort int `toml:"admin_port"`
 	// RegionID names this edge in alerts and metrics. Default "local".
 	RegionID string `toml:"region_id"`
+	// StateDir is where the edge keeps route ownership (an embedded database), so that it
+	// survives restarts; "" (the default) keeps it in memory. Relative to the file's
+	// directory.
+	StateDir string `toml:"state_dir"`
 }
 
 // Addr returns the "host:port" to listen on for port on the Bind address,
@@ -97,10 +134,27 @@ type Auth struct {
 type Tenant struct {
 	Name  string `toml:"name"`  // unique, non-empty
 	Token string `toml:"token"` // non-empty, distinct from every other token
+	// Quotas override the [limits] defaults for this tenant; 0 keeps the default.
+	Quotas
+}
+
+// Quotas cap what one tenant may hold; 0 means no cap (in [limits]) or the [limits] value
+// (in [[auth.tenants]]).
+type Quotas struct {
+	MaxSessions     int `toml:"max_sessions"`      // connector sessions
+	MaxTunnels      int `toml:"max_tunnels"`       // registered tunnels over all sessions
+	MaxTCPPorts     int `toml:"max_tcp_ports"`     // public TCP ports held for its pools
+	MaxEventStreams int `toml:"max_event_streams"` // open live event streams on the admin API
 }
 
 // Limits is the [limits] table of server.toml.
 type Limits struct {
+	// Quotas are every tenant's default quotas. Defaults: 64 sessions, 1024 tunnels, 16
+	// TCP ports, 8 event streams.
+	Quotas
+	// RouteTTL is how long a route stays its owner's after its last member left
+	// (route_ttl_secs). Default 24h.
+	RouteTTL time.Duration `toml:"-"`
 	// TCPPortRange is where TCP tunnels get their public ports (key
 	// tcp_port_range, written [low, high]). Default 20000-20100.
 	TCPPortRange PortRange `toml:"-"`
@@ -115,7 +169,43 @@ type Limits struct {
 	// MaxConcurrentPerMember caps in-flight requests or connections per
 	// member; 0 (the default) means unlimited.
 	MaxConcurrentPerMember int `toml:"max_concurrent_per_member"`
+	// RequestBodyTimeout is how long a public request body may take to
+	// arrive (request_body_timeout_secs); 0 means no limit. Default 60s.
+	RequestBodyTimeout time.Duration `toml:"-"`
+	// RequestBodyMinRate is the slowest average rate, in bytes per second,
+	// at which a public request body may arrive once
+	// RequestBodyMinRateGrace has passed; 0 means no minimum. Default 1024.
+	RequestBodyMinRate int64 `toml:"request_body_min_rate"`
+	// RequestBodyMinRateGrace is how long a request body may take before
+	// the minimum rate applies (request_body_min_rate_grace_secs).
+	// Default 10s.
+	RequestBodyMinRateGrace time.Duration `toml:"-"`
+	// MaxPreAuthConns caps the control connections not yet authenticated,
+	// in all; MaxPreAuthConnsPerIP those from one source address (an IPv4
+	// address or an IPv6 /64), at most MaxPreAuthConns. A connection over
+	// either cap is closed at once. Defaults 256 and 16.
+	MaxPreAuthConns      int `toml:"max_preauth_conns"`
+	MaxPreAuthConnsPerIP int `toml:"max_preauth_conns_per_ip"`
+	// HelloTimeout is how long a new control connection has, from its
+	// accept, to say hello (hello_timeout_secs). Default 5s, at most 30s.
+	HelloTimeout time.Duration `toml:"-"`
+	// MaxAuthFailuresPerIP failed authentications from one source address
+	// within AuthFailureWindow (auth_failure_window_secs), on the control
+	// and admin listeners together, block it for AuthBlock
+	// (auth_block_secs). Defaults 10, 600s and 900s.
+	MaxAuthFailuresPerIP int           `toml:"max_auth_failures_per_ip"`
+	AuthFailureWindow    time.Duration `toml:"-"`
+	AuthBlock            time.Duration `toml:"-"`
 }
+
+// MinTokenLength is the fewest characters a token (auth.tokens,
+// auth.admin_token, auth.tenants[].token) may have.
+const MinTokenLength = 16
+
+// MaxHelloTimeout is the longest limits.hello_timeout_secs: a connection
+// waiting for its hello holds a file descriptor and a place under
+// limits.max_preauth_conns.
+const MaxHelloTimeout = 30 * time.Second
 
 // PortRange is an inclusive range of TCP ports, Low <= High.
 type PortRange struct {
@@ -142,6 +232,9 @@ type LoadBalancing struct {
 	// RetryUnreadRequests sends a bodyless request whose backend reset
 	// its connection with it unread to one other member. Default false.
 	RetryUnreadRequests bool `toml:"retry_unread_requests"`
+	// AlertMinInterval is the shortest time between two alerts of one
+	// group (alert_min_interval_secs). Default 60s.
+	AlertMinInterval time.Duration `toml:"-"`
 }
 
 // defaultServer returns a Server holding every default of server.toml.
@@ -156,11 +249,24 @@ func defaultServer(file string) *Server {
 			RegionID:    "local",
 		},
 		Limits: Limits{
+			Quotas:               Quotas{MaxSessions: 64, MaxTunnels: 1024, MaxTCPPorts: 16, MaxEventStreams: 8},
+			RouteTTL:             24 * time.Hour,
 			TCPPortRange:         PortRange{Low: 20000, High: 20100},
 			MaxTunnelsPerSession: 16,
 			DrainTimeout:         30 * time.Second,
+
+			RequestBodyTimeout:      60 * time.Second,
+			RequestBodyMinRate:      1024,
+			RequestBodyMinRateGrace: 10 * time.Second,
+
+			MaxPreAuthConns:      256,
+			MaxPreAuthConnsPerIP: 16,
+			HelloTimeout:         5 * time.Second,
+			MaxAuthFailuresPerIP: 10,
+			AuthFailureWindow:    10 * time.Minute,
+			AuthBlock:            15 * time.Minute,
 		},
-		LoadBalancing: LoadBalancing{Strategy: StrategyLeastStreams},
+		LoadBalancing: LoadBalancing{Strategy: StrategyLeastStreams, AlertMinInterval: time.Minute},
 	}
 }
 
@@ -191,12 +297,18 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	}
 	r := newReporter(file)
 	cfg := defaultServer(file)
-	f := &serverFile{Auth: cfg.Auth, LoadBalancing: cfg.LoadBalancing}
+	f := &serverFile{Auth: cfg.Auth}
+	f.LoadBalancing.LoadBalancing = cfg.LoadBalancing
 	f.Server.ServerSection, f.Limits.Limits = cfg.Server, cfg.Limits
 	if !decodeTOML(r, data, f) {
 		return nil, r.err()
 	}
-	cfg.Server, cfg.TLS, cfg.Auth, cfg.Limits, cfg.LoadBalancing = f.Server.ServerSection, f.TLS, f.Auth, f.Limits.Limits, f.LoadBalancing
+	cfg.Server, cfg.TLS, cfg.Auth, cfg.Limits, cfg.LoadBalancing = f.Server.ServerSection, f.TLS, f.Auth, f.Limits.Limits, f.LoadBalancing.LoadBalancing
+	cfg.Endpoints = f.Endpoints
+	cfg.Server.StateDir = resolvePath(dir, cfg.Server.StateDir)
+	if d := f.Limits.RouteTTL; d != nil {
+		r.duration("limits.route_ttl_secs", float64(*d), &cfg.Limits.RouteTTL)
+	}
 	if f.Server.Bind != nil {
 		addr, err := netip.ParseAddr(*f.Server.Bind)
 		if err != nil {
@@ -215,6 +327,24 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	}
 	if d := f.Limits.DrainTimeout; d != nil {
 		r.duration("limits.drain_timeout_secs", float64(*d), &cfg.Limits.DrainTimeout)
+	}
+	if d := f.LoadBalancing.AlertMinInterval; d != nil {
+		r.duration("load_balancing.alert_min_interval_secs", float64(*d), &cfg.LoadBalancing.AlertMinInterval)
+	}
+	if d := f.Limits.RequestBodyTimeout; d != nil {
+		r.duration("limits.request_body_timeout_secs", float64(*d), &cfg.Limits.RequestBodyTimeout)
+	}
+	if d := f.Limits.RequestBodyMinRateGrace; d != nil {
+		r.duration("limits.request_body_min_rate_grace_secs", float64(*d), &cfg.Limits.RequestBodyMinRateGrace)
+	}
+	if d := f.Limits.HelloTimeout; d != nil {
+		r.duration("limits.hello_timeout_secs", float64(*d), &cfg.Limits.HelloTimeout)
+	}
+	if d := f.Limits.AuthFailureWindow; d != nil {
+		r.duration("limits.auth_failure_window_secs", float64(*d), &cfg.Limits.AuthFailureWindow)
+	}
+	if d := f.Limits.AuthBlock; d != nil {
+		r.duration("limits.auth_block_secs", float64(*d), &cfg.Limits.AuthBlock)
 	}
 	cfg.validate(r)
 	if err := r.err(); err != nil {
@@ -310,12 +440,59 @@ func (c *Server) validate(r *reporter) {
 	if l.MaxConcurrentPerMember < 0 {
 		r.add("limits.max_concurrent_per_member", ErrInvalid, "must be 0 (unlimited) or more, got %d", l.MaxConcurrentPerMember)
 	}
+	if l.RequestBodyTimeout < 0 {
+		r.add("limits.request_body_timeout_secs", ErrInvalid, "must be 0 (no limit) or more seconds, got %s", formatDuration(l.RequestBodyTimeout))
+	}
+	if l.RequestBodyMinRate < 0 {
+		r.add("limits.request_body_min_rate", ErrInvalid, "must be 0 (no minimum) or more bytes per second, got %d", l.RequestBodyMinRate)
+	}
+	if l.RequestBodyMinRateGrace <= 0 {
+		r.add("limits.request_body_min_rate_grace_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(l.RequestBodyMinRateGrace))
+	}
+	switch {
+	case l.MaxPreAuthConns < 1:
+		r.add("limits.max_preauth_conns", ErrInvalid, "must be at least 1, got %d", l.MaxPreAuthConns)
+	case l.MaxPreAuthConnsPerIP > l.MaxPreAuthConns:
+		r.add("limits.max_preauth_conns_per_ip", ErrInvalid, "%d is above limits.max_preauth_conns %d%s", l.MaxPreAuthConnsPerIP, l.MaxPreAuthConns, r.lineNote("limits.max_preauth_conns"))
+	}
+	if l.MaxPreAuthConnsPerIP < 1 {
+		r.add("limits.max_preauth_conns_per_ip", ErrInvalid, "must be at least 1, got %d", l.MaxPreAuthConnsPerIP)
+	}
+	if l.HelloTimeout <= 0 || l.HelloTimeout > MaxHelloTimeout {
+		r.add("limits.hello_timeout_secs", ErrInvalid, "must be greater than 0 and at most %s seconds, got %s", formatDuration(MaxHelloTimeout), formatDuration(l.HelloTimeout))
+	}
+	if l.MaxAuthFailuresPerIP < 1 {
+		r.add("limits.max_auth_failures_per_ip", ErrInvalid, "must be at least 1, got %d", l.MaxAuthFailuresPerIP)
+	}
+	if l.AuthFailureWindow <= 0 {
+		r.add("limits.auth_failure_window_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(l.AuthFailureWindow))
+	}
+	if l.AuthBlock <= 0 {
+		r.add("limits.auth_block_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(l.AuthBlock))
+	}
+
+	for _, q := range []struct {
+		key string
+		n   int
+	}{{"limits.max_sessions", l.MaxSessions}, {"limits.max_tunnels", l.MaxTunnels},
+		{"limits.max_tcp_ports", l.MaxTCPPorts}, {"limits.max_event_streams", l.MaxEventStreams}} {
+		if q.n < 0 {
+			r.add(q.key, ErrInvalid, "must be 0 (no cap) or more, got %d", q.n)
+		}
+	}
+	if l.RouteTTL <= 0 {
+		r.add("limits.route_ttl_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(l.RouteTTL))
+	}
+	c.validateEndpoints(r)
 
 	lb := c.LoadBalancing
 	if lb.Strategy != StrategyLeastStreams && lb.Strategy != StrategyRandom {
 		r.add("load_balancing.strategy", ErrInvalid, "%q is not a strategy; use %q or %q", lb.Strategy, StrategyLeastStreams, StrategyRandom)
 	}
 	r.invalid("load_balancing.alert_webhook_url", webhookProblem(lb.AlertWebhookURL))
+	if lb.AlertMinInterval <= 0 {
+		r.add("load_balancing.alert_min_interval_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(lb.AlertMinInterval))
+	}
 }
 
 func (c *Server) validateTLS(r *reporter) {
@@ -338,6 +515,10 @@ func (c *Server) validateAuth(r *reporter) {
 	// Token values are secrets: messages name the keys, never the values.
 	owner := map[string]string{}
 	claim := func(key, token string) {
+		if n := utf8.RuneCountInString(token); n < MinTokenLength {
+			r.add(key, ErrInvalid, "is %d characters long; a token needs at least %d (e.g. the output of `openssl rand -hex 16`)", n, MinTokenLength)
+			return
+		}
 		if prev, dup := owner[token]; dup {
 			r.add(key, ErrInvalid, "the same token is already used by %s%s; every token must be distinct", prev, r.lineNote(prev))
 			return

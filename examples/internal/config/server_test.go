@@ -48,11 +48,24 @@ func TestServerDefaults(t *testing.T) {
 			RegionID:    "local",
 		},
 		Limits: config.Limits{
+			Quotas:               config.Quotas{MaxSessions: 64, MaxTunnels: 1024, MaxTCPPorts: 16, MaxEventStreams: 8},
+			RouteTTL:             24 * time.Hour,
 			TCPPortRange:         config.PortRange{Low: 20000, High: 20100},
 			MaxTunnelsPerSession: 16,
 			DrainTimeout:         30 * time.Second,
+
+			RequestBodyTimeout:      60 * time.Second,
+			RequestBodyMinRate:      1024,
+			RequestBodyMinRateGrace: 10 * time.Second,
+
+			MaxPreAuthConns:      256,
+			MaxPreAuthConnsPerIP: 16,
+			HelloTimeout:         5 * time.Second,
+			MaxAuthFailuresPerIP: 10,
+			AuthFailureWindow:    10 * time.Minute,
+			AuthBlock:            15 * time.Minute,
 		},
-		LoadBalancing: config.LoadBalancing{Strategy: config.StrategyLeastStreams},
+		LoadBalancing: config.LoadBalancing{Strategy: config.StrategyLeastStreams, AlertMinInterval: time.Minute},
 	}, cfg)
 	require.Equal(t, "0.0.0.0:8080", cfg.Server.Addr(cfg.Server.HTTPPort))
 	require.Equal(t, "", cfg.Server.Addr(cfg.Server.HTTPSPort))
@@ -70,6 +83,7 @@ https_port = 8443
 control_port = 7000
 admin_port = 0
 region_id = "eu-1"
+state_dir = "/var/lib/warren"
 
 [tls]
 cert_path = '%s'
@@ -77,21 +91,36 @@ key_path = '%s'
 
 [auth]
 require_auth = true
-tokens = ["t1", "t2"]
-admin_token = "admin"
+tokens = ["connector-token-1", "connector-token-2"]
+admin_token = "admin-token-0123456789"
 [[auth.tenants]]
 name = "acme"
-token = "acme-token"
+token = "acme-token-0123456789"
 [[auth.tenants]]
 name = "globex"
-token = "globex-token"
+token = "globex-token-0123456789"
+max_tunnels = 7
 
 [limits]
+route_ttl_secs = 3600
+max_sessions = 2
+max_tunnels = 3
+max_tcp_ports = 4
+max_event_streams = 5
 tcp_port_range = [30000, 30000]
 max_tunnels_per_session = 1
 request_body_max_bytes = 1048576
 drain_timeout_secs = 0.05
 max_concurrent_per_member = 8
+request_body_timeout_secs = 0
+request_body_min_rate = 512
+request_body_min_rate_grace_secs = 2.5
+max_preauth_conns = 100
+max_preauth_conns_per_ip = 4
+hello_timeout_secs = 2.5
+max_auth_failures_per_ip = 5
+auth_failure_window_secs = 60
+auth_block_secs = 3600
 
 [load_balancing]
 enabled = true
@@ -99,6 +128,24 @@ strategy = "random"
 alert_webhook_url = "https://hooks.example.com/ops?x=1"
 allow_private_alert_webhooks = true
 retry_unread_requests = true
+alert_min_interval_secs = 1.5
+
+[[endpoints]]
+subdomain = "pool"
+tenant = "acme"
+group = "web"
+allow_cidrs = ["203.0.113.0/24"]
+deny_cidrs = ["203.0.113.7/32"]
+rate_limit = 2.5
+rate_burst = 5
+max_concurrent = 9
+
+[[endpoints]]
+proto = "tcp"
+group = "db"
+port = 30000
+tenant = "globex"
+key_sha256 = "5fbf9bf10407864eb8562d42e245fd6435ebebff6cdea8cae46bec8da0b11e9a"
 `, cert, key)
 	cfg, err := config.ParseServer("edge.toml", []byte(doc))
 	require.NoError(t, err)
@@ -106,27 +153,47 @@ retry_unread_requests = true
 		File: "edge.toml",
 		Server: config.ServerSection{
 			Domain: "edge.example.org", Bind: netip.MustParseAddr("::1"),
-			HTTPSPort: 8443, ControlPort: 7000, RegionID: "eu-1",
+			HTTPSPort: 8443, ControlPort: 7000, RegionID: "eu-1", StateDir: "/var/lib/warren",
 		},
 		TLS: config.ServerTLS{CertPath: cert, KeyPath: key},
 		Auth: config.Auth{
 			RequireAuth: true,
-			Tokens:      []string{"t1", "t2"},
-			AdminToken:  "admin",
-			Tenants:     []config.Tenant{{Name: "acme", Token: "acme-token"}, {Name: "globex", Token: "globex-token"}},
+			Tokens:      []string{"connector-token-1", "connector-token-2"},
+			AdminToken:  "admin-token-0123456789",
+			Tenants:     []config.Tenant{{Name: "acme", Token: "acme-token-0123456789"}, {Name: "globex", Token: "globex-token-0123456789", Quotas: config.Quotas{MaxTunnels: 7}}},
 		},
 		Limits: config.Limits{
+			Quotas:                 config.Quotas{MaxSessions: 2, MaxTunnels: 3, MaxTCPPorts: 4, MaxEventStreams: 5},
+			RouteTTL:               time.Hour,
 			TCPPortRange:           config.PortRange{Low: 30000, High: 30000},
 			MaxTunnelsPerSession:   1,
 			RequestBodyMaxBytes:    1 << 20,
 			DrainTimeout:           50 * time.Millisecond,
 			MaxConcurrentPerMember: 8,
+
+			RequestBodyTimeout:      0,
+			RequestBodyMinRate:      512,
+			RequestBodyMinRateGrace: 2500 * time.Millisecond,
+
+			MaxPreAuthConns:      100,
+			MaxPreAuthConnsPerIP: 4,
+			HelloTimeout:         2500 * time.Millisecond,
+			MaxAuthFailuresPerIP: 5,
+			AuthFailureWindow:    time.Minute,
+			AuthBlock:            time.Hour,
 		},
 		LoadBalancing: config.LoadBalancing{
 			Enabled: true, Strategy: config.StrategyRandom,
 			AlertWebhookURL:           "https://hooks.example.com/ops?x=1",
 			AllowPrivateAlertWebhooks: true,
 			RetryUnreadRequests:       true,
+			AlertMinInterval:          1500 * time.Millisecond,
+		},
+		Endpoints: []config.Endpoint{
+			{Subdomain: "pool", Tenant: "acme", Group: "web", AllowCIDRs: []string{"203.0.113.0/24"},
+				DenyCIDRs: []string{"203.0.113.7/32"}, RateLimit: 2.5, RateBurst: 5, MaxConcurrent: 9},
+			{Proto: "tcp", Group: "db", Port: 30000, Tenant: "globex",
+				KeySHA256: "5fbf9bf10407864eb8562d42e245fd6435ebebff6cdea8cae46bec8da0b11e9a"},
 		},
 	}, cfg)
 	require.True(t, cfg.TLS.Enabled())
@@ -143,14 +210,14 @@ limits = { drain_timeout_secs = 2, tcp_port_range = [
   21000,
   21010,
 ] }
-auth.tenants = [ { name = "a", token = "ta" }, { name = "b", token = "tb" } ]
+auth.tenants = [ { name = "a", token = "tenant-a-token-0123" }, { name = "b", token = "tenant-b-token-0123" } ]
 `
 	cfg, err := config.ParseServer("server.toml", []byte(doc))
 	require.NoError(t, err)
 	require.Equal(t, "localhost", cfg.Server.Domain)
 	require.Equal(t, 2*time.Second, cfg.Limits.DrainTimeout)
 	require.Equal(t, config.PortRange{Low: 21000, High: 21010}, cfg.Limits.TCPPortRange)
-	require.Equal(t, []config.Tenant{{Name: "a", Token: "ta"}, {Name: "b", Token: "tb"}}, cfg.Auth.Tenants)
+	require.Equal(t, []config.Tenant{{Name: "a", Token: "tenant-a-token-0123"}, {Name: "b", Token: "tenant-b-token-0123"}}, cfg.Auth.Tenants)
 
 	_, err = config.ParseServer("server.toml", []byte(doc+"auth.tenants = 1\n"))
 	requireProblems(t, err, "server.toml", want{7, "auth.tenants", config.ErrSyntax, "already"})
@@ -232,24 +299,32 @@ func TestServerErrors(t *testing.T) {
 			[]want{{4, "auth.require_auth", config.ErrInvalid, "neither auth.tokens nor auth.tenants"}}},
 		{"require_auth with empty token list", serverDoc("[auth]\nrequire_auth = true\ntokens = []\n"),
 			[]want{{4, "auth.require_auth", config.ErrInvalid, "no connector could authenticate"}}},
-		{"empty token", serverDoc("[auth]\ntokens = [\n  \"a\",\n  \"\",\n]\n"),
+		{"empty token", serverDoc("[auth]\ntokens = [\n  \"connector-token-a\",\n  \"\",\n]\n"),
 			[]want{{6, "auth.tokens[1]", config.ErrInvalid, "must not be empty"}}},
-		{"token twice in tokens", serverDoc("[auth]\ntokens = [\"a\", \"b\",\n  \"a\"]\n"),
+		{"token twice in tokens", serverDoc("[auth]\ntokens = [\"connector-token-a\", \"connector-token-b\",\n  \"connector-token-a\"]\n"),
 			[]want{{5, "auth.tokens[2]", config.ErrInvalid, "already used by auth.tokens[0] (line 4)"}}},
-		{"tenant token equals token", serverDoc("[auth]\ntokens = [\"s3cret\"]\n[[auth.tenants]]\nname = \"acme\"\ntoken = \"s3cret\"\n"),
+		{"tenant token equals token", serverDoc("[auth]\ntokens = [\"s3cret-token-0123\"]\n[[auth.tenants]]\nname = \"acme\"\ntoken = \"s3cret-token-0123\"\n"),
 			[]want{{7, "auth.tenants[0].token", config.ErrInvalid, "already used by auth.tokens[0]"}}},
-		{"admin token equals tenant token", serverDoc("[auth]\nadmin_token = \"s3cret\"\n[[auth.tenants]]\nname = \"acme\"\ntoken = \"s3cret\"\n"),
+		{"admin token equals tenant token", serverDoc("[auth]\nadmin_token = \"s3cret-token-0123\"\n[[auth.tenants]]\nname = \"acme\"\ntoken = \"s3cret-token-0123\"\n"),
 			[]want{{4, "auth.admin_token", config.ErrInvalid, "already used by auth.tenants[0].token (line 7)"}}},
-		{"tenant name missing", serverDoc("[[auth.tenants]]\ntoken = \"t\"\n"),
+		{"tenant name missing", serverDoc("[[auth.tenants]]\ntoken = \"tenant-token-0123\"\n"),
 			[]want{{3, "auth.tenants[0].name", config.ErrRequired, "non-empty name"}}},
-		{"tenant name empty", serverDoc("[[auth.tenants]]\nname = \"\"\ntoken = \"t\"\n"),
+		{"tenant name empty", serverDoc("[[auth.tenants]]\nname = \"\"\ntoken = \"tenant-token-0123\"\n"),
 			[]want{{4, "auth.tenants[0].name", config.ErrRequired, "non-empty name"}}},
 		{"tenant token missing", serverDoc("[[auth.tenants]]\nname = \"acme\"\n"),
 			[]want{{3, "auth.tenants[0].token", config.ErrRequired, "non-empty token"}}},
-		{"tenant names not unique", serverDoc("[[auth.tenants]]\nname = \"acme\"\ntoken = \"a\"\n[[auth.tenants]]\nname = \"acme\"\ntoken = \"b\"\n"),
+		{"tenant names not unique", serverDoc("[[auth.tenants]]\nname = \"acme\"\ntoken = \"tenant-token-a-0123\"\n[[auth.tenants]]\nname = \"acme\"\ntoken = \"tenant-token-b-0123\"\n"),
 			[]want{{7, "auth.tenants[1].name", config.ErrInvalid, `tenant "acme" is already defined by auth.tenants[0] (line 3)`}}},
-		{"secrets stay out of messages", serverDoc("[auth]\ntokens = [\"hunter2\", \"hunter2\"]\n"),
+		{"secrets stay out of messages", serverDoc("[auth]\ntokens = [\"hunter2-hunter2-hunter2\", \"hunter2-hunter2-hunter2\"]\n"),
 			[]want{{4, "auth.tokens[1]", config.ErrInvalid, "every token must be distinct"}}},
+		{"short connector token", serverDoc("[auth]\nrequire_auth = true\ntokens = [\n  \"connector-token-a\",\n  \"hunter2\",\n]\n"),
+			[]want{{7, "auth.tokens[1]", config.ErrInvalid, "is 7 characters long; a token needs at least 16"}}},
+		{"short admin token", serverDoc("[auth]\nadmin_token = \"hunter2\"\n"),
+			[]want{{4, "auth.admin_token", config.ErrInvalid, "is 7 characters long; a token needs at least 16"}}},
+		{"short tenant token", serverDoc("[[auth.tenants]]\nname = \"acme\"\ntoken = \"hunter2\"\n[[auth.tenants]]\nname = \"globex\"\ntoken = \"0123456789abcdef\"\n"),
+			[]want{{5, "auth.tenants[0].token", config.ErrInvalid, "is 7 characters long; a token needs at least 16 (e.g. the output of `openssl rand -hex 16`)"}}},
+		{"short tokens, two of them the same", serverDoc("[auth]\ntokens = [\"hunter2\", \"hunter2\"]\n"),
+			[]want{{4, "auth.tokens[0]", config.ErrInvalid, "at least 16"}, {4, "auth.tokens[1]", config.ErrInvalid, "at least 16"}}},
 
 		// [limits]
 		{"tcp range reversed", serverDoc("[limits]\ntcp_port_range = [30000, 20000]\n"),
@@ -280,6 +355,32 @@ func TestServerErrors(t *testing.T) {
 			[]want{{4, "limits.drain_timeout_secs", config.ErrInvalid, "1ns resolution"}}},
 		{"concurrency negative", serverDoc("[limits]\nmax_concurrent_per_member = -3\n"),
 			[]want{{4, "limits.max_concurrent_per_member", config.ErrInvalid, "got -3"}}},
+		{"preauth cap zero", serverDoc("[limits]\nmax_preauth_conns = 0\n"),
+			[]want{{4, "limits.max_preauth_conns", config.ErrInvalid, "must be at least 1, got 0"}}},
+		{"preauth per-ip cap zero", serverDoc("[limits]\nmax_preauth_conns_per_ip = 0\n"),
+			[]want{{4, "limits.max_preauth_conns_per_ip", config.ErrInvalid, "must be at least 1, got 0"}}},
+		{"preauth per-ip cap above the total", serverDoc("[limits]\nmax_preauth_conns = 8\nmax_preauth_conns_per_ip = 9\n"),
+			[]want{{5, "limits.max_preauth_conns_per_ip", config.ErrInvalid, "9 is above limits.max_preauth_conns 8 (line 4)"}}},
+		{"preauth per-ip cap above the default total", serverDoc("[limits]\nmax_preauth_conns_per_ip = 300\n"),
+			[]want{{4, "limits.max_preauth_conns_per_ip", config.ErrInvalid, "300 is above limits.max_preauth_conns 256"}}},
+		{"hello timeout zero", serverDoc("[limits]\nhello_timeout_secs = 0\n"),
+			[]want{{4, "limits.hello_timeout_secs", config.ErrInvalid, "must be greater than 0 and at most 30 seconds, got 0"}}},
+		{"hello timeout too long", serverDoc("[limits]\nhello_timeout_secs = 31\n"),
+			[]want{{4, "limits.hello_timeout_secs", config.ErrInvalid, "at most 30 seconds, got 31"}}},
+		{"auth failures zero", serverDoc("[limits]\nmax_auth_failures_per_ip = 0\n"),
+			[]want{{4, "limits.max_auth_failures_per_ip", config.ErrInvalid, "must be at least 1, got 0"}}},
+		{"auth window negative", serverDoc("[limits]\nauth_failure_window_secs = -1\n"),
+			[]want{{4, "limits.auth_failure_window_secs", config.ErrInvalid, "must be greater than 0 seconds, got -1"}}},
+		{"auth block zero", serverDoc("[limits]\nauth_block_secs = 0\n"),
+			[]want{{4, "limits.auth_block_secs", config.ErrInvalid, "must be greater than 0 seconds, got 0"}}},
+		{"body timeout negative", serverDoc("[limits]\nrequest_body_timeout_secs = -1\n"),
+			[]want{{4, "limits.request_body_timeout_secs", config.ErrInvalid, "must be 0 (no limit) or more seconds, got -1"}}},
+		{"body timeout not a number", serverDoc("[limits]\nrequest_body_timeout_secs = nan\n"),
+			[]want{{4, "limits.request_body_timeout_secs", config.ErrInvalid, "finite"}}},
+		{"body min rate negative", serverDoc("[limits]\nrequest_body_min_rate = -5\n"),
+			[]want{{4, "limits.request_body_min_rate", config.ErrInvalid, "must be 0 (no minimum) or more bytes per second, got -5"}}},
+		{"body min rate grace zero", serverDoc("[limits]\nrequest_body_min_rate_grace_secs = 0\n"),
+			[]want{{4, "limits.request_body_min_rate_grace_secs", config.ErrInvalid, "must be greater than 0 seconds, got 0"}}},
 
 		// [load_balancing]
 		{"unknown strategy", serverDoc("[load_balancing]\nstrategy = \"round_robin\"\n"),
@@ -296,6 +397,12 @@ func TestServerErrors(t *testing.T) {
 			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "invalid URL: cannot be parsed"}}},
 		{"webhook too long", serverDoc("[load_balancing]\nalert_webhook_url = \"" + longURL(webhook.MaxURLLength+1) + "\"\n"),
 			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "longer than 2048 bytes"}}},
+		{"alert interval zero", serverDoc("[load_balancing]\nalert_min_interval_secs = 0\n"),
+			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "must be greater than 0 seconds, got 0"}}},
+		{"alert interval negative", serverDoc("[load_balancing]\nalert_min_interval_secs = -60\n"),
+			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "got -60"}}},
+		{"alert interval infinite", serverDoc("[load_balancing]\nalert_min_interval_secs = inf\n"),
+			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "finite"}}},
 
 		// Several problems are all reported, in line order.
 		{"all problems collected", "[limits]\nmax_tunnels_per_session = 0\n[server]\ndomain = \"X\"\nhttp_port = 1.5\n",
@@ -332,14 +439,15 @@ func TestServerUnknownKeys(t *testing.T) {
 		want want
 	}{
 		{"root table", serverDoc("[serve]\nx = 1\n"), want{3, "serve", config.ErrUnknownKey, `did you mean "server"?`}},
-		{"root key", "domain = \"localhost\"\n" + serverDoc(""), want{1, "domain", config.ErrUnknownKey, "expected one of: auth, limits, load_balancing, server, tls"}},
+		{"root key", "domain = \"localhost\"\n" + serverDoc(""), want{1, "domain", config.ErrUnknownKey, "expected one of: auth, endpoints, limits, load_balancing, server, tls"}},
 		{"server", serverDoc("http-port = 1\n"), want{3, "server.http-port", config.ErrUnknownKey, `did you mean "http_port"?`}},
 		{"server camelCase", serverDoc("controlPort = 1\n"), want{3, "server.controlPort", config.ErrUnknownKey, `did you mean "control_port"?`}},
 		{"tls", serverDoc("[tls]\ncert = \"x\"\n"), want{4, "tls.cert", config.ErrUnknownKey, "unknown key"}},
 		{"auth", serverDoc("[auth]\ntoken = \"x\"\n"), want{4, "auth.token", config.ErrUnknownKey, `did you mean "tokens"?`}},
-		{"tenant", serverDoc("[[auth.tenants]]\nname = \"a\"\ntoken = \"t\"\nrole = \"admin\"\n"), want{6, "auth.tenants[0].role", config.ErrUnknownKey, "expected one of: name, token"}},
-		{"second tenant", serverDoc("[[auth.tenants]]\nname = \"a\"\ntoken = \"t\"\n[[auth.tenants]]\nname = \"b\"\ntoken = \"u\"\nrole = 1\n"), want{9, "auth.tenants[1].role", config.ErrUnknownKey, "unknown key"}},
-		{"limits", serverDoc("[limits]\nmax_tunnels = 3\n"), want{4, "limits.max_tunnels", config.ErrUnknownKey, "unknown key"}},
+		{"tenant", serverDoc("[[auth.tenants]]\nname = \"a\"\ntoken = \"tenant-token-a-0123\"\nrole = \"admin\"\n"), want{6, "auth.tenants[0].role", config.ErrUnknownKey, "expected one of: max_event_streams, max_sessions, max_tcp_ports, max_tunnels, name, token"}},
+		{"second tenant", serverDoc("[[auth.tenants]]\nname = \"a\"\ntoken = \"tenant-token-a-0123\"\n[[auth.tenants]]\nname = \"b\"\ntoken = \"tenant-token-b-0123\"\nrole = 1\n"), want{9, "auth.tenants[1].role", config.ErrUnknownKey, "unknown key"}},
+		{"limits", serverDoc("[limits]\nmax_tunnel = 3\n"), want{4, "limits.max_tunnel", config.ErrUnknownKey, `did you mean "max_tunnels"?`}},
+		{"endpoint", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\nrate = 3\n"), want{6, "endpoints[0].rate", config.ErrUnknownKey, "unknown key"}},
 		{"load_balancing", serverDoc("[load_balancing]\nenable = true\n"), want{4, "load_balancing.enable", config.ErrUnknownKey, `did you mean "enabled"?`}},
 		{"dotted key", "limits.foo.bar = 1\n" + serverDoc(""), want{1, "limits.foo", config.ErrUnknownKey, "unknown key"}},
 		{"inline table", "load_balancing = { enabled = true,\n  stratgy = \"random\" }\n" + serverDoc(""), want{2, "load_balancing.stratgy", config.ErrUnknownKey, `did you mean "strategy"?`}},
@@ -376,10 +484,17 @@ func TestServerWrongTypes(t *testing.T) {
 		{"limits", "drain_timeout_secs", `"30"`, "expected a number of seconds, got a string"},
 		{"limits", "drain_timeout_secs", "true", "expected a number of seconds, got a boolean"},
 		{"limits", "max_concurrent_per_member", "[]", "expected an integer, got an array"},
+		{"limits", "max_preauth_conns", `"256"`, "expected an integer, got a string"},
+		{"limits", "max_preauth_conns_per_ip", "1.5", "expected an integer, got a floating-point number"},
+		{"limits", "hello_timeout_secs", `"5"`, "expected a number of seconds, got a string"},
+		{"limits", "max_auth_failures_per_ip", "true", "expected an integer, got a boolean"},
+		{"limits", "auth_failure_window_secs", "[600]", "expected a number of seconds, got an array"},
+		{"limits", "auth_block_secs", `"900"`, "expected a number of seconds, got a string"},
 		{"load_balancing", "enabled", `"true"`, "expected a boolean (true or false), got a string"},
 		{"load_balancing", "strategy", "1", "expected a string, got an integer"},
 		{"load_balancing", "alert_webhook_url", "07:32:00", "expected a string, got a time"},
 		{"load_balancing", "allow_private_alert_webhooks", "1", "expected a boolean (true or false), got an integer"},
+		{"load_balancing", "alert_min_interval_secs", `"60"`, "expected a number of seconds, got a string"},
 	} {
 		t.Run(tc.table+"."+tc.key+"="+tc.value, func(t *testing.T) {
 			doc := "[server]\n"
@@ -403,7 +518,7 @@ func TestServerWrongTypes(t *testing.T) {
 		requireProblems(t, err, "server.toml", want{4, "auth.tokens[1]", config.ErrType, "expected a string, got an integer"})
 		_, err = config.ParseServer("server.toml", []byte(serverDoc("[auth]\ntenants = [1]\n")))
 		requireProblems(t, err, "server.toml", want{4, "auth.tenants[0]", config.ErrType, "expected a table, got an integer"})
-		_, err = config.ParseServer("server.toml", []byte(serverDoc("[[auth.tenants]]\nname = 1\ntoken = \"t\"\n")))
+		_, err = config.ParseServer("server.toml", []byte(serverDoc("[[auth.tenants]]\nname = 1\ntoken = \"tenant-token-a-0123\"\n")))
 		requireProblems(t, err, "server.toml", want{4, "auth.tenants[0].name", config.ErrType, "expected a string, got an integer"})
 	})
 	t.Run("sections", func(t *testing.T) {
@@ -623,5 +738,39 @@ func TestWebhookURLLengthLimit(t *testing.T) {
 		requireProblems(t, srvErr, "server.toml", want{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "longer than 2048 bytes"})
 		requireProblems(t, cliErr, "config.yml", want{8, "tunnels.a.health_check.alert_webhook", config.ErrInvalid, "longer than 2048 bytes"})
 		require.NotContains(t, srvErr.Error()+cliErr.Error(), u, "the URL may hold a secret")
+	}
+}
+
+func TestServerEndpointAndQuotaErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		doc   string
+		wants []want
+	}{
+		{"bad subdomain", serverDoc("[[endpoints]]\nsubdomain = \"Pool\"\ngroup = \"web\"\n"),
+			[]want{{4, "endpoints[0].subdomain", config.ErrInvalid, "must be lowercase"}}},
+		{"unknown tenant", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\ntenant = \"nobody\"\n"),
+			[]want{{6, "endpoints[0].tenant", config.ErrInvalid, `"nobody" is not a tenant`}}},
+		{"no group", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\n"),
+			[]want{{3, "endpoints[0].group", config.ErrRequired, "required"}}},
+		{"bad cidr", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\nallow_cidrs = [\"10.0.0.0/8\", \"10.0.0.300/8\"]\n"),
+			[]want{{6, "endpoints[0].allow_cidrs[1]", config.ErrInvalid, "not a CIDR prefix"}}},
+		{"tcp port outside the range", serverDoc("[[endpoints]]\nproto = \"tcp\"\ngroup = \"db\"\nport = 80\nkey_sha256 = \"" + strings.Repeat("ab", 32) + "\"\n"),
+			[]want{{6, "endpoints[0].port", config.ErrInvalid, "outside limits.tcp_port_range"}}},
+		{"tcp without key", serverDoc("[[endpoints]]\nproto = \"tcp\"\ngroup = \"db\"\nport = 20001\n"),
+			[]want{{3, "endpoints[0].key_sha256", config.ErrRequired, "required for a TCP endpoint"}}},
+		{"key not hex", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\nkey_sha256 = \"the-key\"\n"),
+			[]want{{6, "endpoints[0].key_sha256", config.ErrInvalid, "64 hex digits"}}},
+		{"route reserved twice", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\n[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\n"),
+			[]want{{6, "endpoints[1]", config.ErrInvalid, "reserves the same route as endpoints[0] (line 3)"}}},
+		{"negative quota", serverDoc("[limits]\nmax_tunnels = -1\n"),
+			[]want{{4, "limits.max_tunnels", config.ErrInvalid, "must be 0 (no cap) or more"}}},
+		{"zero route ttl", serverDoc("[limits]\nroute_ttl_secs = 0\n"),
+			[]want{{4, "limits.route_ttl_secs", config.ErrInvalid, "greater than 0"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.ParseServer("server.toml", []byte(tc.doc))
+			requireProblems(t, err, "server.toml", tc.wants...)
+		})
 	}
 }

@@ -34,9 +34,21 @@ type serverFile struct {
 	Limits struct {
 		Limits
 		TCPPortRange []int64  `toml:"tcp_port_range"`
+		RouteTTL     *seconds `toml:"route_ttl_secs"`
 		DrainTimeout *seconds `toml:"drain_timeout_secs"`
+
+		RequestBodyTimeout      *seconds `toml:"request_body_timeout_secs"`
+		RequestBodyMinRateGrace *seconds `toml:"request_body_min_rate_grace_secs"`
+
+		HelloTimeout      *seconds `toml:"hello_timeout_secs"`
+		AuthFailureWindow *seconds `toml:"auth_failure_window_secs"`
+		AuthBlock         *seconds `toml:"auth_block_secs"`
 	} `toml:"limits"`
-	LoadBalancing LoadBalancing `toml:"load_balancing"`
+	Endpoints     []Endpoint `toml:"endpoints"`
+	LoadBalancing struct {
+		LoadBalancing
+		AlertMinInterval *seconds `toml:"alert_min_interval_secs"`
+	} `toml:"load_balancing"`
 }
 
 const (

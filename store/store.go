@@ -1,0 +1,102 @@
+// Package store keeps route ownership durable: which tenant owns a route, the pool's name
+// and key hash, and the public TCP ports of its pools. The edge writes a route through the
+// store before it acknowledges a registration, and reads every route back when it starts,
+// so that ownership and ports survive restarts.
+//
+// Store is the interface; Memory keeps routes in memory (an edge with no state directory)
+// and Bolt keeps them in an embedded bbolt database file. The package knows nothing of HTTP
+// or the wire.
+//
+// # Why bbolt
+//
+// Bolt keeps the routes in one file, <state dir>/warren.db, through go.etcd.io/bbolt:
+//
+//   - it is pure Go (no cgo, no server to run): the edge stays one static binary;
+//   - the state is one file, easy to back up, move aside or inspect;
+//   - every Update is one ACID read-write transaction, serialised with every other, and
+//     bbolt fsyncs the file on commit, so a change Update reports done survives kill -9 and
+//     power loss (Bolt never turns bbolt's NoSync on);
+//   - bbolt takes an exclusive file lock (flock) on open, so two edges cannot share one
+//     state directory: the second Open fails with ErrLocked instead of corrupting the file.
+//
+// Open checks the whole file before it returns (bbolt's consistency check, and every stored
+// route must decode), so a damaged file is reported once, at start, as ErrCorrupt naming the
+// file, rather than surfacing later as a wrong answer.
+package store
+
+import (
+	"errors"
+	"time"
+
+	"github.com/warren-tunnel/warren/group"
+)
+
+// Kinds of route.
+const (
+	// KindHTTP routes are HTTP(S) subdomains: Label is the subdomain.
+	KindHTTP = "http"
+	// KindTCP routes are TCP group names: Label is the group name; Ports holds one public
+	// port per pool (key hash) of that name.
+	KindTCP = "tcp"
+)
+
+// Route is the durable record of one route.
+type Route struct {
+	// Kind is KindHTTP or KindTCP; with Label it is the route's key.
+	Kind  string `json:"kind"`
+	Label string `json:"label"`
+	// Tenant owns the route ("" is the tenant of connector tokens that belong to none).
+	Tenant string `json:"tenant"`
+	// Group is the pool's display name; "" for a solo HTTP tunnel.
+	Group string `json:"group,omitempty"`
+	// KeyHash is the HTTP pool's key hash (zero for a solo tunnel).
+	KeyHash group.KeyHash `json:"key_hash"`
+	// Ports maps a TCP pool's key hash (hex) to its public port.
+	Ports map[string]int `json:"ports,omitempty"`
+	// Reserved marks a route a configured endpoint reserves: it never lapses.
+	Reserved bool `json:"reserved,omitempty"`
+	// EmptySince is when the route's last member left (or when the edge started without
+	// one); zero while it has members. A claim lapses a TTL after it.
+	EmptySince time.Time `json:"empty_since,omitzero"`
+}
+
+// Key is the route's key in a store: "http/<subdomain>" or "tcp/<name>".
+func (r *Route) Key() string { return Key(r.Kind, r.Label) }
+
+// Key returns the store key of a route.
+func Key(kind, label string) string { return kind + "/" + label }
+
+// Clone returns a deep copy of r.
+func (r *Route) Clone() *Route {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	if r.Ports != nil {
+		c.Ports = make(map[string]int, len(r.Ports))
+		for k, v := range r.Ports {
+			c.Ports[k] = v
+		}
+	}
+	return &c
+}
+
+// ErrClosed is returned by a store that was closed.
+var ErrClosed = errors.New("store: closed")
+
+// Store keeps routes. Implementations are safe for concurrent use, and every change they
+// report done is durable (for a file store: on disk, surviving kill -9).
+type Store interface {
+	// Update reads the route at key (nil if absent), calls fn with a copy, and writes what
+	// fn returns in one atomic step: a route to store it, nil to delete the key, or an error
+	// to change nothing (Update returns that error). fn may be called more than once (a
+	// store that detects conflicts retries), so it must have no side effects. Update
+	// returns the route now stored (nil if none).
+	Update(key string, fn func(cur *Route) (*Route, error)) (*Route, error)
+	// Get returns the route at key, or nil.
+	Get(key string) (*Route, error)
+	// List returns every route, in key order.
+	List() ([]*Route, error)
+	// Close releases the store; later calls return ErrClosed.
+	Close() error
+}

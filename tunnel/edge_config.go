@@ -1,0 +1,310 @@
+package tunnel
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/dispatch"
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/throttle"
+	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/webhook"
+)
+
+// ServerConfig configures an edge. The zero value is a working in-memory edge: public
+// domain "localhost", no authentication, load balancing off, no TCP port range, and
+// default timeouts. Every field is optional.
+type ServerConfig struct {
+	// Domain is the public domain: HTTP tunnels are reached at <subdomain>.<Domain>.
+	// Default "localhost".
+	Domain string
+	// RegionID names this edge in alerts and metrics. Default "local".
+	RegionID string
+	// Logger receives the edge's logs. Default zap.NewNop().
+	Logger *zap.Logger
+
+	// Auth checks connector tokens. Nil accepts every connector, with or without a token.
+	Auth Authenticator
+
+	// LoadBalancing is the kill switch for groups: when false (the default) the group
+	// fields of a registration are accepted and ignored, and every tunnel is solo.
+	LoadBalancing bool
+	// Strategy picks a member per request or connection: "least_streams" (default) or
+	// "random".
+	Strategy string
+	// NewStrategy, when set, makes each new pool's dispatch strategy and Strategy is
+	// ignored: an embedder's own dispatch.Strategy. It is called once per pool, so a
+	// strategy may keep per-pool state (as LeastStreams keeps its tie rotation); Pick is
+	// called concurrently and must not block.
+	NewStrategy func() dispatch.Strategy
+
+	// TCPPorts is the inclusive range TCP tunnels take their public port from. The zero
+	// range refuses TCP tunnels with ErrNoPorts.
+	TCPPorts group.PortRange
+	// TCPBindHost is the address TCP tunnel listeners bind to. Default "" (all addresses).
+	TCPBindHost string
+	// ListenTCP, when set, replaces net.Listen for TCP tunnel ports (tests can hand out
+	// in-memory listeners). It should return an error wrapping group.ErrPortUnavailable when
+	// the port is taken, so the next port is tried.
+	ListenTCP func(port int) (net.Listener, error)
+
+	// ControlAddr, HTTPAddr, HTTPSAddr and AdminAddr are the listen addresses used by
+	// ListenAndServe. ControlAddr defaults to ":4040"; an empty HTTPAddr, HTTPSAddr or
+	// AdminAddr means that listener is off; HTTPSAddr needs TLSConfig.
+	ControlAddr, HTTPAddr, HTTPSAddr, AdminAddr string
+	// TLSConfig, when set, makes the control listener of ListenAndServe speak TLS and is
+	// used for the public HTTPS listener.
+	TLSConfig *tls.Config
+	// PublicHTTPPort and PublicHTTPSPort are the ports written into tunnel URLs; 0 means
+	// the port of the first public listener served (80 and 443 are left out of URLs).
+	PublicHTTPPort, PublicHTTPSPort int
+
+	// HelloTimeout bounds how long a new control connection may take, from its accept, to
+	// finish its TLS handshake, open its control stream and send its Hello; the connection is
+	// closed then. Default 5 s.
+	HelloTimeout time.Duration
+	// MaxPreAuthConns and MaxPreAuthConnsPerIP cap the control connections whose Hello has not
+	// been accepted yet (TLS handshake, control stream, Hello, token check), in all and per
+	// source address (an IPv4 address, or an IPv6 /64); a connection over either cap is closed
+	// at once, before anything is read from it. A connection whose remote address is not an IP
+	// address (net.Pipe, DialContext) counts toward MaxPreAuthConns only. Defaults 256 and 16.
+	MaxPreAuthConns, MaxPreAuthConnsPerIP int
+	// MaxAuthFailuresPerIP, AuthFailureWindow and AuthBlockDuration throttle token guessing
+	// per source address (an IPv4 address, or an IPv6 /64), on the control and admin listeners
+	// together: an address with MaxAuthFailuresPerIP failed authentications within
+	// AuthFailureWindow is refused for AuthBlockDuration (from that failure) without its token
+	// being checked: a connector gets an "unavailable" error it retries after its backoff, the
+	// admin API answers 429 with Retry-After. Tokens still being checked count as failures
+	// until they pass, so no address has more tokens checked than that in a window. Failures
+	// are logged in aggregate: at most one line per address per minute, with counts. Defaults
+	// 10, 10 min, 15 min. Everyone behind one address (a NAT, a proxy in front of the admin
+	// listener) shares its count.
+	MaxAuthFailuresPerIP                 int
+	AuthFailureWindow, AuthBlockDuration time.Duration
+	// AuthFailureDelay is how long an attempt from an address with one failed
+	// authentication in its window waits before its token is checked; each further failure
+	// doubles it, up to 2 s. Default 250 ms; negative: no delay.
+	AuthFailureDelay time.Duration
+	// OpenTimeout bounds opening a data stream to a member, including its
+	// acknowledgement (the connector dials its backend first). Default 10 s.
+	OpenTimeout time.Duration
+	// DrainTimeout bounds how long a draining member's open streams may run before it is
+	// removed anyway. Default 30 s.
+	DrainTimeout time.Duration
+	// IdleStreamTimeout is how long an idle keep-alive stream to a member is kept for
+	// reuse. It should be shorter than the backends' own keep-alive timeouts (5 s in Node
+	// and Apache): a request sent on a stream whose backend connection has just closed
+	// fails with 502 (it is never replayed), and a pooled stream older than this is never
+	// used. Default 4 s.
+	IdleStreamTimeout time.Duration
+	// MaxTunnelsPerSession caps the tunnels one connector session may hold. Default 16.
+	MaxTunnelsPerSession int
+	// RegisterRate and RegisterBurst limit how fast one session may register tunnels
+	// (token bucket: RegisterRate per second, bursts of RegisterBurst). Defaults 5/s and
+	// MaxTunnelsPerSession; a flood gets ErrLimit rejections and costs the edge little.
+	RegisterRate  float64
+	RegisterBurst int
+	// MaxConcurrentPerMember caps the in-flight requests and TCP connections of each member
+	// (0: no cap). When every member of a group is at its cap, HTTP gets a 503 saying so and
+	// TCP connections are closed: a flood on one group cannot take all of a connector's
+	// capacity, nor the edge's.
+	MaxConcurrentPerMember int
+	// RetryUnreadRequests lets the edge send a bodyless HTTP request to one other member
+	// when the first member's backend reset its TCP connection with the request still
+	// unread (its connector says so with an unread notice: internal/wire/spec.md). The
+	// kernel resets on close only when the application left received bytes unread, so
+	// such a request never reached a handler; this saves the requests queued in a backend
+	// that dies. Off by default: by default the edge picks another member only when
+	// opening the stream fails, and never once a request byte was written.
+	RetryUnreadRequests bool
+
+	// ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes protect the public HTTP listeners
+	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB.
+	ReadHeaderTimeout, IdleTimeout time.Duration
+	MaxHeaderBytes                 int
+	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
+	RequestBodyMaxBytes int64
+	// RequestBodyTimeout bounds how long a public request body may take to arrive, from
+	// the edge's first read of it (when it starts forwarding it). A body still incomplete
+	// then gets 408 Request Timeout if no response has started, and its exchange is
+	// aborted otherwise; either way the member's stream is closed. Default 60 s; negative
+	// means no limit.
+	RequestBodyTimeout time.Duration
+	// RequestBodyMinRate is the slowest average rate, in bytes per second since the edge's
+	// first read, at which a public request body may arrive once RequestBodyMinRateGrace
+	// has passed: byte n must have arrived by grace + n/rate (a body too slow is treated
+	// as for RequestBodyTimeout). Default 1024 (1 KiB/s); negative means no minimum.
+	RequestBodyMinRate int64
+	// RequestBodyMinRateGrace is how long a request body may take before
+	// RequestBodyMinRate applies. Default 10 s.
+	RequestBodyMinRateGrace time.Duration
+
+	// AlertWebhookURL is the operator's URL: the edge POSTs a group_zero_healthy alert
+	// to it whenever any group reaches zero healthy members, in addition to the tenant URLs
+	// the group's members registered. It is trusted (it may point at a private address).
+	AlertWebhookURL string
+	// AllowPrivateAlertWebhooks lets tenant alert URLs resolve to loopback, private and
+	// link-local addresses. Off by default: a tenant must not make the edge POST inside its
+	// own network.
+	AllowPrivateAlertWebhooks bool
+	// AlertTimeout bounds one alert POST. Default 5 s.
+	AlertTimeout time.Duration
+	// AlertMinInterval is the shortest time between two alerts of one group, however fast
+	// its members flap: a change held back is reported when the interval since the group's
+	// previous alert ends, with the group's state at that moment (group_zero_healthy, or
+	// group_recovered). Default 60 s.
+	AlertMinInterval time.Duration
+
+	// OnEvent, when set, receives every group membership and health change (joins,
+	// leaves, health transitions, drains) in order per group, with no lock of the edge
+	// held: it may read the edge (Registry, the admin API). The event holds copies. It
+	// holds up the next event of its group, so it should return quickly.
+	OnEvent func(group.Event)
+
+	// StateDir is where the edge keeps route ownership (route → tenant, pool name, key
+	// hash, TCP ports) in an embedded database, so that it survives restarts; "" keeps it
+	// in memory only. Store, when set, is used instead.
+	StateDir string
+	// Store keeps route ownership; nil means a file store under StateDir, or memory. The
+	// edge closes it on Close.
+	Store store.Store
+	// RouteTTL is how long a route stays its owner's after its last member left. Default
+	// 24 h.
+	RouteTTL time.Duration
+	// Endpoints are routes reserved for a tenant, with their traffic policy.
+	Endpoints []Endpoint
+	// Limits caps what each tenant may hold (0: no cap); TenantLimits overrides it per
+	// tenant name, field by field.
+	Limits       TenantLimits
+	TenantLimits map[string]TenantLimits
+
+	// AdminToken is the bearer token of the admin API: it sees every tunnel and group and
+	// may read /metrics. Tenant tokens (checked by Auth, the same tokens the tenant's
+	// connectors present) see only their own members. When AdminToken is empty and Auth is
+	// nil, the API and /metrics are open and every caller gets the admin view.
+	AdminToken string
+	// Metrics is where the edge registers its Prometheus collector; /metrics serves it when
+	// it is also a prometheus.Gatherer (a *prometheus.Registry is), and otherwise a private
+	// registry holding only the edge's metrics. Nil means a fresh private registry. One
+	// Registerer holds the metrics of one Server.
+	Metrics prometheus.Registerer
+	// EventKeepAlive is the interval of the keep-alive comment on a live group event stream.
+	// Default 30 s.
+	EventKeepAlive time.Duration
+	// EventBuffer is how many events one live event subscriber may have pending; past it, the
+	// subscriber misses events and is sent a "lagged" event. Default 64.
+	EventBuffer int
+}
+
+func (c *ServerConfig) setDefaults() error {
+	if c.Domain == "" {
+		c.Domain = "localhost"
+	}
+	if c.RegionID == "" {
+		c.RegionID = "local"
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.ControlAddr == "" {
+		c.ControlAddr = ":4040"
+	}
+	if c.HelloTimeout <= 0 {
+		c.HelloTimeout = 5 * time.Second
+	}
+	if c.MaxPreAuthConns <= 0 {
+		c.MaxPreAuthConns = throttle.DefaultMaxConns
+	}
+	if c.MaxPreAuthConnsPerIP <= 0 {
+		c.MaxPreAuthConnsPerIP = throttle.DefaultMaxConnsPerKey
+	}
+	if c.MaxAuthFailuresPerIP <= 0 {
+		c.MaxAuthFailuresPerIP = throttle.DefaultMaxFailures
+	}
+	if c.AuthFailureWindow <= 0 {
+		c.AuthFailureWindow = throttle.DefaultFailureWindow
+	}
+	if c.AuthBlockDuration <= 0 {
+		c.AuthBlockDuration = throttle.DefaultBlock
+	}
+	if c.AuthFailureDelay == 0 {
+		c.AuthFailureDelay = throttle.DefaultFailureDelay
+	}
+	if c.AdminToken != "" {
+		if err := checkTokenLength("AdminToken", c.AdminToken); err != nil {
+			return err
+		}
+	}
+	if c.OpenTimeout <= 0 {
+		c.OpenTimeout = 10 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+	if c.IdleStreamTimeout <= 0 {
+		c.IdleStreamTimeout = 4 * time.Second
+	}
+	if c.MaxTunnelsPerSession <= 0 {
+		c.MaxTunnelsPerSession = 16
+	}
+	if c.RegisterRate <= 0 {
+		c.RegisterRate = 5
+	}
+	if c.RegisterBurst <= 0 {
+		c.RegisterBurst = c.MaxTunnelsPerSession
+	}
+	if c.ReadHeaderTimeout <= 0 {
+		c.ReadHeaderTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 120 * time.Second
+	}
+	if c.MaxHeaderBytes <= 0 {
+		c.MaxHeaderBytes = 32 << 10
+	}
+	if c.RequestBodyTimeout == 0 {
+		c.RequestBodyTimeout = 60 * time.Second
+	}
+	if c.RequestBodyMinRate == 0 {
+		c.RequestBodyMinRate = 1024
+	}
+	if c.RequestBodyMinRateGrace <= 0 {
+		c.RequestBodyMinRateGrace = 10 * time.Second
+	}
+	if c.AlertTimeout <= 0 {
+		c.AlertTimeout = webhook.DefaultTimeout
+	}
+	if c.AlertMinInterval <= 0 {
+		c.AlertMinInterval = webhook.DefaultMinInterval
+	}
+	if c.EventKeepAlive <= 0 {
+		c.EventKeepAlive = 30 * time.Second
+	}
+	if c.EventBuffer <= 0 {
+		c.EventBuffer = 64
+	}
+	if c.AlertWebhookURL != "" {
+		if err := webhook.ValidateURL(c.AlertWebhookURL); err != nil {
+			return fmt.Errorf("tunnel: alert webhook URL: %w", err)
+		}
+	}
+	if c.NewStrategy == nil {
+		if _, err := dispatch.New(c.Strategy); err != nil {
+			return err
+		}
+		name := c.Strategy
+		c.NewStrategy = func() dispatch.Strategy {
+			st, _ := dispatch.New(name)
+			return st
+		}
+	}
+	if r := c.TCPPorts; r != (group.PortRange{}) && (r.Lo < 1 || r.Hi > 65535 || r.Lo > r.Hi) {
+		return fmt.Errorf("tunnel: invalid TCP port range %d-%d", r.Lo, r.Hi)
+	}
+	return nil
+}

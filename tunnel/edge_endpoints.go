@@ -1,0 +1,136 @@
+package tunnel
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/store"
+)
+
+// Endpoint reserves a route for a tenant before any connector registers it, as a hosted
+// product reserves an endpoint's URL when it is created: only that tenant's connectors, with
+// that pool name (and key hash, when set), may register it; it never lapses; with no healthy
+// member it answers 503 (not 404); the admin API lists it with zero members; and its Policy
+// applies to every public request or connection it receives.
+type Endpoint struct {
+	// Subdomain reserves an HTTP(S) route; or, with Proto ProtoTCP, Group and Port reserve
+	// a TCP pool's name and public port.
+	Subdomain string
+	// Proto is ProtoHTTP (the default; HTTPS tunnels use it too) or ProtoTCP.
+	Proto Proto
+	// Port is the TCP endpoint's public port, inside ServerConfig.TCPPorts.
+	Port int
+	// Tenant owns the endpoint ("" is the tenant of connector tokens that belong to none).
+	Tenant string
+	// Group is the pool's name; required.
+	Group string
+	// KeyHash, when not zero, is the only group key hash accepted (group.HashKey of the
+	// key; configure it as hex, never the key).
+	KeyHash group.KeyHash
+	// Policy applies to the endpoint's public traffic.
+	Policy Policy
+}
+
+// Policy is what a reserved endpoint lets through. The zero Policy lets everything through.
+type Policy struct {
+	// AllowCIDRs, when not empty, are the only client addresses admitted; DenyCIDRs are
+	// refused (deny wins). Refused HTTP requests get 403; TCP connections are closed.
+	AllowCIDRs, DenyCIDRs []netip.Prefix
+	// RateLimit is the requests (HTTP) or connections (TCP) per second one client IP may
+	// make, with bursts of RateBurst (default: RateLimit rounded up); 0 means no limit.
+	// Past it HTTP gets 429 with Retry-After, TCP connections are closed.
+	RateLimit float64
+	RateBurst int
+	// MaxConcurrent caps the endpoint's in-flight requests and connections (0: no cap);
+	// past it HTTP gets 503 with Retry-After, TCP connections are closed.
+	MaxConcurrent int
+}
+
+// TenantLimits caps what one tenant may hold on the edge; 0 means no cap (in
+// ServerConfig.TenantLimits: the ServerConfig.Limits value, and a negative value lifts the
+// cap for that tenant). Connector tokens that belong to no tenant count as one tenant.
+type TenantLimits struct {
+	// MaxSessions caps the tenant's connector sessions.
+	MaxSessions int
+	// MaxTunnels caps the tenant's registered tunnels, over all its sessions.
+	MaxTunnels int
+	// MaxTCPPorts caps the public TCP ports held for the tenant's pools.
+	MaxTCPPorts int
+	// MaxEventStreams caps the tenant's open live event streams on the admin API.
+	MaxEventStreams int
+}
+
+// or returns l with each zero field taken from d.
+func (l TenantLimits) or(d TenantLimits) TenantLimits {
+	pick := func(a, b int) int {
+		if a != 0 {
+			return a
+		}
+		return b
+	}
+	return TenantLimits{pick(l.MaxSessions, d.MaxSessions), pick(l.MaxTunnels, d.MaxTunnels),
+		pick(l.MaxTCPPorts, d.MaxTCPPorts), pick(l.MaxEventStreams, d.MaxEventStreams)}
+}
+
+func (ep *Endpoint) kind() string {
+	if ep.Proto == ProtoTCP {
+		return store.KindTCP
+	}
+	return store.KindHTTP
+}
+
+func (ep *Endpoint) label() string {
+	if ep.Proto == ProtoTCP {
+		return ep.Group
+	}
+	return ep.Subdomain
+}
+
+// route is the store record the endpoint reserves.
+func (ep *Endpoint) route() *store.Route {
+	r := &store.Route{Kind: ep.kind(), Label: ep.label(), Tenant: ep.Tenant, Group: ep.Group,
+		KeyHash: ep.KeyHash, Reserved: true}
+	if ep.Proto == ProtoTCP {
+		r.Ports = map[string]int{ep.KeyHash.String(): ep.Port}
+	}
+	return r
+}
+
+// validate checks an endpoint against the edge's settings.
+func (ep *Endpoint) validate(ports group.PortRange) error {
+	switch ep.Proto {
+	case "", ProtoHTTP, ProtoHTTPS:
+		if err := group.ValidateSubdomain(ep.Subdomain); err != nil {
+			return fmt.Errorf("tunnel: endpoint subdomain: %v", err)
+		}
+		if ep.Port != 0 {
+			return fmt.Errorf("tunnel: endpoint %q: a port is for TCP endpoints", ep.Subdomain)
+		}
+	case ProtoTCP:
+		var zero group.KeyHash
+		if ep.Subdomain != "" {
+			return fmt.Errorf("tunnel: TCP endpoint %q: a subdomain is for HTTP endpoints", ep.Group)
+		}
+		if ep.Port < ports.Lo || ep.Port > ports.Hi || ep.Port == 0 {
+			return fmt.Errorf("tunnel: TCP endpoint %q: port %d is outside the TCP port range %d-%d", ep.Group, ep.Port, ports.Lo, ports.Hi)
+		}
+		if ep.KeyHash == zero {
+			return fmt.Errorf("tunnel: TCP endpoint %q: a key hash is required (a TCP pool is its name and key)", ep.Group)
+		}
+	default:
+		return fmt.Errorf("tunnel: endpoint: unknown proto %q", ep.Proto)
+	}
+	if ep.Group == "" {
+		return fmt.Errorf("tunnel: endpoint %q: a group name is required", ep.label())
+	}
+	p := ep.Policy
+	if p.RateLimit < 0 || p.RateBurst < 0 || p.MaxConcurrent < 0 {
+		return fmt.Errorf("tunnel: endpoint %q: policy limits must not be negative", ep.label())
+	}
+	return nil
+}
+
+// defaultRouteTTL is how long a route's claim outlives its last member.
+const defaultRouteTTL = 24 * time.Hour

@@ -1,0 +1,541 @@
+package tunnel
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/admin"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/policy"
+	"github.com/warren-tunnel/warren/store"
+)
+
+// errUnchanged makes a store update write nothing.
+var errUnchanged = errors.New("unchanged")
+
+// routeBook keeps route ownership: which tenant may register a route, the public ports of
+// TCP pools, and the reserved endpoints. A route belongs to the tenant that first claimed it
+// (or that an endpoint reserves it for) until the claim lapses, RouteTTL after its last
+// member left. Every change is written through the store before the registration it belongs
+// to is acknowledged, and the store is read back when the edge starts.
+type routeBook struct {
+	st  store.Store
+	ttl time.Duration
+	now func() time.Time
+	reg *group.Registry
+	log *zap.Logger
+	// endpoints are the reserved routes by store key; gates their policies, by store key
+	// (HTTP) or store key + "/" + key hash (TCP). Both are read-only after start.
+	endpoints map[string]*Endpoint
+	gates     map[string]*policy.Gate
+
+	mu sync.Mutex
+	// ports counts the TCP ports held for each tenant's routes (quota max_tcp_ports).
+	ports map[string]map[int]bool
+	// tunnels and sessions count each tenant's live tunnels and sessions (quotas).
+	tunnels, sessions map[string]int
+	// pendingPorts counts the ports being taken for each tenant's new TCP pools, between
+	// claim and joined (quota max_tcp_ports).
+	pendingPorts map[string]int
+}
+
+// take counts one more tunnel or session of tenant in counts, unless that makes more than
+// max (0: no cap).
+func (b *routeBook) take(counts map[string]int, tenant string, max int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if max > 0 && counts[tenant] >= max {
+		return false
+	}
+	counts[tenant]++
+	return true
+}
+
+// give undoes take.
+func (b *routeBook) give(counts map[string]int, tenant string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if counts[tenant]--; counts[tenant] <= 0 {
+		delete(counts, tenant)
+	}
+}
+
+// routeKey returns the store key of a registration's route, and "" for a solo TCP tunnel,
+// which owns nothing.
+func routeKey(req *group.JoinRequest, grouped bool) (kind, label string) {
+	switch {
+	case req.Proto.IsHTTP():
+		return store.KindHTTP, req.Label
+	case grouped:
+		return store.KindTCP, req.Group
+	}
+	return "", ""
+}
+
+// ownedError is the refusal of a route that belongs to another tenant.
+func ownedError(kind, label string) error {
+	if kind == store.KindTCP {
+		return &group.Error{Err: ErrOwned, Msg: fmt.Sprintf("group '%s' belongs to another tenant", label)}
+	}
+	return &group.Error{Err: ErrOwned, Msg: fmt.Sprintf("subdomain '%s' belongs to another tenant", label)}
+}
+
+func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoints []Endpoint, log *zap.Logger) (*routeBook, error) {
+	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log,
+		endpoints: map[string]*Endpoint{}, ports: map[string]map[int]bool{},
+		tunnels: map[string]int{}, sessions: map[string]int{}, pendingPorts: map[string]int{}}
+	b.gates = map[string]*policy.Gate{}
+	for i := range endpoints {
+		ep := &endpoints[i]
+		key := store.Key(ep.kind(), ep.label())
+		b.endpoints[key] = ep
+		if p := ep.Policy; len(p.AllowCIDRs)+len(p.DenyCIDRs) > 0 || p.RateLimit > 0 || p.MaxConcurrent > 0 {
+			gate := policy.New(policy.Rules{Allow: p.AllowCIDRs, Deny: p.DenyCIDRs, Rate: p.RateLimit,
+				Burst: p.RateBurst, MaxConcurrent: p.MaxConcurrent})
+			if ep.Proto == ProtoTCP {
+				key += "/" + ep.KeyHash.String()
+			}
+			b.gates[key] = gate
+		}
+	}
+	routes, err := st.List()
+	if err != nil {
+		return nil, fmt.Errorf("tunnel: reading the route store: %w", err)
+	}
+	now := b.now()
+	for _, r := range routes {
+		_, reserved := b.endpoints[r.Key()]
+		if !reserved {
+			// The edge starts with no member: every route is empty from now on, and its
+			// owner has a full RouteTTL to come back (however long the edge was down). A
+			// route no endpoint reserves any more becomes an ordinary claim.
+			r, err = st.Update(r.Key(), func(cur *store.Route) (*store.Route, error) {
+				if cur == nil {
+					return nil, errUnchanged
+				}
+				cur.Reserved, cur.EmptySince = false, now
+				return cur, nil
+			})
+			if err != nil && !errors.Is(err, errUnchanged) {
+				return nil, fmt.Errorf("tunnel: writing the route store: %w", err)
+			}
+		}
+		if r != nil && !reserved {
+			b.holdPorts(r)
+		}
+	}
+	for key, ep := range b.endpoints {
+		r, err := st.Update(key, func(cur *store.Route) (*store.Route, error) {
+			next := ep.route()
+			next.EmptySince = now
+			if cur != nil && cur.Tenant != next.Tenant {
+				log.Warn("endpoint reserves a route another tenant owned", zap.String("route", key),
+					zap.String("tenant", next.Tenant), zap.String("previous", cur.Tenant))
+			}
+			return next, nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("tunnel: writing the route store: %w", err)
+		}
+		b.holdPorts(r)
+	}
+	return b, nil
+}
+
+// holdPorts keeps r's TCP ports for its owner.
+func (b *routeBook) holdPorts(r *store.Route) {
+	if len(r.Ports) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	held := b.ports[r.Tenant]
+	if held == nil {
+		held = map[int]bool{}
+		b.ports[r.Tenant] = held
+	}
+	for _, p := range r.Ports {
+		held[p] = true
+		b.reg.HoldPorts(p)
+	}
+}
+
+// releasePorts gives r's TCP ports back to the range.
+func (b *routeBook) releasePorts(r *store.Route) {
+	if r == nil || len(r.Ports) == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, p := range r.Ports {
+		delete(b.ports[r.Tenant], p)
+		b.reg.ReleasePorts(p)
+	}
+	if len(b.ports[r.Tenant]) == 0 {
+		delete(b.ports, r.Tenant)
+	}
+}
+
+// tenantPorts is the number of TCP ports held for tenant's routes.
+func (b *routeBook) tenantPorts(tenant string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.ports[tenant])
+}
+
+// lapsed reports whether r's claim has lapsed at now.
+func (b *routeBook) lapsed(r *store.Route, now time.Time) bool {
+	return !r.Reserved && !r.EmptySince.IsZero() && now.Sub(r.EmptySince) >= b.ttl
+}
+
+// ticket is one registration's hold on its route between claim and joined (or abandon).
+type ticket struct {
+	key, tenant string
+	kind, label string
+	created     *store.Route // the first claim this registration wrote, if any
+	portSlot    bool         // a max_tcp_ports slot reserved for a new port
+}
+
+// claim checks, before a Join, that tenant may register req's route, and records a first
+// claim at once so that two tenants racing on a new route cannot both pass. It sets
+// req.Port to the port the pool had before, and reserves a max_tcp_ports slot when the pool
+// needs a new one. The caller then calls joined (the Join succeeded) or abandon.
+func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, maxPorts int) (*ticket, error) {
+	kind, label := routeKey(req, grouped)
+	tk := &ticket{tenant: tenant, kind: kind, label: label}
+	if kind == "" {
+		return tk, nil
+	}
+	tk.key = store.Key(kind, label)
+	keyHex := req.KeyHash.String()
+	var taken *store.Route // a lapsed claim of another tenant, replaced
+	var port int
+	stored, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+		// fn may run more than once: it only computes; what it decides is read after.
+		taken, tk.created, port = nil, nil, 0
+		now := b.now()
+		if cur != nil && (cur.Tenant == tenant || cur.Reserved) {
+			if cur.Tenant != tenant {
+				return nil, ownedError(kind, label)
+			}
+			if cur.Reserved {
+				if err := reservedAdmits(cur, req); err != nil {
+					return nil, err
+				}
+			}
+			port = cur.Ports[keyHex]
+			if b.lapsed(cur, now) {
+				// The owner is back just as its claim lapses: it holds again, for a full
+				// TTL, so that no sweep or other tenant takes it before joined runs.
+				cur.EmptySince = now
+				return cur, nil
+			}
+			return nil, errUnchanged
+		}
+		if cur != nil && !b.lapsed(cur, now) {
+			return nil, ownedError(kind, label)
+		}
+		taken = cur
+		tk.created = &store.Route{Kind: kind, Label: label, Tenant: tenant, Group: req.Group, EmptySince: now}
+		if kind == store.KindHTTP && grouped {
+			tk.created.KeyHash = req.KeyHash
+		}
+		return tk.created, nil
+	})
+	switch {
+	case errors.Is(err, errUnchanged):
+	case err != nil:
+		var ge *group.Error
+		if errors.As(err, &ge) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+	}
+	_ = stored
+	if taken != nil {
+		b.log.Info("route claim lapsed; a new tenant claims it", zap.String("route", tk.key))
+		b.releasePorts(taken)
+	}
+	req.Port = port
+	if kind == store.KindTCP && port == 0 && maxPorts > 0 {
+		if !b.reservePortSlot(tenant, maxPorts) {
+			b.abandon(tk)
+			return nil, fmt.Errorf("%w: this tenant already holds %d TCP ports (max_tcp_ports)", ErrLimit, maxPorts)
+		}
+		tk.portSlot = true
+	}
+	return tk, nil
+}
+
+// reservePortSlot counts one more port being taken for tenant unless its held ports and
+// those being taken reach max.
+func (b *routeBook) reservePortSlot(tenant string, max int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.ports[tenant])+b.pendingPorts[tenant] >= max {
+		return false
+	}
+	b.pendingPorts[tenant]++
+	return true
+}
+
+func (b *routeBook) releasePortSlot(tk *ticket) {
+	if !tk.portSlot {
+		return
+	}
+	tk.portSlot = false
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pendingPorts[tk.tenant]--; b.pendingPorts[tk.tenant] <= 0 {
+		delete(b.pendingPorts, tk.tenant)
+	}
+}
+
+// abandon undoes a claim whose Join failed: a first claim it wrote is removed again unless
+// the route has a live pool (another registration of the tenant may have joined on it).
+func (b *routeBook) abandon(tk *ticket) {
+	b.releasePortSlot(tk)
+	if tk.created == nil {
+		return
+	}
+	created := tk.created
+	_, _ = b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+		if cur == nil || cur.Tenant != created.Tenant || !cur.EmptySince.Equal(created.EmptySince) ||
+			len(cur.Ports) > 0 || b.live(tk.kind, tk.label) {
+			return nil, errUnchanged // someone has used it since
+		}
+		return nil, nil
+	})
+}
+
+// live reports whether the route has a pool with members in the registry now.
+func (b *routeBook) live(kind, label string) bool {
+	if kind == store.KindHTTP {
+		return b.reg.LookupHTTP(label) != nil
+	}
+	for _, g := range b.reg.View().Groups() {
+		if g.Kind == group.KindTCP && g.Label == label && !g.Solo() && len(g.Members) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// reservedAdmits checks a registration of the owning tenant against its endpoint: the
+// endpoint's pool name and, when it sets one, its key hash.
+func reservedAdmits(r *store.Route, req *group.JoinRequest) error {
+	var zero group.KeyHash
+	switch {
+	case req.Group == "" && r.Kind == store.KindHTTP:
+		return &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", r.Label)}
+	case r.KeyHash != zero && r.KeyHash != req.KeyHash,
+		r.Kind == store.KindHTTP && r.Group != "" && req.Group != r.Group:
+		if r.Kind == store.KindTCP {
+			return &group.Error{Err: group.ErrKeyMismatch, Msg: fmt.Sprintf("group key does not match for group '%s'", r.Label)}
+		}
+		return &group.Error{Err: group.ErrKeyMismatch, Msg: fmt.Sprintf("group key does not match for subdomain '%s'", r.Label)}
+	}
+	return nil
+}
+
+// joined records, after a successful Join and before it is acknowledged, that g's route has
+// a member: its owner, key hash and port, and that it is not empty. If the route was taken by
+// another tenant meanwhile (its claim lapsed between claim and Join), the registration is
+// refused: the caller removes the member.
+func (b *routeBook) joined(tk *ticket, g *group.Group) error {
+	defer b.releasePortSlot(tk)
+	if tk.kind == "" {
+		return nil
+	}
+	var oldPort int
+	r, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+		oldPort = 0
+		if cur == nil {
+			// Swept or undone meanwhile: the live owner records it again.
+			cur = &store.Route{Kind: tk.kind, Label: tk.label, Tenant: tk.tenant, Group: g.Name}
+		}
+		if cur.Tenant != tk.tenant {
+			return nil, ownedError(tk.kind, tk.label)
+		}
+		changed := !cur.EmptySince.IsZero() || cur.Group == "" && g.Name != ""
+		cur.EmptySince = time.Time{}
+		if tk.kind == store.KindTCP {
+			k := g.KeyHash.String()
+			if old := cur.Ports[k]; old != g.Port {
+				if cur.Ports == nil {
+					cur.Ports = map[string]int{}
+				}
+				oldPort, cur.Ports[k], changed = old, g.Port, true
+			}
+			if cur.Group == "" {
+				cur.Group = g.Name
+			}
+		} else if !cur.Reserved && (cur.KeyHash != g.KeyHash || cur.Group != g.Name) {
+			cur.KeyHash, cur.Group, changed = g.KeyHash, g.Name, true
+		}
+		if !changed {
+			return nil, errUnchanged
+		}
+		return cur, nil
+	})
+	switch {
+	case errors.Is(err, errUnchanged):
+		return nil
+	case err != nil:
+		var ge *group.Error
+		if errors.As(err, &ge) {
+			return err
+		}
+		return fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+	}
+	if oldPort != 0 {
+		// The pool could not bind its old port and took another: the old one goes back.
+		b.releasePorts(&store.Route{Tenant: tk.tenant, Ports: map[string]int{"": oldPort}})
+	}
+	b.holdPorts(r)
+	return nil
+}
+
+// emptied records that g's last member left; it runs under the route's lock, so that it is
+// ordered with the next first member's joined.
+func (b *routeBook) emptied(g *group.Group) {
+	kind := store.KindHTTP
+	if g.Kind == group.KindTCP {
+		if g.Solo() {
+			return
+		}
+		kind = store.KindTCP
+	}
+	now := b.now()
+	_, err := b.st.Update(store.Key(kind, g.Label), func(cur *store.Route) (*store.Route, error) {
+		if cur == nil || !cur.EmptySince.IsZero() {
+			return nil, errUnchanged
+		}
+		if kind == store.KindTCP && g.KeyHash.String() != "" {
+			// Another pool of this name may still have members; the route is empty only
+			// when none does (the registry removes pools one at a time).
+			for _, other := range b.reg.View().Groups() {
+				if other.Kind == group.KindTCP && other.Label == g.Label && other.ID != g.ID && len(other.Members) > 0 {
+					return nil, errUnchanged
+				}
+			}
+		}
+		cur.EmptySince = now
+		return cur, nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) {
+		b.log.Error("cannot record that a route is empty; its claim will not lapse", zap.String("route", g.Label), zap.Error(err))
+	}
+}
+
+// sweep deletes the claims that lapsed and gives their ports back.
+func (b *routeBook) sweep() {
+	routes, err := b.st.List()
+	if err != nil {
+		return
+	}
+	now := b.now()
+	for _, r := range routes {
+		if !b.lapsed(r, now) {
+			continue
+		}
+		var gone *store.Route
+		_, err := b.st.Update(r.Key(), func(cur *store.Route) (*store.Route, error) {
+			if cur == nil || !b.lapsed(cur, now) {
+				return nil, errUnchanged
+			}
+			gone = cur
+			return nil, nil
+		})
+		if err == nil && gone != nil {
+			b.log.Info("route claim lapsed", zap.String("route", r.Key()), zap.String("tenant", gone.Tenant))
+			b.releasePorts(gone)
+		}
+	}
+}
+
+// openRouteBook opens the configured store and reads the routes back.
+func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*routeBook, error) {
+	for i := range cfg.Endpoints {
+		if err := cfg.Endpoints[i].validate(cfg.TCPPorts); err != nil {
+			return nil, err
+		}
+	}
+	st := cfg.Store
+	if st == nil {
+		if cfg.StateDir == "" {
+			st = store.NewMemory()
+		} else {
+			var err error
+			if st, err = store.Open(cfg.StateDir); err != nil {
+				return nil, fmt.Errorf("tunnel: %w", err)
+			}
+		}
+	}
+	ttl := cfg.RouteTTL
+	if ttl <= 0 {
+		ttl = defaultRouteTTL
+	}
+	b, err := newRouteBook(st, ttl, reg, cfg.Endpoints, log.Named("routes"))
+	if err != nil {
+		_ = st.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// sweeper deletes lapsed claims every interval until done is closed.
+func (b *routeBook) sweeper(done <-chan struct{}) {
+	every := min(b.ttl/4, time.Minute)
+	t := time.NewTicker(max(every, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			b.sweep()
+		case <-done:
+			return
+		}
+	}
+}
+
+// idleEndpoints are the reserved routes with no live pool, for the admin API to list with
+// zero members.
+func (b *routeBook) idleEndpoints() []admin.Endpoint {
+	var out []admin.Endpoint
+	var groups []group.Info // listed once, if a TCP endpoint needs it
+	for _, ep := range b.endpoints {
+		info := group.Info{Kind: group.KindHTTP, Proto: ep.Proto, Label: ep.label(), Name: ep.Group, KeyHash: ep.KeyHash}
+		if info.Proto == "" {
+			info.Proto = ProtoHTTP
+		}
+		live := false
+		if ep.Proto == ProtoTCP {
+			info.Kind, info.Port = group.KindTCP, ep.Port
+			if groups == nil {
+				groups = b.reg.View().Groups()
+			}
+			for _, g := range groups {
+				live = live || g.Kind == group.KindTCP && g.Label == ep.Group && g.KeyHash == ep.KeyHash
+			}
+		} else {
+			live = b.reg.LookupHTTP(ep.Subdomain) != nil
+		}
+		if !live {
+			out = append(out, admin.Endpoint{Info: info, Tenant: ep.Tenant})
+		}
+	}
+	return out
+}
+
+// reserved reports whether an HTTP subdomain is a reserved endpoint (it answers 503, not
+// 404, while it has no member).
+func (b *routeBook) reserved(sub string) bool {
+	_, ok := b.endpoints[store.Key(store.KindHTTP, sub)]
+	return ok
+}

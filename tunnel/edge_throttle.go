@@ -1,0 +1,50 @@
+package tunnel
+
+import (
+	"errors"
+	"time"
+
+	"github.com/warren-tunnel/warren/internal/throttle"
+)
+
+// errPreAuthFull is ServeConn's error for a connection over MaxPreAuthConns or
+// MaxPreAuthConnsPerIP.
+var errPreAuthFull = errors.New("tunnel: too many control connections waiting to authenticate")
+
+// throttles returns the edge's limiter of failed authentications and its cap on the control
+// connections not yet authenticated.
+func (c *ServerConfig) throttles() (*throttle.Auth, *throttle.Conns) {
+	log := c.Logger.Named("throttle")
+	auth := throttle.NewAuth(throttle.AuthConfig{
+		MaxFailures: c.MaxAuthFailuresPerIP,
+		Window:      c.AuthFailureWindow,
+		Block:       c.AuthBlockDuration,
+		Delay:       c.AuthFailureDelay,
+		Logger:      log,
+	})
+	conns := throttle.NewConns(throttle.ConnsConfig{
+		Max:       c.MaxPreAuthConns,
+		MaxPerKey: c.MaxPreAuthConnsPerIP,
+		What:      "control connections waiting to authenticate",
+		Logger:    log,
+	})
+	return auth, conns
+}
+
+// logThrottled writes the throttles' aggregate log lines every interval until the edge stops,
+// then the counts still unlogged.
+func (s *Server) logThrottled() {
+	t := time.NewTicker(s.authLimit.LogInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			s.authLimit.Flush(false)
+			s.preAuth.Flush(false)
+		case <-s.done:
+			s.authLimit.Flush(true)
+			s.preAuth.Flush(true)
+			return
+		}
+	}
+}

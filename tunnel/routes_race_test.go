@@ -1,0 +1,224 @@
+package tunnel
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/store"
+)
+
+// These tests drive the route book the way addTunnel does (claim, Join, joined or abandon)
+// with a fake clock, so that each race window is forced instead of hoped for.
+
+type testBook struct {
+	*routeBook
+	clock atomic.Int64
+	n     atomic.Int64
+}
+
+func newTestBook(t *testing.T, cfg group.Config, eps []Endpoint) *testBook {
+	t.Helper()
+	cfg.LoadBalancing = true
+	var b *routeBook
+	cfg.OnRemove = func(g *group.Group) { b.emptied(g) }
+	reg := group.NewRegistry(cfg)
+	var err error
+	b, err = newRouteBook(store.NewMemory(), time.Hour, reg, eps, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	tb := &testBook{routeBook: b}
+	tb.clock.Store(time.Now().UnixNano())
+	b.now = func() time.Time { return time.Unix(0, tb.clock.Load()) }
+	return tb
+}
+
+func (b *testBook) req(proto group.Proto, label, grp, key string) *group.JoinRequest {
+	r := &group.JoinRequest{ID: fmt.Sprintf("t%d", b.n.Add(1)), Proto: proto, Label: label, Group: grp}
+	if grp != "" {
+		r.KeyHash = group.HashKey(key)
+	}
+	return r
+}
+
+// register is addTunnel's claim, Join, joined.
+func (b *testBook) register(tenant string, req *group.JoinRequest, maxPorts int) (*group.Member, error) {
+	tk, err := b.claim(tenant, req, req.Group != "", maxPorts)
+	if err != nil {
+		return nil, err
+	}
+	m, err := b.reg.Join(*req)
+	if err != nil {
+		b.abandon(tk)
+		return nil, err
+	}
+	if err := b.joined(tk, m.Group()); err != nil {
+		b.reg.Leave(m)
+		return nil, err
+	}
+	return m, nil
+}
+
+// The owner comes back to its claim just as it lapses; the sweeper runs between its claim
+// and its Join: the acknowledged registration is still recorded, and still the owner's.
+func TestOwnerBackAtLapseSurvivesTheSweep(t *testing.T) {
+	b := newTestBook(t, group.Config{Ports: group.PortRange{Lo: 45100, Hi: 45109}}, nil)
+	m, err := b.register("acme", b.req(group.ProtoTCP, "db", "db", "k1"), 0)
+	require.NoError(t, err)
+	b.reg.Leave(m)
+	b.clock.Add(int64(time.Hour)) // lapsed, not swept yet
+
+	req := b.req(group.ProtoTCP, "db", "db", "k1")
+	tk, err := b.claim("acme", req, true, 0)
+	require.NoError(t, err)
+	b.sweep()
+	m2, err := b.reg.Join(*req)
+	require.NoError(t, err)
+	require.NoError(t, b.joined(tk, m2.Group()))
+	r, _ := b.st.Get("tcp/db")
+	require.NotNil(t, r, "the live pool is recorded")
+	require.Equal(t, "acme", r.Tenant)
+
+	// And in that window another tenant cannot take it.
+	b.reg.Leave(m2)
+	b.clock.Add(int64(time.Hour))
+	req = b.req(group.ProtoTCP, "db", "db", "k1")
+	tk, err = b.claim("acme", req, true, 0)
+	require.NoError(t, err)
+	_, err = b.register("globex", b.req(group.ProtoTCP, "db", "db", "k2"), 0)
+	require.ErrorIs(t, err, ErrOwned, "the owner's return renewed its claim")
+	m3, err := b.reg.Join(*req)
+	require.NoError(t, err)
+	require.NoError(t, b.joined(tk, m3.Group()))
+}
+
+// A registration whose Join fails does not remove the claim another registration of the same
+// tenant has just used.
+func TestAbandonKeepsAClaimInUse(t *testing.T) {
+	b := newTestBook(t, group.Config{}, nil)
+	r1 := b.req(group.ProtoHTTP, "pool", "web", "k") // grouped: writes the first claim
+	r2 := b.req(group.ProtoHTTP, "pool", "", "")     // solo, same tenant
+	tk1, err := b.claim("acme", r1, true, 0)
+	require.NoError(t, err)
+	tk2, err := b.claim("acme", r2, false, 0)
+	require.NoError(t, err)
+	m2, err := b.reg.Join(*r2) // r2 wins the registry
+	require.NoError(t, err)
+	_, err = b.reg.Join(*r1)
+	require.Error(t, err)
+	b.abandon(tk1)
+	require.NoError(t, b.joined(tk2, m2.Group()))
+	got, _ := b.st.Get("http/pool")
+	require.NotNil(t, got, "the acknowledged route is recorded")
+	require.Equal(t, "acme", got.Tenant)
+}
+
+// max_tcp_ports holds under concurrent registrations: the slot is taken at claim.
+func TestTCPPortQuotaHoldsUnderConcurrentClaims(t *testing.T) {
+	b := newTestBook(t, group.Config{Ports: group.PortRange{Lo: 45120, Hi: 45129}}, nil)
+	r1, r2 := b.req(group.ProtoTCP, "a", "a", "k"), b.req(group.ProtoTCP, "b", "b", "k")
+	tk1, err := b.claim("acme", r1, true, 1)
+	require.NoError(t, err)
+	_, err = b.claim("acme", r2, true, 1)
+	require.ErrorIs(t, err, ErrLimit, "the first claim's port is being taken")
+	m1, err := b.reg.Join(*r1)
+	require.NoError(t, err)
+	require.NoError(t, b.joined(tk1, m1.Group()))
+	require.Equal(t, 1, b.tenantPorts("acme"))
+	again, err := b.register("acme", b.req(group.ProtoTCP, "a", "a", "k"), 1)
+	require.NoError(t, err, "a second member of the same pool needs no new port")
+	require.Equal(t, m1.Group().Port, again.Group().Port)
+}
+
+// A pool that could not bind its held port takes another; the old one is given back, so
+// nothing stays held once the claim lapses.
+func TestPortFallbackGivesTheOldPortBack(t *testing.T) {
+	var busy atomic.Int64
+	cfg := group.Config{Ports: group.PortRange{Lo: 45130, Hi: 45139}, OnCreate: func(g *group.Group) error {
+		if int64(g.Port) == busy.Load() {
+			return group.ErrPortUnavailable
+		}
+		return nil
+	}}
+	b := newTestBook(t, cfg, nil)
+	m, err := b.register("acme", b.req(group.ProtoTCP, "db", "db", "k"), 0)
+	require.NoError(t, err)
+	p := m.Group().Port
+	b.reg.Leave(m)
+	busy.Store(int64(p)) // something else binds the port meanwhile
+	m, err = b.register("acme", b.req(group.ProtoTCP, "db", "db", "k"), 0)
+	require.NoError(t, err)
+	require.NotEqual(t, p, m.Group().Port)
+	require.Equal(t, 1, b.tenantPorts("acme"), "one pool holds one port")
+	b.reg.Leave(m)
+	b.clock.Add(int64(2 * time.Hour))
+	b.sweep()
+	busy.Store(0)
+	got := 0
+	for i := range 10 {
+		if _, err := b.register("globex", b.req(group.ProtoTCP, "x", fmt.Sprint("x", i), "k"), 0); err == nil {
+			got++
+		}
+	}
+	require.Equal(t, 10, got, "every port of the range is free again")
+}
+
+// A reserved TCP endpoint admits only its key.
+func TestReservedTCPEndpointChecksTheKey(t *testing.T) {
+	ep := Endpoint{Proto: ProtoTCP, Group: "db", Port: 45145, Tenant: "acme", KeyHash: group.HashKey("right")}
+	b := newTestBook(t, group.Config{Ports: group.PortRange{Lo: 45140, Hi: 45149}}, []Endpoint{ep})
+	_, err := b.register("acme", b.req(group.ProtoTCP, "db", "db", "wrong"), 0)
+	require.ErrorIs(t, err, group.ErrKeyMismatch)
+	_, err = b.register("globex", b.req(group.ProtoTCP, "db", "db", "right"), 0)
+	require.ErrorIs(t, err, ErrOwned)
+	m, err := b.register("acme", b.req(group.ProtoTCP, "db", "db", "right"), 0)
+	require.NoError(t, err)
+	require.Equal(t, 45145, m.Group().Port, "the endpoint's port")
+}
+
+// Two pools whose key hashes share their first 8 hex digits are both listed when a page
+// boundary falls between them.
+func TestGroupPagesNeverSkipPoolsThatShareAShortHash(t *testing.T) {
+	seen := map[string]string{}
+	var k1, k2 string
+	for i := 0; k2 == ""; i++ { // a birthday search: about 2^16 keys
+		k := fmt.Sprint("key", i)
+		s := group.HashKey(k).Short()
+		if o, ok := seen[s]; ok {
+			k1, k2 = o, k
+		}
+		seen[s] = k
+	}
+	e := startEdge(t, ServerConfig{LoadBalancing: true, AdminToken: "admin-token-0123456789",
+		TCPPorts: group.PortRange{Lo: 45200, Hi: 45209}, TCPBindHost: "127.0.0.1"})
+	echo := tcpBackend(t, func(net.Conn) {})
+	c := e.connect()
+	for _, k := range []string{k1, k2} {
+		_, err := c.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "db", Group: "db", GroupKey: k}, echo)
+		require.NoError(t, err)
+	}
+	api := newAPIClient(t, e.adminAddr)
+	code, h, body := api.get("admin-token-0123456789", "/api/groups?limit=1")
+	require.Equal(t, http.StatusOK, code)
+	var page1, page2 []GroupInfo
+	require.NoError(t, json.Unmarshal(body, &page1))
+	require.NotEmpty(t, h.Get("X-Next-Cursor"))
+	require.Contains(t, h.Get("Link"), `rel="next"`)
+	_, h, body = api.get("admin-token-0123456789", "/api/groups?limit=1&cursor="+h.Get("X-Next-Cursor"))
+	require.NoError(t, json.Unmarshal(body, &page2))
+	require.Len(t, page1, 1)
+	require.Len(t, page2, 1)
+	require.NotEqual(t, page1[0].Port, page2[0].Port, "two pools, each listed once")
+	require.Empty(t, h.Get("X-Next-Cursor"), "the last page names no next one")
+	code, _, _ = api.get("admin-token-0123456789", "/api/groups?cursor=!!")
+	require.Equal(t, http.StatusBadRequest, code)
+	code, _, _ = api.get("admin-token-0123456789", "/api/groups?limit=5000")
+	require.Equal(t, http.StatusBadRequest, code)
+}
