@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -21,10 +22,11 @@ import (
 const (
 	acmeToken   = "acme-token-0123456789"
 	globexToken = "globex-token-0123456789"
+	plainToken  = "plain-token-0123456789" // belongs to no tenant
 )
 
 func tenantAuth() Authenticator {
-	a, err := NewStaticTokens(nil, map[string]string{"acme": acmeToken, "globex": globexToken})
+	a, err := NewStaticTokens([]string{plainToken}, map[string]string{"acme": acmeToken, "globex": globexToken})
 	if err != nil {
 		panic(err) // the tokens above are long enough
 	}
@@ -50,6 +52,9 @@ func TestRouteBelongsToItsFirstTenant(t *testing.T) {
 	require.ErrorIs(t, err, ErrOwned, "knowing the key does not make another tenant a member")
 	_, err = globex.Forward(ctxT(t), TunnelSpec{Subdomain: "pool"}, hostPort(thief.URL))
 	require.ErrorIs(t, err, ErrOwned, "nor does a solo registration")
+	plain := e.connect(WithToken(plainToken))
+	_, err = plain.Forward(ctxT(t), TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "acme-key"}, hostPort(thief.URL))
+	require.ErrorIs(t, err, ErrOwned, "tokens of no tenant form one tenant of their own")
 
 	require.NoError(t, tun.Shutdown(ctxT(t)))
 	require.Eventually(t, func() bool { return e.registry.LookupHTTP("pool") == nil }, 5*time.Second, 5*time.Millisecond)
@@ -332,4 +337,58 @@ func TestReservedTCPEndpointPortAndPolicy(t *testing.T) {
 	got, err = read("127.0.0.2")
 	require.Error(t, err, "a denied client is closed before any byte")
 	require.Empty(t, got)
+}
+
+// max_event_streams caps a tenant's open live event streams (429 past it); the admin token
+// is never capped, and closing a stream frees its place.
+func TestEventStreamQuota(t *testing.T) {
+	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(), AdminToken: "admin-token-0123456789",
+		Limits: TenantLimits{MaxEventStreams: 2}})
+	rawMember(t, e, acmeToken, probedRegister("pool", "web", "k"))
+	path := "/api/groups/http/pool/events"
+	first := openStream(t, e.adminAddr, acmeToken, path, nil)
+	second := openStream(t, e.adminAddr, acmeToken, path, nil)
+	require.Equal(t, http.StatusOK, first.resp.StatusCode)
+	require.Equal(t, http.StatusOK, second.resp.StatusCode)
+	third := openStream(t, e.adminAddr, acmeToken, path, nil)
+	require.Equal(t, http.StatusTooManyRequests, third.resp.StatusCode)
+	require.NotEmpty(t, third.resp.Header.Get("Retry-After"))
+	for range 3 {
+		require.Equal(t, http.StatusOK, openStream(t, e.adminAddr, "admin-token-0123456789", path, nil).resp.StatusCode)
+	}
+	first.close()
+	require.Eventually(t, func() bool {
+		st := openStream(t, e.adminAddr, acmeToken, path, nil)
+		defer st.close()
+		return st.resp.StatusCode == http.StatusOK
+	}, 5*time.Second, 20*time.Millisecond, "a closed stream frees its place")
+}
+
+// /api/tunnels pages like /api/groups: every tunnel once, in order, whatever the page size.
+func TestTunnelListIsPaged(t *testing.T) {
+	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	b := backend(t, "b")
+	s := e.connect()
+	for i := range 7 {
+		_, err := s.Forward(ctxT(t), TunnelSpec{Subdomain: fmt.Sprintf("app%d", i)}, hostPort(b.URL))
+		require.NoError(t, err)
+	}
+	api := newAPIClient(t, e.adminAddr)
+	all := getJSON[[]TunnelInfo](api, "", "/api/tunnels")
+	require.Len(t, all, 7)
+	var paged []TunnelInfo
+	cursor := ""
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 4)
+		code, h, body := api.get("", "/api/tunnels?limit=3&cursor="+cursor)
+		require.Equal(t, http.StatusOK, code)
+		var page []TunnelInfo
+		require.NoError(t, json.Unmarshal(body, &page))
+		require.LessOrEqual(t, len(page), 3)
+		paged = append(paged, page...)
+		if cursor = h.Get("X-Next-Cursor"); cursor == "" {
+			break
+		}
+	}
+	require.Equal(t, all, paged)
 }
