@@ -16,7 +16,13 @@
 //   - health: the connector's probes of its local backend (TCP, HTTP, in-process), reporting
 //     only changes.
 //   - webhook: zero-healthy alerts: Debouncer, Payload and a bounded, SSRF-safe Sender.
-//   - internal/wire: the protocol (see internal/wire/spec.md).
+//   - admin: the edge's REST API, live event streams and Prometheus collector, over a
+//     read-only view of the routing table.
+//   - store: durable route ownership (route → tenant, pool, key hash, TCP ports): in memory,
+//     or an embedded bbolt file.
+//   - internal/wire: the protocol (see internal/wire/spec.md); internal/proxy: the edge's
+//     data path; internal/mux: multiplexer plumbing; internal/policy and internal/throttle:
+//     endpoint policies and authentication throttles.
 //   - examples/edge, examples/connector: thin mains reading server.toml and the connector YAML;
 //     examples/demo: an in-process group that fails over.
 //

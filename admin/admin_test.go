@@ -3,8 +3,11 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -106,4 +109,45 @@ func TestPlaneOverAView(t *testing.T) {
 	code, _ = get("acme-token", "/api/groups")
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Zero(t, p.EventStreams())
+}
+
+// A page of groups ends before its members pass MaxPageMembers; the pages together list
+// every group once, and a single group bigger than the budget still has a page of its own.
+func TestPagesAreBoundedInMembers(t *testing.T) {
+	type item struct {
+		name    string
+		members int
+	}
+	var items []item
+	for i := range 8 {
+		items = append(items, item{fmt.Sprintf("g%d", i), MaxPageMembers / 3})
+	}
+	items = append(items, item{"huge", MaxPageMembers * 2})
+	var seen []string
+	cursor := ""
+	for pages := 0; ; pages++ {
+		require.Less(t, pages, 10)
+		rec := httptest.NewRecorder()
+		writePage(rec, httptest.NewRequest(http.MethodGet, "/api/groups?cursor="+cursor, nil), slices.Clone(items),
+			func(it item) []string { return []string{it.name} }, func(it item) int { return it.members })
+		require.Equal(t, http.StatusOK, rec.Code)
+		var page []struct{}
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &page))
+		sum := 0
+		start := len(seen) // the page is the next len(page) items in key order
+		sorted := slices.Clone(items)
+		slices.SortFunc(sorted, func(a, b item) int { return strings.Compare(a.name, b.name) })
+		for _, it := range sorted[start : start+len(page)] {
+			seen = append(seen, it.name)
+			sum += it.members
+		}
+		if len(page) > 1 {
+			require.LessOrEqual(t, sum, MaxPageMembers)
+		}
+		if cursor = rec.Header().Get("X-Next-Cursor"); cursor == "" {
+			break
+		}
+		require.Contains(t, rec.Header().Get("Link"), "limit=500", "the next link keeps the asked page size")
+	}
+	require.Len(t, seen, len(items))
 }

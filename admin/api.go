@@ -175,7 +175,7 @@ func (p *Plane) apiTunnels(w http.ResponseWriter, r *http.Request) {
 	key := func(t TunnelInfo) []string {
 		return []string{string(t.Proto), t.Label, fmt.Sprintf("%020d", t.JoinedAt.UnixNano()), t.ID}
 	}
-	writePage(w, r, out, key)
+	writePage(w, r, out, key, nil)
 }
 
 func (p *Plane) apiTunnel(w http.ResponseWriter, r *http.Request) {
@@ -259,7 +259,8 @@ func (p *Plane) apiGroups(w http.ResponseWriter, r *http.Request) {
 		}
 		out = append(out, gi)
 	}
-	writePage(w, r, out, func(g GroupInfo) []string { return []string{string(g.Protocol), g.Label, g.KeyHashShort, g.key} })
+	writePage(w, r, out, func(g GroupInfo) []string { return []string{string(g.Protocol), g.Label, g.KeyHashShort, g.key} },
+		func(g GroupInfo) int { return len(g.Members) })
 }
 
 // endpoints are the reserved routes with no live group, to list with zero members.

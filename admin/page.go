@@ -17,6 +17,9 @@ import (
 const (
 	DefaultPageSize = 500
 	MaxPageSize     = 1000
+	// MaxPageMembers caps the members one page of GET /api/groups lists in all: a page ends
+	// early (with a next cursor) rather than pass it, unless its first group alone does.
+	MaxPageMembers = 10000
 )
 
 // Endpoint is a route reserved by the edge's configuration, listed by GET /api/groups with
@@ -31,7 +34,10 @@ type Endpoint struct {
 // writePage sorts items by key, answers the page after ?cursor= of at most ?limit= items,
 // and names the next page in a Link header (rel="next") and X-Next-Cursor when there is one.
 // A bad limit or cursor is 400.
-func writePage[T any](w http.ResponseWriter, r *http.Request, items []T, key func(T) []string) {
+//
+// weight, when not nil, is an item's size in members: a page also ends before the members
+// it holds pass MaxPageMembers (it always holds at least one item).
+func writePage[T any](w http.ResponseWriter, r *http.Request, items []T, key func(T) []string, weight func(T) int) {
 	q := r.URL.Query()
 	limit := DefaultPageSize
 	if s := q.Get("limit"); s != "" {
@@ -58,13 +64,23 @@ func writePage[T any](w http.ResponseWriter, r *http.Request, items []T, key fun
 		})
 		items = items[i:]
 	}
+	asked := limit
+	if weight != nil {
+		total := 0
+		for i, it := range items[:min(limit, len(items))] {
+			if total += weight(it); total > MaxPageMembers && i > 0 {
+				limit = i
+				break
+			}
+		}
+	}
 	if len(items) > limit {
 		next := encodeCursor(key(items[limit-1]))
 		items = items[:limit]
 		u := *r.URL
 		v := u.Query()
 		v.Set("cursor", next)
-		v.Set("limit", strconv.Itoa(limit))
+		v.Set("limit", strconv.Itoa(asked))
 		u.RawQuery = v.Encode()
 		w.Header().Set("Link", "<"+(&url.URL{Path: u.Path, RawQuery: u.RawQuery}).String()+`>; rel="next"`)
 		w.Header().Set("X-Next-Cursor", next)
