@@ -291,3 +291,23 @@ warren_active_tunnels{edge="b",proto="tcp"} 0
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.Contains(t, rec.Body.String(), `warren_active_tunnels{proto="tcp"} 0`)
 }
+
+// Several edges share one registry when each is wrapped with the same label names (the
+// README's advice); an unwrapped second edge is refused.
+func TestSeveralEdgesOnOneRegistry(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	var edges []*Server
+	for _, name := range []string{"a", "b"} {
+		srv, err := NewServer(ServerConfig{Metrics: prometheus.WrapRegistererWith(prometheus.Labels{"edge": name}, reg)})
+		require.NoError(t, err)
+		edges = append(edges, srv)
+	}
+	_, err := NewServer(ServerConfig{Metrics: reg})
+	require.Error(t, err, "an unwrapped edge clashes with the wrapped ones")
+	n, err := testutil.GatherAndCount(reg, "warren_active_tunnels")
+	require.NoError(t, err)
+	require.Equal(t, 2*3, n, "both edges' series, told apart by the edge label")
+	for _, srv := range edges {
+		require.NoError(t, srv.Close())
+	}
+}
