@@ -177,6 +177,13 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 		return nil, err
 	}
 	resp, err := pc.readResponse(req)
+	if err == nil && body != nil && body.failed.Load() {
+		// The public client's body broke off (over the limit, malformed, too slow, gone)
+		// before this answer was read: the answer may be the backend's reaction to the
+		// truncated body it was given, so it is not relayed; the client gets the edge's
+		// verdict on its upload instead (413, 400, 408).
+		err = errors.New("the request body failed before the response")
+	}
 	if err != nil {
 		stop()
 		pc.close()
@@ -309,8 +316,9 @@ func (u *upgradedConn) Close() error {
 // bodyReader remembers why reading a request body failed, and whether it was read to the end.
 type bodyReader struct {
 	io.ReadCloser
-	err  error       // read by the writer goroutine's owner after it finished
-	done atomic.Bool // the body was read to its end
+	err    error       // read by the writer goroutine's owner after it finished
+	done   atomic.Bool // the body was read to its end
+	failed atomic.Bool // reading the body failed (set before the writer closes the stream)
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
@@ -320,6 +328,7 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 		b.done.Store(true)
 	case err != nil:
 		b.err = err
+		b.failed.Store(true)
 	}
 	return n, err
 }
