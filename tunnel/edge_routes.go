@@ -39,6 +39,8 @@ type routeBook struct {
 	ports map[string]map[int]bool
 	// tunnels and sessions count each tenant's live tunnels and sessions (quotas).
 	tunnels, sessions map[string]int
+	// startedAt is when this edge started: no claim lapses within RouteTTL of it.
+	startedAt time.Time
 	// pendingPorts counts the ports being taken for each tenant's new TCP pools, between
 	// claim and joined (quota max_tcp_ports).
 	pendingPorts map[string]int
@@ -107,25 +109,28 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: reading the route store: %w", err)
 	}
+	// The edge starts with no member: every route is empty from now on, and its owner has a
+	// full RouteTTL from startedAt to come back (however long the edge was down). That
+	// takes no write (lapsed reads startedAt), so a start costs no fsync per route.
 	now := b.now()
+	b.startedAt = now
 	for _, r := range routes {
-		_, reserved := b.endpoints[r.Key()]
-		if !reserved {
-			// The edge starts with no member: every route is empty from now on, and its
-			// owner has a full RouteTTL to come back (however long the edge was down). A
-			// route no endpoint reserves any more becomes an ordinary claim.
+		if _, reserved := b.endpoints[r.Key()]; reserved {
+			continue
+		}
+		if r.Reserved { // no endpoint reserves it any more: an ordinary claim from now on
 			r, err = st.Update(r.Key(), func(cur *store.Route) (*store.Route, error) {
 				if cur == nil {
 					return nil, errUnchanged
 				}
-				cur.Reserved, cur.EmptySince = false, now
+				cur.Reserved = false
 				return cur, nil
 			})
 			if err != nil && !errors.Is(err, errUnchanged) {
 				return nil, fmt.Errorf("tunnel: writing the route store: %w", err)
 			}
 		}
-		if r != nil && !reserved {
+		if r != nil {
 			b.holdPorts(r)
 		}
 	}
@@ -188,9 +193,25 @@ func (b *routeBook) tenantPorts(tenant string) int {
 	return len(b.ports[tenant])
 }
 
-// lapsed reports whether r's claim has lapsed at now.
-func (b *routeBook) lapsed(r *store.Route, now time.Time) bool {
-	return !r.Reserved && !r.EmptySince.IsZero() && now.Sub(r.EmptySince) >= b.ttl
+// lapsed reports whether r's claim has lapsed at now: RouteTTL after its last member left,
+// and never within RouteTTL of this edge's start. live reports whether the route has members
+// now; it is asked only about a route recorded with members (no EmptySince), which lost them
+// if the edge restarted since.
+func (b *routeBook) lapsed(r *store.Route, now time.Time, live func() bool) bool {
+	if r.Reserved {
+		return false
+	}
+	since := r.EmptySince
+	if since.IsZero() {
+		if live() {
+			return false
+		}
+		since = b.startedAt
+	}
+	if since.Before(b.startedAt) {
+		since = b.startedAt
+	}
+	return now.Sub(since) >= b.ttl
 }
 
 // ticket is one registration's hold on its route between claim and joined (or abandon).
@@ -229,7 +250,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 				}
 			}
 			port = cur.Ports[keyHex]
-			if b.lapsed(cur, now) {
+			if b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
 				// The owner is back just as its claim lapses: it holds again, for a full
 				// TTL, so that no sweep or other tenant takes it before joined runs.
 				cur.EmptySince = now
@@ -237,7 +258,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 			}
 			return nil, errUnchanged
 		}
-		if cur != nil && !b.lapsed(cur, now) {
+		if cur != nil && !b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
 			return nil, ownedError(kind, label)
 		}
 		taken = cur
@@ -440,13 +461,28 @@ func (b *routeBook) sweep() {
 		return
 	}
 	now := b.now()
+	var tcpLive map[string]bool // TCP names with members, listed once if needed
 	for _, r := range routes {
-		if !b.lapsed(r, now) {
+		live := func() bool {
+			if r.Kind == store.KindHTTP {
+				return b.reg.LookupHTTP(r.Label) != nil
+			}
+			if tcpLive == nil {
+				tcpLive = map[string]bool{}
+				for _, g := range b.reg.View().Groups() {
+					if g.Kind == group.KindTCP && !g.Solo() && len(g.Members) > 0 {
+						tcpLive[g.Label] = true
+					}
+				}
+			}
+			return tcpLive[r.Label]
+		}
+		if !b.lapsed(r, now, live) {
 			continue
 		}
 		var gone *store.Route
 		_, err := b.st.Update(r.Key(), func(cur *store.Route) (*store.Route, error) {
-			if cur == nil || !b.lapsed(cur, now) {
+			if cur == nil || !b.lapsed(cur, now, func() bool { return b.live(r.Kind, r.Label) }) {
 				return nil, errUnchanged
 			}
 			gone = cur

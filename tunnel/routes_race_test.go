@@ -222,3 +222,52 @@ func TestGroupPagesNeverSkipPoolsThatShareAShortHash(t *testing.T) {
 	code, _, _ = api.get("admin-token-0123456789", "/api/groups?limit=5000")
 	require.Equal(t, http.StatusBadRequest, code)
 }
+
+// countingStore counts the writes that reach a store.
+type countingStore struct {
+	store.Store
+	writes atomic.Int64
+}
+
+func (c *countingStore) Update(key string, fn func(*store.Route) (*store.Route, error)) (*store.Route, error) {
+	return c.Store.Update(key, func(cur *store.Route) (*store.Route, error) {
+		next, err := fn(cur)
+		if err == nil {
+			c.writes.Add(1)
+		}
+		return next, err
+	})
+}
+
+// After a restart every owner has a full RouteTTL to come back, whether its route was
+// empty long before (past its TTL) or had members when the edge stopped, and the start
+// writes nothing (a store of many routes would otherwise cost an fsync per route).
+func TestRestartGivesEveryOwnerAFullTTLWithoutWriting(t *testing.T) {
+	mem := store.NewMemory()
+	old := time.Now().Add(-48 * time.Hour)
+	for _, r := range []*store.Route{
+		{Kind: store.KindHTTP, Label: "stale", Tenant: "acme", EmptySince: old}, // empty for two TTLs
+		{Kind: store.KindHTTP, Label: "busy", Tenant: "acme"},                   // had members at the stop
+	} {
+		_, err := mem.Update(r.Key(), func(*store.Route) (*store.Route, error) { return r, nil })
+		require.NoError(t, err)
+	}
+	st := &countingStore{Store: mem}
+	reg := group.NewRegistry(group.Config{LoadBalancing: true})
+	b, err := newRouteBook(st, 24*time.Hour, reg, nil, zaptest.NewLogger(t))
+	require.NoError(t, err)
+	require.Zero(t, st.writes.Load(), "the start writes nothing")
+	start := b.now()
+	for _, label := range []string{"stale", "busy"} {
+		var clock atomic.Int64
+		clock.Store(start.Add(23 * time.Hour).UnixNano())
+		b.now = func() time.Time { return time.Unix(0, clock.Load()) }
+		req := &group.JoinRequest{ID: "x-" + label, Proto: group.ProtoHTTP, Label: label}
+		_, err := b.claim("globex", req, false, 0)
+		require.ErrorIs(t, err, ErrOwned, "%s: within a TTL of the start", label)
+		clock.Store(start.Add(24 * time.Hour).UnixNano())
+		tk, err := b.claim("globex", req, false, 0)
+		require.NoError(t, err, "%s: lapsed a TTL after the start", label)
+		require.NotNil(t, tk)
+	}
+}
