@@ -319,7 +319,6 @@ func (h *HealthCheck) validate(r *reporter, base string) {
 // Messages name keys, never the secret values.
 func validateSharing(r *reporter, tunnels []Tunnel) {
 	bySubdomain := map[string]int{}
-	byGroup := map[string]int{}
 	for i, t := range tunnels {
 		base := joinKey("tunnels", t.Name)
 		switch {
@@ -344,18 +343,8 @@ func validateSharing(r *reporter, tunnels []Tunnel) {
 					"%q differs from %q of %s%s, which has the same subdomain %q; members of one group must use the same protocol",
 					t.Proto, f.Proto, first, r.lineNote(first), t.Subdomain)
 			}
-		case t.Proto == group.ProtoTCP && t.Group != "" && t.GroupKey != "":
-			j, seen := byGroup[t.Group]
-			if !seen {
-				byGroup[t.Group] = i
-				continue
-			}
-			if f := tunnels[j]; f.GroupKey != t.GroupKey {
-				first := joinKey("tunnels", f.Name)
-				r.add(joinKey(base, "group_key"), ErrInvalid,
-					"differs from the group_key of %s%s, which is in the same TCP group %q; members of one pool must share one key",
-					first, r.lineNote(first), t.Group)
-			}
 		}
+		// TCP tunnels of one group name with different keys are different pools, each on
+		// its own public port, as they are when they come from different files.
 	}
 }

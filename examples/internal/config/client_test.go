@@ -288,8 +288,6 @@ func TestClientErrors(t *testing.T) {
 			[]want{{4, "tunnels.b.group_key", config.ErrInvalid, "differs from the group_key of tunnels.a (line 3)"}}},
 		{"shared subdomain with different protocols", "server: localhost:4040\ntunnels:\n  a: {proto: http, local_port: 1, subdomain: pool, group: web, group_key: k1}\n  b: {proto: https, local_port: 2, subdomain: pool, group: web, group_key: k1}\n",
 			[]want{{4, "tunnels.b.proto", config.ErrInvalid, `"https" differs from "http" of tunnels.a`}}},
-		{"tcp group with different keys", "server: localhost:4040\ntunnels:\n  a: {proto: tcp, local_port: 1, group: db, group_key: k1}\n  b: {proto: tcp, local_port: 2, group: db, group_key: k2}\n",
-			[]want{{4, "tunnels.b.group_key", config.ErrInvalid, `same TCP group "db"`}}},
 
 		// several problems, in line order
 		{"all problems collected", "server: nowhere\ndrain_timeout_secs: 0\ntunnels:\n  a:\n    proto: ftp\n    local_port: 99999\n",
@@ -618,4 +616,12 @@ func TestClientTrailingDocumentMarker(t *testing.T) {
 	cfg, err := config.ParseClient("config.yml", []byte("---\n"+tunnelDoc("proto: tcp", "local_port: 1")+"---\n"))
 	require.NoError(t, err)
 	require.Len(t, cfg.Tunnels, 1)
+}
+
+// Two TCP tunnels of one group name with different keys are two pools (each gets its own
+// public port from the edge), from one file as from two.
+func TestTCPGroupNameWithTwoKeysIsTwoPools(t *testing.T) {
+	cfg, err := config.ParseClient("config.yml", []byte("server: localhost:4040\ntunnels:\n  a: {proto: tcp, local_port: 1, group: db, group_key: k1}\n  b: {proto: tcp, local_port: 2, group: db, group_key: k2}\n"))
+	require.NoError(t, err)
+	require.Len(t, cfg.Tunnels, 2)
 }
