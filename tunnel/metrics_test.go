@@ -134,28 +134,35 @@ func TestMetricsAfterJoinsDispatchesFailuresAndLeaves(t *testing.T) {
 	stopEcho()
 	wait(healthy(td.ID(), false)) // db has no healthy member: alert 2
 
-	require.NoError(t, testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(helpMembers+`
+	// A health bit flips before its event reaches the collector (events are delivered with
+	// no lock held, just after the change): wait for the counters rather than the bits.
+	wantAfterFailures := helpMembers + `
 warren_group_members{group="db",healthy="false",region="eu"} 1
 warren_group_members{group="db",healthy="true",region="eu"} 0
 warren_group_members{group="web",healthy="false",region="eu"} 2
 warren_group_members{group="web",healthy="true",region="eu"} 1
-`+helpDispatches+`
+` + helpDispatches + `
 warren_group_dispatches_total{group="db",region="eu"} 3
 warren_group_dispatches_total{group="web",region="eu"} 10
-`+helpFailures+`
+` + helpFailures + `
 warren_group_health_failures_total{group="db",kind="tcp",region="eu"} 1
 warren_group_health_failures_total{group="web",kind="func",region="eu"} 1
 warren_group_health_failures_total{group="web",kind="http",region="eu"} 2
 warren_group_health_failures_total{group="web",kind="none",region="eu"} 0
-`+helpTunnels+`
+` + helpTunnels + `
 warren_active_tunnels{proto="http"} 4
 warren_active_tunnels{proto="https"} 0
 warren_active_tunnels{proto="tcp"} 1
-`+helpRequests+`
+` + helpRequests + `
 warren_requests_total{proto="http"} 12
 warren_requests_total{proto="tcp"} 3
-`), "warren_group_members", "warren_group_dispatches_total", "warren_group_health_failures_total",
-		"warren_active_tunnels", "warren_requests_total"))
+`
+	afterFailureNames := []string{"warren_group_members", "warren_group_dispatches_total", "warren_group_health_failures_total",
+		"warren_active_tunnels", "warren_requests_total"}
+	wait(func() bool {
+		return testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(wantAfterFailures), afterFailureNames...) == nil
+	})
+	require.NoError(t, testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(wantAfterFailures), afterFailureNames...))
 
 	// Leaves: alt goes away, then pool (its last healthy member B leaving is alert 3). A new
 	// pool "pool" then takes one request: web's dispatches go on from 10, never down.
