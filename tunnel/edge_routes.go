@@ -236,7 +236,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 	keyHex := req.KeyHash.String()
 	var taken *store.Route // a lapsed claim of another tenant, replaced
 	var port int
-	stored, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
 		// fn may run more than once: it only computes; what it decides is read after.
 		taken, tk.created, port = nil, nil, 0
 		now := b.now()
@@ -277,7 +277,6 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		}
 		return nil, fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
 	}
-	_ = stored
 	if taken != nil {
 		b.log.Info("route claim lapsed; a new tenant claims it", zap.String("route", tk.key))
 		b.releasePorts(taken)
