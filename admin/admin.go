@@ -1,5 +1,6 @@
 // Package admin is an edge's operator plane: the JSON REST API, the live group event streams
-// (Server-Sent Events) and the Prometheus collector.
+// (Server-Sent Events), the Prometheus collector and the live status page (GET /, plain
+// HTML, CSS and JavaScript embedded from static/).
 //
 // It reads the edge through narrow inputs only: a read-only group.View of the routing table,
 // the group events, a function for each group's public URL, an authenticator for tenant
@@ -40,6 +41,9 @@ type Stats struct {
 	// member: after opening the stream to the first failed, and after its backend reset the
 	// connection with a bodyless request unread.
 	RetriesOpenFailed, RetriesResetUnread uint64
+	// RetriesIdempotent counts idempotent requests sent to one other member after their
+	// member failed before answering (the opt-in idempotent retry).
+	RetriesIdempotent uint64
 	// Deliveries counts alert deliveries by result.
 	Deliveries map[webhook.Result]uint64
 }
@@ -170,12 +174,18 @@ func (p *Plane) EventStreams() int { return p.events.subscribers() }
 
 // Handler returns the whole admin API as an http.Handler:
 //
+//   - GET / is the live status page (HTML; its script and style sheet are under
+//     /static/): every group the token entered on the page may see, with its members.
+//     Without JavaScript it lists the groups only when the API is open. Any other path
+//     that is not listed here is 404.
 //   - GET /healthz answers 200 "ok" while the edge is serving and 503 once it is shutting
 //     down. It needs no token.
 //   - GET /metrics is MetricsHandler.
 //   - /api/ is APIHandler.
 func (p *Plane) Handler() http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", p.serveStatusPage)
+	mux.HandleFunc("GET /static/", serveStatic)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if p.cfg.ShuttingDown() {
 			http.Error(w, "shutting down", http.StatusServiceUnavailable)

@@ -40,6 +40,7 @@ type TunnelInfo struct {
 	Port int `json:"port,omitempty"`
 	// JoinedAt is when the tunnel registered.
 	JoinedAt time.Time `json:"joined_at"`
+	LoadBalancing
 }
 
 // GroupInfo is one load-balancing group in the JSON of GET /api/groups. For a tenant the
@@ -59,6 +60,10 @@ type GroupInfo struct {
 	URL string `json:"url"`
 	// Port is the public TCP port (tcp only).
 	Port int `json:"port,omitempty"`
+	// Affinity is the pool's affinity ("cookie", "client_ip" or "header:<Name>"; absent for
+	// none) and RetryIdempotent its opt-in idempotent retry, as its members declare them.
+	Affinity        string `json:"affinity,omitempty"`
+	RetryIdempotent bool   `json:"retry_idempotent,omitempty"`
 	// MemberCount and HealthyCount count the members and those with the health bit set.
 	MemberCount  int `json:"member_count"`
 	HealthyCount int `json:"healthy_count"`
@@ -67,6 +72,10 @@ type GroupInfo struct {
 	// Reserved marks an endpoint reserved by the edge's configuration that has no member
 	// now (it answers 503 until one registers).
 	Reserved bool `json:"reserved,omitempty"`
+	// Dispatches counts the requests and connections dispatched to this pool's members so
+	// far (the status page derives a rate from it). It is shown only to a caller that sees
+	// every member of the pool; absent for a reserved endpoint.
+	Dispatches *uint64 `json:"dispatches,omitempty"`
 
 	// key is the full key hash: pools may share a short one, pages must not.
 	key string
@@ -91,6 +100,23 @@ type GroupMember struct {
 	HasAlertWebhook bool `json:"has_alert_webhook"`
 	// JoinedAt is when the member joined.
 	JoinedAt time.Time `json:"joined_at"`
+	LoadBalancing
+}
+
+// LoadBalancing is a member's load-balancing state in the API.
+type LoadBalancing struct {
+	// Weight (1–100) is the member's share of new work relative to its tier; Priority its
+	// tier (0 first: only the lowest tier with a healthy member takes new work).
+	Weight   int `json:"weight"`
+	Priority int `json:"priority"`
+	// Ejected is set while passive outlier ejection keeps the member out of dispatch (it
+	// is then not healthy either); Ramping while it is still in its slow start.
+	Ejected bool `json:"ejected"`
+	Ramping bool `json:"ramping"`
+}
+
+func loadBalancing(m group.MemberInfo) LoadBalancing {
+	return LoadBalancing{Weight: m.Weight, Priority: m.Priority, Ejected: m.Ejected, Ramping: m.Ramping}
 }
 
 // HealthEvent is one health transition of a tunnel in the JSON of
@@ -143,6 +169,7 @@ func (p *Plane) tunnelInfo(g group.Info, m group.MemberInfo) TunnelInfo {
 		HealthKind:    healthKindLabel(m.HealthKind),
 		URL:           p.cfg.URL(g),
 		JoinedAt:      m.Joined,
+		LoadBalancing: loadBalancing(m),
 	}
 	if !g.Solo() {
 		t.KeyHashShort = g.KeyHash.Short()
@@ -219,6 +246,9 @@ func (p *Plane) apiGroups(w http.ResponseWriter, r *http.Request) {
 			URL:          p.cfg.URL(g),
 			Members:      []GroupMember{},
 			key:          g.KeyHash.String(),
+
+			Affinity:        g.Affinity,
+			RetryIdempotent: g.RetryIdempotent,
 		}
 		if g.Kind == group.KindTCP {
 			gi.Port = g.Port
@@ -236,12 +266,16 @@ func (p *Plane) apiGroups(w http.ResponseWriter, r *http.Request) {
 				HealthKind:      healthKindLabel(m.HealthKind),
 				HasAlertWebhook: m.HasAlertWebhook,
 				JoinedAt:        m.Joined,
+				LoadBalancing:   loadBalancing(m),
 			}
 			gi.MemberCount++
 			if gm.Healthy {
 				gi.HealthyCount++
 			}
 			gi.Members = append(gi.Members, gm)
+		}
+		if gi.MemberCount == len(g.Members) {
+			gi.Dispatches = &g.Dispatches
 		}
 		if gi.MemberCount > 0 {
 			out = append(out, gi)

@@ -25,6 +25,8 @@ type GroupEvent struct {
 	TunnelID string `json:"tunnel_id"`
 	Healthy  bool   `json:"healthy"`
 	Reason   string `json:"reason"`
+	// Ejection marks the ejection of a member by passive outlier detection, and its end.
+	Ejection bool `json:"ejection,omitempty"`
 	// HealthyCount and MemberCount are the group's counts after the change.
 	HealthyCount int `json:"healthy_count"`
 	MemberCount  int `json:"member_count"`
@@ -135,6 +137,7 @@ func (b *broker) publish(ev group.Event) {
 		TunnelID:     ev.Member.ID,
 		Healthy:      ev.Healthy,
 		Reason:       ev.Reason,
+		Ejection:     ev.Ejection,
 		HealthyCount: ev.HealthyCount,
 		MemberCount:  ev.MemberCount,
 		At:           ev.At,

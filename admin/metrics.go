@@ -22,10 +22,11 @@ type collector struct {
 	cfg                                      Config
 	members, dispatches, failures            *prometheus.Desc
 	activeTunnels, requests, webhookDelivery *prometheus.Desc
-	retries                                  *prometheus.Desc
+	retries, ejections                       *prometheus.Desc
 
-	mu     sync.Mutex
-	failed map[failureKey]uint64 // unhealthy transitions
+	mu      sync.Mutex
+	failed  map[failureKey]uint64 // unhealthy transitions reported by probes
+	ejected map[string]uint64     // outlier ejections per group name
 }
 
 type failureKey struct{ group, kind string }
@@ -53,9 +54,13 @@ func newCollector(cfg Config) *collector {
 			"Alert webhook deliveries, by outcome.",
 			[]string{"result"}, nil),
 		retries: prometheus.NewDesc("warren_dispatch_retries_total",
-			"Requests and connections sent to one other member, by reason: opening the stream to the first failed (open_failed), or its backend reset the connection with the bodyless request unread (reset_unread).",
+			"Requests and connections sent to one other member, by reason: opening the stream to the first failed (open_failed), its backend reset the connection with the bodyless request unread (reset_unread), or an idempotent request's member failed before answering (idempotent; opt-in).",
 			[]string{"reason"}, nil),
-		failed: map[failureKey]uint64{},
+		ejections: prometheus.NewDesc("warren_member_ejections_total",
+			"Members of the groups with this name ejected by passive outlier detection (streams failing in a row).",
+			[]string{"group"}, region),
+		failed:  map[failureKey]uint64{},
+		ejected: map[string]uint64{},
 	}
 }
 
@@ -73,13 +78,17 @@ func (c *collector) observe(ev group.Event) {
 		return
 	}
 	c.mu.Lock()
-	c.failed[failureKey{ev.Group.Name, healthKindLabel(ev.Member.HealthKind)}]++
+	if ev.Ejection {
+		c.ejected[ev.Group.Name]++
+	} else {
+		c.failed[failureKey{ev.Group.Name, healthKindLabel(ev.Member.HealthKind)}]++
+	}
 	c.mu.Unlock()
 }
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.members, c.dispatches, c.failures, c.activeTunnels, c.requests, c.webhookDelivery, c.retries} {
+	for _, d := range []*prometheus.Desc{c.members, c.dispatches, c.failures, c.activeTunnels, c.requests, c.webhookDelivery, c.retries, c.ejections} {
 		ch <- d
 	}
 }
@@ -93,6 +102,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	members := map[string]healthSplit{}
 	c.mu.Lock()
 	failures := maps.Clone(c.failed)
+	ejected := maps.Clone(c.ejected)
 	c.mu.Unlock()
 	for _, g := range view.Groups() {
 		tunnels[g.Proto] += len(g.Members)
@@ -111,6 +121,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		members[g.Name] = hs
+		if _, ok := ejected[g.Name]; !ok {
+			ejected[g.Name] = 0 // every pool has a series from the start
+		}
+	}
+	for name, n := range ejected {
+		ch <- prometheus.MustNewConstMetric(c.ejections, prometheus.CounterValue, float64(n), name)
 	}
 	dispatches := view.Dispatches()
 
@@ -131,6 +147,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.requests, prometheus.CounterValue, float64(stats.TCPConnections), string(group.ProtoTCP))
 	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesOpenFailed), "open_failed")
 	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesResetUnread), "reset_unread")
+	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesIdempotent), "idempotent")
 	deliveries := maps.Clone(stats.Deliveries)
 	if deliveries == nil {
 		deliveries = map[webhook.Result]uint64{}

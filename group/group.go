@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -80,15 +81,27 @@ type Group struct {
 	Label string
 	// Name is the pool's display name as the first joiner set it; "" for a solo tunnel.
 	Name string
-	// KeyHash is the pool's key hash (zero for a solo tunnel).
-	KeyHash KeyHash
 	// Port is the public TCP port (tcp only).
 	Port int
 	// ID is unique per group instance on this edge, also across re-creations of a route.
 	ID string
+	// Affinity is the pool's affinity setting ("", "cookie", "client_ip" or
+	// "header:<Name>"), which every member declares alike.
+	Affinity string
+	// RetryIdempotent is the pool's opt-in idempotent retry, which every member declares
+	// alike.
+	RetryIdempotent bool
 
-	key      string // the registry key
-	strategy dispatch.Strategy
+	// lock names the route's shard lock: the subdomain, or the TCP pool's name, so that
+	// every key of a pool whose key is rotating shares one lock.
+	lock string
+	// routeKeys are the registry keys the group is stored under: its route, and for a TCP
+	// pool whose key is rotating, its old key's route while a member still holds that key.
+	// Guarded by the route's shard lock.
+	routeKeys []string
+	keyHash   atomic.Pointer[KeyHash]
+	strategy  dispatch.Strategy
+	keyed     dispatch.Keyed // picks by affinity key: the strategy if it can, else rendezvous
 
 	// snap is the immutable list of selectable members, swapped on every change.
 	snap       atomic.Pointer[snapshot]
@@ -107,8 +120,22 @@ type Group struct {
 // Solo reports whether the group is a single, ungrouped tunnel.
 func (g *Group) Solo() bool { return g.Name == "" }
 
-// snapshot is the view a dispatch strategy picks from.
-type snapshot struct{ members []*Member }
+// KeyHash is the pool's current key hash (zero for a solo tunnel); it changes when a member
+// rotates the pool's key.
+func (g *Group) KeyHash() KeyHash {
+	if k := g.keyHash.Load(); k != nil {
+		return *k
+	}
+	return KeyHash{}
+}
+
+// snapshot is the view a dispatch strategy picks from: the selectable members of one priority
+// tier; backup is the next tier with selectable members (nil if none), which only a retry
+// uses.
+type snapshot struct {
+	members []*Member
+	backup  *snapshot
+}
 
 func (s *snapshot) Len() int         { return len(s.members) }
 func (s *snapshot) Load(i int) int64 { return s.members[i].Active() }
@@ -119,15 +146,23 @@ type except struct {
 	skip int
 }
 
-func (e *except) Len() int { return len(e.s.members) - 1 }
-func (e *except) Load(i int) int64 {
-	if i >= e.skip {
-		i++
-	}
-	return e.s.members[i].Active()
-}
+func (e *except) Len() int         { return len(e.s.members) - 1 }
+func (e *except) Load(i int) int64 { return e.s.members[e.index(i)].Active() }
 
 var emptySnapshot = &snapshot{}
+
+// pickIn picks a member of s other than skip with g's strategy, or returns -1.
+func (g *Group) pickIn(s *snapshot, skip *Member) int {
+	at := slices.Index(s.members, skip)
+	if at < 0 {
+		return g.strategy.Pick(s)
+	}
+	i := g.strategy.Pick(&except{s, at})
+	if i >= at {
+		i++
+	}
+	return i
+}
 
 // Pick chooses a healthy, non-draining member with the group's strategy and acquires a stream
 // on it (the caller must Release it). It returns nil when no member is selectable, or when
@@ -171,30 +206,25 @@ func (g *Group) Saturated() bool {
 	return len(s.members) > 0
 }
 
-// PickExcept is Pick among all selectable members but skip: the edge's one retry after a
-// failed stream open. It returns nil if no other member is selectable.
+// PickExcept is Pick among all selectable members of the active priority tier but skip: the
+// edge's one retry after a failed attempt. When the tier has no other member, the next tier
+// with a selectable member takes the retry. It returns nil if no other member is selectable.
 func (g *Group) PickExcept(skip *Member) *Member {
 	for range 4 {
-		s := g.snap.Load()
-		at := -1
-		for i, m := range s.members {
-			if m == skip {
-				at = i
-				break
+		full := false
+		for s := g.snap.Load(); s != nil && !full; s = s.backup {
+			i := g.pickIn(s, skip)
+			if i < 0 {
+				continue // nobody else in this tier: try the next
 			}
+			if m := s.members[i]; m.Acquire() {
+				g.dispatches.Add(1)
+				return m
+			}
+			full = true // it filled up or left since the snapshot: look again
 		}
-		var i int
-		if at < 0 {
-			i = g.strategy.Pick(s)
-		} else if i = g.strategy.Pick(&except{s, at}); i >= at {
-			i++
-		}
-		if i < 0 {
+		if !full {
 			return nil
-		}
-		if m := s.members[i]; m.Acquire() {
-			g.dispatches.Add(1)
-			return m
 		}
 	}
 	return nil
@@ -210,8 +240,8 @@ func (g *Group) Members() []*Member {
 	return append([]*Member(nil), g.members...)
 }
 
-// Counts returns the number of members, how many have their health bit set, and how many are
-// selectable (healthy and not draining).
+// Counts returns the number of members, how many are healthy (probe passing, not ejected),
+// and how many are selectable (healthy and not draining).
 func (g *Group) Counts() (members, healthy, selectable int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -237,11 +267,12 @@ func (g *Group) Removed() bool {
 	return g.removed
 }
 
-// publishLocked rebuilds the selectable snapshot; the caller holds g.mu.
+// publishLocked rebuilds the selectable snapshot: the healthy, non-draining, non-ejected
+// members of the lowest-numbered priority tier that has any. The caller holds g.mu.
 func (g *Group) publishLocked() {
 	var sel []*Member
 	for _, m := range g.members {
-		if m.Healthy() && !m.Draining() {
+		if m.selectable() {
 			sel = append(sel, m)
 		}
 	}
@@ -249,5 +280,5 @@ func (g *Group) publishLocked() {
 		g.snap.Store(emptySnapshot)
 		return
 	}
-	g.snap.Store(&snapshot{members: sel})
+	g.snap.Store(tiers(sel))
 }

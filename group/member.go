@@ -32,13 +32,32 @@ type Member struct {
 	AlertWebhook string
 	// Joined is when the member joined.
 	Joined time.Time
+	// Weight is the member's declared share of new work relative to the others (1–100).
+	Weight int
+	// Priority is the member's tier: only the lowest-numbered tier with a selectable member
+	// takes new work.
+	Priority int
+	// SlowStart is how long the member ramps up to its full weight after it turns
+	// selectable; 0 means at once.
+	SlowStart time.Duration
 
 	group *Group
 	value any
 	// state packs closedBit and the active stream count so that Acquire is one CAS.
 	state   atomic.Uint64
-	limit   uint64 // cap on active streams; 0 = none
-	healthy atomic.Bool
+	limit   uint64      // cap on active streams; 0 = none
+	healthy atomic.Bool // the probe's verdict (see Healthy for the member's health)
+
+	key   KeyHash // the group key the member presented
+	hash  uint64  // dispatch.HashString(ID): the member's place in consistent hashing
+	token string  // the opaque, signed affinity token naming the member
+	// rampFrom is when the member last turned selectable (nanoseconds on the package's
+	// monotonic clock) while it still ramps up; 0 when it is at its full weight.
+	rampFrom atomic.Int64
+	// ejected is set while passive outlier ejection keeps the member out of dispatch.
+	ejected atomic.Bool
+	failing atomic.Bool // failures are on record (out.run or out.level is not 0)
+	out     outlier     // guarded by group.mu
 
 	drainOnce sync.Once
 	drained   chan struct{}
@@ -56,8 +75,17 @@ func (m *Member) Value() any { return m.value }
 // Group returns the member's group.
 func (m *Member) Group() *Group { return m.group }
 
-// Healthy reports the member's health bit.
-func (m *Member) Healthy() bool { return m.healthy.Load() }
+// Healthy reports the member's health: its probe passes (or it has none) and it is not
+// ejected for failing streams.
+func (m *Member) Healthy() bool { return m.healthy.Load() && !m.ejected.Load() }
+
+// Ejected reports whether passive outlier ejection keeps the member out of dispatch.
+func (m *Member) Ejected() bool { return m.ejected.Load() }
+
+// AffinityToken is an opaque token naming the member, signed with the registry's secret, for
+// an affinity cookie: Group.PickToken takes it back. A client cannot make one up for a member
+// it was not given.
+func (m *Member) AffinityToken() string { return m.token }
 
 // Draining reports whether the member has been asked to drain (or has left).
 func (m *Member) Draining() bool { return m.draining.Load() }

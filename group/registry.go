@@ -13,7 +13,7 @@
 package group
 
 import (
-	"crypto/subtle"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -87,6 +87,12 @@ type Config struct {
 	// MaxActivePerMember caps each member's active streams (0: no cap). A member at its
 	// cap is skipped by Pick, so one flooded group cannot take every stream a connector has.
 	MaxActivePerMember int64
+	// Ejection turns passive outlier ejection on (see Registry.ReportOutcome); nil: off.
+	// Zero fields take DefaultEjection's values.
+	Ejection *Ejection
+	// AffinitySecret signs the members' affinity tokens (Member.AffinityToken); nil: a
+	// random secret, so tokens do not outlive the registry.
+	AffinitySecret []byte
 	// OnCreate is called under the route's lock when a group is created, before its first
 	// member joins (the edge binds the TCP listener here). An error aborts the join; an error
 	// wrapping ErrPortUnavailable makes Join try the next port.
@@ -140,11 +146,13 @@ type Event struct {
 	// Healthy and Reason are the member's health after the change.
 	Healthy bool
 	Reason  string
-	// Members, Healthy and Selectable count the group's members, those with the health
-	// bit set, and those healthy and not draining.
+	// Members, Healthy and Selectable count the group's members, those healthy (probe
+	// passing and not ejected), and those healthy and not draining.
 	MemberCount, HealthyCount, SelectableCount int
 	// GroupRemoved is set on the EventLeft of the last member.
 	GroupRemoved bool
+	// Ejection is set on the EventHealth of an outlier ejection and of its end.
+	Ejection bool
 	// AlertWebhooks are the unique tenant alert URLs of the group's members, the event's
 	// member included even when it just left, in join order. Empty for solo tunnels.
 	AlertWebhooks []string
@@ -176,6 +184,25 @@ type JoinRequest struct {
 	// the pool's port from before (held with HoldPorts). 0, or a port that is not
 	// available, takes the next free one.
 	Port int
+	// Weight is the member's share of new work relative to the other members of its tier,
+	// 1 to MaxWeight; 0 means 1.
+	Weight int
+	// Priority is the member's tier, 0 (first) to MaxPriority: only the lowest-numbered tier
+	// with a selectable member takes new work.
+	Priority int
+	// SlowStart ramps the member's weight up from almost nothing over this long whenever it
+	// turns selectable (joins healthy, passes its probe again, returns from an ejection);
+	// 0 means at once. At most MaxSlowStart.
+	SlowStart time.Duration
+	// Affinity and RetryIdempotent are pool settings: the first member sets them and every
+	// other member must declare the same (ErrProtoMismatch otherwise). Affinity is "",
+	// "cookie", "client_ip" or "header:<Name>" (ParseAffinity); TCP pools take "" or
+	// "client_ip".
+	Affinity        string
+	RetryIdempotent bool
+	// PrevKeyHashes are hashes of group keys the joiner held before KeyHash (key rotation):
+	// it may join a pool whose key is one of them, and the pool moves to KeyHash.
+	PrevKeyHashes []KeyHash
 	// Value is the caller's payload, returned by Member.Value.
 	Value any
 }
@@ -205,6 +232,10 @@ type Registry struct {
 	retired   map[string]uint64
 	ports     portPool
 	seq       atomic.Uint64
+
+	ejection  Ejection // cfg.Ejection with defaults
+	ejections atomic.Uint64
+	secret    []byte
 }
 
 // NewRegistry returns an empty registry.
@@ -212,7 +243,14 @@ func NewRegistry(cfg Config) *Registry {
 	if cfg.NewStrategy == nil {
 		cfg.NewStrategy = func() dispatch.Strategy { return new(dispatch.LeastStreams) }
 	}
-	r := &Registry{cfg: cfg, seed: maphash.MakeSeed()}
+	r := &Registry{cfg: cfg, seed: maphash.MakeSeed(), secret: cfg.AffinitySecret}
+	if cfg.Ejection != nil {
+		r.ejection = cfg.Ejection.withDefaults()
+	}
+	if len(r.secret) == 0 {
+		r.secret = make([]byte, 32)
+		_, _ = rand.Read(r.secret) // crypto/rand.Read never fails
+	}
 	r.ports.init(cfg.Ports)
 	return r
 }
@@ -261,6 +299,9 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 	default:
 		return nil, reject(ErrInvalid, fmt.Sprintf("unknown protocol %q", req.Proto))
 	}
+	if err := validatePolicy(&req, kind); err != nil {
+		return nil, err
+	}
 	grouped := req.Group != "" && r.cfg.LoadBalancing
 	if !grouped {
 		req.Group, req.KeyHash = "", KeyHash{}
@@ -269,18 +310,19 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 		req.Label = req.Group
 	}
 
-	var key string
+	var key, lock string
 	var routes *sync.Map
 	switch {
 	case kind == KindHTTP:
-		key, routes = req.Label, &r.http
+		key, lock, routes = req.Label, req.Label, &r.http
 	case grouped:
-		key, routes = req.Group+"\x00"+string(req.KeyHash[:]), &r.tcp
+		key, lock, routes = tcpKey(req.Group, req.KeyHash), "\x00tcp\x00"+req.Group, &r.tcp
 	default:
 		key, routes = "\x00solo\x00"+req.ID, &r.tcp
+		lock = key
 	}
 
-	sh := r.shardFor(key)
+	sh := r.shardFor(lock)
 	sh.mu.Lock()
 	unlocked := false
 	defer func() {
@@ -290,16 +332,21 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 	}()
 
 	var g *Group
-	if v, ok := routes.Load(key); ok {
+	v, ok := routes.Load(key)
+	if !ok && kind == KindTCP && grouped {
+		v, ok = rotatingTCP(routes, req)
+	}
+	if ok {
 		g = v.(*Group)
 		if err := admit(g, req, grouped); err != nil {
 			return nil, err
 		}
 	} else {
 		var err error
-		if g, err = r.create(kind, key, req, grouped); err != nil {
+		if g, err = r.create(kind, lock, req, grouped); err != nil {
 			return nil, err
 		}
+		g.routeKeys = []string{key}
 		routes.Store(key, g)
 	}
 
@@ -308,22 +355,32 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 		Tenant:       req.Tenant,
 		HealthKind:   req.HealthKind,
 		AlertWebhook: req.AlertWebhook,
+		Weight:       req.Weight,
+		Priority:     req.Priority,
+		SlowStart:    req.SlowStart,
 		value:        req.Value,
 		Joined:       time.Now(),
 		group:        g,
 		drained:      make(chan struct{}),
 		limit:        uint64(max(r.cfg.MaxActivePerMember, 0)),
+		key:          req.KeyHash,
+		hash:         dispatch.HashString(req.ID),
+		token:        r.affinityToken(req.ID),
 	}
 	reason := "registered"
 	if req.HealthKind == "" || req.HealthKind == "none" {
 		m.HealthKind = "none"
 		m.healthy.Store(true)
+		m.startRamp()
 	} else {
 		reason = "registered; waiting for the first health probe"
 	}
 
 	g.mu.Lock()
 	g.members = append(g.members, m)
+	if grouped {
+		rotate(g, req, routes)
+	}
 	m.record(Transition{At: m.Joined, Healthy: m.Healthy(), Reason: reason})
 	g.publishLocked()
 	r.byID.Store(m.ID, m)
@@ -339,32 +396,88 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 func admit(g *Group, req JoinRequest, grouped bool) error {
 	if g.Kind == KindTCP {
 		// TCP routes include the key hash, so an existing route always matches.
-		return nil
+		return admitPolicy(g, req)
 	}
 	switch {
 	case !grouped:
 		return reject(ErrInUse, fmt.Sprintf("subdomain '%s' is already in use", req.Label))
-	case g.Solo() || subtle.ConstantTimeCompare(g.KeyHash[:], req.KeyHash[:]) != 1:
+	case g.Solo() || !g.keyAdmits(req):
 		return reject(ErrKeyMismatch, fmt.Sprintf("group key does not match for subdomain '%s'", req.Label))
 	case g.Proto != req.Proto:
 		return reject(ErrProtoMismatch, fmt.Sprintf("protocol mismatch: group '%s' on subdomain '%s' serves %s, this tunnel is %s",
 			g.Name, req.Label, g.Proto, req.Proto))
 	}
+	return admitPolicy(g, req)
+}
+
+// admitPolicy refuses a joiner whose pool settings differ from its pool's.
+func admitPolicy(g *Group, req JoinRequest) error {
+	where := fmt.Sprintf("subdomain '%s'", g.Label)
+	if g.Kind == KindTCP {
+		where = fmt.Sprintf("TCP group '%s'", g.Name)
+	}
+	show := func(a string) string {
+		if a == "" {
+			return "none"
+		}
+		return a
+	}
+	switch {
+	case g.Affinity != req.Affinity:
+		return reject(ErrProtoMismatch, fmt.Sprintf("affinity mismatch: the pool on %s uses affinity %s, this tunnel declares %s",
+			where, show(g.Affinity), show(req.Affinity)))
+	case g.RetryIdempotent != req.RetryIdempotent:
+		return reject(ErrProtoMismatch, fmt.Sprintf("retry_idempotent mismatch: the pool on %s has it %t, this tunnel declares %t",
+			where, g.RetryIdempotent, req.RetryIdempotent))
+	}
+	return nil
+}
+
+// validatePolicy checks and normalizes the load-balancing settings of req.
+func validatePolicy(req *JoinRequest, kind Kind) error {
+	if req.Weight == 0 {
+		req.Weight = 1
+	}
+	switch {
+	case req.Weight < 1 || req.Weight > MaxWeight:
+		return reject(ErrInvalid, fmt.Sprintf("weight %d is out of range (1 to %d)", req.Weight, MaxWeight))
+	case req.Priority < 0 || req.Priority > MaxPriority:
+		return reject(ErrInvalid, fmt.Sprintf("priority %d is out of range (0 to %d)", req.Priority, MaxPriority))
+	case req.SlowStart < 0 || req.SlowStart > MaxSlowStart:
+		return reject(ErrInvalid, fmt.Sprintf("slow start %s is out of range (0 to %s)", req.SlowStart, MaxSlowStart))
+	}
+	a, err := ParseAffinity(req.Affinity)
+	if err != nil {
+		return reject(ErrInvalid, err.Error())
+	}
+	if kind == KindTCP && a != "" && a != AffinityClientIP {
+		return reject(ErrInvalid, fmt.Sprintf("affinity %s is for HTTP; a TCP pool takes client_ip", a))
+	}
+	req.Affinity = a
 	return nil
 }
 
 // create makes a new group for req, taking a port for TCP; the caller holds the route lock.
-func (r *Registry) create(kind Kind, key string, req JoinRequest, grouped bool) (*Group, error) {
+func (r *Registry) create(kind Kind, lock string, req JoinRequest, grouped bool) (*Group, error) {
 	g := &Group{
 		Kind:     kind,
 		Proto:    req.Proto,
 		Label:    req.Label,
 		ID:       strconv.FormatUint(r.seq.Add(1), 10),
-		key:      key,
+		lock:     lock,
 		strategy: r.cfg.NewStrategy(),
+
+		Affinity:        req.Affinity,
+		RetryIdempotent: req.RetryIdempotent,
+	}
+	if k, ok := g.strategy.(dispatch.Keyed); ok {
+		g.keyed = k
+	} else {
+		g.keyed = &dispatch.Rendezvous{Fallback: g.strategy}
 	}
 	if grouped {
-		g.Name, g.KeyHash = req.Group, req.KeyHash
+		g.Name = req.Group
+		g.keyHash.Store(&req.KeyHash)
 	}
 	g.snap.Store(emptySnapshot)
 	if kind != KindTCP {
@@ -409,7 +522,7 @@ func (r *Registry) onCreate(g *Group) error {
 // OnRemove runs and the port returns to the range. Leave is idempotent.
 func (r *Registry) Leave(m *Member) {
 	g := m.group
-	sh := r.shardFor(g.key)
+	sh := r.shardFor(g.lock)
 	sh.mu.Lock()
 	g.mu.Lock()
 	i := slices.Index(g.members, m)
@@ -420,22 +533,27 @@ func (r *Registry) Leave(m *Member) {
 	}
 	r.byID.CompareAndDelete(m.ID, m)
 	g.members = slices.Delete(g.members, i, i+1)
+	m.stopEjection()
 	m.draining.Store(true)
 	g.publishLocked()
 	m.close()
 	last := len(g.members) == 0
 	if last {
 		g.removed = true
+	} else if g.Kind == KindTCP {
+		pruneTCPKeys(g, &r.tcp)
 	}
 	r.queueLocked(EventLeft, g, m, "left", last)
 	g.mu.Unlock()
 
 	if last {
 		r.retiredMu.Lock()
+		routes := &r.tcp
 		if g.Kind == KindHTTP {
-			r.http.Delete(g.key)
-		} else {
-			r.tcp.Delete(g.key)
+			routes = &r.http
+		}
+		for _, k := range g.routeKeys {
+			routes.CompareAndDelete(k, g)
 		}
 		if !g.Solo() {
 			if r.retired == nil {
@@ -492,7 +610,10 @@ func (r *Registry) SetHealth(m *Member, healthy bool, reason string) bool {
 	}
 	m.probed = true
 	m.healthy.Store(healthy)
-	m.record(Transition{At: time.Now(), Healthy: healthy, Reason: reason})
+	if m.Healthy() {
+		m.startRamp()
+	}
+	m.record(Transition{At: time.Now(), Healthy: m.Healthy(), Reason: reason})
 	g.publishLocked()
 	r.queueLocked(EventHealth, g, m, reason, false)
 	g.mu.Unlock()
@@ -506,8 +627,20 @@ func (r *Registry) queueLocked(kind EventKind, g *Group, m *Member, reason strin
 	if r.cfg.OnEvent == nil {
 		return
 	}
+	r.pushLocked(g, eventLocked(kind, g, m, reason, removed))
+}
+
+// pushLocked appends ev to g's outbox; the caller holds g.mu.
+func (r *Registry) pushLocked(g *Group, ev Event) {
+	g.outMu.Lock()
+	g.outbox = append(g.outbox, ev)
+	g.outMu.Unlock()
+}
+
+// eventLocked describes a change of g about m; the caller holds g.mu.
+func eventLocked(kind EventKind, g *Group, m *Member, reason string, removed bool) Event {
 	members, healthy, selectable := g.countsLocked()
-	ev := Event{
+	return Event{
 		Kind:            kind,
 		Group:           g.infoLocked(false),
 		Member:          m.info(),
@@ -520,9 +653,6 @@ func (r *Registry) queueLocked(kind EventKind, g *Group, m *Member, reason strin
 		AlertWebhooks:   alertWebhooksLocked(g, m),
 		At:              time.Now(),
 	}
-	g.outMu.Lock()
-	g.outbox = append(g.outbox, ev)
-	g.outMu.Unlock()
 }
 
 // deliver hands g's queued events to OnEvent, in order, with no registry lock held. One

@@ -19,6 +19,9 @@ type Info struct {
 	Port int
 	// Dispatches counts the streams handed to the group's members so far.
 	Dispatches uint64
+	// Affinity and RetryIdempotent are the pool's settings (JoinRequest).
+	Affinity        string
+	RetryIdempotent bool
 	// Members are the group's members in join order (nil in an Event).
 	Members []MemberInfo
 }
@@ -50,8 +53,15 @@ type MemberInfo struct {
 	HealthKind string
 	// HasAlertWebhook says whether the member registered a tenant alert URL.
 	HasAlertWebhook bool
-	// Healthy is the member's health bit; Draining says it takes no new work.
+	// Healthy says the member's probe passes (or it has none) and it is not ejected;
+	// Draining says it takes no new work.
 	Healthy, Draining bool
+	// Ejected says passive outlier ejection keeps it out of dispatch for now.
+	Ejected bool
+	// Weight (1–100) and Priority (tier, 0 first) are its load-balancing settings; Ramping
+	// says it is still in its slow start.
+	Weight, Priority int
+	Ramping          bool
 	// Active is its number of active streams.
 	Active int64
 	// Joined is when the member joined.
@@ -66,6 +76,10 @@ func (m *Member) info() MemberInfo {
 		HasAlertWebhook: m.AlertWebhook != "",
 		Healthy:         m.Healthy(),
 		Draining:        m.Draining(),
+		Ejected:         m.Ejected(),
+		Weight:          m.Weight,
+		Priority:        m.Priority,
+		Ramping:         m.Ramping(),
 		Active:          m.Active(),
 		Joined:          m.Joined,
 	}
@@ -75,7 +89,8 @@ func (m *Member) info() MemberInfo {
 func (g *Group) infoLocked(withMembers bool) Info {
 	i := Info{
 		ID: g.ID, Kind: g.Kind, Proto: g.Proto, Label: g.Label, Name: g.Name,
-		KeyHash: g.KeyHash, Port: g.Port, Dispatches: g.dispatches.Load(),
+		KeyHash: g.KeyHash(), Port: g.Port, Dispatches: g.dispatches.Load(),
+		Affinity: g.Affinity, RetryIdempotent: g.RetryIdempotent,
 	}
 	if withMembers {
 		i.Members = make([]MemberInfo, len(g.members))
@@ -170,6 +185,14 @@ func (v View) Dispatches() map[string]uint64 {
 		}
 	}
 	return out
+}
+
+// Ejections returns the number of outlier ejections so far.
+func (v View) Ejections() uint64 {
+	if v.r == nil {
+		return 0
+	}
+	return v.r.Ejections()
 }
 
 // PortsInUse returns the number of TCP ports currently taken.

@@ -135,7 +135,7 @@ func TestAlertOnEveryFallAndRecovery(t *testing.T) {
 	require.Equal(t, "http", p.Protocol)
 	require.Equal(t, "pool", p.Label)
 	require.Equal(t, "web", p.GroupName)
-	require.Equal(t, e.registry.LookupHTTP("pool").KeyHash.Short(), p.KeyHashShort)
+	require.Equal(t, e.registry.LookupHTTP("pool").KeyHash().Short(), p.KeyHashShort)
 	require.Len(t, p.KeyHashShort, 8)
 	require.Equal(t, 3, p.MemberCount)
 	_, err := time.Parse(time.RFC3339, p.At)

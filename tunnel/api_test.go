@@ -114,7 +114,7 @@ func TestAPIListsTunnelsAndGroups(t *testing.T) {
 	tunnels := getJSON[[]TunnelInfo](api, "", "/api/tunnels")
 	require.Len(t, tunnels, 4)
 	byID := tunnelsByID(tunnels)
-	key := e.registry.LookupHTTP("pool").KeyHash.Short()
+	key := e.registry.LookupHTTP("pool").KeyHash().Short()
 	a := byID[ta.ID()]
 	require.Equal(t, ProtoHTTP, a.Proto)
 	require.Equal(t, "pool", a.Label)

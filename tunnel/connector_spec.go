@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/health"
@@ -44,8 +45,30 @@ type TunnelSpec struct {
 	// left. It stays on the edge; no API returns it.
 	AlertWebhook string
 
+	// Weight is this member's share of new work relative to the other members of its tier,
+	// 1 to 100; 0 means 1. Priority is its tier: only the lowest-numbered tier with a
+	// healthy member takes new work (0, the default, is first). SlowStart ramps its share up
+	// from almost nothing over this long whenever it turns healthy; 0 means at once.
+	Weight, Priority int
+	SlowStart        time.Duration
+	// Affinity and RetryIdempotent are pool settings: every member of a pool must declare
+	// the same, or the edge refuses it with ErrProtoMismatch. Affinity keeps a client on one
+	// member: "cookie" (the edge sets a signed cookie naming the member), "client_ip", or
+	// "header:<Name>"; TCP pools take only "client_ip". RetryIdempotent lets the edge send a
+	// request to one other member when its member fails before answering, if the request is
+	// idempotent (GET, HEAD, OPTIONS, PUT, DELETE, or any with an Idempotency-Key header)
+	// and its body is at most 64 KiB.
+	Affinity        string
+	RetryIdempotent bool
+	// PreviousGroupKeys are the group keys this connector held before GroupKey, for a key
+	// rotation without dropping the pool (see the README). At most 4; hashed here like
+	// GroupKey.
+	PreviousGroupKeys []string
+
 	// keyHash is the hex SHA-256 of GroupKey; the session keeps only this, not the key.
 	keyHash string
+	// prevKeyHashes are the hashes of PreviousGroupKeys.
+	prevKeyHashes []string
 }
 
 func (sp TunnelSpec) describe() string {
@@ -85,6 +108,9 @@ func (sp *TunnelSpec) normalize(listen bool) error {
 			return fmt.Errorf("tunnel: %w: %s is %d bytes, the limit is %d", ErrInvalid, f.name, len(f.value), f.max)
 		}
 	}
+	if err := sp.normalizeLB(); err != nil {
+		return err
+	}
 	if sp.GroupKey != "" {
 		sp.keyHash, sp.GroupKey = group.HashKey(sp.GroupKey).String(), "" // the raw key is not kept
 	}
@@ -116,5 +142,45 @@ func (sp TunnelSpec) register(req uint32) *wire.Register {
 	} else if sp.AlertWebhook != "" {
 		m.Health = &wire.HealthInfo{Kind: "none", AlertWebhook: sp.AlertWebhook}
 	}
+	lb := wire.LBInfo{Weight: sp.Weight, Priority: sp.Priority, SlowStartMS: sp.SlowStart.Milliseconds(),
+		Affinity: sp.Affinity, RetryIdempotent: sp.RetryIdempotent, PrevKeyHashes: sp.prevKeyHashes}
+	if lb.Weight != 0 || lb.Priority != 0 || lb.SlowStartMS != 0 || lb.Affinity != "" || lb.RetryIdempotent || len(lb.PrevKeyHashes) > 0 {
+		m.LB = &lb
+	}
 	return m
+}
+
+// normalizeLB checks the load-balancing settings as the edge will, so that a mistake is
+// reported before anything is sent.
+func (sp *TunnelSpec) normalizeLB() error {
+	switch {
+	case sp.Weight < 0 || sp.Weight > group.MaxWeight:
+		return fmt.Errorf("tunnel: %w: weight %d is out of range (1 to %d)", ErrInvalid, sp.Weight, group.MaxWeight)
+	case sp.Priority < 0 || sp.Priority > group.MaxPriority:
+		return fmt.Errorf("tunnel: %w: priority %d is out of range (0 to %d)", ErrInvalid, sp.Priority, group.MaxPriority)
+	case sp.SlowStart < 0 || sp.SlowStart > group.MaxSlowStart:
+		return fmt.Errorf("tunnel: %w: slow start %s is out of range (0 to %s)", ErrInvalid, sp.SlowStart, group.MaxSlowStart)
+	case len(sp.PreviousGroupKeys) > wire.MaxPrevKeys:
+		return fmt.Errorf("tunnel: %w: %d previous group keys, at most %d", ErrInvalid, len(sp.PreviousGroupKeys), wire.MaxPrevKeys)
+	case len(sp.PreviousGroupKeys) > 0 && sp.Group == "":
+		return fmt.Errorf("tunnel: %w: previous group keys need a group", ErrInvalid)
+	}
+	a, err := group.ParseAffinity(sp.Affinity)
+	if err != nil {
+		return fmt.Errorf("tunnel: %w: %v", ErrInvalid, err)
+	}
+	if sp.Proto == ProtoTCP && a != "" && a != group.AffinityClientIP {
+		return fmt.Errorf("tunnel: %w: affinity %s is for HTTP; a TCP pool takes client_ip", ErrInvalid, a)
+	}
+	sp.Affinity = a
+	if sp.prevKeyHashes == nil && len(sp.PreviousGroupKeys) > 0 {
+		for _, k := range sp.PreviousGroupKeys {
+			if k == "" {
+				return fmt.Errorf("tunnel: %w: a previous group key is empty", ErrInvalid)
+			}
+			sp.prevKeyHashes = append(sp.prevKeyHashes, group.HashKey(k).String())
+		}
+		sp.PreviousGroupKeys = nil // the raw keys are not kept
+	}
+	return nil
 }

@@ -46,6 +46,7 @@ func (s *Server) newAdmin() error {
 				TCPConnections:     s.requests.tcp.Load(),
 				RetriesOpenFailed:  s.retries.open.Load(),
 				RetriesResetUnread: s.retries.unread.Load(),
+				RetriesIdempotent:  s.retries.idempotent.Load(),
 				Deliveries:         s.alerts.deliveries(),
 			}
 		},
@@ -99,6 +100,8 @@ func (s *Server) onGroupEvent(ev group.Event) {
 //     down. It needs no token.
 //   - GET /metrics is MetricsHandler.
 //   - /api/ is APIHandler.
+//   - GET / is the live status page (its assets under /static/): the groups and members the
+//     token typed into it may see, updated from the event streams.
 func (s *Server) AdminHandler() http.Handler { return s.admin.Handler() }
 
 // MetricsHandler returns the Prometheus exposition of the edge's metrics (and of everything

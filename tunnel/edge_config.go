@@ -122,6 +122,19 @@ type ServerConfig struct {
 	// that dies. Off by default: by default the edge picks another member only when
 	// opening the stream fails, and never once a request byte was written.
 	RetryUnreadRequests bool
+	// RetryIdempotent turns the idempotent retry on for every pool (a pool can also ask for
+	// it: TunnelSpec.RetryIdempotent): a GET, HEAD, OPTIONS, PUT or DELETE, or any request
+	// with an Idempotency-Key header, whose body is at most 64 KiB (the edge buffers it) is
+	// sent once to another member when its member fails before any response byte, even if
+	// the request may have reached the first member's application. This is what nginx and
+	// Go's http.Transport do; it is off by default because it may run a request twice.
+	RetryIdempotent bool
+	// OutlierEjection, when set, turns passive outlier ejection on: a member whose streams
+	// keep failing (open refused, reset before a response, 502) is ejected for a while even
+	// if its probe passes, never more than half of a pool at once and never the last member
+	// that can take work. Zero fields take group.DefaultEjection's values (5 failures in a
+	// row within 10 s eject for 30 s, doubling up to 5 min). Nil (the default): off.
+	OutlierEjection *group.Ejection
 
 	// ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes protect the public HTTP listeners
 	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB.

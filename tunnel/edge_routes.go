@@ -385,18 +385,23 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		changed := !cur.EmptySince.IsZero() || cur.Group == "" && g.Name != ""
 		cur.EmptySince = time.Time{}
 		if tk.kind == store.KindTCP {
-			k := g.KeyHash.String()
+			k := g.KeyHash().String()
 			if old := cur.Ports[k]; old != g.Port {
 				if cur.Ports == nil {
 					cur.Ports = map[string]int{}
 				}
 				oldPort, cur.Ports[k], changed = old, g.Port, true
 			}
+			for other, port := range cur.Ports {
+				if other != k && port == g.Port {
+					delete(cur.Ports, other) // the pool's key rotated: its port moved with it
+				}
+			}
 			if cur.Group == "" {
 				cur.Group = g.Name
 			}
-		} else if !cur.Reserved && (cur.KeyHash != g.KeyHash || cur.Group != g.Name) {
-			cur.KeyHash, cur.Group, changed = g.KeyHash, g.Name, true
+		} else if k := g.KeyHash(); !cur.Reserved && (cur.KeyHash != k || cur.Group != g.Name) {
+			cur.KeyHash, cur.Group, changed = k, g.Name, true
 		}
 		if !changed {
 			return nil, errUnchanged
@@ -436,7 +441,7 @@ func (b *routeBook) emptied(g *group.Group) {
 		if cur == nil || !cur.EmptySince.IsZero() {
 			return nil, errUnchanged
 		}
-		if kind == store.KindTCP && g.KeyHash.String() != "" {
+		if kind == store.KindTCP && g.KeyHash().String() != "" {
 			// Another pool of this name may still have members; the route is empty only
 			// when none does (the registry removes pools one at a time).
 			for _, other := range b.reg.View().Groups() {

@@ -517,6 +517,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 			req.AlertWebhook = h.AlertWebhook
 		}
 	}
+	applyLB(&req, m.LB)
 	lim := s.cfg.TenantLimits[e.tenant].or(s.cfg.Limits)
 	if !s.routes.take(s.routes.tunnels, e.tenant, lim.MaxTunnels) {
 		return nil, fmt.Errorf("%w: this tenant already has %d tunnels (max_tunnels)", ErrLimit, lim.MaxTunnels)
@@ -558,7 +559,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	e.tunnels[t.id] = t
 	e.mu.Unlock()
 	e.log.Info("tunnel registered", zap.String("tunnel", t.id), zap.String("url", t.url),
-		zap.String("group", g.Name), zap.String("key", g.KeyHash.Short()))
+		zap.String("group", g.Name), zap.String("key", g.KeyHash().Short()))
 	return t, nil
 }
 

@@ -155,7 +155,7 @@ func TestGroupEventsStreamHealthTransitions(t *testing.T) {
 	require.Equal(t, ProtoHTTP, ev.Protocol)
 	require.Equal(t, "pool", ev.Label)
 	require.Equal(t, "web", ev.Group)
-	require.Equal(t, e.registry.LookupHTTP("pool").KeyHash.Short(), ev.KeyHashShort)
+	require.Equal(t, e.registry.LookupHTTP("pool").KeyHash().Short(), ev.KeyHashShort)
 	require.Equal(t, ta.ID(), ev.TunnelID)
 	require.False(t, ev.Healthy)
 	require.Contains(t, ev.Reason, "switched off")

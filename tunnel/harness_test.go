@@ -50,10 +50,15 @@ func startEdge(t testing.TB, cfg ServerConfig) *testEdge {
 	if cfg.Logger == nil {
 		cfg.Logger = zaptest.NewLogger(t)
 	}
+	ctl, pub, adm := listenLoopback(t), listenLoopback(t), listenLoopback(t)
+	if cfg.PublicHTTPPort == 0 {
+		// Known before the first registration: a tunnel's URL does not change when the
+		// public listener starts serving (ServePublic runs in a goroutine below).
+		cfg.PublicHTTPPort = pub.Addr().(*net.TCPAddr).Port
+	}
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)
 	e := &testEdge{Server: srv, t: t}
-	ctl, pub, adm := listenLoopback(t), listenLoopback(t), listenLoopback(t)
 	e.controlAddr, e.publicAddr, e.adminAddr = ctl.Addr().String(), pub.Addr().String(), adm.Addr().String()
 	for _, sv := range []struct {
 		l     net.Listener

@@ -60,7 +60,7 @@ type Server struct {
 	requests struct{ http, tcp atomic.Uint64 }
 	// retries counts dispatches sent to one other member (metrics): after a failed stream
 	// open, and after a backend reset a bodyless request unread.
-	retries struct{ open, unread atomic.Uint64 }
+	retries struct{ open, unread, idempotent atomic.Uint64 }
 
 	wg sync.WaitGroup // every goroutine the server starts
 	// publicConns counts the public HTTP connections whose net/http goroutines are still
@@ -91,7 +91,11 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.httpsPort.Store(int32(cfg.PublicHTTPSPort))
 	pc := cfg.proxyConfig()
 	pc.Stats = proxy.Stats{HTTPRequests: &s.requests.http, TCPConnections: &s.requests.tcp,
-		RetriesOpenFailed: &s.retries.open, RetriesResetUnread: &s.retries.unread}
+		RetriesOpenFailed: &s.retries.open, RetriesResetUnread: &s.retries.unread, RetriesIdempotent: &s.retries.idempotent}
+	pc.RetryIdempotent = s.retryIdempotent
+	if cfg.OutlierEjection != nil {
+		pc.Outcome = func(m *group.Member, failed bool, reason string) { s.registry.ReportOutcome(m, failed, reason) }
+	}
 	pc.HTTPSHost = func(sub string) string { // "": no HTTPS listener, no redirect
 		if s.httpsPort.Load() == 0 {
 			return ""
@@ -102,7 +106,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	pc.Reserved = func(sub string) bool { return s.routes.reserved(sub) }
 	pc.HTTPGate = func(sub string) *policy.Gate { return s.routes.gates[store.Key(store.KindHTTP, sub)] }
 	pc.TCPGate = func(g *group.Group) *policy.Gate {
-		return s.routes.gates[store.Key(store.KindTCP, g.Label)+"/"+g.KeyHash.String()]
+		return s.routes.gates[store.Key(store.KindTCP, g.Label)+"/"+g.KeyHash().String()]
 	}
 	s.tcp = proxy.NewTCP(pc)
 	bindTCP := func(g *group.Group) error {
@@ -116,6 +120,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		Ports:              cfg.TCPPorts,
 		MaxActivePerMember: int64(cfg.MaxConcurrentPerMember),
 		NewStrategy:        cfg.NewStrategy,
+		Ejection:           cfg.OutlierEjection,
 		OnCreate:           bindTCP,
 		OnRemove: func(g *group.Group) {
 			s.tcp.OnRemove(g)

@@ -20,8 +20,9 @@ import (
 // requireRetries checks warren_dispatch_retries_total.
 func requireRetries(t *testing.T, e *testEdge, openFailed, resetUnread int64) {
 	t.Helper()
-	want := fmt.Sprintf(`# HELP warren_dispatch_retries_total Requests and connections sent to one other member, by reason: opening the stream to the first failed (open_failed), or its backend reset the connection with the bodyless request unread (reset_unread).
+	want := fmt.Sprintf(`# HELP warren_dispatch_retries_total Requests and connections sent to one other member, by reason: opening the stream to the first failed (open_failed), its backend reset the connection with the bodyless request unread (reset_unread), or an idempotent request's member failed before answering (idempotent; opt-in).
 # TYPE warren_dispatch_retries_total counter
+warren_dispatch_retries_total{reason="idempotent"} 0
 warren_dispatch_retries_total{reason="open_failed"} %d
 warren_dispatch_retries_total{reason="reset_unread"} %d
 `, openFailed, resetUnread)

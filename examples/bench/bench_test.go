@@ -36,7 +36,10 @@ func TestSmoke(t *testing.T) {
 	md := filepath.Join(t.TempDir(), "bench.md")
 	var stdout, stderr bytes.Buffer
 	args := []string{"-duration", "200ms", "-runs", "1", "-clients", "4", "-tcp-bytes", "1MiB", "-tcp-streams", "2",
-		"-ttfb-conns", "20", "-mem-connectors", "20", "-mem-group-size", "10", "-mem-parallel", "8", "-kill-for", "300ms", "-noisy-retries", "0", "-markdown", md}
+		"-ttfb-conns", "20", "-mem-connectors", "20", "-mem-group-size", "10", "-mem-parallel", "8", "-kill-for", "300ms", "-noisy-retries", "0", "-markdown", md,
+		// lb: 10 members and 1,000 keys keep the keys moved (binomial, mean 10 %, sd 0.95 pp)
+		// more than 5 sd below the 1/10 + 5 pp bound, at 2,000 sequential requests.
+		"-lb-requests", "100", "-lb-keys", "1000", "-lb-members", "10"}
 	rep, err := run(ctx, args, &stdout, &stderr)
 	require.NoError(t, err, "stderr:\n%s", stderr.String())
 
@@ -75,13 +78,45 @@ func TestSmoke(t *testing.T) {
 	require.Equal(t, 40, rep.ttfb.total)
 	require.Positive(t, rep.ttfb.tunnelMed.median())
 
-	require.Len(t, rep.churn, 2, "kill and rolling restart")
+	require.Len(t, rep.churn, 3, "kill, rolling restart, kill with the idempotent retry on")
 	for _, c := range rep.churn {
 		require.Len(t, c.runs, 1)
 		_, total := c.totals()
 		require.Positive(t, total, "%s: load ran during the disruption", c.name)
 	}
 	require.Len(t, rep.churn[1].runs[0].events, 3, "each of the 3 members restarted")
+	require.False(t, rep.churn[0].retry)
+	require.True(t, rep.churn[2].retry)
+	// The load is GETs: with the idempotent retry on, a request whose backend was killed
+	// after its handler received it goes to another member instead of failing.
+	require.Zero(t, rep.churn[2].killed(), "with the retry on, no failed request had reached the killed backend's handler: %v", rep.churn[2].runs[0].classes)
+
+	require.NotNil(t, rep.lb)
+	require.Len(t, rep.lb.splits, 2, "weights 3:1 and 1:1:2")
+	for _, sp := range rep.lb.splits {
+		require.Len(t, sp.counts, 1)
+		served := 0
+		for i := range sp.weights {
+			served += sp.counts[0][i]
+			require.LessOrEqual(t, sp.errPP(0, i), 5.0, "weights %s, member %d: %v requests per member", sp.name(), i+1, sp.counts[0])
+		}
+		require.Equal(t, 100, served, "every request served by a member of the pool")
+	}
+	require.Len(t, rep.lb.keys, 1)
+	k := rep.lb.keys[0]
+	require.Equal(t, 10, k.members)
+	require.Equal(t, 1000, k.keys)
+	require.Positive(t, k.onLeaver, "the member that left had keys")
+	require.LessOrEqual(t, k.movedFrac(), 1.0/10+0.05, "keys moved: %d of %d", k.moved, k.keys)
+	require.Zero(t, k.movedStaying, "no key moved off a member that stayed")
+	require.Equal(t, k.onLeaver, k.moved, "exactly the keys of the member that left moved")
+	require.Len(t, k.after, 9)
+	require.Len(t, rep.lb.rotations, 1)
+	rf, rt := rep.lb.rotationTotals()
+	require.Positive(t, rt, "load ran during the key rotation")
+	require.Zero(t, rf, "no request failed during the key rotation: %v", rep.lb.rotations[0].classes)
+	require.True(t, rep.lb.rotations[0].oldRefused(), "the old key is refused after the rotation: %v", rep.lb.rotations[0].oldRefuse)
+	require.GreaterOrEqual(t, len(rep.lb.rotations[0].events), 4, "3 members rotated, and the rotation's length")
 
 	require.Len(t, rep.mem, 1)
 	m := rep.mem[0]
@@ -93,15 +128,20 @@ func TestSmoke(t *testing.T) {
 	require.Greater(t, m.members.Goroutines, m.base.Goroutines)
 
 	out := stdout.String()
-	for _, title := range []string{"HTTP, tiny responses", "HTTP, 64 KiB responses", "TCP bulk", "TCP time to first byte", "Churn", "Edge memory"} {
+	for _, title := range []string{"HTTP, tiny responses", "HTTP, 64 KiB responses", "TCP bulk", "TCP time to first byte", "Churn", "Load-balancing policies", "Edge memory"} {
 		require.Contains(t, out, "== "+title)
 	}
+	require.Contains(t, out, "restarted, idempotent retry on", "the retry-on kill has its row next to the other")
 	b, err := os.ReadFile(md)
 	require.NoError(t, err)
 	require.Contains(t, string(b), "- Command: `go run ./examples/bench -duration 200ms -runs 1")
 	require.Contains(t, string(b), "- Machine: ")
 	require.Contains(t, string(b), "- Code: ")
 	require.Contains(t, string(b), "| requests/s |")
+	require.Contains(t, string(b), "## Load-balancing policies")
+	require.Contains(t, string(b), "| share of 100 sequential requests, weights 3:1: member 1 (weight 3) |")
+	require.Contains(t, string(b), "| keys that changed member when 1 of 10 members left")
+	require.Contains(t, string(b), "| failed requests (all runs), group key rotated by a rolling restart of 3 members")
 
 	children.Lock()
 	defer children.Unlock()
@@ -181,6 +221,9 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-latency-clients", "-1"}, "-latency-clients must be between 0 and 4096"},
 		{[]string{"-noisy-retries", "-1"}, "-noisy-retries must not be negative"},
 		{[]string{"-edge", "remote"}, `-edge must be "child" or "inproc"`},
+		{[]string{"-lb-members", "1"}, "-lb-members must be between 2 and 100"},
+		{[]string{"-lb-keys", "0"}, "-lb-keys must be between 1 and 1000000"},
+		{[]string{"-lb-requests", "0"}, "-lb-requests must be between 1 and 1000000"},
 		{[]string{"-mem-connectors", "1000000"}, "open files"},
 		{[]string{"-edge", "inproc", "-cpuprofile", "a", "-client-cpuprofile", "b"}, "drop -client-cpuprofile"},
 		{[]string{"stray"}, `unexpected argument "stray"`},
@@ -230,7 +273,8 @@ func TestClassify(t *testing.T) {
 	got := map[string]int{}
 	for _, c := range classify(fs, kill, killed, []*backendInstance{killed, live}) {
 		got[c.what()] = c.n
-		require.NotEmpty(t, c.why())
+		require.NotEmpty(t, c.why(false))
+		require.NotEmpty(t, c.why(true))
 	}
 	require.Equal(t, map[string]int{
 		"reached the killed backend's handler, in flight at the disruption": 2,

@@ -45,6 +45,9 @@ type edgeOptions struct {
 	// memProfileRate, when positive, sets runtime.MemProfileRate in a child edge (for
 	// detailed heap profiles).
 	memProfileRate int
+	// retryIdempotent turns the edge's idempotent retry on for every pool
+	// (tunnel.ServerConfig.RetryIdempotent).
+	retryIdempotent bool
 }
 
 // pickPortRange returns 100 ports for TCP tunnels between 21000 and 30999: below the
@@ -121,6 +124,8 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		// on here so that the churn report shows
 		// what it saves.
 		RetryUnreadRequests: true,
+		// Off by default too: the churn scenario runs its kill once more with it on.
+		RetryIdempotent: o.retryIdempotent,
 	})
 	if err != nil {
 		e.stopProfile()
@@ -200,6 +205,7 @@ func (e *edgeServer) statsHandler() http.Handler {
 type retryCounts struct {
 	OpenFailed  uint64 `json:"open_failed"`
 	ResetUnread uint64 `json:"reset_unread"`
+	Idempotent  uint64 `json:"idempotent"`
 }
 
 func (e *edgeServer) retries() (retryCounts, error) {
@@ -222,6 +228,8 @@ func (e *edgeServer) retries() (retryCounts, error) {
 					r.OpenFailed = v
 				case "reset_unread":
 					r.ResetUnread = v
+				case "idempotent":
+					r.Idempotent = v
 				}
 			}
 		}
@@ -267,6 +275,7 @@ func edgeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	prof := fs.String("cpuprofile", "", "write the edge's CPU profile to this file")
 	verbose := fs.Bool("v", false, "log to stderr")
 	memRate := fs.Int("memprofilerate", 0, "runtime.MemProfileRate (0: the default)")
+	retryIdem := fs.Bool("retry-idempotent", false, "turn the idempotent retry on for every pool")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -275,6 +284,7 @@ func edgeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	var o edgeOptions
 	o.cpuprofile = *prof
+	o.retryIdempotent = *retryIdem
 	if lo, hi, ok := strings.Cut(*ports, "-"); ok {
 		var err1, err2 error
 		o.tcpPorts.Lo, err1 = strconv.Atoi(lo)
@@ -362,6 +372,9 @@ func startEdge(ctx context.Context, mode string, o edgeOptions, log *zap.Logger,
 	}
 	if o.memProfileRate > 0 {
 		args = append(args, "-memprofilerate", strconv.Itoa(o.memProfileRate))
+	}
+	if o.retryIdempotent {
+		args = append(args, "-retry-idempotent")
 	}
 	e.cmd = exec.Command(exe, args...)
 	e.cmd.SysProcAttr = childAttrs()

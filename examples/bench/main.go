@@ -18,7 +18,15 @@
 //     direct is the time the tunnel adds to a new connection.
 //   - churn: failed requests under load through a 3-member group with 100 ms TCP health
 //     checks while (a) one backend is killed and restarted and (b) the three members are
-//     restarted one after the other (drain, register again).
+//     restarted one after the other (drain, register again); and (c) the same kill through
+//     a second edge with the idempotent retry on (tunnel.ServerConfig.RetryIdempotent), so
+//     that the report shows the failures with the retry off and on side by side.
+//   - lb:    the load-balancing policies: each member's share of -lb-requests sequential
+//     requests through pools weighted 3:1 and 1:1:2; the affinity keys (-lb-keys, header
+//     X-Client) that change member when one of -lb-members members leaves, and how evenly
+//     the keys spread; and the failed requests at -clients clients while a 3-member pool's
+//     group key is rotated by a rolling restart (new key with PreviousGroupKeys, then the
+//     old member drains), one member at a time.
 //   - mem:   the edge's heap and RSS per idle connector session and per idle member, at
 //     each of -mem-connectors connectors.
 //
@@ -73,7 +81,7 @@ func main() {
 }
 
 // The scenarios, in the order they run.
-var allScenarios = []string{"http", "tcp", "ttfb", "churn", "mem"}
+var allScenarios = []string{"http", "tcp", "ttfb", "churn", "lb", "mem"}
 
 // config is the parsed command line.
 type config struct {
@@ -90,6 +98,9 @@ type config struct {
 	memGroupSize   int
 	memParallel    int
 	killFor        time.Duration
+	lbRequests     int
+	lbKeys         int
+	lbMembers      int
 	edgeMode       string
 	markdown       string
 	cpuprofile     string
@@ -125,6 +136,9 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.memGroupSize, "mem-group-size", 100, "members per group in the memory scenario (0: every connector's tunnel is solo)")
 	fs.IntVar(&c.memParallel, "mem-parallel", 200, "connectors opened or closed at a time in the memory scenario")
 	fs.DurationVar(&c.killFor, "kill-for", 2*time.Second, "how long the killed backend stays down in the churn scenario")
+	fs.IntVar(&c.lbRequests, "lb-requests", 2000, "sequential requests per weighted pool in the lb scenario")
+	fs.IntVar(&c.lbKeys, "lb-keys", 10000, "distinct affinity keys in the lb scenario")
+	fs.IntVar(&c.lbMembers, "lb-members", 5, "members of the affinity pool in the lb scenario (one of them leaves)")
 	fs.StringVar(&c.edgeMode, "edge", "child", `where the edge runs: "child" (a child process) or "inproc" (this process; not for mem)`)
 	fs.IntVar(&c.noisyRetries, "noisy-retries", 3, "run a tunnel or direct run again, up to this many times, when other processes used more than 0.25 cores during it")
 	fs.StringVar(&c.markdown, "markdown", "", "also write the results as Markdown to this file")
@@ -169,6 +183,12 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-mem-parallel must be positive, got %d", c.memParallel)
 	case c.noisyRetries < 0:
 		return nil, fmt.Errorf("-noisy-retries must not be negative, got %d", c.noisyRetries)
+	case c.lbRequests < 1 || c.lbRequests > 1_000_000:
+		return nil, fmt.Errorf("-lb-requests must be between 1 and 1000000, got %d", c.lbRequests)
+	case c.lbKeys < 1 || c.lbKeys > 1_000_000:
+		return nil, fmt.Errorf("-lb-keys must be between 1 and 1000000, got %d", c.lbKeys)
+	case c.lbMembers < 2 || c.lbMembers > 100:
+		return nil, fmt.Errorf("-lb-members must be between 2 and 100, got %d", c.lbMembers)
 	case c.killFor <= 0:
 		return nil, fmt.Errorf("-kill-for must be positive, got %v", c.killFor)
 	case c.edgeMode != "child" && c.edgeMode != "inproc":
@@ -319,6 +339,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*report,
 		"tcp":   b.runTCP,
 		"ttfb":  b.runTTFB,
 		"churn": b.runChurn,
+		"lb":    b.runLB,
 		"mem":   b.runMem,
 	}
 	for _, name := range cfg.scenarios {

@@ -62,6 +62,7 @@ type report struct {
 	tcp   []tcpSummary
 	ttfb  *ttfbSummary
 	churn []churnSummary
+	lb    *lbSummary
 	mem   []memSummary
 }
 

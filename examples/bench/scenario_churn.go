@@ -35,7 +35,22 @@ type churnRun struct {
 // churnSummary is one disruption over the runs.
 type churnSummary struct {
 	name string
-	runs []churnRun
+	// retry: the edge ran with the idempotent retry on (tunnel.ServerConfig.RetryIdempotent).
+	retry bool
+	runs  []churnRun
+}
+
+// killed counts the failed requests that the killed backend's handler had received.
+func (s churnSummary) killed() int {
+	n := 0
+	for _, r := range s.runs {
+		for _, c := range r.classes {
+			if c.fate == fateKilled {
+				n += c.n
+			}
+		}
+	}
+	return n
 }
 
 func (s churnSummary) totals() (failed, total int) {
@@ -78,12 +93,17 @@ func (c failClass) what() string {
 	return s + [...]string{timingBefore: ", ended before the disruption", timingInFlight: ", in flight at the disruption", timingAfter: ", started after the disruption"}[c.timing]
 }
 
-// why explains a class of failures of the kill scenario, from what the tunnel does.
-func (c failClass) why() string {
+// why explains a class of failures of the kill scenario, from what the tunnel does; retry
+// says whether the edge ran with the idempotent retry on.
+func (c failClass) why(retry bool) string {
 	switch {
+	case retry && c.timing != timingBefore:
+		return "with the idempotent retry on, a GET whose member failed before any byte of its response came back goes to one other member; " +
+			"these failed all the same: their one retry was spent (a refused stream open had already moved them once), the second member failed too, " +
+			"or the failure came after a response byte (see the errors)"
 	case c.fate == fateKilled:
 		return "the killed backend had read these requests (its handler ran) when its connection was closed, so no answer came; " +
-			"the edge answered 502 and, by design, never replays a request that may have reached an app"
+			"the edge answered 502 and, by default, never replays a request that may have reached an app (with the idempotent retry on it sends a GET to another member: see the kill+retry row)"
 	case c.fate == fateNone && c.timing == timingInFlight:
 		return "the killed backend's server had already read these from its socket (so its close was an orderly FIN, not a reset) but not yet handed them to a handler; " +
 			"from outside the backend that cannot be told apart from a request that reached its app, so the edge answers 502 and does not replay them. " +
@@ -105,7 +125,9 @@ type churnEnv struct {
 	cs       *connectors
 }
 
-func (b *bench) startChurnEnv(ctx context.Context) (_ *churnEnv, err error) {
+// startChurnEnv starts the churn scenario's edge (with the idempotent retry on when retry
+// is true), backends and connectors.
+func (b *bench) startChurnEnv(ctx context.Context, retry bool) (_ *churnEnv, err error) {
 	env := &churnEnv{}
 	defer func() {
 		if err != nil {
@@ -115,7 +137,12 @@ func (b *bench) startChurnEnv(ctx context.Context) (_ *churnEnv, err error) {
 	if env.backends, err = startHTTPBackends(3, true); err != nil {
 		return env, err
 	}
-	if env.e, err = startEdge(ctx, b.cfg.edgeMode, b.edgeOptions("churn"), b.log, b.progress); err != nil {
+	o := b.edgeOptions("churn")
+	if retry {
+		o = b.edgeOptions("churn-retry")
+		o.retryIdempotent = true
+	}
+	if env.e, err = startEdge(ctx, b.cfg.edgeMode, o, b.log, b.progress); err != nil {
 		return env, err
 	}
 	var targets []string
@@ -172,14 +199,22 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // runChurn counts failed requests under load while (a) a backend is killed and restarted
-// and (b) the members are restarted one by one.
+// and (b) the members are restarted one by one; and (c) the same kill under the same load
+// once more, through a second edge (with its own backends and connectors) that has the
+// idempotent retry on. Each run does (a), (b) and (c) in turn.
 func (b *bench) runChurn(ctx context.Context, rep *report) error {
-	env, err := b.startChurnEnv(ctx)
+	env, err := b.startChurnEnv(ctx, false)
 	if err != nil {
 		return err
 	}
 	defer env.Close()
+	renv, err := b.startChurnEnv(ctx, true)
+	if err != nil {
+		return err
+	}
+	defer renv.Close()
 	kill, roll := churnSummary{name: "kill"}, churnSummary{name: "rolling"}
+	killRetry := churnSummary{name: "kill+retry", retry: true}
 	for r := range b.cfg.runs {
 		b.say("churn run %d/%d: kill one backend for %s", r+1, b.cfg.runs, b.cfg.killFor)
 		k, err := b.churnKill(ctx, env)
@@ -193,9 +228,15 @@ func (b *bench) runChurn(ctx context.Context, rep *report) error {
 			return fmt.Errorf("rolling run %d: %w", r+1, err)
 		}
 		roll.runs = append(roll.runs, rr)
+		b.say("churn run %d/%d: kill one backend for %s, idempotent retry on", r+1, b.cfg.runs, b.cfg.killFor)
+		kr, err := b.churnKill(ctx, renv)
+		if err != nil {
+			return fmt.Errorf("kill run %d with the idempotent retry: %w", r+1, err)
+		}
+		killRetry.runs = append(killRetry.runs, kr)
 	}
-	rep.churn = append(rep.churn, kill, roll)
-	rep.add(b.churnSection(kill, roll))
+	rep.churn = append(rep.churn, kill, roll, killRetry)
+	rep.add(b.churnSection(kill, roll, killRetry))
 	return nil
 }
 
@@ -257,8 +298,8 @@ func (b *bench) churnKill(ctx context.Context, env *churnEnv) (churnRun, error) 
 	}
 	run.events = []string{fmt.Sprintf("backend killed (listener and connections closed in %s), its member %s, restarted at %s, healthy again at %s",
 		fmtDur(killedDone), left, fmtDur(restartAt), fmtDur(backAt)),
-		fmt.Sprintf("the edge sent %d requests to another member because opening a stream to the dead backend's member failed, and %d because the backend reset its connection with the request unread",
-			after.OpenFailed-before.OpenFailed, after.ResetUnread-before.ResetUnread)}
+		fmt.Sprintf("the edge sent %d requests to another member because opening a stream to the dead backend's member failed, %d because the backend reset its connection with the request unread, and %d by the idempotent retry (the member failed before any response byte)",
+			after.OpenFailed-before.OpenFailed, after.ResetUnread-before.ResetUnread, after.Idempotent-before.Idempotent)}
 	run.classes = classify(run.res.failures, killAt, killed, env.lives())
 	return run, nil
 }
@@ -364,14 +405,18 @@ func (c failClass) String() string {
 	return fmt.Sprintf("%d %s (started %s … %s from it): %s", c.n, c.what(), fmtAdded(c.from), fmtAdded(c.to), strings.Join(parts, "; "))
 }
 
-func (b *bench) churnSection(kill, roll churnSummary) *section {
+func (b *bench) churnSection(kill, roll, killRetry churnSummary) *section {
 	sec := &section{title: fmt.Sprintf("Churn: %d keep-alive clients, tiny responses, 3-member group with TCP health checks (interval %s, max_failed %d), %d runs",
 		b.cfg.clients, churnHealth.Interval, churnHealth.MaxFailed, b.cfg.runs)}
 	kf, kt := kill.totals()
 	rf, rt := roll.totals()
+	xf, xt := killRetry.totals()
 	sec.add(row{metric: fmt.Sprintf("failed requests, backend killed for %s and restarted", b.cfg.killFor), tunnel: fmt.Sprintf("%d of %d", kf, kt), target: "0", result: check(kf == 0)})
+	sec.add(row{metric: fmt.Sprintf("failed requests, backend killed for %s and restarted, idempotent retry on", b.cfg.killFor), tunnel: fmt.Sprintf("%d of %d", xf, xt), target: "0", result: check(xf == 0)})
+	sec.add(row{metric: "…of which reached the killed backend's handler: retry off / on",
+		tunnel: fmt.Sprintf("%d / %d", kill.killed(), killRetry.killed()), target: "— / 0", result: check(killRetry.killed() == 0)})
 	sec.add(row{metric: "failed requests, rolling restart of 3 members", tunnel: fmt.Sprintf("%d of %d", rf, rt), target: "0", result: check(rf == 0)})
-	for _, s := range []churnSummary{kill, roll} {
+	for _, s := range []churnSummary{kill, killRetry, roll} {
 		for i, r := range s.runs {
 			sec.note("%s run %d: %d of %d failed; %s", s.name, i+1, r.res.failed+r.res.warmupFailed, r.res.requests(), strings.Join(r.events, "; "))
 			for _, c := range r.classes {
@@ -380,13 +425,18 @@ func (b *bench) churnSection(kill, roll churnSummary) *section {
 		}
 	}
 	sec.note("the edge runs with RetryUnreadRequests on (it is off by default): a bodyless request whose backend reset its connection with it unread goes to one other member")
-	// Explain each kind of failure seen when a backend was killed, once.
-	explained := map[[2]int]bool{}
-	for _, r := range kill.runs {
-		for _, c := range r.classes {
-			if k := [2]int{int(c.fate), int(c.timing)}; !explained[k] {
-				explained[k] = true
-				sec.note("kill, why %q failed: %s", c.what(), c.why())
+	sec.note("kill+retry, \"idempotent retry on\": the same kill under the same load through a second edge, with its own 3 backends and connectors, that also has RetryIdempotent on (off by default): " +
+		"a GET, HEAD, OPTIONS, PUT or DELETE (or a request with an Idempotency-Key) with a body of at most 64 KiB whose member fails before any byte of a response goes to one other member, " +
+		"even if the first member's application may have run it, as nginx's proxy_next_upstream and Go's http.Transport do; the load is GETs")
+	// Explain each kind of failure seen when a backend was killed, once per edge setting.
+	for _, s := range []churnSummary{kill, killRetry} {
+		explained := map[[2]int]bool{}
+		for _, r := range s.runs {
+			for _, c := range r.classes {
+				if k := [2]int{int(c.fate), int(c.timing)}; !explained[k] {
+					explained[k] = true
+					sec.note("%s, why %q failed: %s", s.name, c.what(), c.why(s.retry))
+				}
 			}
 		}
 	}

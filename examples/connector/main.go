@@ -9,13 +9,27 @@
 //	tunnel db: tcp://localhost:20000 (port 20000) -> 127.0.0.1:5432
 //
 // It then runs until SIGINT or SIGTERM, when it drains every tunnel (in-flight requests
-// finish, bounded by drain_timeout_secs) and exits 0. A lost connection to the edge is
-// retried in the background; a tunnel the edge rejects after such a reconnect is reported
-// on stderr while the others keep running.
+// finish, bounded by drain_timeout_secs; the log counts the streams left) and exits 0. A
+// lost connection to the edge is retried in the background; a tunnel the edge rejects
+// after such a reconnect is reported on stderr while the others keep running.
+//
+// A running connector listens on a control socket (a Unix socket, mode 0600: --socket,
+// else the file's control_socket, else $XDG_RUNTIME_DIR/warren-connector.sock, else
+// ~/.warren/connector.sock). The same binary talks to it:
+//
+//	connector status [--json]                       tunnels, URLs, health, streams, edge
+//	connector attach --subdomain pool --group web --group-key-file key.txt 8080
+//	connector detach pool-8080                      drains, counting the streams down
+//
+// SIGHUP reloads the file: tunnels added to it register, removed ones drain, changed ones
+// register anew before the old registration drains. `connector check --config FILE`
+// validates a file without connecting.
 //
 // Exit codes: 0 after a signal; 1 when the edge cannot be reached, refuses the token,
-// rejects a tunnel at start (its message is printed verbatim on stderr), or ends the
-// session for good; 2 for bad usage or a bad configuration file.
+// rejects a tunnel at start (its message is printed verbatim on stderr), ends the session
+// for good, or another connector holds the control socket; 2 for bad usage or a bad
+// configuration file. check exits 1 for a bad file; status, attach and detach exit 1 when
+// the connector is not running or refuses the request.
 //
 // --config defaults to ~/.warren/config.yml. Logs go to stderr as JSON at info level; -v
 // switches to a human-readable debug log.
@@ -29,8 +43,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -54,25 +70,84 @@ func main() {
 }
 
 func usage(w io.Writer) {
-	fmt.Fprintln(w, "usage: connector start [-v] [--config FILE]")
+	fmt.Fprintln(w, "usage: connector start [-v] [--config FILE] [--socket PATH] [--socket-mode MODE]")
+	fmt.Fprintln(w, "       connector status [--json] [--socket PATH]")
+	fmt.Fprintln(w, "       connector attach [--name NAME] [--proto P] [--subdomain SUB] [--group G --group-key-file FILE] [--health tcp|http] PORT")
+	fmt.Fprintln(w, "       connector detach [--timeout SECS] NAME")
+	fmt.Fprintln(w, "       connector check [--config FILE]")
 	fmt.Fprintln(w, "")
 	fmt.Fprintln(w, "  start   connect to the edge and serve the tunnels of the configuration file")
-	fmt.Fprintln(w, "          (default file: ~/.warren/config.yml)")
+	fmt.Fprintln(w, "          (default file: ~/.warren/config.yml); SIGHUP reloads the file")
+	fmt.Fprintln(w, "  status  show the running connector's tunnels (--json for scripts)")
+	fmt.Fprintln(w, "  attach  add a tunnel to the running connector and print its URL")
+	fmt.Fprintln(w, "  detach  drain a tunnel of the running connector, then remove it")
+	fmt.Fprintln(w, "  check   validate a configuration file")
+	fmt.Fprintln(w, "")
+	fmt.Fprintln(w, "Run \"connector COMMAND -h\" for a command's flags.")
 }
 
 // run is the whole command; ctx ends on SIGINT or SIGTERM.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	stderr = &lockedWriter{w: stderr} // the log and the tunnel watchers share it
-	if len(args) == 0 || args[0] != "start" {
+	stdout = &lockedWriter{w: stdout} // the tunnel lines of start, attach and reload
+	if len(args) == 0 {
 		usage(stderr)
 		return 2
 	}
+	switch args[0] {
+	case "start":
+		return runStart(ctx, args[1:], stdout, stderr)
+	case "status":
+		return runStatus(args[1:], stdout, stderr)
+	case "attach":
+		return runAttach(args[1:], stdout, stderr)
+	case "detach":
+		return runDetach(args[1:], stdout, stderr)
+	case "check":
+		return runCheck(args[1:], stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		usage(stdout)
+		return 0
+	}
+	usage(stderr)
+	return 2
+}
+
+// loadConfig reads the configuration file (path "" is the default) and checks its TLS
+// settings load; errors are printed.
+func loadConfig(path string, stderr io.Writer) (*config.Client, int) {
+	if path == "" {
+		p, err := config.DefaultClientPath()
+		if err != nil {
+			fmt.Fprintln(stderr, err)
+			return nil, 2
+		}
+		path = p
+	}
+	cfg, err := config.LoadClient(path)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return nil, 2
+	}
+	if cfg.TLS.Enabled {
+		if _, err := tlsConfig(cfg.TLS); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", cfg.File, err)
+			return nil, 2
+		}
+	}
+	return cfg, 0
+}
+
+// runStart is `connector start`.
+func runStart(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("start", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { usage(stderr); fs.PrintDefaults() }
 	path := fs.String("config", "", "the connector's configuration `file` (default ~/.warren/config.yml)")
 	verbose := fs.Bool("v", false, "human-readable debug logging instead of JSON at info level")
-	if err := fs.Parse(args[1:]); err != nil {
+	socketFlag := fs.String("socket", "", "control socket `path` (default: control_socket of the file, else one per file in $XDG_RUNTIME_DIR or ~/.warren)")
+	modeFlag := fs.String("socket-mode", "0600", "permissions of the control socket, in `octal`")
+	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
@@ -82,47 +157,91 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stderr)
 		return 2
 	}
-	if *path == "" {
-		p, err := config.DefaultClientPath()
-		if err != nil {
-			fmt.Fprintln(stderr, err)
-			return 2
-		}
-		*path = p
-	}
-	cfg, err := config.LoadClient(*path)
-	if err != nil {
-		fmt.Fprintln(stderr, err)
+	mode, err := strconv.ParseUint(*modeFlag, 8, 32)
+	if err != nil || mode > 0o777 {
+		fmt.Fprintf(stderr, "connector: --socket-mode %q is not an octal permission such as 0600\n", *modeFlag)
 		return 2
+	}
+	cfg, code := loadConfig(*path, stderr)
+	if cfg == nil {
+		return code
 	}
 	opts := []tunnel.Option{tunnel.WithToken(cfg.AuthToken), tunnel.WithDrainTimeout(cfg.DrainTimeout)}
 	if cfg.TLS.Enabled {
-		tc, err := tlsConfig(cfg.TLS)
-		if err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", cfg.File, err)
-			return 2
-		}
+		tc, _ := tlsConfig(cfg.TLS) // loadConfig checked it
 		opts = append(opts, tunnel.WithTLS(tc))
 	}
-	log := newLogger(stderr, *verbose)
+	obs := newObserver()
+	log := newLogger(stderr, *verbose, obs.core())
 	defer func() { _ = log.Sync() }()
 	opts = append(opts, tunnel.WithLogger(log))
+
+	// The control socket comes first: a second connector on the same socket stops here,
+	// before it registers anything.
+	// The default one is optional: where it cannot be made (no writable home, say) the
+	// connector runs without it, as it did before it had one.
+	socket, explicit := *socketFlag, true
+	if socket == "" {
+		socket = cfg.ControlSocket
+	}
+	if socket == "" {
+		explicit = false
+		if socket, err = config.DefaultControlSocket(cfg.File); err != nil {
+			log.Warn("no control socket", zap.Error(err))
+		}
+	}
+	var ln *net.UnixListener
+	if socket != "" {
+		ln, err = listenControl(socket, os.FileMode(mode))
+		switch {
+		case err == nil:
+		case explicit || errors.Is(err, errAlreadyRunning):
+			fmt.Fprintln(stderr, "connector:", err)
+			return 1
+		default:
+			log.Warn("no control socket; status, attach and detach are unavailable", zap.Error(err))
+			socket = ""
+		}
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 
 	startCtx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	sess, err := tunnel.Dial(startCtx, cfg.Server, opts...)
 	if err != nil {
+		if ln != nil {
+			_ = ln.Close()
+			_ = os.Remove(socket)
+		}
 		if ctx.Err() != nil {
 			return 0 // interrupted while connecting
 		}
 		fmt.Fprintln(stderr, "connector:", err)
 		return 1
 	}
-	defer func() { _ = sess.Close() }()
+	dctx, dcancel := context.WithCancel(context.Background())
+	d := newDaemon(dctx, sess, cfg, obs, log, stdout, stderr)
+	d.socket = socket
+	ctl := newControlServer(d, ln, socket)
+	stopped := false
+	stopAll := func(wait bool) {
+		if stopped {
+			return
+		}
+		stopped = true
+		dcancel()
+		ctl.close(wait)
+		d.wg.Wait()
+	}
+	defer func() {
+		_ = sess.Close() // ends every tunnel, so every watcher returns
+		stopAll(false)
+	}()
 
-	tunnels := make([]*tunnel.Tunnel, 0, len(cfg.Tunnels))
 	for _, tc := range cfg.Tunnels {
-		t, err := sess.Forward(startCtx, tunnelSpec(tc), tc.LocalAddr())
+		e, err := d.register(startCtx, tc, false)
 		if err != nil {
 			if ctx.Err() != nil {
 				return 0
@@ -130,41 +249,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, tunnelError(tc.Name, err))
 			return 1
 		}
-		tunnels = append(tunnels, t)
-		fmt.Fprintln(stdout, tunnelLine(tc, t))
+		d.insert(e)
 	}
 	cancel()
+	ctl.start()
+	log.Info("control socket ready", zap.String("socket", socket))
 
-	// Watch each tunnel: one rejected after a reconnect is reported, the others run on.
-	ended := make(chan struct{}, len(tunnels))
-	var watchers sync.WaitGroup
-	defer func() {
-		_ = sess.Close() // ends every tunnel, so every watcher returns
-		watchers.Wait()
-	}()
-	for i, t := range tunnels {
-		name := cfg.Tunnels[i].Name
-		watchers.Go(func() {
-			<-t.Done()
-			// When the whole session stopped, its error is reported once, below.
-			if err := t.Err(); err != nil && sess.Err() == nil {
-				fmt.Fprintln(stderr, tunnelError(name, err))
-				ended <- struct{}{}
-			}
-		})
-	}
-
-	for live := len(tunnels); ; {
+	for {
 		select {
 		case <-ctx.Done():
 			log.Info("signal received; draining tunnels", zap.Duration("drain_timeout", cfg.DrainTimeout))
-			_ = sess.Close()
+			d.shutdown()
+			stopAll(false)
 			return 0
 		case <-sess.Done():
 			fmt.Fprintln(stderr, "connector:", sess.Err())
 			return 1
-		case <-ended:
-			if live--; live == 0 {
+		case <-hup:
+			next, err := config.LoadClient(cfg.File)
+			if err != nil {
+				log.Error("reload failed; the running configuration is kept", zap.String("errors", err.Error()))
+				fmt.Fprintln(stderr, err)
+				continue
+			}
+			log.Info("SIGHUP: reloading the configuration", zap.String("file", cfg.File))
+			d.wg.Go(func() { d.reload(next) })
+		case <-d.failed:
+			if d.liveCount() == 0 {
 				fmt.Fprintln(stderr, "connector: no tunnel left")
 				return 1
 			}
@@ -194,6 +305,9 @@ func tunnelSpec(t config.Tunnel) tunnel.TunnelSpec {
 		}
 		spec.AlertWebhook = h.AlertWebhook
 	}
+	spec.Weight, spec.Priority, spec.SlowStart = t.Weight, t.Priority, t.SlowStart
+	spec.Affinity, spec.RetryIdempotent = t.Affinity, t.RetryIdempotent
+	spec.PreviousGroupKeys = t.PreviousGroupKeys
 	return spec
 }
 
@@ -241,15 +355,16 @@ func tunnelError(name string, err error) string {
 }
 
 // newLogger returns a JSON logger at info level, or with verbose a human-readable one at
-// debug level, writing to w, which must be safe for concurrent use.
-func newLogger(w io.Writer, verbose bool) *zap.Logger {
+// debug level, writing to w, which must be safe for concurrent use. Every entry is also
+// given to the extra cores.
+func newLogger(w io.Writer, verbose bool, extra ...zapcore.Core) *zap.Logger {
 	ec := zap.NewProductionEncoderConfig()
 	ec.EncodeTime = zapcore.ISO8601TimeEncoder
 	enc, level := zapcore.NewJSONEncoder(ec), zapcore.InfoLevel
 	if verbose {
 		enc, level = zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.DebugLevel
 	}
-	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), level))
+	return zap.New(zapcore.NewTee(append([]zapcore.Core{zapcore.NewCore(enc, zapcore.AddSync(w), level)}, extra...)...))
 }
 
 // lockedWriter serialises writes to w.

@@ -7,7 +7,8 @@
 // one pool behind http://pool.localhost. It sends requests through the edge, stops backend
 // B to show the health check taking it out of rotation, restarts it to show it coming back,
 // and shuts everything down. It exits non-zero if any step does not behave as described,
-// so it doubles as a smoke test.
+// so it doubles as a smoke test. While it runs, the edge's admin listener serves the live
+// status page; the demo prints its URL and the tenant token to enter there.
 package main
 
 import (
@@ -86,6 +87,12 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	serving.Go(func() { _ = edge.ServePublic(publicLn) })
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	serving.Go(func() { _ = edge.ServeAdmin(adminLn) })
+	statusURL := "http://" + adminLn.Addr().String() + "/"
 
 	// Two backends saying which one they are.
 	a, b := &backend{name: "A"}, &backend{name: "B"}
@@ -96,7 +103,11 @@ func run(ctx context.Context, out io.Writer) error {
 		defer be.stop()
 	}
 
-	say("Warren demo: an edge, two backends and two connectors on 127.0.0.1.\n")
+	say("Warren demo: an edge, two backends and two connectors on 127.0.0.1.")
+	say("Status page (live while the demo runs; token demo-token-0123456789): %s\n", statusURL)
+	if err := checkStatusPage(ctx, statusURL); err != nil {
+		return err
+	}
 	say("1. Two connectors join group \"web\" behind http://pool.localhost:%d", publicLn.Addr().(*net.TCPAddr).Port)
 	var url string
 	var connectors []*tunnel.Session
@@ -233,6 +244,26 @@ func waitFor(ctx context.Context, events <-chan group.Event, what string, ok fun
 			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
 		}
 	}
+}
+
+// checkStatusPage checks that the edge's admin listener serves its status page.
+func checkStatusPage(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	c := &http.Client{Timeout: 5 * time.Second}
+	defer c.CloseIdleConnections()
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("status page: %w", err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
+		return fmt.Errorf("status page: %s, %s", resp.Status, resp.Header.Get("Content-Type"))
+	}
+	return nil
 }
 
 // get sends one request and returns the name of the backend that answered.

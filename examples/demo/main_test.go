@@ -26,6 +26,8 @@ func TestDemo(t *testing.T) {
 	require.Contains(t, s, "backend B is UNHEALTHY", "the event hook prints the health transition")
 	require.Contains(t, s, "connection refused", "with the probe's reason")
 	require.Contains(t, s, `group "web" is gone`, "shutdown drains both members")
+	require.Regexp(t, `(?m)^Status page \(live while the demo runs; token demo-token-0123456789\): http://127\.0\.0\.1:\d+/$`, s,
+		"the demo prints the status page's URL")
 }
 
 // TestDemoCancelled checks that an interrupted demo stops promptly with an error.

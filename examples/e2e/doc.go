@@ -3,7 +3,11 @@
 // server.toml and connector YAML files into a temporary directory, starts an edge and
 // several connector processes on loopback, and checks what an operator would see: the
 // lines the connectors print, requests and TCP connections shared by the members of a
-// group, a rejected group key, and clean exits on SIGTERM.
+// group, a rejected group key, and clean exits on SIGTERM. It also runs the load-balancing
+// policies (weights, a backup tier, idempotent retry and outlier ejection when a backend
+// dies, a rolling group key rotation) through the mains, tenants against each other, and the
+// edge's status page in headless Chromium (browser_test.go; skipped without Chromium unless
+// WARREN_REQUIRE_BROWSER is set).
 //
 // The package holds only tests; run them with
 //

@@ -30,8 +30,10 @@ var buildFlags []string
 var binDir string
 
 const (
-	token    = "e2e-connector-token"
-	groupKey = "shared-secret-for-this-pool"
+	token = "e2e-connector-token"
+	// adminToken is the operator's token on the edges startEdge starts.
+	adminToken = "e2e-admin-token-0123456789"
+	groupKey   = "shared-secret-for-this-pool"
 	// waitTimeout bounds every wait for a process to print a line, become ready or exit.
 	waitTimeout = 15 * time.Second
 )
@@ -189,8 +191,9 @@ type edge struct {
 }
 
 // startEdge writes a server.toml with load balancing on and starts the edge; it returns
-// once the admin API answers. httpOff sets http_port = 0.
-func startEdge(t *testing.T, httpOff bool) *edge {
+// once the admin API answers. httpOff sets http_port = 0; lbExtra are more lines of its
+// [load_balancing] table.
+func startEdge(t *testing.T, httpOff bool, lbExtra ...string) *edge {
 	t.Helper()
 	ports := freePorts(t, 4)
 	e := &edge{control: ports[0], http: ports[1], admin: ports[2], tcp: ports[3]}
@@ -209,6 +212,7 @@ admin_port = %d
 [auth]
 require_auth = true
 tokens = [%q]
+admin_token = %q
 
 [limits]
 tcp_port_range = [%d, %d]
@@ -216,7 +220,8 @@ drain_timeout_secs = 5
 
 [load_balancing]
 enabled = true
-`, e.http, e.control, e.admin, token, e.tcp, e.tcp), 0o600))
+%s
+`, e.http, e.control, e.admin, token, adminToken, e.tcp, e.tcp, strings.Join(lbExtra, "\n")), 0o600))
 	e.proc = start(t, "edge", "edge", "-config", path)
 
 	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", e.admin)
@@ -247,6 +252,8 @@ enabled = true
 type tunnelConf struct {
 	name, proto, subdomain, group, key string
 	localPort                          int
+	// extra are more lines of the tunnel's mapping, e.g. "weight: 3".
+	extra []string
 }
 
 // startConnector writes a connector YAML file for tunnel tc and starts the connector.
@@ -260,6 +267,9 @@ func startConnector(t *testing.T, name string, e *edge, authToken string, tc tun
 	}
 	if tc.group != "" {
 		fmt.Fprintf(&b, "    group: %s\n    group_key: %q\n", tc.group, tc.key)
+	}
+	for _, line := range tc.extra {
+		fmt.Fprintf(&b, "    %s\n", line)
 	}
 	path := filepath.Join(t.TempDir(), name+".yml")
 	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))

@@ -4,8 +4,15 @@
 //
 // It is a thin wrapper: the file is parsed by examples/internal/config, turned into a
 // tunnel.ServerConfig, and served with tunnel.Server.ListenAndServe. SIGINT or SIGTERM
-// shuts the edge down gracefully (bounded by limits.drain_timeout_secs) and exits 0; a
-// second signal during that drain ends the process at once.
+// shuts the edge down gracefully (bounded by limits.drain_timeout_secs; the log counts the
+// streams left) and exits 0; a second signal during that drain ends the process at once.
+//
+// SIGHUP reads the file again without dropping a connector: connector tokens and tenants,
+// the TLS certificate and key files, and the reserved endpoints' ownership apply at once
+// (tunnel.Server.Reload); every other changed setting (ports, domain, limits, policies, …)
+// is logged as "not applied: …" and keeps its running value until a restart. A file that
+// does not load changes nothing. "edge -check -config FILE" validates a file: "ok" and exit
+// 0, or its line-numbered errors and exit 1.
 //
 // Exit codes: 0 after a signal, 1 when a listener fails, 2 for bad flags or a bad
 // configuration file (the message names the file, the line and the key).
@@ -43,12 +50,18 @@ func main() {
 // run is the whole command. ctx ends on the first signal; stop restores the default
 // signal behaviour so that a second signal kills the process during the drain.
 func run(ctx context.Context, stop func(), args []string, stderr io.Writer) int {
+	return runWith(ctx, stop, args, os.Stdout, stderr)
+}
+
+// runWith is run with stdout (where -check says "ok") given.
+func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "server.toml", "the edge's configuration `file`")
 	verbose := fs.Bool("v", false, "human-readable debug logging instead of JSON at info level")
+	check := fs.Bool("check", false, "validate the configuration file, print \"ok\" or its errors, and exit (0 or 1)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: edge [-v] [-config server.toml]\n")
+		fmt.Fprintf(stderr, "usage: edge [-v] [-config server.toml]\n       edge -check [-config server.toml]\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -62,6 +75,9 @@ func run(ctx context.Context, stop func(), args []string, stderr io.Writer) int 
 		return 2
 	}
 
+	if *check {
+		return runCheck(*path, stdout, stderr)
+	}
 	cfg, err := config.LoadServer(*path)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -70,7 +86,7 @@ func run(ctx context.Context, stop func(), args []string, stderr io.Writer) int 
 	log := newLogger(stderr, *verbose)
 	defer func() { _ = log.Sync() }()
 
-	sc, err := serverConfig(cfg, log)
+	sc, live, err := buildServerConfig(cfg, log)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
@@ -87,21 +103,32 @@ func run(ctx context.Context, stop func(), args []string, stderr io.Writer) int 
 		zap.Bool("tls", sc.TLSConfig != nil), zap.Bool("load_balancing", sc.LoadBalancing),
 		zap.String("domain", sc.Domain), zap.String("region", sc.RegionID))
 
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	rl := &reloader{path: cfg.File, log: log, srv: srv, start: cfg, sc: sc, live: live, last: cfg}
+
 	served := make(chan error, 1)
 	go func() { served <- srv.ListenAndServe() }()
 
-	select {
-	case err := <-served: // a listener failed before any signal
-		_ = srv.Close()
-		log.Error("edge stopped", zap.Error(err))
-		return 1
-	case <-ctx.Done():
+wait:
+	for {
+		select {
+		case err := <-served: // a listener failed before any signal
+			_ = srv.Close()
+			log.Error("edge stopped", zap.Error(err))
+			return 1
+		case <-hup:
+			rl.logReload()
+		case <-ctx.Done():
+			break wait
+		}
 	}
 	stop()
 	log.Info("shutting down", zap.Duration("drain_timeout", sc.DrainTimeout))
 	sctx, cancel := context.WithTimeout(context.Background(), sc.DrainTimeout)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	if err := shutdownCounting(sctx, srv, log); err != nil {
 		log.Warn("drain did not finish in time; connections were closed", zap.Error(err))
 	}
 	if err := <-served; !errors.Is(err, tunnel.ErrServerClosed) {
@@ -114,6 +141,14 @@ func run(ctx context.Context, stop func(), args []string, stderr io.Writer) int 
 // serverConfig turns the parsed file into the edge's configuration. Its error names the
 // file (a TLS key pair that does not load).
 func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error) {
+	sc, _, err := buildServerConfig(c, log)
+	return sc, err
+}
+
+// buildServerConfig is serverConfig, and also returns the parts SIGHUP can replace: the
+// edge's Authenticator and TLS certificate are read through them.
+func buildServerConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, *liveParts, error) {
+	live := &liveParts{}
 	s := c.Server
 	sc := tunnel.ServerConfig{
 		Domain:               s.Domain,
@@ -151,10 +186,14 @@ func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error
 		AllowPrivateAlertWebhooks: c.LoadBalancing.AllowPrivateAlertWebhooks,
 		AlertMinInterval:          c.LoadBalancing.AlertMinInterval,
 		RetryUnreadRequests:       c.LoadBalancing.RetryUnreadRequests,
+		RetryIdempotent:           c.LoadBalancing.RetryIdempotent,
 
 		StateDir: s.StateDir,
 		RouteTTL: c.Limits.RouteTTL,
 		Limits:   tenantLimits(c.Limits.Quotas),
+	}
+	if c.LoadBalancing.OutlierEjection {
+		sc.OutlierEjection = &group.DefaultEjection
 	}
 	for _, t := range c.Auth.Tenants {
 		if t.Quotas != (config.Quotas{}) {
@@ -188,18 +227,20 @@ func serverConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, error
 		}
 		auth, err := tunnel.NewStaticTokens(c.Auth.Tokens, tenants)
 		if err != nil {
-			return tunnel.ServerConfig{}, fmt.Errorf("%s: auth: %w", c.File, err)
+			return tunnel.ServerConfig{}, nil, fmt.Errorf("%s: auth: %w", c.File, err)
 		}
-		sc.Auth = auth
+		live.auth = newLiveAuth(auth)
+		sc.Auth = live.auth
 	}
 	if c.TLS.Enabled() {
 		cert, err := tls.LoadX509KeyPair(c.TLS.CertPath, c.TLS.KeyPath)
 		if err != nil {
-			return tunnel.ServerConfig{}, fmt.Errorf("%s: tls: loading cert_path and key_path: %w", c.File, err)
+			return tunnel.ServerConfig{}, nil, fmt.Errorf("%s: tls: loading cert_path and key_path: %w", c.File, err)
 		}
-		sc.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		live.cert = newLiveCert(cert)
+		sc.TLSConfig = &tls.Config{GetCertificate: live.cert.get, MinVersion: tls.VersionTLS12}
 	}
-	return sc, nil
+	return sc, live, nil
 }
 
 // tenantLimits turns the file's quotas into the edge's.

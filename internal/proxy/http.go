@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -20,7 +21,8 @@ import (
 
 // HTTP is the public HTTP ingress, an http.Handler: it routes each request by its Host
 // header (<subdomain>.<Domain>) to a group and proxies it to one member, per request, over a
-// pooled keep-alive stream. Unknown hosts get 404, a group with no selectable member 503, a
+// pooled keep-alive stream; the group's affinity, if it has one, chooses the member, and a
+// failed attempt may go to one other member (see the package documentation). Unknown hosts get 404, a group with no selectable member 503, a
 // backend that fails mid-request 502; a Host with a bad port (not 0-65535) and a malformed
 // request body get 400, a request body that arrives too slowly (Config.RequestBodyTimeout,
 // Config.RequestBodyMinRate) 408. Once a response has started, any of these failures
@@ -32,7 +34,56 @@ type HTTP struct {
 	proxy *httputil.ReverseProxy
 }
 
-type groupCtxKey struct{}
+type (
+	groupCtxKey    struct{}
+	affinityCtxKey struct{}
+)
+
+// AffinityCookie is the cookie that keeps a client on one member of a group with "cookie"
+// affinity: its value is the member's group.Member.AffinityToken.
+const AffinityCookie = "warren_affinity"
+
+// affinityOf returns how the affinity setting a steers the pick for r (as the client sent
+// it), or nil for a plain pick: "cookie" by r's AffinityCookie (and the response hands out a
+// new one when another member serves), "client_ip" by r's remote address, "header:<Name>" by
+// the header's value, when r has it.
+func affinityOf(a string, r *http.Request) *affinity {
+	switch a {
+	case group.AffinityCookie:
+		aff := &affinity{cookie: true, secure: r.TLS != nil}
+		if c, err := r.Cookie(AffinityCookie); err == nil {
+			aff.token = c.Value
+		}
+		return aff
+	case group.AffinityClientIP:
+		if ip := clientAddr(r.RemoteAddr); ip.IsValid() {
+			return keyedBy(ip.String())
+		}
+		return nil
+	}
+	if name, ok := strings.CutPrefix(a, group.AffinityHeaderPrefix); ok {
+		if v := r.Header.Get(name); v != "" {
+			return keyedBy(v)
+		}
+	}
+	return nil
+}
+
+// setAffinityCookie hands out m's affinity token on resp, unless the request carried it.
+func setAffinityCookie(resp *http.Response, m *group.Member, a *affinity) {
+	tok := m.AffinityToken()
+	if tok == "" || tok == a.token {
+		return
+	}
+	v := AffinityCookie + "=" + tok + "; Path=/; HttpOnly; SameSite=Lax"
+	if a.secure {
+		v += "; Secure"
+	}
+	if resp.Header == nil {
+		resp.Header = http.Header{}
+	}
+	resp.Header.Add("Set-Cookie", v)
+}
 
 // NewHTTP returns the HTTP ingress configured by cfg.
 func NewHTTP(cfg Config) *HTTP {
@@ -106,6 +157,11 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, max)
 	}
 	ctx := context.WithValue(r.Context(), groupCtxKey{}, g)
+	if g.Affinity != "" {
+		if a := affinityOf(g.Affinity, r); a != nil {
+			ctx = context.WithValue(ctx, affinityCtxKey{}, a)
+		}
+	}
 	if r.Body != nil && r.Body != http.NoBody {
 		rc := http.NewResponseController(w)
 		// The body is forwarded while the response comes back (a backend may answer before
@@ -238,21 +294,73 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if g == nil {
 		return nil, ErrNoMember
 	}
-	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed}
+	// rp holds the body of a replayable request, for one more attempt.
+	var rp *replay
+	if t.cfg.RetryIdempotent != nil && replayableMethod(req) && t.cfg.RetryIdempotent(g) {
+		var err error
+		if rp, err = bufferBody(req); err != nil {
+			return nil, err
+		}
+	}
+	var aff *affinity
+	if g.Affinity != "" {
+		aff, _ = req.Context().Value(affinityCtxKey{}).(*affinity)
+	}
+	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed, outcome: t.cfg.Outcome, aff: aff}
 	pc, m, err := t.conn(p)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := pc.roundTrip(req, m)
-	if errors.Is(err, errUnread) && t.cfg.RetryUnreadRequests && (req.Body == nil || req.Body == http.NoBody) && req.Context().Err() == nil {
+	resp, err := t.attempt(pc, m, req, aff)
+	if err == nil || req.Context().Err() != nil {
+		return resp, err
+	}
+	var retries *atomic.Uint64
+	switch {
+	case errors.Is(err, errUnread) && t.cfg.RetryUnreadRequests && (req.Body == nil || req.Body == http.NoBody):
 		// The member's backend reset its connection with the request unread (it died or
 		// dropped its queue): no byte of it reached a handler, and having no body it can be
 		// sent again, to one other member if the retry is unspent.
 		t.cfg.Logger.Debug("backend reset the connection with the request unread; trying another member",
 			zap.String("host", req.Host), zap.String("tunnel", pc.t.id))
-		if pc2, m2, err2 := t.conn(p); err2 == nil {
-			t.cfg.Stats.RetriesResetUnread.Add(1)
-			return pc2.roundTrip(req, m2)
+		retries = t.cfg.Stats.RetriesResetUnread
+	case rp != nil && !p.retried && pc.failedBeforeResponse(err):
+		// The member failed before any byte of a response came back, and the request may
+		// be sent twice: send it, with the same body, to one other member.
+		t.cfg.Logger.Debug("member failed before answering a replayable request; trying another member",
+			zap.String("host", req.Host), zap.String("tunnel", pc.t.id), zap.Error(err))
+		retries = t.cfg.Stats.RetriesIdempotent
+	default:
+		return nil, err
+	}
+	pc2, m2, err2 := t.conn(p)
+	if err2 != nil {
+		return nil, err
+	}
+	retries.Add(1)
+	rp.rewind(req)
+	return t.attempt(pc2, m2, req, aff)
+}
+
+// attempt sends req to member m on pc and reports how it went to Config.Outcome. With
+// cookie affinity (aff), the response hands out m's token if the request did not carry it.
+func (t *memberTransport) attempt(pc *memberConn, m *group.Member, req *http.Request, aff *affinity) (*http.Response, error) {
+	resp, err := pc.roundTrip(req, m)
+	if err == nil && aff != nil && aff.cookie {
+		setAffinityCookie(resp, m, aff)
+	}
+	if f := t.cfg.Outcome; f != nil {
+		switch {
+		case err == nil && resp.StatusCode == http.StatusBadGateway:
+			f(m, true, "backend answered 502")
+		case err == nil:
+			f(m, false, "")
+		case req.Context().Err() != nil || clientFault(err):
+			// The client ended the exchange: nothing is known of the member.
+		case pc.failedBeforeResponse(err):
+			f(m, true, "reset before a response")
+		default:
+			f(m, true, "bad response: "+err.Error())
 		}
 	}
 	return resp, err

@@ -43,11 +43,13 @@ type memberConn struct {
 	unhook func() bool
 }
 
-// headLimiter caps the bytes read while a response head is being parsed.
+// headLimiter caps the bytes read while a response head is being parsed, and notes whether
+// any arrived.
 type headLimiter struct {
 	r       io.Reader
 	left    int64
 	limited bool
+	got     bool // a byte arrived while a response head was awaited
 }
 
 func (l *headLimiter) Read(p []byte) (int, error) {
@@ -62,6 +64,9 @@ func (l *headLimiter) Read(p []byte) (int, error) {
 	}
 	n, err := l.r.Read(p)
 	l.left -= int64(n)
+	if n > 0 {
+		l.got = true
+	}
 	return n, err
 }
 
@@ -143,11 +148,34 @@ func (pc *memberConn) readResponse(req *http.Request) (*http.Response, error) {
 	return nil, fmt.Errorf("backend sent more than %d interim responses", maxInterimResponses)
 }
 
+// failedBeforeResponse reports whether err, which roundTrip returned, means that the member
+// failed before any byte of a response arrived: its stream or its backend's connection
+// ended or was reset, or its connector sent an unread notice. A failure of the public
+// client's request body is not the member's.
+func (pc *memberConn) failedBeforeResponse(err error) bool {
+	if errors.Is(err, errUnread) {
+		return true
+	}
+	return !pc.lim.got && !clientFault(err)
+}
+
+// clientFault reports whether err is the public client's doing: its request body failed
+// (over the limit, too slow, malformed, cut off).
+func clientFault(err error) bool {
+	var (
+		rbe *requestBodyError
+		mbe *http.MaxBytesError
+		bte *bodyTimeoutError
+	)
+	return errors.As(err, &rbe) || errors.As(err, &mbe) || errors.As(err, &bte)
+}
+
 // roundTrip sends req on the stream and returns the response, whose body releases m's
 // stream slot and returns the stream to the pool when it has been read to the end. A request
 // body is written concurrently with reading the response, so a backend may answer before it
 // read the whole upload, or stream both ways.
 func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Response, error) {
+	pc.lim.got = false
 	// A client that goes away aborts the exchange, wherever it is blocked.
 	stop := context.AfterFunc(req.Context(), pc.close)
 	var wdone chan error

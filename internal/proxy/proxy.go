@@ -9,10 +9,29 @@
 // wire envelope and waits for the connector's acknowledgement; nothing of a request is
 // written before it.
 //
-// Dispatch retries once, to one other member, and only when no byte of the request can have
-// reached an application: opening the stream failed, or (Config.RetryUnreadRequests) the
-// member's backend reset its connection with a bodyless request unread and its connector said
-// so with an unread notice.
+// Dispatch retries at most once per request or connection, to one other member:
+//
+//   - always when opening the stream failed: no byte of the request was written;
+//   - with Config.RetryUnreadRequests, when the member's backend reset its connection with a
+//     bodyless request unread and its connector said so with an unread notice;
+//   - with Config.RetryIdempotent (opt-in per group), when a replayable request failed on
+//     its member before any byte of a response arrived: the stream or the member's backend
+//     connection ended or was reset, the session died, or an unread notice came. A request
+//     is replayable when its method is GET, HEAD, OPTIONS, PUT or DELETE, or it carries an
+//     Idempotency-Key header, and its body is empty or at most 64 KiB: the edge reads such a
+//     body whole (through the public body's limits) before sending it, and sends the same
+//     bytes again. A longer body is streamed as usual and never replayed.
+//
+// No request is sent again once a byte of its response arrived, nor once its client has
+// gone. Config.Outcome, when set, hears of each attempt on a member: whether it failed (the
+// open was refused, the member's stream ended before a response head, the backend answered
+// 502) or not, for passive outlier ejection.
+//
+// A group's affinity (group.Group.Affinity) steers the first pick: "cookie" sends a request
+// carrying a valid warren_affinity cookie to the member it names and hands out that cookie
+// when another member served; "client_ip" and "header:<Name>" pick by consistent hashing of
+// the client's address or the header's value. TCP groups honour "client_ip" only. A retry
+// still goes to another member.
 //
 // The package knows nothing of connector sessions, registration or the admin plane: the edge
 // passes in its routing table, timeouts, a logger and counters.
@@ -30,6 +49,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
 
+	"github.com/warren-tunnel/warren/dispatch"
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/policy"
 	"github.com/warren-tunnel/warren/internal/wire"
@@ -68,6 +88,22 @@ type Config struct {
 	// RetryUnreadRequests lets a bodyless HTTP request go to one other member when the
 	// first member's backend reset its connection with the request unread.
 	RetryUnreadRequests bool
+	// RetryIdempotent reports whether the replayable HTTP requests of group g may go to one
+	// other member when their first member fails before any byte of a response arrived (see
+	// the package documentation for what is replayable). When it returns true, the edge
+	// buffers a replayable request's body, up to 64 KiB, before sending it. Nil means never;
+	// the edge combines an edge-wide setting with the pool's own.
+	RetryIdempotent func(g *group.Group) bool
+	// Outcome, when set, is called once for each attempt on a member, so that the edge can
+	// eject members that keep failing. failed is true, with a short reason, when opening a
+	// stream to the member failed ("open refused: …"), when the member's stream or backend
+	// connection ended before a response head arrived ("reset before a response"), when
+	// its response head was malformed ("bad response: …"), or when its backend answered 502
+	// ("backend answered 502"); failed is false, with reason "", when any other response
+	// head arrived or, for TCP, when the stream was opened and acknowledged. An attempt that
+	// the client ended (it went away, or its request body failed) is not reported. It is
+	// called on the request's goroutine and must not block.
+	Outcome func(m *group.Member, failed bool, reason string)
 	// HTTPSHost returns the public host (and port, if not 443) of an https tunnel's
 	// subdomain, where plain-HTTP requests to it are redirected; "" means no redirect (the
 	// edge serves no HTTPS). Nil means never redirect.
@@ -100,6 +136,10 @@ type Stats struct {
 	// stream to the first failed; RetriesResetUnread those sent on because the first
 	// member's backend reset its connection with a bodyless request unread.
 	RetriesOpenFailed, RetriesResetUnread *atomic.Uint64
+	// RetriesIdempotent counts replayable requests (Config.RetryIdempotent) sent to one
+	// other member because the first failed before any byte of a response arrived, other
+	// than those counted in RetriesResetUnread.
+	RetriesIdempotent *atomic.Uint64
 }
 
 func (c *Config) setDefaults() {
@@ -119,7 +159,7 @@ func (c *Config) setDefaults() {
 		c.HTTPSHost = func(string) string { return "" }
 	}
 	for _, p := range []**atomic.Uint64{&c.Stats.HTTPRequests, &c.Stats.TCPConnections,
-		&c.Stats.RetriesOpenFailed, &c.Stats.RetriesResetUnread} {
+		&c.Stats.RetriesOpenFailed, &c.Stats.RetriesResetUnread, &c.Stats.RetriesIdempotent} {
 		if *p == nil {
 			*p = new(atomic.Uint64)
 		}
@@ -223,21 +263,43 @@ func (t *Tunnel) open(remoteAddr string, timeout time.Duration) (*yamux.Stream, 
 }
 
 // picker chooses the members for one request or connection: a first pick and, only when
-// no byte of the request can have reached an application, one other member, once.
+// no byte of the request can have reached an application or the request is replayable, one
+// other member, once.
 type picker struct {
 	g       *group.Group
 	retries *atomic.Uint64 // counts retries after a failed open
-	last    *group.Member  // the member picked last
+	// outcome, if not nil, hears of each failed open (Config.Outcome).
+	outcome func(m *group.Member, failed bool, reason string)
+	// aff, if not nil, steers the first pick by the group's affinity.
+	aff     *affinity
+	last    *group.Member // the member picked last
 	started bool
 	retried bool
 }
+
+// affinity is how a group's affinity (group.Group.Affinity) steers one request's or
+// connection's first pick.
+type affinity struct {
+	// token is the request's affinity cookie: its member, if PickToken accepts it, serves.
+	token string
+	// cookie: hand out the serving member's token when it is not token.
+	cookie bool
+	// secure: the request came over TLS, and so does the cookie.
+	secure bool
+	// key, when keyed, is hashed to a member (PickKey).
+	key   uint64
+	keyed bool
+}
+
+// keyedBy returns the affinity of a key (a hash of the client's address or of a header).
+func keyedBy(s string) *affinity { return &affinity{key: dispatch.HashString(s), keyed: true} }
 
 // next returns the first pick, then one member other than the last, then nil.
 func (p *picker) next() *group.Member {
 	switch {
 	case !p.started:
 		p.started = true
-		p.last = p.g.Pick()
+		p.last = p.first()
 	case !p.retried && p.last != nil:
 		p.retried = true
 		p.last = p.g.PickExcept(p.last)
@@ -245,6 +307,20 @@ func (p *picker) next() *group.Member {
 		return nil
 	}
 	return p.last
+}
+
+// first is the first pick: by the affinity, if any, else by the group's strategy.
+func (p *picker) first() *group.Member {
+	switch a := p.aff; {
+	case a == nil:
+	case a.token != "":
+		if m := p.g.PickToken(a.token); m != nil {
+			return m
+		}
+	case a.keyed:
+		return p.g.PickKey(a.key)
+	}
+	return p.g.Pick()
 }
 
 // pick picks a member and connects to it; if connecting fails (only opening the stream can
@@ -266,6 +342,17 @@ func pick[T any](p *picker, connect func(*Tunnel) (T, error)) (T, *group.Member,
 		if v, err = connect(m.Value().(*Tunnel)); err == nil {
 			return v, m, nil
 		}
+		if p.outcome != nil {
+			p.outcome(m, true, openRefused(err))
+		}
 		m.Release()
 	}
+}
+
+// openRefused is the Outcome reason of a failed stream open.
+func openRefused(err error) string {
+	if oe := (*openError)(nil); errors.As(err, &oe) {
+		err = oe.err
+	}
+	return "open refused: " + err.Error()
 }

@@ -17,12 +17,12 @@ import (
 
 // TCP is the public TCP ingress: a listener on each TCP group's port, bound when the group
 // is created and closed when it is removed. Each accepted connection goes to one member,
-// picked per connection (a failed stream open is retried once on another member); with no
-// selectable member it is accepted and closed at once. A connection whose member side is
-// cut before its end (the connector's session died, or the tunnel was removed) is reset,
-// so that the client sees the loss; a clean end (the backend closed) is a FIN. Wire
-// OnCreate and OnRemove into the registry's group.Config; Close stops it, Wait waits for
-// its goroutines.
+// picked per connection, by the client's address for a group with "client_ip" affinity (a
+// failed stream open is retried once on another member); with no selectable member it is
+// accepted and closed at once. A connection whose member side is cut before its end (the
+// connector's session died, or the tunnel was removed) is reset, so that the client sees
+// the loss; a clean end (the backend closed) is a FIN. Wire OnCreate and OnRemove into the
+// registry's group.Config; Close stops it, Wait waits for its goroutines.
 type TCP struct {
 	cfg  Config
 	done chan struct{} // closed by Close: ends accept back-offs
@@ -153,8 +153,9 @@ func isTemporary(err error) bool {
 	return errors.As(err, &te) && te.Temporary()
 }
 
-// serve carries one public TCP connection to one member. With no selectable member the
-// connection is accepted and closed at once.
+// serve carries one public TCP connection to one member: with "client_ip" affinity, the
+// member the client's address hashes to. With no selectable member the connection is
+// accepted and closed at once.
 func (t *TCP) serve(g *group.Group, c net.Conn) {
 	t.cfg.Stats.TCPConnections.Add(1)
 	remote := c.RemoteAddr().String()
@@ -169,7 +170,12 @@ func (t *TCP) serve(g *group.Group, c net.Conn) {
 			defer done()
 		}
 	}
-	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed}
+	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed, outcome: t.cfg.Outcome}
+	if g.Affinity == group.AffinityClientIP {
+		if ip := clientAddr(remote); ip.IsValid() {
+			p.aff = keyedBy(ip.String())
+		}
+	}
 	st, m, err := pick(p, func(tun *Tunnel) (*yamux.Stream, error) { return tun.open(remote, t.cfg.OpenTimeout) })
 	if err != nil {
 		t.cfg.Logger.Debug("TCP connection refused", zap.Int("port", g.Port), zap.Error(err))
@@ -177,5 +183,8 @@ func (t *TCP) serve(g *group.Group, c net.Conn) {
 		return
 	}
 	defer m.Release()
+	if f := t.cfg.Outcome; f != nil {
+		f(m, false, "") // opened and acknowledged: the member's backend accepted the connection
+	}
 	mux.Join(m.Value().(*Tunnel).ctx, c, st)
 }

@@ -89,6 +89,25 @@ type Register struct {
 	// crosses the wire.
 	KeyHash string      `json:"key_hash,omitempty"`
 	Health  *HealthInfo `json:"health,omitempty"`
+	// LB carries the tunnel's load-balancing settings; nil means the defaults (weight 1,
+	// priority 0, no slow start, no affinity, no idempotent retry, no previous keys).
+	LB *LBInfo `json:"lb,omitempty"`
+}
+
+// MaxPrevKeys bounds the previous group keys one registration may present.
+const MaxPrevKeys = 4
+
+// LBInfo is a tunnel's load-balancing settings (see group.JoinRequest). The edge checks
+// their ranges and answers an out-of-range value with Rejected "invalid".
+type LBInfo struct {
+	Weight          int    `json:"weight,omitempty"`
+	Priority        int    `json:"priority,omitempty"`
+	SlowStartMS     int64  `json:"slow_start_ms,omitempty"`
+	Affinity        string `json:"affinity,omitempty"`
+	RetryIdempotent bool   `json:"retry_idempotent,omitempty"`
+	// PrevKeyHashes are the hex SHA-256 hashes of the group keys the connector held before
+	// its current one (key rotation).
+	PrevKeyHashes []string `json:"prev_key_hashes,omitempty"`
 }
 
 // Registered answers a Register that succeeded.
@@ -233,6 +252,22 @@ func (m *Register) Validate() error {
 		}
 		if err := firstErr(maxLen("health.path", h.Path, MaxURLLen), maxLen("health.alert_webhook", h.AlertWebhook, MaxURLLen)); err != nil {
 			return err
+		}
+	}
+	if lb := m.LB; lb != nil {
+		if err := maxLen("lb.affinity", lb.Affinity, MaxLabelLen+MaxGroupLen); err != nil {
+			return err
+		}
+		if len(lb.PrevKeyHashes) > MaxPrevKeys {
+			return fmt.Errorf("%w: %d previous key hashes, at most %d", ErrMalformed, len(lb.PrevKeyHashes), MaxPrevKeys)
+		}
+		for _, k := range lb.PrevKeyHashes {
+			if b, err := hex.DecodeString(k); err != nil || len(b) != 32 {
+				return fmt.Errorf("%w: a previous key hash is not a hex SHA-256", ErrMalformed)
+			}
+		}
+		if len(lb.PrevKeyHashes) > 0 && m.Group == "" {
+			return fmt.Errorf("%w: previous key hashes without a group", ErrMalformed)
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -37,6 +38,10 @@ type Client struct {
 	// DrainTimeout bounds how long open streams may run when the connector
 	// leaves (drain_timeout_secs). Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout_secs"`
+	// ControlSocket is the path of the connector's control socket
+	// (control_socket); empty means the default. Relative paths in a file
+	// read by LoadClient are relative to the directory of that file.
+	ControlSocket string `yaml:"control_socket"`
 	// Tunnels are the tunnels to register, in the order of the file.
 	// There is at least one.
 	Tunnels []Tunnel `yaml:"tunnels"`
@@ -81,6 +86,24 @@ type Tunnel struct {
 	// HealthCheck is the probe of the local service; nil for none (the
 	// member is then always healthy).
 	HealthCheck *HealthCheck `yaml:"health_check"`
+	// Weight (1-100; 0 or absent: 1) is the member's share of new work
+	// relative to the other members of its tier.
+	Weight int `yaml:"weight"`
+	// Priority is the member's tier (0, the default, is first): only the
+	// lowest tier with a healthy member takes new work.
+	Priority int `yaml:"priority"`
+	// SlowStart ramps the member's share up over this long after it
+	// turns healthy (slow_start_secs). Default 0: at once.
+	SlowStart time.Duration `yaml:"slow_start_secs"`
+	// Affinity is the pool's affinity: "cookie", "client_ip" or
+	// "header:<Name>"; every member of a pool declares the same.
+	Affinity string `yaml:"affinity"`
+	// RetryIdempotent is the pool's opt-in idempotent retry; every member
+	// of a pool declares the same.
+	RetryIdempotent bool `yaml:"retry_idempotent"`
+	// PreviousGroupKeys are the keys the pool had before group_key, during
+	// a key rotation (at most 4).
+	PreviousGroupKeys []string `yaml:"previous_group_keys"`
 }
 
 // LocalAddr returns the local service's "host:port".
@@ -157,15 +180,18 @@ func parseClient(file string, data []byte, dir string) (*Client, error) {
 		r.yamlFields(n, "tls", &cfg.TLS)
 		cfg.TLS.CAPath = resolvePath(dir, cfg.TLS.CAPath)
 	}
+	cfg.ControlSocket = resolvePath(dir, cfg.ControlSocket)
 	tunnels, _ := r.yamlMapping(nested["tunnels"], "tunnels")
 	for _, p := range tunnels {
 		t := Tunnel{Name: p.key.Value, LocalHost: "127.0.0.1"}
 		key := joinKey("tunnels", t.Name)
 		r.lines[key] = p.key.Line
-		if n := r.yamlFields(p.val, key, &t)["health_check"]; n != nil {
+		nested := r.yamlFields(p.val, key, &t)
+		if n := nested["health_check"]; n != nil {
 			t.HealthCheck = &HealthCheck{Interval: 10 * time.Second, Timeout: 3 * time.Second, MaxFailed: 3, Expect2xx: true}
 			r.yamlFields(n, joinKey(key, "health_check"), t.HealthCheck)
 		}
+		t.PreviousGroupKeys = r.yamlStrings(nested["previous_group_keys"], joinKey(key, "previous_group_keys"))
 		cfg.Tunnels = append(cfg.Tunnels, t)
 	}
 	if cfg.TLS.Enabled && cfg.TLS.ServerName == "" && hostPortProblem(cfg.Server) == "" {
@@ -209,6 +235,7 @@ func (c *Client) validate(r *reporter) {
 			r.invalid("tls.server_name", hostProblem(c.TLS.ServerName))
 		}
 	}
+	r.invalid("control_socket", controlSocketProblem(c.ControlSocket))
 	if c.DrainTimeout <= 0 {
 		r.add("drain_timeout_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(c.DrainTimeout))
 	}
@@ -275,6 +302,35 @@ func (t *Tunnel) validate(r *reporter, base string) {
 
 	if t.HealthCheck != nil {
 		t.HealthCheck.validate(r, key("health_check"))
+	}
+	t.validateLB(r, key)
+}
+
+// validateLB checks the load-balancing settings of a tunnel.
+func (t *Tunnel) validateLB(r *reporter, key func(string) string) {
+	if t.Weight < 0 || t.Weight > group.MaxWeight {
+		r.add(key("weight"), ErrInvalid, "%d is out of range 1-%d (0 or absent: 1)", t.Weight, group.MaxWeight)
+	}
+	if t.Priority < 0 || t.Priority > group.MaxPriority {
+		r.add(key("priority"), ErrInvalid, "%d is out of range 0-%d (0 is the first tier)", t.Priority, group.MaxPriority)
+	}
+	if t.SlowStart < 0 || t.SlowStart > group.MaxSlowStart {
+		r.add(key("slow_start_secs"), ErrInvalid, "%s is out of range 0-%s", formatDuration(t.SlowStart), formatDuration(group.MaxSlowStart))
+	}
+	if a, err := group.ParseAffinity(t.Affinity); err != nil {
+		r.add(key("affinity"), ErrInvalid, "%v", err)
+	} else if t.Proto == group.ProtoTCP && a != "" && a != group.AffinityClientIP {
+		r.add(key("affinity"), ErrInvalid, "%q is for HTTP tunnels; a TCP pool takes client_ip", t.Affinity)
+	}
+	switch k := key("previous_group_keys"); {
+	case len(t.PreviousGroupKeys) > 0 && t.Group == "":
+		r.add(k, ErrInvalid, "needs group and group_key: previous keys rotate a pool's key")
+	case len(t.PreviousGroupKeys) > 4:
+		r.add(k, ErrInvalid, "holds %d keys; at most 4", len(t.PreviousGroupKeys))
+	case slices.Contains(t.PreviousGroupKeys, ""):
+		r.add(k, ErrInvalid, "must not hold an empty key")
+	case t.GroupKey != "" && slices.Contains(t.PreviousGroupKeys, t.GroupKey):
+		r.add(k, ErrInvalid, "must not hold group_key itself")
 	}
 }
 

@@ -341,13 +341,13 @@ func TestClientUnknownKeys(t *testing.T) {
 		want want
 	}{
 		{"root", "serverAddr: x\n" + tunnelDoc("proto: tcp", "local_port: 1"),
-			want{1, "serverAddr", config.ErrUnknownKey, "unknown key; expected one of: auth_token, drain_timeout_secs, server, tls, tunnels"}},
+			want{1, "serverAddr", config.ErrUnknownKey, "unknown key; expected one of: auth_token, control_socket, drain_timeout_secs, server, tls, tunnels"}},
 		{"root typo", "auth_tokn: x\n" + tunnelDoc("proto: tcp", "local_port: 1"),
 			want{1, "auth_tokn", config.ErrUnknownKey, `did you mean "auth_token"?`}},
 		{"tls", "tls:\n  verify: false\n" + tunnelDoc("proto: tcp", "local_port: 1"),
 			want{2, "tls.verify", config.ErrUnknownKey, "unknown key"}},
 		{"tunnel", tunnelDoc("proto: tcp", "local_port: 1", "localIP: 10.0.0.1"),
-			want{6, "tunnels.a.localIP", config.ErrUnknownKey, "expected one of: group, group_key, health_check, local_host, local_port, proto, subdomain"}},
+			want{6, "tunnels.a.localIP", config.ErrUnknownKey, "expected one of: affinity, group, group_key, health_check, local_host, local_port, previous_group_keys, priority, proto, retry_idempotent, slow_start_secs, subdomain, weight"}},
 		{"health check", healthDoc("type: tcp", "retries: 3"),
 			want{8, "tunnels.a.health_check.retries", config.ErrUnknownKey, "unknown key"}},
 		{"health check typo", healthDoc("type: tcp", "interval_sec: 3"),

@@ -232,6 +232,15 @@ type LoadBalancing struct {
 	// RetryUnreadRequests sends a bodyless request whose backend reset
 	// its connection with it unread to one other member. Default false.
 	RetryUnreadRequests bool `toml:"retry_unread_requests"`
+	// RetryIdempotent sends an idempotent request (GET, HEAD, OPTIONS,
+	// PUT, DELETE, or one with an Idempotency-Key header; body at most
+	// 64 KiB) whose member failed before answering to one other member,
+	// in every pool. Default false (a pool may still ask for it).
+	RetryIdempotent bool `toml:"retry_idempotent"`
+	// OutlierEjection ejects a member whose streams fail 5 times in a row
+	// within 10 s for 30 s (doubling up to 5 min while it keeps failing),
+	// never more than half of a pool. Default false.
+	OutlierEjection bool `toml:"outlier_ejection"`
 	// AlertMinInterval is the shortest time between two alerts of one
 	// group (alert_min_interval_secs). Default 60s.
 	AlertMinInterval time.Duration `toml:"-"`

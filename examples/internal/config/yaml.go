@@ -240,3 +240,19 @@ func isNull(n *yaml.Node) bool {
 	}
 	return n == nil || n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
 }
+
+// yamlStrings decodes a sequence of strings (nil for an absent or null value).
+func (r *reporter) yamlStrings(n *yaml.Node, path string) []string {
+	if n == nil || isNull(n) {
+		return nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		r.fail(path, ErrType, "expected a list of strings, got %s", yamlKindName(n))
+		return nil
+	}
+	out := make([]string, len(n.Content))
+	for i, item := range n.Content {
+		r.yamlScalar(deref(item), fmt.Sprintf("%s[%d]", path, i), reflect.ValueOf(&out[i]).Elem())
+	}
+	return out
+}

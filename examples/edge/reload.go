@@ -1,0 +1,302 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"reflect"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unicode"
+
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/tunnel"
+)
+
+// liveParts are the settings the edge reads through the main on every use, so that SIGHUP
+// can replace them: the tokens and the TLS certificate.
+type liveParts struct {
+	auth *liveAuth // nil when require_auth is false
+	cert *liveCert // nil without TLS
+}
+
+// liveAuth is the edge's Authenticator: it checks tokens against the set last loaded.
+type liveAuth struct {
+	cur atomic.Pointer[tunnel.StaticTokens]
+}
+
+func newLiveAuth(st *tunnel.StaticTokens) *liveAuth {
+	a := &liveAuth{}
+	a.cur.Store(st)
+	return a
+}
+
+// Authenticate implements tunnel.Authenticator.
+func (a *liveAuth) Authenticate(ctx context.Context, token string) (string, error) {
+	return a.cur.Load().Authenticate(ctx, token)
+}
+
+// liveCert hands out the certificate last loaded (tls.Config.GetCertificate).
+type liveCert struct {
+	cur atomic.Pointer[tls.Certificate]
+}
+
+func newLiveCert(c tls.Certificate) *liveCert {
+	l := &liveCert{}
+	l.cur.Store(&c)
+	return l
+}
+
+func (l *liveCert) get(*tls.ClientHelloInfo) (*tls.Certificate, error) { return l.cur.Load(), nil }
+
+// reloader applies server.toml again on SIGHUP.
+type reloader struct {
+	path  string
+	log   *zap.Logger
+	srv   *tunnel.Server
+	start *config.Server      // the file the edge started with: what runs, but for live parts
+	sc    tunnel.ServerConfig // the configuration the edge was created with
+	live  *liveParts
+	last  *config.Server // the file last applied, for the live parts
+}
+
+// reload reads the file again and applies what can change live: tokens and tenants, the TLS
+// certificate, and the reserved endpoints' ownership. Everything else that differs from the
+// running configuration is logged as "not applied: …". A file that does not load changes
+// nothing. It returns the lines it logged.
+func (r *reloader) reload() (applied, notApplied []string, err error) {
+	next, err := config.LoadServer(r.path)
+	if err != nil {
+		return nil, nil, err
+	}
+	nsc, nlive, err := buildServerConfig(next, r.log)
+	if err != nil {
+		return nil, nil, err
+	}
+
+	notApplied = fileDiff(r.start, next)
+	switch {
+	case r.start.Auth.RequireAuth != next.Auth.RequireAuth:
+		// fileDiff named it: the edge's Authenticator is on or off for good.
+	case nlive.auth != nil:
+		if tokensChanged(r.last.Auth, next.Auth) {
+			applied = append(applied, fmt.Sprintf("auth.tokens and auth.tenants: %d tokens and %d tenants from now on (connectors already connected stay)", len(next.Auth.Tokens), len(next.Auth.Tenants)))
+		}
+		r.live.auth.cur.Store(nlive.auth.cur.Load())
+	}
+	if r.live.cert != nil && nlive.cert != nil {
+		r.live.cert.cur.Store(nlive.cert.cur.Load())
+		applied = append(applied, "tls: certificate and key loaded again from "+next.TLS.CertPath+" and "+next.TLS.KeyPath)
+	}
+
+	withEndpoints := r.sc
+	withEndpoints.Endpoints = nsc.Endpoints
+	epNotApplied, err := r.srv.Reload(withEndpoints)
+	if err != nil {
+		return applied, notApplied, fmt.Errorf("%s: endpoints: %w", next.File, err)
+	}
+	if !reflect.DeepEqual(r.last.Endpoints, next.Endpoints) {
+		applied = append(applied, fmt.Sprintf("endpoints: %d reserved routes from now on", len(next.Endpoints)))
+	}
+	notApplied = append(notApplied, epNotApplied...)
+	r.last = next
+	return applied, notApplied, nil
+}
+
+// logReload runs reload and logs its outcome.
+func (r *reloader) logReload() {
+	r.log.Info("SIGHUP: reloading the configuration", zap.String("file", r.path))
+	applied, notApplied, err := r.reload()
+	for _, a := range applied {
+		r.log.Info("applied: " + a)
+	}
+	for _, n := range notApplied {
+		r.log.Warn("not applied: " + n)
+	}
+	if err != nil {
+		r.log.Error("reload failed; the running configuration is kept", zap.String("errors", err.Error()))
+		return
+	}
+	r.log.Info("configuration reloaded", zap.Int("applied", len(applied)), zap.Int("not_applied", len(notApplied)))
+}
+
+// tokensChanged reports whether the connector tokens or the tenants' names and tokens differ.
+func tokensChanged(a, b config.Auth) bool {
+	if !slices.Equal(a.Tokens, b.Tokens) || len(a.Tenants) != len(b.Tenants) {
+		return true
+	}
+	for i := range a.Tenants {
+		if a.Tenants[i].Name != b.Tenants[i].Name || a.Tenants[i].Token != b.Tenants[i].Token {
+			return true
+		}
+	}
+	return false
+}
+
+// fileDiff names, as file keys, the settings of next that differ from what the edge runs
+// with (start) and cannot change while it runs. Tokens, tenants' tokens, the TLS files and
+// the endpoints are left out: reload applies them.
+func fileDiff(start, next *config.Server) []string {
+	var out []string
+	add := func(key, why string, a, b any) {
+		out = append(out, fmt.Sprintf("%s (%v -> %v): %s; restart the edge to apply it", key, a, b, why))
+	}
+	const listener = "listeners and ports are fixed while the edge runs"
+	s, n := start.Server, next.Server
+	for _, f := range []struct {
+		key  string
+		a, b any
+		why  string
+	}{
+		{"server.domain", s.Domain, n.Domain, "tunnel URLs are made with it"},
+		{"server.bind", s.Bind, n.Bind, listener},
+		{"server.http_port", s.HTTPPort, n.HTTPPort, listener},
+		{"server.https_port", s.HTTPSPort, n.HTTPSPort, listener},
+		{"server.control_port", s.ControlPort, n.ControlPort, listener},
+		{"server.admin_port", s.AdminPort, n.AdminPort, listener},
+		{"server.region_id", s.RegionID, n.RegionID, "alerts and metrics name the edge with it"},
+		{"server.state_dir", s.StateDir, n.StateDir, "the route store stays open where it is"},
+		{"tls", start.TLS.Enabled(), next.TLS.Enabled(), "TLS on the control listener is on or off for good (changed files are loaded again while it stays on)"},
+		{"auth.require_auth", start.Auth.RequireAuth, next.Auth.RequireAuth, "authentication is on or off for good"},
+	} {
+		if !reflect.DeepEqual(f.a, f.b) {
+			add(f.key, f.why, f.a, f.b)
+		}
+	}
+	if start.Auth.AdminToken != next.Auth.AdminToken {
+		out = append(out, "auth.admin_token: the admin API keeps the token it started with; restart the edge to apply it")
+	}
+	const limit = "the edge reads its limits without a live-update hook"
+	out = append(out, structDiff("limits", start.Limits, next.Limits, limit)...)
+	out = append(out, structDiff("load_balancing", start.LoadBalancing, next.LoadBalancing, "the routing table is built with these")...)
+	quotas := map[string]config.Quotas{}
+	for _, t := range start.Auth.Tenants {
+		quotas[t.Name] = t.Quotas
+	}
+	for _, t := range next.Auth.Tenants {
+		if q, ok := quotas[t.Name]; ok || t.Quotas != (config.Quotas{}) {
+			out = append(out, structDiff(fmt.Sprintf("auth.tenants[%s]", t.Name), q, t.Quotas, limit)...)
+		}
+	}
+	return out
+}
+
+// structDiff names the fields of a and b (two values of one struct type of the config
+// package) that differ, as file keys under prefix.
+func structDiff(prefix string, a, b any, why string) []string {
+	var out []string
+	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
+	for i := range va.NumField() {
+		f := va.Type().Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		fa, fb := va.Field(i), vb.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			out = append(out, structDiff(prefix, fa.Interface(), fb.Interface(), why)...)
+			continue
+		}
+		if reflect.DeepEqual(fa.Interface(), fb.Interface()) {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s.%s (%s -> %s): %s; restart the edge to apply it", prefix, tomlKey(f), show(fa.Interface()), show(fb.Interface()), why))
+	}
+	return out
+}
+
+// tomlKey is the key of a config field: its toml tag, or for a field decoded by hand
+// (tag "-") its name in snake case, with _secs for a duration.
+func tomlKey(f reflect.StructField) string {
+	if tag, _, _ := strings.Cut(f.Tag.Get("toml"), ","); tag != "" && tag != "-" {
+		return tag
+	}
+	switch f.Name {
+	case "AuthBlock":
+		return "auth_block_secs"
+	case "RouteTTL":
+		return "route_ttl_secs"
+	case "TCPPortRange":
+		return "tcp_port_range"
+	}
+	var b strings.Builder
+	for i, r := range f.Name {
+		if unicode.IsUpper(r) && i > 0 {
+			b.WriteByte('_')
+		}
+		b.WriteRune(unicode.ToLower(r))
+	}
+	if f.Type == reflect.TypeFor[time.Duration]() {
+		b.WriteString("_secs")
+	}
+	return b.String()
+}
+
+// show formats a setting's value as the file writes it.
+func show(v any) string {
+	switch x := v.(type) {
+	case time.Duration:
+		return fmt.Sprintf("%gs", x.Seconds())
+	case config.PortRange:
+		return fmt.Sprintf("[%d, %d]", x.Low, x.High)
+	}
+	return fmt.Sprint(v)
+}
+
+// runCheck is "edge -check": it loads the file as the edge would (the TLS key pair and the
+// tokens included) without listening or opening the state directory.
+func runCheck(path string, stdout, stderr io.Writer) int {
+	cfg, err := config.LoadServer(path)
+	if err == nil {
+		_, _, err = buildServerConfig(cfg, zap.NewNop())
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintln(stdout, "ok")
+	return 0
+}
+
+// shutdownCounting is srv.Shutdown(ctx), logging the streams still open as they finish.
+func shutdownCounting(ctx context.Context, srv *tunnel.Server, log *zap.Logger) error {
+	done := make(chan error, 1)
+	go func() { done <- srv.Shutdown(ctx) }()
+	count := func() int64 {
+		var n int64
+		for _, g := range srv.Registry().Groups() {
+			for _, m := range g.Members {
+				n += m.Active
+			}
+		}
+		return n
+	}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	last := int64(-1)
+	for {
+		if n := count(); n != last {
+			last = n
+			log.Info(fmt.Sprintf("draining: %d %s left", n, plural(n, "stream", "streams")), zap.Int64("streams_left", n))
+		}
+		select {
+		case err := <-done:
+			if err == nil && last != 0 {
+				log.Info("draining: 0 streams left", zap.Int64("streams_left", 0))
+			}
+			return err
+		case <-tick.C:
+		}
+	}
+}
+
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}

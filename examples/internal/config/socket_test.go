@@ -1,0 +1,50 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestControlSocketKey(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yml")
+	doc := "server: localhost:4040\ncontrol_socket: run/c.sock\ntunnels:\n  a: {proto: http, local_port: 3000, subdomain: a}\n"
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadClient(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "run", "c.sock"); c.ControlSocket != want {
+		t.Fatalf("control_socket = %q, want %q (relative to the file)", c.ControlSocket, want)
+	}
+
+	long := "/" + strings.Repeat("s", MaxSocketPathLen)
+	_, err = ParseClient("config.yml", []byte("server: localhost:4040\ncontrol_socket: "+long+"\ntunnels:\n  a: {proto: http, local_port: 3000, subdomain: a}\n"))
+	if err == nil || !strings.Contains(err.Error(), "config.yml:2: control_socket: is 105 bytes long") {
+		t.Fatalf("a too long socket path: got %v", err)
+	}
+}
+
+func TestDefaultControlSocket(t *testing.T) {
+	t.Setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+	p, err := DefaultControlSocket("/etc/warren/a.yml")
+	if err != nil || !strings.HasPrefix(p, "/run/user/1000/warren-connector-") || !strings.HasSuffix(p, ".sock") {
+		t.Fatalf("with XDG_RUNTIME_DIR: %q, %v", p, err)
+	}
+	if q, _ := DefaultControlSocket("/etc/warren/a.yml"); q != p {
+		t.Fatalf("one file, two sockets: %q and %q", p, q)
+	}
+	if q, _ := DefaultControlSocket("/etc/warren/b.yml"); q == p {
+		t.Fatalf("two files share the socket %q", p)
+	}
+	t.Setenv("XDG_RUNTIME_DIR", "")
+	t.Setenv("HOME", "/home/u")
+	p, err = DefaultControlSocket("/etc/warren/a.yml")
+	if err != nil || !strings.HasPrefix(p, "/home/u/.warren/connector-") || len(p) != len("/home/u/.warren/connector-12345678.sock") {
+		t.Fatalf("without XDG_RUNTIME_DIR: %q, %v", p, err)
+	}
+}

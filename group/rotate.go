@@ -1,0 +1,81 @@
+package group
+
+import (
+	"crypto/subtle"
+	"slices"
+	"sync"
+)
+
+// Key rotation: a connector presents its new group key and the keys it held before
+// (JoinRequest.PrevKeyHashes). A pool admits a joiner whose key is the pool's current key,
+// whose previous keys include the pool's current key (the pool then moves to the joiner's
+// key), or whose key some member of the pool still holds (a connector that has not rotated
+// yet, reconnecting). Once no member holds an old key, that key is refused (HTTP) or names
+// another pool (TCP, where the key is part of the route).
+
+func tcpKey(name string, k KeyHash) string { return name + "\x00" + string(k[:]) }
+
+func sameKey(a, b KeyHash) bool { return subtle.ConstantTimeCompare(a[:], b[:]) == 1 }
+
+// rotatingTCP finds the TCP pool a rotating joiner may join: one of its previous keys is
+// the pool's current key. The caller holds the pool name's shard lock.
+func rotatingTCP(routes *sync.Map, req JoinRequest) (any, bool) {
+	for _, p := range req.PrevKeyHashes {
+		if v, ok := routes.Load(tcpKey(req.Group, p)); ok && sameKey(v.(*Group).KeyHash(), p) {
+			return v, true
+		}
+	}
+	return nil, false
+}
+
+// keyAdmits reports whether req's keys let it join g; the caller holds the route's lock.
+func (g *Group) keyAdmits(req JoinRequest) bool {
+	cur := g.KeyHash()
+	if sameKey(cur, req.KeyHash) {
+		return true
+	}
+	for _, p := range req.PrevKeyHashes {
+		if sameKey(cur, p) {
+			return true
+		}
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, m := range g.members {
+		if sameKey(m.key, req.KeyHash) {
+			return true
+		}
+	}
+	return false
+}
+
+// rotate moves g to req's key when req rotates from g's current key; a TCP pool is then
+// also stored under its new key's route. The caller holds the route's lock and g.mu.
+func rotate(g *Group, req JoinRequest, routes *sync.Map) {
+	cur := g.KeyHash()
+	if sameKey(cur, req.KeyHash) || !slices.ContainsFunc(req.PrevKeyHashes, func(p KeyHash) bool { return sameKey(p, cur) }) {
+		return
+	}
+	k := req.KeyHash
+	g.keyHash.Store(&k)
+	if g.Kind == KindTCP {
+		rk := tcpKey(g.Name, k)
+		routes.Store(rk, g)
+		if !slices.Contains(g.routeKeys, rk) {
+			g.routeKeys = append(g.routeKeys, rk)
+		}
+	}
+}
+
+// pruneTCPKeys drops the routes of a TCP pool's old keys that no member holds any more. The
+// caller holds the route's lock and g.mu.
+func pruneTCPKeys(g *Group, routes *sync.Map) {
+	cur := tcpKey(g.Name, g.KeyHash())
+	g.routeKeys = slices.DeleteFunc(g.routeKeys, func(rk string) bool {
+		if rk == cur || slices.ContainsFunc(g.members, func(m *Member) bool { return tcpKey(g.Name, m.key) == rk }) {
+			return false
+		}
+		routes.CompareAndDelete(rk, g)
+		return true
+	})
+}
