@@ -41,8 +41,9 @@ type Session struct {
 	// shuttingDown is set (under mu) when Shutdown starts: no tunnel may be added after.
 	shuttingDown bool
 
-	reqs atomic.Uint32
-	wg   sync.WaitGroup
+	reqs       atomic.Uint32
+	reconnects atomic.Int64 // connections established after the first (see Reconnects)
+	wg         sync.WaitGroup
 }
 
 // Dial connects a connector to the edge at addr ("host:port"), says hello with the token and
@@ -215,6 +216,7 @@ func (s *Session) supervise(c *clientConn) {
 			c = nc
 			break
 		}
+		s.reconnects.Add(1) // before attach: whoever sees Connected sees this count too
 		s.attach(c)
 		s.reregister(c)
 	}
@@ -370,6 +372,29 @@ func (s *Session) Err() error {
 	defer s.mu.Unlock()
 	return s.err
 }
+
+// Connected reports whether the session has a live connection to the edge now. It is false
+// from the moment the connection is lost until it is re-established (tunnels registered on
+// it are then registered again), and after the session stopped.
+func (s *Session) Connected() bool {
+	s.mu.Lock()
+	c, closing := s.conn, s.closing
+	s.mu.Unlock()
+	if closing || c == nil || c.mux.IsClosed() {
+		return false
+	}
+	select {
+	case <-s.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// Reconnects is how many times the session has connected to the edge again after losing
+// its connection: the connection Dial made is not counted, each successful reconnect is
+// (failed attempts are not).
+func (s *Session) Reconnects() int { return int(s.reconnects.Load()) }
 
 // liveConn waits for a live connection.
 func (s *Session) liveConn(ctx context.Context) (*clientConn, error) {

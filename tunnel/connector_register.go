@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -39,10 +40,37 @@ type clientTunnel struct {
 	cutDrain  context.CancelFunc // ends the drain under way at once; nil until one begins
 	err       error
 	done      chan struct{}
+	// health is what Tunnel.Health returns. healthGen names the prober allowed to change it:
+	// it is bumped when a registration begins or is lost and when the tunnel stops, so a
+	// report of a prober that was stopped meanwhile changes nothing.
+	health    TunnelHealth
+	healthGen uint64
+
+	streams atomic.Int64 // streams carried now (Tunnel.ActiveStreams)
 }
 
 func (s *Session) newTunnel(spec TunnelSpec) *clientTunnel {
-	return &clientTunnel{s: s, spec: spec, stopping: make(chan struct{}), done: make(chan struct{}), stopProbe: func() {}}
+	return &clientTunnel{s: s, spec: spec, stopping: make(chan struct{}), done: make(chan struct{}), stopProbe: func() {},
+		health: TunnelHealth{Checked: spec.Health != nil}}
+}
+
+// resetHealth forgets the health of the registration that ended or was replaced and
+// returns the generation of the next prober; the caller holds mu.
+func (t *clientTunnel) resetHealth() uint64 {
+	t.healthGen++
+	t.health = TunnelHealth{Checked: t.spec.Health != nil}
+	return t.healthGen
+}
+
+// setHealth records r, a report of the prober of generation gen, unless that prober is no
+// longer the tunnel's.
+func (t *clientTunnel) setHealth(gen uint64, r health.Report) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if gen != t.healthGen {
+		return
+	}
+	t.health = TunnelHealth{Checked: true, Known: true, Healthy: r.Healthy, Reason: r.Reason, Since: r.At}
 }
 
 // add registers t on the live connection and keeps it for re-registration.
@@ -143,21 +171,24 @@ func (s *Session) registerOn(ctx context.Context, c *clientConn, t *clientTunnel
 		}
 		t.conn, t.id, t.url, t.port, t.groupName = c, r.TunnelID, r.URL, r.Port, r.Group
 		t.drained = make(chan string, 1)
+		gen := t.resetHealth()
 		t.mu.Unlock()
 		s.log.Info("tunnel registered", zap.String("tunnel", r.TunnelID), zap.String("url", r.URL), zap.String("group", r.Group))
-		t.startProbe(c, r.TunnelID)
+		t.startProbe(c, r.TunnelID, gen)
 		return nil
 	}
 	return fmt.Errorf("tunnel: %w: unexpected answer to register", ErrProtocol)
 }
 
-// startProbe runs the tunnel's health prober for one registration.
-func (t *clientTunnel) startProbe(c *clientConn, id string) {
+// startProbe runs the tunnel's health prober for one registration; its reports go to the
+// edge and, while gen is the tunnel's health generation, to Tunnel.Health.
+func (t *clientTunnel) startProbe(c *clientConn, id string, gen uint64) {
 	if t.spec.Health == nil {
 		return
 	}
 	s := t.s
 	report := func(r health.Report) {
+		t.setHealth(gen, r)
 		if err := c.send(&wire.Health{TunnelID: id, Healthy: r.Healthy, Reason: truncateReason(r.Reason)}); err != nil {
 			s.log.Debug("health report not sent", zap.Error(err))
 		}
@@ -202,9 +233,14 @@ func (t *clientTunnel) serve(c *clientConn, st *yamux.Stream, env wire.Envelope)
 		sc := &streamConn{Stream: st, local: t.addr(), remote: remoteAddr(env.RemoteAddr)}
 		timer := time.NewTimer(s.opts.acceptTimeout)
 		defer timer.Stop()
+		// Counted before the hand-over, so that an application closing it at once cannot
+		// take the count below zero; a stream refused instead leaves the count here.
+		sc.active = &t.streams
+		t.streams.Add(1)
 		select {
 		case t.accept <- sc:
 			_ = sc.ack()
+			return
 		case <-timer.C:
 			refuse(st, wire.AckRefused)
 		case <-t.stopping:
@@ -214,6 +250,7 @@ func (t *clientTunnel) serve(c *clientConn, st *yamux.Stream, env wire.Envelope)
 		case <-s.ctx.Done():
 			refuse(st, wire.AckUnknownTunnel)
 		}
+		sc.release()
 		return
 	}
 	d := net.Dialer{Timeout: s.opts.localTimeout}
@@ -223,6 +260,8 @@ func (t *clientTunnel) serve(c *clientConn, st *yamux.Stream, env wire.Envelope)
 		refuse(st, wire.AckRefused)
 		return
 	}
+	t.streams.Add(1)
+	defer t.streams.Add(-1)
 	if _, err := st.Write([]byte{byte(wire.AckOK)}); err != nil {
 		_ = local.Close()
 		_ = st.Close()
@@ -242,6 +281,9 @@ func (t *clientTunnel) lost(c *clientConn) {
 		return
 	}
 	t.stopProbe()
+	if !t.closing { // a tunnel draining or ended keeps its last health
+		t.resetHealth()
+	}
 	t.conn, t.id = nil, ""
 	// Nothing is left to drain on the edge: it dropped the member with the connection.
 	select {
@@ -283,6 +325,7 @@ func (t *clientTunnel) beginDrain(bound context.Context, timeout time.Duration) 
 	t.closing = true
 	close(t.stopping)
 	t.stopProbe()
+	t.healthGen++ // Health keeps its last value
 	c, id, drained := t.conn, t.id, t.drained
 	var ctx context.Context
 	var cut context.CancelFunc
@@ -350,6 +393,7 @@ func (t *clientTunnel) fail(err error) {
 	t.mu.Lock()
 	t.closing = true
 	t.stopProbe()
+	t.healthGen++ // Health keeps its last value
 	c, id := t.conn, t.id
 	t.conn, t.id = nil, ""
 	t.mu.Unlock()

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/yamux"
 
@@ -27,6 +29,42 @@ func (h *Tunnel) Port() int { h.t.mu.Lock(); defer h.t.mu.Unlock(); return h.t.p
 
 // Group is the pool's name as its first member set it ("" for a solo tunnel).
 func (h *Tunnel) Group() string { h.t.mu.Lock(); defer h.t.mu.Unlock(); return h.t.groupName }
+
+// TunnelHealth is a tunnel's health as its connector's prober last reported it to the edge
+// (see TunnelSpec.Health). The edge selects a member with a health check only while its last
+// report is healthy; a member without one is always selectable.
+type TunnelHealth struct {
+	// Checked: the tunnel has a health check. When false, the other fields are zero.
+	Checked bool
+	// Known: the prober has reported a first result for the current registration. It is
+	// false until the first probe of each registration (the first one, and each one after a
+	// reconnect) reports, since the edge starts every member unhealthy, and while the tunnel
+	// is not registered (the connection is lost).
+	Known bool
+	// Healthy is the last reported state; meaningful only when Known.
+	Healthy bool
+	// Reason explains it: health.ReasonSucceeded when healthy, else the consecutive
+	// failures and the last probe's error (the edge gets it cut to the wire's limit).
+	Reason string
+	// Since is when the probe that made the current state finished; zero when not Known.
+	Since time.Time
+}
+
+// Health returns the tunnel's health as its prober last reported it. Once the tunnel is
+// draining or has ended, it keeps the value it had then.
+func (h *Tunnel) Health() TunnelHealth { h.t.mu.Lock(); defer h.t.mu.Unlock(); return h.t.health }
+
+// ActiveStreams is the number of streams the tunnel carries now: the public requests and
+// connections the edge opened to it that the connector accepted and has not finished. A
+// Forward tunnel counts each stream from the moment its local target answered the dial until
+// both directions ended; a Listen tunnel counts each stream from when it is handed to Accept
+// (or waits for it, at most the local timeout) until the application closes the net.Conn.
+// The edge keeps an HTTP tunnel's streams open between requests, for keep-alive, so idle
+// ones count too until they are closed: by the local server, by the edge (one idle for
+// longer than ServerConfig.IdleStreamTimeout, when it next picks a stream or at its
+// periodic sweep), or by a drain. It is exact on every system and costs two atomic adds per
+// stream.
+func (h *Tunnel) ActiveStreams() int { return int(h.t.streams.Load()) }
 
 // Done is closed when the tunnel has ended: closed, rejected after a reconnect, or its
 // session stopped.
@@ -137,6 +175,17 @@ type streamConn struct {
 	local, remote net.Addr
 	ackOnce       sync.Once
 	ackErr        error
+	// active is the tunnel's stream count, decremented once, by the first Close (or by
+	// serve, when the stream is refused before Accept took it).
+	active *atomic.Int64
+	closed atomic.Bool
+}
+
+// release takes the stream out of its tunnel's count, once.
+func (c *streamConn) release() {
+	if c.closed.CompareAndSwap(false, true) {
+		c.active.Add(-1)
+	}
 }
 
 func (c *streamConn) ack() error {
@@ -162,6 +211,7 @@ func (c *streamConn) CloseWrite() error {
 // Close closes both directions: pending reads return at once. The stream was accepted, so
 // its acknowledgement goes first.
 func (c *streamConn) Close() error {
+	c.release()
 	_ = c.ack()
 	_ = c.Stream.SetReadDeadline(pastTime)
 	return c.Stream.Close()

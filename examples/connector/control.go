@@ -36,8 +36,10 @@ import (
 //	← {"type":"progress","message":"draining web-8080: 0 streams left","streams":0}
 //	← {"type":"result","ok":true,"message":"tunnel web-8080 detached (drained in 1.2s)"}
 //
-// A failure is {"type":"result","ok":false,"error":"…"}. "streams" is absent when the
-// streams cannot be counted. Unknown request fields are ignored; an unknown op is an error.
+// A failure is {"type":"result","ok":false,"error":"…"}. "streams" is the tunnel's open
+// streams (tunnel.Tunnel.ActiveStreams), exact on every system; connectors before it
+// counted TCP connections in /proc and left it out where they could not. Unknown request
+// fields are ignored; an unknown op is an error.
 
 // request is the one line a client sends.
 type request struct {
@@ -109,8 +111,9 @@ type tunnelStatus struct {
 	// nothing), "none" (no health check: always selectable) or "unknown" (not registered).
 	Health       string `json:"health"`
 	HealthReason string `json:"health_reason,omitempty"`
-	// Streams is the number of open streams (idle keep-alive ones included); null when it
-	// cannot be counted.
+	// Streams is the number of open streams (idle keep-alive ones included), from
+	// tunnel.Tunnel.ActiveStreams. It is always set; a pointer because connectors before
+	// that API sent null where they could not count (the table shows "?" for it).
 	Streams *int   `json:"streams"`
 	ID      string `json:"id,omitempty"`
 }
@@ -288,12 +291,8 @@ func (s *controlServer) handle(c net.Conn) {
 			send(reply{Type: "result", Error: "bad request: detach needs a name"})
 			return
 		}
-		took, err := s.d.detach(req.Name, secs(req.TimeoutSecs), func(n int, known bool) {
-			r := reply{Type: "progress", Message: "draining " + req.Name + ": " + streamsLeft(n, known)}
-			if known {
-				r.Streams = &n
-			}
-			send(r)
+		took, err := s.d.detach(req.Name, secs(req.TimeoutSecs), func(n int) {
+			send(reply{Type: "progress", Message: "draining " + req.Name + ": " + streamsLeft(n), Streams: &n})
 		})
 		if err != nil {
 			send(reply{Type: "result", Error: err.Error()})

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/netip"
 	"os"
 	"reflect"
 	"slices"
@@ -21,14 +19,13 @@ import (
 	"github.com/warren-tunnel/warren/tunnel"
 )
 
-// progressEvery is how often a drain in progress counts its streams.
+// progressEvery is how often a drain in progress counts its streams (Tunnel.ActiveStreams).
 const progressEvery = 200 * time.Millisecond
 
 // daemon is a running connector: its session, its tunnels by name, and the operations the
 // control socket and SIGHUP perform on them.
 type daemon struct {
 	sess    *tunnel.Session
-	obs     *observer
 	log     *zap.Logger
 	stdout  io.Writer // the tunnel lines
 	stderr  io.Writer // tunnels that end on their own
@@ -56,13 +53,12 @@ type entry struct {
 	t        *tunnel.Tunnel
 	attached bool // added with attach, not from the file
 	seq      int
-	targets  []netip.AddrPort // where its streams connect, for counting them
-	retired  atomic.Bool      // closed by the daemon: its end is not a failure
+	retired  atomic.Bool // closed by the daemon: its end is not a failure
 }
 
-func newDaemon(ctx context.Context, sess *tunnel.Session, cfg *config.Client, obs *observer, log *zap.Logger, stdout, stderr io.Writer) *daemon {
+func newDaemon(ctx context.Context, sess *tunnel.Session, cfg *config.Client, log *zap.Logger, stdout, stderr io.Writer) *daemon {
 	return &daemon{
-		sess: sess, obs: obs, log: log, stdout: stdout, stderr: stderr, started: time.Now(), ctx: ctx,
+		sess: sess, log: log, stdout: stdout, stderr: stderr, started: time.Now(), ctx: ctx,
 		cfg: cfg, live: map[string]*entry{}, draining: map[*entry]bool{}, failed: make(chan struct{}, 1),
 	}
 }
@@ -75,7 +71,7 @@ func (d *daemon) register(ctx context.Context, c config.Tunnel, attached bool) (
 	}
 	d.mu.Lock()
 	d.seq++
-	e := &entry{name: c.Name, conf: c, t: t, attached: attached, seq: d.seq, targets: resolveTargets(c)}
+	e := &entry{name: c.Name, conf: c, t: t, attached: attached, seq: d.seq}
 	d.mu.Unlock()
 	d.wg.Go(func() { d.watch(e) })
 	return e, nil
@@ -117,59 +113,8 @@ func (d *daemon) insert(e *entry) {
 	fmt.Fprintln(d.stdout, tunnelLine(e.conf, e.t))
 }
 
-// resolveTargets returns the addresses a tunnel's streams connect to.
-func resolveTargets(c config.Tunnel) []netip.AddrPort {
-	port := uint16(c.LocalPort)
-	if a, err := netip.ParseAddr(c.LocalHost); err == nil {
-		return []netip.AddrPort{netip.AddrPortFrom(a.Unmap(), port)}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", c.LocalHost)
-	if err != nil {
-		return nil
-	}
-	out := make([]netip.AddrPort, 0, len(addrs))
-	for _, a := range addrs {
-		out = append(out, netip.AddrPortFrom(a.Unmap(), port))
-	}
-	return out
-}
-
-// streamCounter counts open streams per tunnel from one reading of the process's
-// connections.
-type streamCounter struct {
-	conns map[netip.AddrPort]int
-	err   error
-}
-
-func newStreamCounter() *streamCounter {
-	conns, err := openConns()
-	return &streamCounter{conns: conns, err: err}
-}
-
-// activeStreamer is what a *tunnel.Tunnel would implement if the tunnel package counted
-// its streams; it is used as soon as it does.
-type activeStreamer interface{ ActiveStreams() int }
-
-// count returns e's open streams, and false when they cannot be counted.
-func (sc *streamCounter) count(e *entry) (int, bool) {
-	if as, ok := any(e.t).(activeStreamer); ok {
-		return as.ActiveStreams(), true
-	}
-	if sc.err != nil || len(e.targets) == 0 {
-		return 0, false
-	}
-	n := 0
-	for _, a := range e.targets {
-		n += sc.conns[a]
-	}
-	return n, true
-}
-
-// drainProgress is told how many streams a drain still waits for (known false: they
-// cannot be counted here).
-type drainProgress func(left int, known bool)
+// drainProgress is told how many streams a drain still waits for.
+type drainProgress func(left int)
 
 // retire drains e and returns once it has ended: its streams finished, or ctx ended and cut
 // them. progress hears the stream count when it changes.
@@ -188,33 +133,31 @@ func (d *daemon) retire(ctx context.Context, e *entry, progress drainProgress) {
 	}()
 	done := make(chan struct{})
 	go func() { _ = e.t.Shutdown(ctx); close(done) }()
-	watchDrain(done, func() (int, bool) { return newStreamCounter().count(e) }, progress)
+	watchDrain(done, e.t.ActiveStreams, progress)
 }
 
 // watchDrain calls progress with count's result at once and whenever it changes, until
-// done is closed; then once more with the final count (0 once the streams' connections
-// are closed, which takes a moment after the drain ends).
-func watchDrain(done <-chan struct{}, count func() (int, bool), progress drainProgress) {
+// done is closed; then once more with the final count (0 once the streams have ended:
+// the last ones may finish a moment after the edge reported the drain done).
+func watchDrain(done <-chan struct{}, count func() int, progress drainProgress) {
 	tick := time.NewTicker(progressEvery)
 	defer tick.Stop()
-	last, lastKnown := -1, true
-	report := func(n int, known bool) {
-		if (n != last || known != lastKnown) && progress != nil {
-			progress(n, known)
+	last := -1
+	report := func(n int) {
+		if n != last && progress != nil {
+			progress(n)
 		}
-		last, lastKnown = n, known
+		last = n
 	}
 	for {
 		report(count())
 		select {
 		case <-done:
-			n, known := count()
-			for end := time.Now().Add(time.Second); known && n > 0 && time.Now().Before(end); n, known = count() {
+			n := count()
+			for end := time.Now().Add(time.Second); n > 0 && time.Now().Before(end); n = count() {
 				time.Sleep(10 * time.Millisecond)
 			}
-			if known && n != last {
-				report(n, known)
-			}
+			report(n)
 			return
 		case <-tick.C:
 		}
@@ -222,11 +165,8 @@ func watchDrain(done <-chan struct{}, count func() (int, bool), progress drainPr
 }
 
 // streamsLeft formats a drain's progress for a person.
-func streamsLeft(n int, known bool) string {
-	switch {
-	case !known:
-		return "waiting for its streams to finish (they cannot be counted on this system)"
-	case n == 1:
+func streamsLeft(n int) string {
+	if n == 1 {
 		return "1 stream left"
 	}
 	return fmt.Sprintf("%d streams left", n)
@@ -234,8 +174,8 @@ func streamsLeft(n int, known bool) string {
 
 // logDrain is a drainProgress that logs each count of tunnel name's drain.
 func (d *daemon) logDrain(name string) drainProgress {
-	return func(n int, known bool) {
-		d.log.Info(fmt.Sprintf("draining tunnel %s: %s", name, streamsLeft(n, known)), zap.String("tunnel", name), zap.Int("streams_left", n))
+	return func(n int) {
+		d.log.Info(fmt.Sprintf("draining tunnel %s: %s", name, streamsLeft(n)), zap.String("tunnel", name), zap.Int("streams_left", n))
 	}
 }
 
@@ -262,18 +202,14 @@ func (d *daemon) shutdown() {
 	}
 	done := make(chan struct{})
 	go func() { _ = d.sess.Close(); close(done) }()
-	watchDrain(done, func() (int, bool) {
-		sc, total := newStreamCounter(), 0
+	watchDrain(done, func() int {
+		total := 0
 		for _, e := range all {
-			n, known := sc.count(e)
-			if !known {
-				return 0, false
-			}
-			total += n
+			total += e.t.ActiveStreams()
 		}
-		return total, true
-	}, func(n int, known bool) {
-		d.log.Info("draining: "+streamsLeft(n, known), zap.Int("streams_left", n))
+		return total
+	}, func(n int) {
+		d.log.Info("draining: "+streamsLeft(n), zap.Int("streams_left", n))
 	})
 	d.log.Info("drained; connector stopped")
 }
@@ -332,10 +268,10 @@ func (d *daemon) detach(name string, timeout time.Duration, progress drainProgre
 	defer cancel()
 	start := time.Now()
 	d.log.Info("detaching tunnel", zap.String("tunnel", name), zap.Duration("drain_timeout", timeout))
-	d.retire(ctx, e, func(n int, known bool) {
-		d.logDrain(name)(n, known)
+	d.retire(ctx, e, func(n int) {
+		d.logDrain(name)(n)
 		if progress != nil {
-			progress(n, known)
+			progress(n)
 		}
 	})
 	took := time.Since(start)
@@ -365,11 +301,8 @@ func (d *daemon) status() statusReply {
 	d.mu.Unlock()
 	slices.SortFunc(draining, func(a, b *entry) int { return a.seq - b.seq })
 
-	connected, reconnects := d.obs.state()
-	st := statusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, Connected: connected,
-		Reconnects: reconnects, Started: d.started.UTC().Truncate(time.Second), Tunnels: []tunnelStatus{}}
-	sc := newStreamCounter()
-	ids := map[string]bool{}
+	st := statusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, Connected: d.sess.Connected(),
+		Reconnects: d.sess.Reconnects(), Started: d.started.UTC().Truncate(time.Second), Tunnels: []tunnelStatus{}}
 	add := func(e *entry, draining bool) {
 		ts := tunnelStatus{Name: e.name, Source: "file", Proto: string(e.conf.Proto), URL: e.t.URL(), Port: e.t.Port(),
 			Group: e.t.Group(), Local: e.conf.LocalAddr(), ID: e.t.ID()}
@@ -379,7 +312,6 @@ func (d *daemon) status() statusReply {
 		if ts.Group == "" {
 			ts.Group = e.conf.Group
 		}
-		ids[ts.ID] = true
 		switch {
 		case draining:
 			ts.State = "draining"
@@ -388,21 +320,20 @@ func (d *daemon) status() statusReply {
 		default:
 			ts.State = "registered"
 		}
-		switch h, ok := d.obs.healthOf(ts.ID); {
-		case e.conf.HealthCheck == nil:
+		switch h := e.t.Health(); {
+		case !h.Checked:
 			ts.Health = "none"
 		case ts.ID == "":
 			ts.Health = "unknown"
-		case !ok:
+		case !h.Known:
 			ts.Health = "starting"
-		case h.healthy:
+		case h.Healthy:
 			ts.Health = "healthy"
 		default:
-			ts.Health, ts.HealthReason = "unhealthy", h.reason
+			ts.Health, ts.HealthReason = "unhealthy", h.Reason
 		}
-		if n, ok := sc.count(e); ok {
-			ts.Streams = &n
-		}
+		n := e.t.ActiveStreams()
+		ts.Streams = &n
 		st.Tunnels = append(st.Tunnels, ts)
 	}
 	for _, e := range live {
@@ -411,7 +342,6 @@ func (d *daemon) status() statusReply {
 	for _, e := range draining {
 		add(e, true)
 	}
-	d.obs.forget(ids)
 	return st
 }
 
@@ -596,8 +526,8 @@ func (d *daemon) waitHealthy(ctx context.Context, e *entry) bool {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if st, ok := d.obs.healthOf(e.t.ID()); ok {
-			return st.healthy
+		if h := e.t.Health(); h.Known {
+			return h.Healthy
 		}
 		select {
 		case <-tick.C:

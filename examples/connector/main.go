@@ -171,8 +171,7 @@ func runStart(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		tc, _ := tlsConfig(cfg.TLS) // loadConfig checked it
 		opts = append(opts, tunnel.WithTLS(tc))
 	}
-	obs := newObserver()
-	log := newLogger(stderr, *verbose, obs.core())
+	log := newLogger(stderr, *verbose)
 	defer func() { _ = log.Sync() }()
 	opts = append(opts, tunnel.WithLogger(log))
 
@@ -222,7 +221,7 @@ func runStart(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	dctx, dcancel := context.WithCancel(context.Background())
-	d := newDaemon(dctx, sess, cfg, obs, log, stdout, stderr)
+	d := newDaemon(dctx, sess, cfg, log, stdout, stderr)
 	d.socket = socket
 	ctl := newControlServer(d, ln, socket)
 	stopped := false
@@ -355,16 +354,15 @@ func tunnelError(name string, err error) string {
 }
 
 // newLogger returns a JSON logger at info level, or with verbose a human-readable one at
-// debug level, writing to w, which must be safe for concurrent use. Every entry is also
-// given to the extra cores.
-func newLogger(w io.Writer, verbose bool, extra ...zapcore.Core) *zap.Logger {
+// debug level, writing to w, which must be safe for concurrent use.
+func newLogger(w io.Writer, verbose bool) *zap.Logger {
 	ec := zap.NewProductionEncoderConfig()
 	ec.EncodeTime = zapcore.ISO8601TimeEncoder
 	enc, level := zapcore.NewJSONEncoder(ec), zapcore.InfoLevel
 	if verbose {
 		enc, level = zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.DebugLevel
 	}
-	return zap.New(zapcore.NewTee(append([]zapcore.Core{zapcore.NewCore(enc, zapcore.AddSync(w), level)}, extra...)...))
+	return zap.New(zapcore.NewCore(enc, zapcore.AddSync(w), level))
 }
 
 // lockedWriter serialises writes to w.

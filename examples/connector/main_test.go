@@ -168,8 +168,8 @@ func TestRunEdgeDown(t *testing.T) {
 }
 
 // TestStatusShowsLiveTunnel: status lists a registered tunnel with its URL, group, local
-// address, health (from its probe), streams and the edge; after the edge restarts, the
-// reconnect is counted.
+// address, health (from its probe), streams and the edge; while the edge is down it is not
+// connected, and after the edge restarts, the reconnect is counted.
 func TestStatusShowsLiveTunnel(t *testing.T) {
 	lc, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -193,7 +193,8 @@ func TestStatusShowsLiveTunnel(t *testing.T) {
 	require.Equal(t, "file", ts.Source)
 	require.Equal(t, fmt.Sprintf("127.0.0.1:%d", b.port), ts.Local)
 	require.NotEmpty(t, ts.ID)
-	require.NotNil(t, ts.Streams, "streams are counted on this system")
+	require.NotNil(t, ts.Streams, "streams are counted on every system")
+	require.Zero(t, *ts.Streams, "no request yet: exactly no stream (health probes are not streams)")
 
 	code, out, _ := c.ctl("status")
 	require.Equal(t, 0, code)
