@@ -78,10 +78,11 @@ func (c *collector) observe(ev group.Event) {
 		return
 	}
 	c.mu.Lock()
-	if ev.Ejection {
-		c.ejected[ev.Group.Name]++
-	} else {
+	switch {
+	case !ev.Ejection:
 		c.failed[failureKey{ev.Group.Name, healthKindLabel(ev.Member.HealthKind)}]++
+	case ev.Member.Ejected: // an ejection, not the end of one
+		c.ejected[ev.Group.Name]++
 	}
 	c.mu.Unlock()
 }

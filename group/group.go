@@ -161,6 +161,9 @@ func (g *Group) pickIn(s *snapshot, skip *Member) int {
 	if i >= at {
 		i++
 	}
+	if i >= len(s.members) {
+		return -1 // out of range: an embedder's strategy bug is no pick, never a panic
+	}
 	return i
 }
 
@@ -174,6 +177,9 @@ func (g *Group) Pick() *Member {
 		i := g.strategy.Pick(s)
 		if i < 0 {
 			return nil
+		}
+		if i >= len(s.members) {
+			break // a strategy out of range (an embedder's bug): take any member with room
 		}
 		if m := s.members[i]; m.Acquire() {
 			g.dispatches.Add(1)

@@ -45,6 +45,7 @@ type outlier struct {
 	run      int       // failures in a row
 	runStart time.Time // when the run's first failure was reported
 	level    int       // ejections in a row without a success between them
+	since    time.Time // when the current ejection began
 	timer    *time.Timer
 }
 
@@ -113,11 +114,18 @@ func (r *Registry) recordFailure(m *Member, reason string) bool {
 	if 2*(ejected+1) > len(g.members) || selectable == 0 {
 		return false // keep serving: the run stays on record and ejects once it may
 	}
-	d := e.Duration << min(m.out.level, 20)
+	d := e.Duration
+	for range m.out.level {
+		if d >= e.MaxDuration {
+			break
+		}
+		d *= 2
+	}
 	d = min(d, e.MaxDuration)
 	m.out.level++
 	m.out.run = 0
 	m.ejected.Store(true)
+	m.out.since = now
 	r.ejections.Add(1)
 	why := fmt.Sprintf("ejected for %s after %d failed streams in a row (last: %s)", d, e.Failures, reason)
 	m.record(Transition{At: now, Healthy: false, Reason: why})
@@ -127,7 +135,7 @@ func (r *Registry) recordFailure(m *Member, reason string) bool {
 	return true
 }
 
-// readmit ends m's ejection.
+// readmit ends m's ejection when its time is up.
 func (r *Registry) readmit(m *Member) {
 	g := m.group
 	g.mu.Lock()
@@ -135,17 +143,51 @@ func (r *Registry) readmit(m *Member) {
 		g.mu.Unlock()
 		return
 	}
+	r.readmitLocked(m, "ejection over")
+	g.mu.Unlock()
+	r.deliver(g)
+}
+
+// readmitLocked ends m's ejection; the caller holds g.mu.
+func (r *Registry) readmitLocked(m *Member, why string) {
+	g := m.group
 	m.ejected.Store(false)
-	m.out.timer = nil
-	why := "ejection over"
+	m.stopEjection()
 	m.record(Transition{At: time.Now(), Healthy: m.Healthy(), Reason: why})
 	if m.Healthy() {
 		m.startRamp()
 	}
 	g.publishLocked()
 	r.queueEjectionLocked(g, m, why)
-	g.mu.Unlock()
-	r.deliver(g)
+}
+
+// rebalanceLocked readmits ejected members, the longest ejected first, while more than half
+// of g is ejected or no member can take work: a pool that shrank or lost members after an
+// ejection is never left with nothing to send to. The caller holds g.mu; it runs after a
+// member leaves, drains or fails its probe.
+func (r *Registry) rebalanceLocked(g *Group) {
+	if r.cfg.Ejection == nil {
+		return
+	}
+	for {
+		ejected, selectable := 0, 0
+		var first *Member
+		for _, x := range g.members {
+			switch {
+			case x.ejected.Load() && !x.Draining():
+				ejected++
+				if first == nil || x.out.since.Before(first.out.since) {
+					first = x
+				}
+			case x.selectable():
+				selectable++
+			}
+		}
+		if first == nil || 2*ejected <= len(g.members) && selectable > 0 {
+			return
+		}
+		r.readmitLocked(first, "ejection ended early: the pool needs the member")
+	}
 }
 
 // stopEjection cancels m's return timer (it is leaving); the caller holds g.mu.

@@ -118,6 +118,9 @@ func (g *Group) PickKey(key uint64) *Member {
 	if i < 0 {
 		return nil
 	}
+	if i >= len(s.members) {
+		return g.Pick() // an embedder's Keyed out of range: pick without the key
+	}
 	if m := s.members[i]; m.Acquire() {
 		g.dispatches.Add(1)
 		return m

@@ -377,3 +377,91 @@ func TestAffinityByKeyAndToken(t *testing.T) {
 		x.Release()
 	}
 }
+
+// An ejection never outlives the reason it was allowed: when the pool shrinks or its other
+// members go down, ejected members come back at once.
+func TestEjectedMembersReturnWhenThePoolNeedsThem(t *testing.T) {
+	var mu sync.Mutex
+	var zeroSelectable int
+	r := NewRegistry(Config{LoadBalancing: true, Ejection: &Ejection{Failures: 2, Duration: time.Hour},
+		OnEvent: func(ev Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			if ev.Kind != EventJoined && ev.MemberCount > 0 && ev.SelectableCount == 0 { // a probed joiner waits for its probe
+				zeroSelectable++
+			}
+		}})
+	eject := func(m *Member) {
+		for range 2 {
+			r.ReportOutcome(m, true, "reset before a response")
+		}
+		require.True(t, m.Ejected())
+	}
+
+	// The other member leaves.
+	a, b := join(t, r, httpReq("one", "web", "k")), join(t, r, httpReq("one", "web", "k"))
+	eject(a)
+	r.Leave(b)
+	require.False(t, a.Ejected(), "the last member is not kept out")
+	require.Same(t, a, a.Group().Pick())
+	a.Group().Pick().Release()
+	h := a.History()
+	require.Equal(t, "ejection ended early: the pool needs the member", h[len(h)-1].Reason)
+
+	// The other member's probe fails.
+	q := httpReq("two", "web", "k")
+	q.HealthKind = "tcp"
+	c := join(t, r, q)
+	r.SetHealth(c, true, "ok")
+	d := join(t, r, httpReq("two", "web", "k"))
+	eject(d)
+	r.SetHealth(c, false, "down")
+	require.False(t, d.Ejected())
+
+	// The other member drains.
+	e, f := join(t, r, httpReq("three", "web", "k")), join(t, r, httpReq("three", "web", "k"))
+	eject(e)
+	r.Drain(f)
+	require.False(t, e.Ejected())
+
+	// Four members, two ejected; one healthy member leaves: at most half stay ejected.
+	var ms []*Member
+	for range 4 {
+		ms = append(ms, join(t, r, httpReq("four", "web", "k")))
+	}
+	eject(ms[0])
+	eject(ms[1])
+	r.Leave(ms[3])
+	ejected := 0
+	for _, m := range ms[:3] {
+		if m.Ejected() {
+			ejected++
+		}
+	}
+	require.Equal(t, 1, ejected, "one of three may stay ejected")
+	require.True(t, ms[1].Ejected(), "the one ejected last stays out")
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Zero(t, zeroSelectable, "no event ever showed a pool with members and none selectable")
+}
+
+// outOfRange is an embedder's strategy with a bug.
+type outOfRange struct{}
+
+func (outOfRange) Pick(c dispatch.Candidates) int              { return c.Len() + 3 }
+func (outOfRange) PickKey(c dispatch.Candidates, _ uint64) int { return c.Len() }
+
+func TestStrategyOutOfRangeNeverPanics(t *testing.T) {
+	r := NewRegistry(Config{LoadBalancing: true, NewStrategy: func() dispatch.Strategy { return outOfRange{} }})
+	a := join(t, r, httpReq("pool", "web", "k"))
+	join(t, r, httpReq("pool", "web", "k"))
+	g := a.Group()
+	m := g.Pick()
+	require.NotNil(t, m, "a member with room is taken instead")
+	m.Release()
+	m = g.PickKey(42)
+	require.NotNil(t, m)
+	m.Release()
+	require.Nil(t, g.PickExcept(a), "an out-of-range retry pick is no pick")
+}

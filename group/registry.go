@@ -543,6 +543,7 @@ func (r *Registry) Leave(m *Member) {
 	} else if g.Kind == KindTCP {
 		pruneTCPKeys(g, &r.tcp)
 	}
+	r.rebalanceLocked(g) // before the event, so that its counts include a readmitted member
 	r.queueLocked(EventLeft, g, m, "left", last)
 	g.mu.Unlock()
 
@@ -588,6 +589,7 @@ func (r *Registry) Drain(m *Member) <-chan struct{} {
 	// fails to acquire m finds the new snapshot on its next look.
 	g.publishLocked()
 	m.close()
+	r.rebalanceLocked(g)
 	if slices.Contains(g.members, m) {
 		r.queueLocked(EventDraining, g, m, "draining", false)
 	}
@@ -615,6 +617,9 @@ func (r *Registry) SetHealth(m *Member, healthy bool, reason string) bool {
 	}
 	m.record(Transition{At: time.Now(), Healthy: m.Healthy(), Reason: reason})
 	g.publishLocked()
+	if !healthy {
+		r.rebalanceLocked(g)
+	}
 	r.queueLocked(EventHealth, g, m, reason, false)
 	g.mu.Unlock()
 	r.deliver(g)

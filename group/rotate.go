@@ -79,3 +79,11 @@ func pruneTCPKeys(g *Group, routes *sync.Map) {
 		return true
 	})
 }
+
+// HoldsKey reports whether a member of g presented key k (during a rotation, members hold
+// the pool's old and new keys).
+func (g *Group) HoldsKey(k KeyHash) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.ContainsFunc(g.members, func(m *Member) bool { return sameKey(m.key, k) })
+}

@@ -1,7 +1,7 @@
 package tunnel
 
 import (
-	"encoding/hex"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -48,11 +48,16 @@ func newAlerter(s *Server) *alerter {
 	return a
 }
 
-// poolKey identifies a pool across re-creations (its route and key), so that a pool whose
-// members join and leave over and over stays within one alert per interval. It holds the
-// full key hash and is never logged.
+// poolKey identifies a pool across re-creations and key rotations, so that a pool whose
+// members join and leave over and over stays within one alert per interval: an HTTP pool by
+// its subdomain (one pool at a time), a TCP pool by its name and public port (pools of one
+// name with different keys live side by side on their own ports; a rotating pool keeps its
+// port).
 func poolKey(g group.Info) string {
-	return string(g.Proto) + "\x00" + g.Label + "\x00" + hex.EncodeToString(g.KeyHash[:])
+	if g.Kind == group.KindTCP {
+		return string(g.Proto) + "\x00" + g.Label + "\x00" + strconv.Itoa(g.Port)
+	}
+	return string(g.Proto) + "\x00" + g.Label
 }
 
 // observe runs for every group event, with no lock held: it only records and decides;

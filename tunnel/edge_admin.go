@@ -52,7 +52,7 @@ func (s *Server) newAdmin() error {
 		},
 		Endpoints: s.routes.idleEndpoints,
 		MaxEventStreams: func(tenant string) int {
-			return s.cfg.TenantLimits[tenant].or(s.cfg.Limits).MaxEventStreams
+			return s.limits.Load().of(tenant).MaxEventStreams // read as each stream opens
 		},
 		ShuttingDown:   s.shuttingDown,
 		Done:           s.done,

@@ -103,10 +103,12 @@ type ServerConfig struct {
 	// used. Default 4 s.
 	IdleStreamTimeout time.Duration
 	// MaxTunnelsPerSession caps the tunnels one connector session may hold. Default 16.
+	// Reload changes it for the next registration of every session.
 	MaxTunnelsPerSession int
 	// RegisterRate and RegisterBurst limit how fast one session may register tunnels
 	// (token bucket: RegisterRate per second, bursts of RegisterBurst). Defaults 5/s and
 	// MaxTunnelsPerSession; a flood gets ErrLimit rejections and costs the edge little.
+	// Reload changes them for the sessions that connect after it.
 	RegisterRate  float64
 	RegisterBurst int
 	// MaxConcurrentPerMember caps the in-flight requests and TCP connections of each member
@@ -189,10 +191,12 @@ type ServerConfig struct {
 	// RouteTTL is how long a route stays its owner's after its last member left. Default
 	// 24 h.
 	RouteTTL time.Duration
-	// Endpoints are routes reserved for a tenant, with their traffic policy.
+	// Endpoints are routes reserved for a tenant, with their traffic policy. Reload adds,
+	// removes and changes them live.
 	Endpoints []Endpoint
 	// Limits caps what each tenant may hold (0: no cap); TenantLimits overrides it per
-	// tenant name, field by field.
+	// tenant name, field by field. Reload changes both live: a new cap applies to the next
+	// session, registration or event stream, and a lowered one takes nothing back.
 	Limits       TenantLimits
 	TenantLimits map[string]TenantLimits
 

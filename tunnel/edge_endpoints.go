@@ -13,7 +13,8 @@ import (
 // product reserves an endpoint's URL when it is created: only that tenant's connectors, with
 // that pool name (and key hash, when set), may register it; it never lapses; with no healthy
 // member it answers 503 (not 404); the admin API lists it with zero members; and its Policy
-// applies to every public request or connection it receives.
+// applies to every public request or connection it receives. Server.Reload adds, removes
+// and changes endpoints while the edge runs.
 type Endpoint struct {
 	// Subdomain reserves an HTTP(S) route; or, with Proto ProtoTCP, Group and Port reserve
 	// a TCP pool's name and public port.
@@ -51,6 +52,10 @@ type Policy struct {
 // TenantLimits caps what one tenant may hold on the edge; 0 means no cap (in
 // ServerConfig.TenantLimits: the ServerConfig.Limits value, and a negative value lifts the
 // cap for that tenant). Connector tokens that belong to no tenant count as one tenant.
+//
+// Each cap is checked when something new is asked for (a session's Hello, a registration, a
+// new event stream), against the limits in force then: Server.Reload can change them, and a
+// tenant above a lowered cap keeps what it holds and is refused more until it is under it.
 type TenantLimits struct {
 	// MaxSessions caps the tenant's connector sessions.
 	MaxSessions int

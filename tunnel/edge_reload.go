@@ -22,24 +22,39 @@ var reloadMu sync.Mutex
 // returns, one line each, what it left as it was. It is meant for a configuration file
 // reloaded on SIGHUP: pass the whole new configuration.
 //
-// What it applies is the reserved endpoints' ownership: an endpoint cfg adds reserves its
-// route for its tenant (pool name, key hash, TCP port) from now on, as at start, and one cfg
-// leaves out becomes an ordinary claim of its tenant, which lapses RouteTTL after its last
-// member left (as at a restart). Registrations are checked against the new reservations at
-// once; connectors already registered stay. An endpoint whose route has members that do not
-// match it, or that another tenant claims, or whose TCP port is taken, is left out and named
-// in notApplied.
+// What it applies at once:
 //
-// What it does not apply, and names in notApplied: every other field of cfg that differs from
-// the running configuration (ports, listeners, TLS, limits, quotas, load balancing, …), and
-// the parts of endpoints fixed when the edge started: their traffic Policy, and for an
-// endpoint added or removed here, whether its empty route answers 503 rather than 404 and
-// whether the admin API lists it while empty. Auth is compared only for nil: an
-// Authenticator that reads its tokens live (examples/edge has one) changes them itself.
+//   - The limits: Limits, TenantLimits, MaxTunnelsPerSession, RegisterRate and
+//     RegisterBurst. They are read where they are used, so a new value applies to what
+//     comes next: a session's Hello (max_sessions), a registration (MaxTunnelsPerSession,
+//     max_tunnels, max_tcp_ports), a new live event stream (max_event_streams), a new
+//     session's registration rate. Lowering one never ends a session, a tunnel or a stream
+//     already there, nor gives a port back: a tenant over its new cap keeps what it holds
+//     and is refused (ErrLimit) until it is under it again.
+//   - The reserved endpoints (Endpoints). An endpoint cfg adds reserves its route for its
+//     tenant (pool name, key hash, TCP port) from now on, exactly as at start: its route
+//     answers 503 (not 404) while it has no member, the admin API lists it at once, and its
+//     Policy applies to the next request or connection. An endpoint whose Policy changed
+//     gets a new gate (its rate buckets and in-flight count start empty); one whose Policy
+//     did not keeps its gate, buckets and count. An endpoint cfg leaves out becomes an
+//     ordinary claim of its tenant, which lapses RouteTTL after its last member left (as at
+//     a restart): no 503, no listing, no policy. Registrations are checked against the new
+//     reservations at once; connectors already registered stay. An endpoint whose route has
+//     members that do not match it, or that another tenant claims, or whose TCP port is
+//     taken, is left as it was (not reserved, or reserved as before) and named in notApplied.
+//
+// What it does not apply, and names in notApplied as "Field (old -> new): reason" (the
+// values left out for settings that are not plain values, and for AdminToken and
+// AlertWebhookURL, which may hold secrets): every other field of cfg that differs from
+// the running configuration (ports, listeners, Domain, RegionID, TLS, StateDir, AdminToken,
+// request body limits, timeouts, alerts, load balancing, …). Auth is compared only for
+// nil: an Authenticator that reads its tokens live (examples/edge has one) changes them
+// itself.
 //
 // When cfg is invalid (an endpoint NewServer would refuse, two endpoints for one route, a
 // setting NewServer refuses) Reload applies nothing and returns the error; after Shutdown or
-// Close it returns ErrServerClosed.
+// Close it returns ErrServerClosed. Reloads are serialised; traffic and registrations are
+// never held up by one.
 func (s *Server) Reload(cfg ServerConfig) (notApplied []string, err error) {
 	reloadMu.Lock()
 	defer reloadMu.Unlock()
@@ -53,7 +68,7 @@ func (s *Server) Reload(cfg ServerConfig) (notApplied []string, err error) {
 	}
 	want := map[string]*Endpoint{}
 	for i := range cfg.Endpoints {
-		ep := cfg.Endpoints[i]
+		ep := cfg.Endpoints[i].own()
 		if err := ep.validate(s.cfg.TCPPorts); err != nil {
 			return nil, err
 		}
@@ -61,63 +76,111 @@ func (s *Server) Reload(cfg ServerConfig) (notApplied []string, err error) {
 		if want[key] != nil {
 			return nil, fmt.Errorf("tunnel: two endpoints reserve the route %s", key)
 		}
-		want[key] = &ep
+		want[key] = ep
+	}
+	current, err := s.routes.st.List()
+	if err != nil {
+		return nil, fmt.Errorf("tunnel: reading the route store: %w", err)
 	}
 	notApplied = s.unchangedFields(next)
-
-	b := s.routes
-	current, err := b.st.List()
-	if err != nil {
-		return notApplied, fmt.Errorf("tunnel: reading the route store: %w", err)
-	}
-	for _, key := range slices.Sorted(maps.Keys(want)) {
-		ep := want[key]
-		if why := b.reserve(key, ep); why != "" {
-			notApplied = append(notApplied, fmt.Sprintf("endpoint %s: %s; it is not reserved", key, why))
-			continue
-		}
-		if started := b.endpoints[key]; started == nil {
-			notApplied = append(notApplied, fmt.Sprintf("endpoint %s: reserved; until a restart its route answers 404 (not 503) while it has no member and the admin API does not list it while empty", key))
-			if ep.Policy.active() {
-				notApplied = append(notApplied, fmt.Sprintf("endpoint %s: its policy applies after a restart", key))
-			}
-		} else if !reflect.DeepEqual(started.Policy, ep.Policy) || (ep.Proto == ProtoTCP && started.KeyHash != ep.KeyHash && started.Policy.active()) {
-			notApplied = append(notApplied, fmt.Sprintf("endpoint %s: its policy change applies after a restart", key))
-		}
-	}
-	for _, r := range current {
-		if r.Reserved && want[r.Key()] == nil {
-			b.unreserve(r.Key())
-		}
-	}
-	for _, key := range slices.Sorted(maps.Keys(b.endpoints)) {
-		if want[key] == nil {
-			notApplied = append(notApplied, fmt.Sprintf("endpoint %s: released; until a restart its route answers 503 while it has no member, the admin API lists it while empty, and its policy applies", key))
-		}
-	}
+	s.applyLimits(newLiveLimits(&next))
+	notApplied = append(notApplied, s.routes.applyEndpoints(want, current)...)
 	return notApplied, nil
 }
 
-// active reports whether the policy restricts anything (the edge keeps a gate for it).
-func (p Policy) active() bool {
-	return len(p.AllowCIDRs)+len(p.DenyCIDRs) > 0 || p.RateLimit > 0 || p.MaxConcurrent > 0
+// applyLimits puts l in force, unless it is what is in force.
+func (s *Server) applyLimits(l *liveLimits) {
+	if s.limits.Load().equal(l) {
+		return
+	}
+	s.limits.Store(l)
+	s.log.Info("limits changed by a reload; they apply to the next sessions, registrations and event streams",
+		zap.Any("limits", l.def), zap.Any("tenant_limits", l.tenants), zap.Int("max_tunnels_per_session", l.perSession),
+		zap.Float64("register_rate", l.registerRate), zap.Int("register_burst", l.registerBurst))
 }
 
+// applyEndpoints reserves the endpoints of want (by store key), releases the reserved routes
+// of current (the store's routes) that want leaves out, and puts the new set in force. It
+// returns the lines of what it could not apply.
+func (b *routeBook) applyEndpoints(want map[string]*Endpoint, current []*store.Route) (notApplied []string) {
+	prev := b.eps.Load()
+	eps := map[string]*Endpoint{}
+	for _, key := range slices.Sorted(maps.Keys(want)) {
+		ep := want[key]
+		old := prev.byKey[key]
+		if why := b.reserve(key, ep); why != "" {
+			if old != nil {
+				// Its reservation on record is the old one: so are its 503, listing and policy.
+				eps[key] = old
+				notApplied = append(notApplied, fmt.Sprintf("endpoint %s: %s; it stays as it was", key, why))
+			} else {
+				notApplied = append(notApplied, fmt.Sprintf("endpoint %s: %s; it is not reserved", key, why))
+			}
+			continue
+		}
+		eps[key] = ep
+		if old != nil && !old.Policy.equal(ep.Policy) {
+			b.log.Info("endpoint policy changed by a reload", zap.String("route", key))
+		}
+	}
+	// Published before the releases below: a released route is an ordinary one for traffic
+	// at once, and its record is released right after.
+	b.eps.Store(newEndpointSet(eps, prev))
+	for _, r := range current {
+		if r.Reserved && eps[r.Key()] == nil {
+			b.unreserve(r.Key())
+		}
+	}
+	return notApplied
+}
+
+// liveFields are the fields of ServerConfig that Reload applies (or compares by itself).
+var liveFields = map[string]bool{"Endpoints": true, "Limits": true, "TenantLimits": true,
+	"MaxTunnelsPerSession": true, "RegisterRate": true, "RegisterBurst": true}
+
+// secretFields are the fields whose values a "not applied" line leaves out.
+var secretFields = map[string]bool{"AdminToken": true, "AlertWebhookURL": true}
+
 // unchangedFields names the fields of next (defaults applied) that differ from the running
-// configuration: Reload leaves them as they are. Endpoints are left out.
+// configuration and that Reload leaves as they are. The live fields are left out.
 func (s *Server) unchangedFields(next ServerConfig) []string {
 	var out []string
 	cur, nv := reflect.ValueOf(s.cfg), reflect.ValueOf(next)
 	for i := range cur.NumField() {
 		f := cur.Type().Field(i)
-		if !f.IsExported() || f.Name == "Endpoints" {
+		if !f.IsExported() || liveFields[f.Name] {
 			continue
 		}
-		if !sameSetting(cur.Field(i), nv.Field(i)) {
-			out = append(out, fmt.Sprintf("%s: cannot change while the edge runs; a restart applies it", f.Name))
+		if sameSetting(cur.Field(i), nv.Field(i)) {
+			continue
 		}
+		name := f.Name
+		if a, ok := showSetting(cur.Field(i)); ok && !secretFields[f.Name] {
+			b, _ := showSetting(nv.Field(i))
+			name += fmt.Sprintf(" (%s -> %s)", a, b)
+		}
+		out = append(out, name+": cannot change while the edge runs; a restart applies it")
 	}
 	return out
+}
+
+// showSetting formats a plain setting's value (a string, number, bool, duration or port
+// range); ok is false for any other.
+func showSetting(v reflect.Value) (s string, ok bool) {
+	switch x := v.Interface().(type) {
+	case time.Duration:
+		return x.String(), true
+	case group.PortRange:
+		return fmt.Sprintf("%d-%d", x.Lo, x.Hi), true
+	}
+	switch v.Kind() {
+	case reflect.String:
+		return fmt.Sprintf("%q", v.String()), true
+	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		return fmt.Sprint(v.Interface()), true
+	}
+	return "", false
 }
 
 // sameSetting compares two values of one ServerConfig field: functions by whether they are

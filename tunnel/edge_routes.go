@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -11,7 +12,6 @@ import (
 	"github.com/warren-tunnel/warren/admin"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/internal/policy"
 	"github.com/warren-tunnel/warren/store"
 )
 
@@ -29,10 +29,9 @@ type routeBook struct {
 	now func() time.Time
 	reg *group.Registry
 	log *zap.Logger
-	// endpoints are the reserved routes by store key; gates their policies, by store key
-	// (HTTP) or store key + "/" + key hash (TCP). Both are read-only after start.
-	endpoints map[string]*Endpoint
-	gates     map[string]*policy.Gate
+	// eps are the reserved endpoints in force and their policies' gates; Reload replaces
+	// the set (edge_live.go).
+	eps atomic.Pointer[endpointSet]
 
 	mu sync.Mutex
 	// ports counts the TCP ports held for each tenant's routes (quota max_tcp_ports).
@@ -89,22 +88,14 @@ func ownedError(kind, label string) error {
 
 func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoints []Endpoint, log *zap.Logger) (*routeBook, error) {
 	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log,
-		endpoints: map[string]*Endpoint{}, ports: map[string]map[int]bool{},
-		tunnels: map[string]int{}, sessions: map[string]int{}, pendingPorts: map[string]int{}}
-	b.gates = map[string]*policy.Gate{}
+		ports: map[string]map[int]bool{}, tunnels: map[string]int{}, sessions: map[string]int{},
+		pendingPorts: map[string]int{}}
+	reservedEps := map[string]*Endpoint{}
 	for i := range endpoints {
-		ep := &endpoints[i]
-		key := store.Key(ep.kind(), ep.label())
-		b.endpoints[key] = ep
-		if p := ep.Policy; len(p.AllowCIDRs)+len(p.DenyCIDRs) > 0 || p.RateLimit > 0 || p.MaxConcurrent > 0 {
-			gate := policy.New(policy.Rules{Allow: p.AllowCIDRs, Deny: p.DenyCIDRs, Rate: p.RateLimit,
-				Burst: p.RateBurst, MaxConcurrent: p.MaxConcurrent})
-			if ep.Proto == ProtoTCP {
-				key += "/" + ep.KeyHash.String()
-			}
-			b.gates[key] = gate
-		}
+		ep := endpoints[i].own()
+		reservedEps[store.Key(ep.kind(), ep.label())] = ep
 	}
+	b.eps.Store(newEndpointSet(reservedEps, nil))
 	routes, err := st.List()
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: reading the route store: %w", err)
@@ -115,7 +106,7 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 	now := b.now()
 	b.startedAt = now
 	for _, r := range routes {
-		if _, reserved := b.endpoints[r.Key()]; reserved {
+		if _, reserved := reservedEps[r.Key()]; reserved {
 			continue
 		}
 		if r.Reserved { // no endpoint reserves it any more: an ordinary claim from now on
@@ -134,7 +125,7 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 			b.holdPorts(r)
 		}
 	}
-	for key, ep := range b.endpoints {
+	for key, ep := range reservedEps {
 		r, err := st.Update(key, func(cur *store.Route) (*store.Route, error) {
 			next := ep.route()
 			next.EmptySince = now
@@ -233,7 +224,6 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		return tk, nil
 	}
 	tk.key = store.Key(kind, label)
-	keyHex := req.KeyHash.String()
 	var taken *store.Route // a lapsed claim of another tenant, replaced
 	var port int
 	_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
@@ -249,7 +239,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 					return nil, err
 				}
 			}
-			port = cur.Ports[keyHex]
+			port = routePort(cur, req)
 			if b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
 				// The owner is back just as its claim lapses: it holds again, for a full
 				// TTL, so that no sweep or other tenant takes it before joined runs.
@@ -392,11 +382,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 				}
 				oldPort, cur.Ports[k], changed = old, g.Port, true
 			}
-			for other, port := range cur.Ports {
-				if other != k && port == g.Port {
-					delete(cur.Ports, other) // the pool's key rotated: its port moved with it
-				}
-			}
+			forgetRotatedKeys(cur, g)
 			if cur.Group == "" {
 				cur.Group = g.Name
 			}
@@ -549,7 +535,7 @@ func (b *routeBook) sweeper(done <-chan struct{}) {
 func (b *routeBook) idleEndpoints() []admin.Endpoint {
 	var out []admin.Endpoint
 	var groups []group.Info // listed once, if a TCP endpoint needs it
-	for _, ep := range b.endpoints {
+	for _, ep := range b.eps.Load().byKey {
 		info := group.Info{Kind: group.KindHTTP, Proto: ep.Proto, Label: ep.label(), Name: ep.Group, KeyHash: ep.KeyHash}
 		if info.Proto == "" {
 			info.Proto = ProtoHTTP
@@ -571,11 +557,4 @@ func (b *routeBook) idleEndpoints() []admin.Endpoint {
 		}
 	}
 	return out
-}
-
-// reserved reports whether an HTTP subdomain is a reserved endpoint (it answers 503, not
-// 404, while it has no member).
-func (b *routeBook) reserved(sub string) bool {
-	_, ok := b.endpoints[store.Key(store.KindHTTP, sub)]
-	return ok
 }

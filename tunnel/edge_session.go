@@ -105,7 +105,7 @@ func (s *Server) newSession(c net.Conn, preAuth *throttle.Slot) (*edgeSession, e
 		return nil, err
 	}
 	e := &edgeSession{srv: s, id: id, conn: c, mux: mux, log: log, tunnels: map[string]*edgeTunnel{}, endedCh: make(chan struct{}),
-		registrations: rate.NewLimiter(rate.Limit(s.cfg.RegisterRate), s.cfg.RegisterBurst),
+		registrations: s.limits.Load().registrations(),
 		remote:        throttle.KeyOf(c.RemoteAddr()), helloBy: helloBy, preAuth: preAuth}
 	e.ctx, e.cancel = context.WithCancel(s.ctx)
 	s.mu.Lock()
@@ -207,7 +207,7 @@ func (e *edgeSession) run() error {
 	if hello.ResumeSession != "" {
 		e.srv.replaceSession(hello.ResumeSession, hello.ResumeToken, e)
 	}
-	if lim := e.srv.cfg.TenantLimits[e.tenant].or(e.srv.cfg.Limits); !e.srv.routes.take(e.srv.routes.sessions, e.tenant, lim.MaxSessions) {
+	if lim := e.srv.limits.Load().of(e.tenant); !e.srv.routes.take(e.srv.routes.sessions, e.tenant, lim.MaxSessions) {
 		e.log.Warn("connector refused: tenant session quota", zap.String("tenant", e.tenant), zap.Int("max_sessions", lim.MaxSessions))
 		return e.fail(wire.CodeLimit, fmt.Sprintf("this tenant already has %d connector sessions (max_sessions)", lim.MaxSessions))
 	}
@@ -483,11 +483,12 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	if ended {
 		return nil, ErrSessionClosed
 	}
-	if n >= s.cfg.MaxTunnelsPerSession {
+	limits := s.limits.Load() // the limits in force when the registration arrived
+	if n >= limits.perSession {
 		return nil, fmt.Errorf("%w: this session already has %d tunnels (max_tunnels_per_session)", ErrLimit, n)
 	}
 	if !e.registrations.Allow() {
-		return nil, fmt.Errorf("%w: registering faster than %g tunnels per second", ErrLimit, s.cfg.RegisterRate)
+		return nil, fmt.Errorf("%w: registering faster than %g tunnels per second", ErrLimit, float64(e.registrations.Limit()))
 	}
 	req := group.JoinRequest{
 		ID:     newID(),
@@ -518,7 +519,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 		}
 	}
 	applyLB(&req, m.LB)
-	lim := s.cfg.TenantLimits[e.tenant].or(s.cfg.Limits)
+	lim := limits.of(e.tenant)
 	if !s.routes.take(s.routes.tunnels, e.tenant, lim.MaxTunnels) {
 		return nil, fmt.Errorf("%w: this tenant already has %d tunnels (max_tunnels)", ErrLimit, lim.MaxTunnels)
 	}
@@ -566,6 +567,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 // remove takes the tunnel out of its group and cuts its streams. It runs once per tunnel.
 func (e *edgeSession) remove(t *edgeTunnel) {
 	e.srv.registry.Leave(t.member)
+	e.srv.leftPool(t.member.Group())
 	t.data.Close()
 	if !t.removed.Swap(true) {
 		e.srv.routes.give(e.srv.routes.tunnels, t.tenant)

@@ -19,7 +19,6 @@ import (
 	"github.com/warren-tunnel/warren/internal/policy"
 	"github.com/warren-tunnel/warren/internal/proxy"
 	"github.com/warren-tunnel/warren/internal/throttle"
-	"github.com/warren-tunnel/warren/store"
 )
 
 // Server is an edge: it accepts connector sessions, keeps the routing table of groups, and
@@ -43,6 +42,9 @@ type Server struct {
 	preAuth   *throttle.Conns
 
 	httpPort, httpsPort atomic.Int32
+	// limits are the tenant quotas and per-session limits in force; Reload replaces them
+	// (edge_live.go).
+	limits atomic.Pointer[liveLimits]
 
 	mu           sync.Mutex
 	closing      bool
@@ -85,6 +87,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		httpSrvs:    map[*http.Server]struct{}{},
 		done:        make(chan struct{}),
 	}
+	s.limits.Store(newLiveLimits(&cfg))
 	s.authLimit, s.preAuth = cfg.throttles()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.httpPort.Store(int32(cfg.PublicHTTPPort))
@@ -104,10 +107,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	// Reserved endpoints and their policies; the route book exists before any traffic.
 	pc.Reserved = func(sub string) bool { return s.routes.reserved(sub) }
-	pc.HTTPGate = func(sub string) *policy.Gate { return s.routes.gates[store.Key(store.KindHTTP, sub)] }
-	pc.TCPGate = func(g *group.Group) *policy.Gate {
-		return s.routes.gates[store.Key(store.KindTCP, g.Label)+"/"+g.KeyHash().String()]
-	}
+	// Each request reads the set in force (Reload replaces it).
+	pc.HTTPGate = func(sub string) *policy.Gate { return s.routes.httpGate(sub) }
+	pc.TCPGate = func(g *group.Group) *policy.Gate { return s.routes.tcpGate(g) }
 	s.tcp = proxy.NewTCP(pc)
 	bindTCP := func(g *group.Group) error {
 		if err := s.tcp.OnCreate(g); !errors.Is(err, proxy.ErrClosed) {

@@ -8,10 +8,14 @@
 // streams left) and exits 0; a second signal during that drain ends the process at once.
 //
 // SIGHUP reads the file again without dropping a connector: connector tokens and tenants,
-// the TLS certificate and key files, and the reserved endpoints' ownership apply at once
-// (tunnel.Server.Reload); every other changed setting (ports, domain, limits, policies, …)
-// is logged as "not applied: …" and keeps its running value until a restart. A file that
-// does not load changes nothing. "edge -check -config FILE" validates a file: "ok" and exit
+// the TLS certificate and key files, the tenant quotas (the [limits] defaults and each
+// tenant's own) and limits.max_tunnels_per_session, and the [[endpoints]] with their
+// policies apply at once (tunnel.Server.Reload), each logged as "applied: …". A lowered
+// quota applies to the next session, registration or event stream: nothing already held is
+// taken back. Every other changed setting (ports, bind, domain, region, state_dir, TLS on or
+// off, require_auth, admin_token, the other [limits], [load_balancing]) is logged as
+// "not applied: key (old -> new): reason" and keeps its running value until a restart. A
+// file that does not load, or that the edge refuses, changes nothing. "edge -check -config FILE" validates a file: "ok" and exit
 // 0, or its line-numbered errors and exit 1.
 //
 // Exit codes: 0 after a signal, 1 when a listener fails, 2 for bad flags or a bad

@@ -273,9 +273,10 @@ func startBackend(t *testing.T, h http.HandlerFunc) string {
 	return b.Listener.Addr().String()
 }
 
-// TestSIGHUPReload: SIGHUP applies a new token at once (the removed one logs in no more)
-// without dropping the connector that logged in with it, and logs the settings it did not
-// apply (a port, a limit) while they keep their running values.
+// TestSIGHUPReload: SIGHUP applies a new token and a new limit at once (the removed token
+// logs in no more, the next registration over the limit is refused) without dropping the
+// connector that logged in with the old token nor its tunnel, and logs the settings it did
+// not apply (a port, a limit read only at start) while they keep their running values.
 func TestSIGHUPReload(t *testing.T) {
 	control, http1, http2 := freePort(t), freePort(t), freePort(t)
 	e := startRun(t, edgeFile(control, http1, oldToken, ""), control, http1)
@@ -293,14 +294,26 @@ func TestSIGHUPReload(t *testing.T) {
 	require.Equal(t, 200, status)
 	require.Equal(t, "app", body)
 
-	require.NoError(t, os.WriteFile(e.path, []byte(edgeFile(control, http2, newToken, "max_tunnels_per_session = 3\n")), 0o600))
+	require.NoError(t, os.WriteFile(e.path, []byte(edgeFile(control, http2, newToken, "max_tunnels_per_session = 3\nrequest_body_max_bytes = 1024\n")), 0o600))
 	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
 	require.Eventually(t, func() bool { return strings.Contains(e.stderr.String(), "configuration reloaded") }, 10*time.Second, 10*time.Millisecond, e.stderr.String())
 	logged := e.stderr.String()
 	require.Contains(t, logged, fmt.Sprintf("not applied: server.http_port (%d -> %d): listeners and ports are fixed while the edge runs; restart the edge to apply it", http1, http2))
-	require.Contains(t, logged, "not applied: limits.max_tunnels_per_session (16 -> 3)")
+	require.Contains(t, logged, "applied: limits.max_tunnels_per_session (16 -> 3): from the next session, registration or event stream; what is held stays")
+	require.NotContains(t, logged, "not applied: limits.max_tunnels_per_session")
+	require.Contains(t, logged, "not applied: limits.request_body_max_bytes (0 -> 1024): the edge reads it only when it starts; restart the edge to apply it")
 	require.Contains(t, logged, "applied: auth.tokens and auth.tenants: 1 tokens and 0 tenants from now on")
 	require.NotContains(t, logged, "not applied: server.control_port")
+
+	// The new max_tunnels_per_session applies to the session already there: it has "app",
+	// two more make 3, a fourth is refused.
+	for _, sub := range []string{"b", "c"} {
+		_, err := sess.Forward(ctx, tunnel.TunnelSpec{Subdomain: sub}, backend)
+		require.NoError(t, err)
+	}
+	_, err = sess.Forward(ctx, tunnel.TunnelSpec{Subdomain: "d"}, backend)
+	require.ErrorIs(t, err, tunnel.ErrLimit)
+	require.ErrorContains(t, err, "max_tunnels_per_session")
 
 	_, err = tunnel.Dial(ctx, e.control, tunnel.WithToken(oldToken), tunnel.WithReconnect(false))
 	require.ErrorIs(t, err, tunnel.ErrUnauthorized, "the removed token logs in no more")
@@ -334,6 +347,45 @@ func TestSIGHUPReload(t *testing.T) {
 	e.cancel()
 	<-e.done
 	require.Equal(t, 0, e.code)
+}
+
+// TestReloadDiffs: the live limits and tenant quotas are reported as applied, the other
+// [limits] keys as not applied, with their file keys and values.
+func TestReloadDiffs(t *testing.T) {
+	start := parse(t, `
+[server]
+domain = "localhost"
+[auth]
+require_auth = true
+tokens = ["connector-token-0123456789"]
+[[auth.tenants]]
+name = "acme"
+token = "acme-token-0123456789"
+max_tunnels = 2
+[limits]
+max_sessions = 5
+`)
+	next := parse(t, `
+[server]
+domain = "localhost"
+[auth]
+require_auth = true
+tokens = ["connector-token-0123456789"]
+[[auth.tenants]]
+name = "acme"
+token = "acme-token-0123456789"
+max_tunnels = 3
+[limits]
+max_sessions = 4
+tcp_port_range = [21000, 21010]
+`)
+	require.Equal(t, []string{
+		"limits.max_sessions (5 -> 4): from the next session, registration or event stream; what is held stays",
+		"auth.tenants[acme].max_tunnels (2 -> 3): from the next session, registration or event stream; what is held stays",
+	}, limitsApplied(start, next))
+	require.Equal(t, []string{
+		"limits.tcp_port_range ([20000, 20100] -> [21000, 21010]): the edge reads it only when it starts; restart the edge to apply it",
+	}, fileDiff(start, next))
 }
 
 // TestShutdownCountsStreams: the drain logs the streams left until none is.

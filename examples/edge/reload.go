@@ -19,7 +19,8 @@ import (
 )
 
 // liveParts are the settings the edge reads through the main on every use, so that SIGHUP
-// can replace them: the tokens and the TLS certificate.
+// can replace them: the tokens and the TLS certificate. (The limits and endpoints are
+// replaced by tunnel.Server.Reload.)
 type liveParts struct {
 	auth *liveAuth // nil when require_auth is false
 	cert *liveCert // nil without TLS
@@ -66,8 +67,9 @@ type reloader struct {
 }
 
 // reload reads the file again and applies what can change live: tokens and tenants, the TLS
-// certificate, and the reserved endpoints' ownership. Everything else that differs from the
-// running configuration is logged as "not applied: …". A file that does not load changes
+// certificate, the limits and tenant quotas, and the reserved endpoints with their policies
+// (tunnel.Server.Reload). Everything else that differs from the running configuration is
+// logged as "not applied: …". A file that does not load, or that the edge refuses, changes
 // nothing. It returns the lines it logged.
 func (r *reloader) reload() (applied, notApplied []string, err error) {
 	next, err := config.LoadServer(r.path)
@@ -77,6 +79,19 @@ func (r *reloader) reload() (applied, notApplied []string, err error) {
 	nsc, nlive, err := buildServerConfig(next, r.log)
 	if err != nil {
 		return nil, nil, err
+	}
+
+	// The edge applies the live settings of the new file, and nothing else: every other
+	// field is the configuration it was created with (fileDiff names what differs in the
+	// file). It refuses an invalid configuration whole, before anything below changes.
+	withLive := r.sc
+	withLive.Endpoints = nsc.Endpoints
+	withLive.Limits = nsc.Limits
+	withLive.TenantLimits = nsc.TenantLimits
+	withLive.MaxTunnelsPerSession = nsc.MaxTunnelsPerSession
+	edgeNotApplied, err := r.srv.Reload(withLive)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", next.File, err)
 	}
 
 	notApplied = fileDiff(r.start, next)
@@ -93,17 +108,11 @@ func (r *reloader) reload() (applied, notApplied []string, err error) {
 		r.live.cert.cur.Store(nlive.cert.cur.Load())
 		applied = append(applied, "tls: certificate and key loaded again from "+next.TLS.CertPath+" and "+next.TLS.KeyPath)
 	}
-
-	withEndpoints := r.sc
-	withEndpoints.Endpoints = nsc.Endpoints
-	epNotApplied, err := r.srv.Reload(withEndpoints)
-	if err != nil {
-		return applied, notApplied, fmt.Errorf("%s: endpoints: %w", next.File, err)
-	}
+	applied = append(applied, limitsApplied(r.last, next)...)
 	if !reflect.DeepEqual(r.last.Endpoints, next.Endpoints) {
-		applied = append(applied, fmt.Sprintf("endpoints: %d reserved routes from now on", len(next.Endpoints)))
+		applied = append(applied, fmt.Sprintf("endpoints: %d reserved routes and their policies from now on (an endpoint left out is an ordinary route again)", len(next.Endpoints)))
 	}
-	notApplied = append(notApplied, epNotApplied...)
+	notApplied = append(notApplied, edgeNotApplied...)
 	r.last = next
 	return applied, notApplied, nil
 }
@@ -138,9 +147,46 @@ func tokensChanged(a, b config.Auth) bool {
 	return false
 }
 
+// liveLimits are the [limits] keys the edge applies on a reload (its quotas included).
+var liveLimits = map[string]bool{"max_tunnels_per_session": true, "max_sessions": true, "max_tunnels": true,
+	"max_tcp_ports": true, "max_event_streams": true}
+
+// quotaApplies says when a changed limit applies.
+const quotaApplies = "from the next session, registration or event stream; what is held stays"
+
+// limitsApplied names, as file keys, the live limits and tenant quotas that differ between
+// last (the file last applied) and next.
+func limitsApplied(last, next *config.Server) []string {
+	var out []string
+	for _, d := range structDiff("limits", last.Limits, next.Limits) {
+		if liveLimits[d.field] {
+			out = append(out, d.line(quotaApplies))
+		}
+	}
+	for _, d := range quotaDiff(last.Auth.Tenants, next.Auth.Tenants) {
+		out = append(out, d.line(quotaApplies))
+	}
+	return out
+}
+
+// quotaDiff compares the tenants' own quotas of two files, by tenant name.
+func quotaDiff(a, b []config.Tenant) []settingDiff {
+	quotas := map[string]config.Quotas{}
+	for _, t := range a {
+		quotas[t.Name] = t.Quotas
+	}
+	var out []settingDiff
+	for _, t := range b {
+		if q, ok := quotas[t.Name]; ok || t.Quotas != (config.Quotas{}) {
+			out = append(out, structDiff(fmt.Sprintf("auth.tenants[%s]", t.Name), q, t.Quotas)...)
+		}
+	}
+	return out
+}
+
 // fileDiff names, as file keys, the settings of next that differ from what the edge runs
-// with (start) and cannot change while it runs. Tokens, tenants' tokens, the TLS files and
-// the endpoints are left out: reload applies them.
+// with (start) and cannot change while it runs. Tokens, tenants' tokens and quotas, the TLS
+// files, the live limits and the endpoints are left out: reload applies them.
 func fileDiff(start, next *config.Server) []string {
 	var out []string
 	add := func(key, why string, a, b any) {
@@ -171,25 +217,32 @@ func fileDiff(start, next *config.Server) []string {
 	if start.Auth.AdminToken != next.Auth.AdminToken {
 		out = append(out, "auth.admin_token: the admin API keeps the token it started with; restart the edge to apply it")
 	}
-	const limit = "the edge reads its limits without a live-update hook"
-	out = append(out, structDiff("limits", start.Limits, next.Limits, limit)...)
-	out = append(out, structDiff("load_balancing", start.LoadBalancing, next.LoadBalancing, "the routing table is built with these")...)
-	quotas := map[string]config.Quotas{}
-	for _, t := range start.Auth.Tenants {
-		quotas[t.Name] = t.Quotas
-	}
-	for _, t := range next.Auth.Tenants {
-		if q, ok := quotas[t.Name]; ok || t.Quotas != (config.Quotas{}) {
-			out = append(out, structDiff(fmt.Sprintf("auth.tenants[%s]", t.Name), q, t.Quotas, limit)...)
+	for _, d := range structDiff("limits", start.Limits, next.Limits) {
+		if !liveLimits[d.field] {
+			out = append(out, d.line("the edge reads it only when it starts; restart the edge to apply it"))
 		}
+	}
+	for _, d := range structDiff("load_balancing", start.LoadBalancing, next.LoadBalancing) {
+		out = append(out, d.line("the routing table is built with these; restart the edge to apply it"))
 	}
 	return out
 }
 
-// structDiff names the fields of a and b (two values of one struct type of the config
+// settingDiff is one setting that differs between two files.
+type settingDiff struct {
+	prefix, field string // the table ("limits", "auth.tenants[acme]") and the key in it
+	a, b          string // the values, as the file writes them
+}
+
+// line is "key (a -> b): why".
+func (d settingDiff) line(why string) string {
+	return fmt.Sprintf("%s.%s (%s -> %s): %s", d.prefix, d.field, d.a, d.b, why)
+}
+
+// structDiff lists the fields of a and b (two values of one struct type of the config
 // package) that differ, as file keys under prefix.
-func structDiff(prefix string, a, b any, why string) []string {
-	var out []string
+func structDiff(prefix string, a, b any) []settingDiff {
+	var out []settingDiff
 	va, vb := reflect.ValueOf(a), reflect.ValueOf(b)
 	for i := range va.NumField() {
 		f := va.Type().Field(i)
@@ -198,13 +251,13 @@ func structDiff(prefix string, a, b any, why string) []string {
 		}
 		fa, fb := va.Field(i), vb.Field(i)
 		if f.Anonymous && f.Type.Kind() == reflect.Struct {
-			out = append(out, structDiff(prefix, fa.Interface(), fb.Interface(), why)...)
+			out = append(out, structDiff(prefix, fa.Interface(), fb.Interface())...)
 			continue
 		}
 		if reflect.DeepEqual(fa.Interface(), fb.Interface()) {
 			continue
 		}
-		out = append(out, fmt.Sprintf("%s.%s (%s -> %s): %s; restart the edge to apply it", prefix, tomlKey(f), show(fa.Interface()), show(fb.Interface()), why))
+		out = append(out, settingDiff{prefix, tomlKey(f), show(fa.Interface()), show(fb.Interface())})
 	}
 	return out
 }
