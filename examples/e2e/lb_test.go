@@ -132,3 +132,54 @@ func TestKeyRotationThroughTheMains(t *testing.T) {
 func tallyString(t *testing.T, c *http.Client) string {
 	return fmt.Sprint(tally(t, c, 4))
 }
+
+// Cookie affinity and slow start, set in the connectors' YAML.
+func TestAffinityAndSlowStartThroughTheMains(t *testing.T) {
+	e := startEdge(t, false)
+	for _, name := range []string{"a", "b", "c"} {
+		p := startConnector(t, "connector-"+name, e, token, tunnelConf{name: name, proto: "http", subdomain: "pool",
+			group: "web", key: groupKey, localPort: httpBackend(t, "backend-"+name), extra: []string{"affinity: cookie"}})
+		p.line(t, "tunnel "+name+": ")
+	}
+	c := publicClient(t, e)
+	get := func(cookie string) (body, setCookie string) {
+		req, err := http.NewRequest(http.MethodGet, "http://pool.localhost/", nil)
+		require.NoError(t, err)
+		if cookie != "" {
+			req.Header.Set("Cookie", cookie)
+		}
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		return string(b), resp.Header.Get("Set-Cookie")
+	}
+	first, set := get("")
+	require.Contains(t, set, "warren_affinity=")
+	cookie := strings.SplitN(set, ";", 2)[0]
+	for range 20 {
+		body, _ := get(cookie)
+		require.Equal(t, first, body, "a client with the affinity cookie stays on its member")
+	}
+
+	// A member in a long slow start takes a small share next to one at full weight.
+	full := startConnector(t, "connector-full", e, token, tunnelConf{name: "full", proto: "http", subdomain: "ramp",
+		group: "ramp", key: groupKey, localPort: httpBackend(t, "full")})
+	full.line(t, "tunnel full: ")
+	slow := startConnector(t, "connector-slow", e, token, tunnelConf{name: "slow", proto: "http", subdomain: "ramp",
+		group: "ramp", key: groupKey, localPort: httpBackend(t, "slow"), extra: []string{"slow_start_secs: 600"}})
+	slow.line(t, "tunnel slow: ")
+	counts := map[string]int{}
+	for range 200 {
+		resp, err := c.Get("http://ramp.localhost/")
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		counts[string(b)]++
+	}
+	t.Logf("a member at the start of a 600 s slow start next to one at full weight: %v", counts)
+	require.Less(t, counts["slow"], 10, "%v", counts)
+}
+
