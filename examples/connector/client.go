@@ -214,6 +214,11 @@ func runAttach(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&h.TimeoutSecs, "health-timeout", 0, "`seconds` a probe may take (default 3)")
 	fs.IntVar(&h.MaxFailed, "health-max-failed", 0, "consecutive failures before unhealthy (default 3)")
 	anyStatus := fs.Bool("health-any-status", false, "an http probe passes on any status, not only 2xx")
+	fs.IntVar(&a.Weight, "weight", 0, "share of new work relative to the pool's tier, 1-100 (default 1)")
+	fs.IntVar(&a.Priority, "priority", 0, "priority `tier`, 0 first (default 0)")
+	fs.Float64Var(&a.SlowStartSecs, "slow-start", 0, "ramp up over this many `seconds` after turning healthy (default 0)")
+	fs.StringVar(&a.Affinity, "affinity", "", "the pool's `affinity`: cookie, client_ip or header:<Name>")
+	fs.BoolVar(&a.RetryIdempotent, "retry-idempotent", false, "the pool's opt-in idempotent retry")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -62,6 +62,12 @@ type attachSpec struct {
 	Group     string      `json:"group,omitempty"`
 	GroupKey  string      `json:"group_key,omitempty"`
 	Health    *healthSpec `json:"health,omitempty"`
+	// Load-balancing settings, as in the file.
+	Weight          int     `json:"weight,omitempty"`
+	Priority        int     `json:"priority,omitempty"`
+	SlowStartSecs   float64 `json:"slow_start_secs,omitempty"`
+	Affinity        string  `json:"affinity,omitempty"`
+	RetryIdempotent bool    `json:"retry_idempotent,omitempty"`
 }
 
 // healthSpec is an attached tunnel's health check; zero values take the file's defaults.

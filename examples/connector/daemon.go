@@ -567,7 +567,9 @@ func notAppliedSettings(prev, next *config.Client) []string {
 // defaults the file would give it.
 func attachTunnel(a *attachSpec) config.Tunnel {
 	t := config.Tunnel{Name: a.Name, Proto: tunnel.Proto(a.Proto), LocalHost: a.LocalHost, LocalPort: a.LocalPort,
-		Subdomain: a.Subdomain, Group: a.Group, GroupKey: a.GroupKey}
+		Subdomain: a.Subdomain, Group: a.Group, GroupKey: a.GroupKey,
+		Weight: a.Weight, Priority: a.Priority, SlowStart: secs(a.SlowStartSecs), Affinity: a.Affinity,
+		RetryIdempotent: a.RetryIdempotent}
 	if t.Proto == "" {
 		t.Proto = tunnel.ProtoHTTP
 	}

@@ -224,7 +224,7 @@ func TestAttachServesThroughEdge(t *testing.T) {
 	keyFile := filepath.Join(t.TempDir(), "key")
 	require.NoError(t, os.WriteFile(keyFile, []byte(testKey+"\n"), 0o600))
 	code, out, errOut := c.ctl("attach", "--subdomain", "pool", "--group", "web", "--group-key-file", keyFile,
-		"--health", "tcp", "--health-interval", "0.1", strconv.Itoa(b.port))
+		"--health", "tcp", "--health-interval", "0.1", "--weight", "7", "--priority", "2", strconv.Itoa(b.port))
 	require.Equal(t, 0, code, errOut)
 	url := fmt.Sprintf("http://pool.localhost:%d", e.publicPort)
 	require.Equal(t, fmt.Sprintf("tunnel pool-%d: %s -> 127.0.0.1:%d (group web)\n", b.port, url, b.port), out)
@@ -236,6 +236,10 @@ func TestAttachServesThroughEdge(t *testing.T) {
 	ts, ok := c.status(t).tunnelNamed(fmt.Sprintf("pool-%d", b.port))
 	require.True(t, ok)
 	require.Equal(t, "attach", ts.Source)
+	pool, ok := e.srv.Registry().LookupHTTP("pool")
+	require.True(t, ok)
+	require.Equal(t, 7, pool.Members[0].Weight, "the load-balancing flags reach the edge")
+	require.Equal(t, 2, pool.Members[0].Priority)
 	require.Equal(t, url, ts.URL)
 
 	code, _, errOut = c.ctl("attach", "--name", "a", "--subdomain", "other", strconv.Itoa(b.port))
