@@ -182,4 +182,3 @@ func TestAffinityAndSlowStartThroughTheMains(t *testing.T) {
 	t.Logf("a member at the start of a 600 s slow start next to one at full weight: %v", counts)
 	require.Less(t, counts["slow"], 10, "%v", counts)
 }
-
