@@ -278,7 +278,7 @@ func subdomainOf(host, domain string) (string, bool) {
 		return "", false
 	}
 	sub := strings.ToLower(host[:len(host)-len(domain)-1])
-	if sub == "" || strings.IndexByte(sub, '.') >= 0 {
+	if sub == "" || strings.ContainsAny(sub, ".:") { // a host with a bare ':' is no DNS name
 		return "", false
 	}
 	return sub, true
