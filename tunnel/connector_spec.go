@@ -64,6 +64,12 @@ type TunnelSpec struct {
 	// rotation without dropping the pool (see the README). At most 4; hashed here like
 	// GroupKey.
 	PreviousGroupKeys []string
+	// BackendProtocol is what the local backend of an http or https tunnel speaks: "http1"
+	// (the default, also "") or "h2c", HTTP/2 over cleartext with prior knowledge, which
+	// gRPC servers need. With "h2c" the edge keeps an HTTP/2 connection to this member over
+	// the tunnel and sends many requests on it at once. It is this member's own setting:
+	// the members of a pool need not agree.
+	BackendProtocol string
 
 	// keyHash is the hex SHA-256 of GroupKey; the session keeps only this, not the key.
 	keyHash string
@@ -111,6 +117,16 @@ func (sp *TunnelSpec) normalize(listen bool) error {
 	if err := sp.normalizeLB(); err != nil {
 		return err
 	}
+	switch sp.BackendProtocol {
+	case "", wire.BackendHTTP1:
+		sp.BackendProtocol = ""
+	case wire.BackendH2C:
+		if sp.Proto == ProtoTCP {
+			return fmt.Errorf("tunnel: %w: backend protocol h2c is for http and https tunnels", ErrInvalid)
+		}
+	default:
+		return fmt.Errorf("tunnel: %w: unknown backend protocol %q (want http1 or h2c)", ErrInvalid, sp.BackendProtocol)
+	}
 	if sp.GroupKey != "" {
 		sp.keyHash, sp.GroupKey = group.HashKey(sp.GroupKey).String(), "" // the raw key is not kept
 	}
@@ -136,6 +152,7 @@ func (sp TunnelSpec) register(req uint32) *wire.Register {
 		m.Label = sp.Name
 	}
 	m.KeyHash = sp.keyHash
+	m.BackendProtocol = sp.BackendProtocol
 	if h := sp.Health; h != nil {
 		m.Health = &wire.HealthInfo{Kind: string(h.Type), Path: h.Path, IntervalMS: h.Interval.Milliseconds(),
 			TimeoutMS: h.Timeout.Milliseconds(), MaxFailed: h.MaxFailed, AlertWebhook: sp.AlertWebhook}

@@ -142,6 +142,16 @@ type ServerConfig struct {
 	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB.
 	ReadHeaderTimeout, IdleTimeout time.Duration
 	MaxHeaderBytes                 int
+	// PublicH2C makes the public HTTP listener (ServePublic) serve HTTP/2 over cleartext
+	// with prior knowledge too, e.g. gRPC clients without TLS. Off by default: such a
+	// client is then refused at once (an HTTP/2 GOAWAY, HTTP_1_1_REQUIRED). The
+	// "Upgrade: h2c" dance is not supported.
+	PublicH2C bool
+	// DisablePublicHTTP2 keeps the public HTTPS listener (ServePublicTLS) on HTTP/1.1. By
+	// default it offers HTTP/2 ("h2" in ALPN, added to a copy of TLSConfig), with at most
+	// 250 requests in flight per connection. Each HTTP/2 request is dispatched on its own,
+	// as an HTTP/1.1 one.
+	DisablePublicHTTP2 bool
 	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
 	RequestBodyMaxBytes int64
 	// RequestBodyTimeout bounds how long a public request body may take to arrive, from

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -42,26 +43,79 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 // Host header to a group and proxies it to one member. Tests can serve it with httptest.
 func (s *Server) Handler() http.Handler { return s.ingress }
 
+// HTTP/2 limits of the public listeners: what one client connection may hold of the edge.
+// Header sizes, the idle timeout and the TLS handshake's timeout are those of HTTP/1.1
+// (ServerConfig.MaxHeaderBytes, IdleTimeout, ReadHeaderTimeout).
+const (
+	// publicH2MaxStreams is the requests one HTTP/2 connection may have in flight; a client
+	// opening more gets them refused (RST_STREAM REFUSED_STREAM).
+	publicH2MaxStreams = 250
+	// publicH2ConnWindow and publicH2StreamWindow bound the request body bytes the edge
+	// buffers for one connection and for one of its requests, unread by the backend. A
+	// stream's window is half the connection's, so that one stalled upload cannot stop the
+	// others on the connection.
+	publicH2ConnWindow   = 1 << 20
+	publicH2StreamWindow = 512 << 10
+	// publicH2MaxReadFrameSize is the largest frame the edge reads from a client.
+	publicH2MaxReadFrameSize = 256 << 10
+	// publicH2WriteByteTimeout closes a connection on which the edge could write nothing
+	// for this long (a client that stopped reading).
+	publicH2WriteByteTimeout = 30 * time.Second
+)
+
 // ServePublic serves public HTTP on l until Shutdown or Close, and returns ErrServerClosed
 // then. The public server has read-header and idle timeouts and a header size limit, so a
-// slow client cannot hold others.
+// slow client cannot hold others. With ServerConfig.PublicH2C it also serves HTTP/2 with
+// prior knowledge (h2c); without it, such a client is refused with an HTTP/2 GOAWAY
+// (HTTP_1_1_REQUIRED).
 func (s *Server) ServePublic(l net.Listener) error {
 	s.httpPort.CompareAndSwap(0, int32(portOf(l.Addr())))
-	return s.serveHTTP(l, s.ingress)
+	var p http.Protocols
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(s.cfg.PublicH2C)
+	return s.serveHTTPWith(l, s.ingress, &p)
 }
 
-// ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig.
+// ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig, offering HTTP/2 ("h2"
+// in ALPN, added to a copy of the configuration) unless ServerConfig.DisablePublicHTTP2.
 func (s *Server) ServePublicTLS(l net.Listener) error {
 	if s.cfg.TLSConfig == nil {
 		return errors.New("tunnel: ServePublicTLS needs ServerConfig.TLSConfig")
 	}
 	s.httpsPort.CompareAndSwap(0, int32(portOf(l.Addr())))
-	return s.serveHTTP(tls.NewListener(l, s.cfg.TLSConfig), s.ingress)
+	var p http.Protocols
+	p.SetHTTP1(true)
+	cfg := s.cfg.TLSConfig
+	if !s.cfg.DisablePublicHTTP2 {
+		p.SetHTTP2(true)
+		cfg = withALPN(cfg, "h2", "http/1.1")
+	}
+	return s.serveHTTPWith(tls.NewListener(l, cfg), s.ingress, &p)
+}
+
+// withALPN returns a copy of cfg that offers protos, in that order of preference, before
+// the protocols it already names.
+func withALPN(cfg *tls.Config, protos ...string) *tls.Config {
+	cfg = cfg.Clone()
+	var add []string
+	for _, p := range protos {
+		if !slices.Contains(cfg.NextProtos, p) {
+			add = append(add, p)
+		}
+	}
+	cfg.NextProtos = append(add, cfg.NextProtos...)
+	return cfg
 }
 
 // serveHTTP serves h on l with the public listeners' limits (read-header and idle timeouts,
 // header size) until Shutdown or Close; Close waits for its connections' goroutines.
 func (s *Server) serveHTTP(l net.Listener, h http.Handler) error {
+	return s.serveHTTPWith(l, h, nil)
+}
+
+// serveHTTPWith is serveHTTP speaking protos (nil: net/http's default), with the public
+// HTTP/2 limits.
+func (s *Server) serveHTTPWith(l net.Listener, h http.Handler, protos *http.Protocols) error {
 	hs := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
@@ -69,6 +123,14 @@ func (s *Server) serveHTTP(l net.Listener, h http.Handler) error {
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		ErrorLog:          zap.NewStdLog(s.log.Named("http")),
 		ConnState:         s.publicConns.track,
+		Protocols:         protos,
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:          publicH2MaxStreams,
+			MaxReadFrameSize:              publicH2MaxReadFrameSize,
+			MaxReceiveBufferPerConnection: publicH2ConnWindow,
+			MaxReceiveBufferPerStream:     publicH2StreamWindow,
+			WriteByteTimeout:              publicH2WriteByteTimeout,
+		},
 	}
 	s.mu.Lock()
 	if s.closing {

@@ -530,6 +530,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 		return nil, err
 	}
 	t := &edgeTunnel{id: req.ID, tenant: e.tenant, data: proxy.NewTunnel(e.ctx, req.ID, m.Proto, e.mux, &e.noticeKey)}
+	t.data.SetBackendProtocol(m.BackendProtocol)
 	req.Value = t.data
 	member, err := s.registry.Join(req)
 	if err != nil {

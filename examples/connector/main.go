@@ -307,6 +307,7 @@ func tunnelSpec(t config.Tunnel) tunnel.TunnelSpec {
 	spec.Weight, spec.Priority, spec.SlowStart = t.Weight, t.Priority, t.SlowStart
 	spec.Affinity, spec.RetryIdempotent = t.Affinity, t.RetryIdempotent
 	spec.PreviousGroupKeys = t.PreviousGroupKeys
+	spec.BackendProtocol = t.BackendProtocol
 	return spec
 }
 

@@ -138,6 +138,13 @@ func (b *publicBody) Read(p []byte) (int, error) {
 
 func (b *publicBody) Close() error { return b.body.Close() }
 
+// cutShort reports whether the body was aborted before its end.
+func (b *publicBody) cutShort() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.aborted && !b.eof
+}
+
 // abort makes the read in progress, and every later one, fail with errUploadAborted, unless
 // the body was read to its end.
 func (b *publicBody) abort() {

@@ -95,9 +95,9 @@ func NewHTTP(cfg Config) *HTTP {
 			pr.Out.URL.Host = pr.In.Host
 			pr.Out.Host = pr.In.Host
 			pr.SetXForwarded()
-			// The edge already answered "100 Continue" to the client when the body was
-			// first read; the backend gets a plain request.
-			pr.Out.Header.Del("Expect")
+			// Expect: 100-continue stays for an h2c member, which answers it itself
+			// (memberTransport drops it for an HTTP/1.1 member).
+			keepTrailers(pr.In, pr.Out)
 		},
 		Transport:    &memberTransport{cfg: &h.cfg},
 		BufferPool:   mux.BufferPool{},
@@ -109,6 +109,12 @@ func NewHTTP(cfg Config) *HTTP {
 
 // ServeHTTP implements http.Handler.
 func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if isH2CPreface(r) {
+		// A client speaking HTTP/2 with prior knowledge to a listener that does not: it
+		// is told so in HTTP/2, instead of being given a 404 it cannot read.
+		refuseH2C(w)
+		return
+	}
 	h.cfg.Stats.HTTPRequests.Add(1)
 	if !validHostPort(r.Host) {
 		http.Error(w, fmt.Sprintf("invalid port in host %q", r.Host), http.StatusBadRequest)
@@ -149,6 +155,12 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if r.Body != nil && r.Body != http.NoBody {
+		// The body is wrapped below, on a copy of the request: the server judges the
+		// connection by the body it handed out (an Expect: 100-continue body not read to
+		// its end, a body it closed early: the connection is not reused).
+		r = r.WithContext(r.Context())
+	}
 	if max := h.cfg.RequestBodyMaxBytes; max > 0 && r.Body != nil && r.Body != http.NoBody {
 		if r.ContentLength > max {
 			http.Error(w, fmt.Sprintf("request body over the limit of %d bytes", max), http.StatusRequestEntityTooLarge)
@@ -171,6 +183,18 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		body := newPublicBody(r.Body, rc, &h.cfg)
 		r.Body = body
 		ctx = context.WithValue(ctx, abortBodyKey{}, body.abort)
+		ctx = context.WithValue(ctx, uploadAbortedKey{}, body.cutShort)
+		// A body cut short is closed before returning, as the server would after: in
+		// full-duplex mode net/http would then read a rest of it that it holds buffered,
+		// which starts its watch for the next request while it is about to read that
+		// request itself (a panic: "invalid concurrent Body.Read call"). The read deadline
+		// the abort set makes this Close quick; nothing else reads the body any more then
+		// (the member's exchange waited for its writer).
+		defer func() {
+			if body.cutShort() {
+				_ = body.Close()
+			}
+		}()
 	}
 	h.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
@@ -184,6 +208,9 @@ func (h *HTTP) SweepIdle(now time.Time) {
 		for _, m := range g.Members() {
 			if t, ok := m.Value().(*Tunnel); ok {
 				t.pool.sweep(cutoff)
+				if t.h2 != nil {
+					t.h2.sweep()
+				}
 			}
 		}
 	}
@@ -203,7 +230,10 @@ func (h *HTTP) Janitor(interval time.Duration, done <-chan struct{}) {
 	}
 }
 
-type abortBodyKey struct{}
+type (
+	abortBodyKey     struct{}
+	uploadAbortedKey struct{}
+)
 
 // bodyAborter returns a func that ends a blocked read of req's public body (or does nothing).
 func bodyAborter(req *http.Request) func() {
@@ -219,6 +249,11 @@ func (h *HTTP) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		bte *bodyTimeoutError
 		rbe *requestBodyError
 	)
+	if f, ok := r.Context().Value(uploadAbortedKey{}).(func() bool); ok && f() {
+		// The upload was cut short: the rest of the body may still come, and the
+		// connection cannot carry another request.
+		w.Header().Set("Connection", "close")
+	}
 	switch {
 	case errors.Is(err, ErrNoMember):
 		if g, _ := r.Context().Value(groupCtxKey{}).(*group.Group); g != nil && g.Saturated() {
@@ -307,7 +342,7 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		aff, _ = req.Context().Value(affinityCtxKey{}).(*affinity)
 	}
 	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed, outcome: t.cfg.Outcome, aff: aff}
-	pc, m, err := t.conn(p)
+	pc, m, err := t.conn(p, req)
 	if err != nil {
 		return nil, err
 	}
@@ -315,25 +350,33 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err == nil || req.Context().Err() != nil {
 		return resp, err
 	}
+	bodyless := req.Body == nil || req.Body == http.NoBody
 	var retries *atomic.Uint64
 	switch {
-	case errors.Is(err, errUnread) && t.cfg.RetryUnreadRequests && (req.Body == nil || req.Body == http.NoBody):
+	case errors.Is(err, errUnread) && t.cfg.RetryUnreadRequests && bodyless:
 		// The member's backend reset its connection with the request unread (it died or
 		// dropped its queue): no byte of it reached a handler, and having no body it can be
 		// sent again, to one other member if the retry is unspent.
 		t.cfg.Logger.Debug("backend reset the connection with the request unread; trying another member",
-			zap.String("host", req.Host), zap.String("tunnel", pc.t.id))
+			zap.String("host", req.Host), zap.String("tunnel", pc.tunnel().id))
+		retries = t.cfg.Stats.RetriesResetUnread
+	case h2Unprocessed(err) && (bodyless || rp != nil) && !clientFault(err):
+		// The h2c member's backend refused the stream before processing it (REFUSED_STREAM,
+		// a GOAWAY below it, a connection that closed before it was sent): no byte reached
+		// its application, and the request can be sent again as it was.
+		t.cfg.Logger.Debug("backend refused the request unprocessed; trying another member",
+			zap.String("host", req.Host), zap.String("tunnel", pc.tunnel().id), zap.Error(err))
 		retries = t.cfg.Stats.RetriesResetUnread
 	case rp != nil && !p.retried && pc.failedBeforeResponse(err):
 		// The member failed before any byte of a response came back, and the request may
 		// be sent twice: send it, with the same body, to one other member.
 		t.cfg.Logger.Debug("member failed before answering a replayable request; trying another member",
-			zap.String("host", req.Host), zap.String("tunnel", pc.t.id), zap.Error(err))
+			zap.String("host", req.Host), zap.String("tunnel", pc.tunnel().id), zap.Error(err))
 		retries = t.cfg.Stats.RetriesIdempotent
 	default:
 		return nil, err
 	}
-	pc2, m2, err2 := t.conn(p)
+	pc2, m2, err2 := t.conn(p, req)
 	if err2 != nil {
 		return nil, err
 	}
@@ -342,9 +385,26 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.attempt(pc2, m2, req, aff)
 }
 
+// exchange is one attempt of a request on one member: an HTTP/1.1 stream (memberConn) or
+// a slot on an HTTP/2 connection (h2Exchange).
+type exchange interface {
+	// roundTrip sends req and returns the response, whose body releases m's stream slot
+	// when done; on error, m is released.
+	roundTrip(req *http.Request, m *group.Member) (*http.Response, error)
+	// failedBeforeResponse reports whether err, from roundTrip, is the member's failure
+	// before any byte of a response arrived.
+	failedBeforeResponse(err error) bool
+	tunnel() *Tunnel
+}
+
 // attempt sends req to member m on pc and reports how it went to Config.Outcome. With
 // cookie affinity (aff), the response hands out m's token if the request did not carry it.
-func (t *memberTransport) attempt(pc *memberConn, m *group.Member, req *http.Request, aff *affinity) (*http.Response, error) {
+func (t *memberTransport) attempt(pc exchange, m *group.Member, req *http.Request, aff *affinity) (*http.Response, error) {
+	if _, h1 := pc.(*memberConn); h1 {
+		// The edge answers "100 Continue" to the client itself when the body is first
+		// read; an HTTP/1.1 backend gets a plain request.
+		req.Header.Del("Expect")
+	}
 	resp, err := pc.roundTrip(req, m)
 	if err == nil && aff != nil && aff.cookie {
 		setAffinityCookie(resp, m, aff)
@@ -366,10 +426,19 @@ func (t *memberTransport) attempt(pc *memberConn, m *group.Member, req *http.Req
 	return resp, err
 }
 
-// conn returns a stream to a member picked by p ready for one request: a pooled idle stream
-// to the picked member, or a fresh one. A failed open is retried once on another member.
-func (t *memberTransport) conn(p *picker) (*memberConn, *group.Member, error) {
-	return pick(p, func(tun *Tunnel) (*memberConn, error) {
+// conn returns a stream to a member picked by p ready for req: a pooled idle stream to the
+// picked member, or a fresh one; for an h2c member, a slot on one of its HTTP/2
+// connections (an upgrade, as WebSocket, still goes over HTTP/1.1). A failed open is
+// retried once on another member.
+func (t *memberTransport) conn(p *picker, req *http.Request) (exchange, *group.Member, error) {
+	return pick(p, func(tun *Tunnel) (exchange, error) {
+		if tun.h2 != nil && req.Header.Get("Upgrade") == "" {
+			c, err := tun.h2.get(t.cfg.OpenTimeout)
+			if err != nil {
+				return nil, err
+			}
+			return &h2Exchange{t: tun, c: c}, nil
+		}
 		if pc := tun.pool.get(t.cfg.IdleStreamTimeout); pc != nil {
 			return pc, nil
 		}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -103,6 +105,8 @@ func (pc *memberConn) alive() bool {
 	return errors.Is(err, yamux.ErrTimeout)
 }
 
+func (pc *memberConn) tunnel() *Tunnel { return pc.t }
+
 // close aborts the stream: pending reads and writes return at once.
 func (pc *memberConn) close() {
 	pc.unhook()
@@ -141,7 +145,17 @@ func (pc *memberConn) readResponse(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-			continue // interim (100 Continue, 103 Early Hints): the final response follows
+			// Interim (100 Continue, 103 Early Hints): the final response follows. Those
+			// other than 100 (which the edge answered itself) are relayed to the client,
+			// through the reverse proxy's trace.
+			if resp.StatusCode != http.StatusContinue {
+				if tr := httptrace.ContextClientTrace(req.Context()); tr != nil && tr.Got1xxResponse != nil {
+					if err := tr.Got1xxResponse(resp.StatusCode, textproto.MIMEHeader(resp.Header)); err != nil {
+						return nil, err
+					}
+				}
+			}
+			continue
 		}
 		return resp, nil
 	}
@@ -344,9 +358,10 @@ func (u *upgradedConn) Close() error {
 // bodyReader remembers why reading a request body failed, and whether it was read to the end.
 type bodyReader struct {
 	io.ReadCloser
-	err    error       // read by the writer goroutine's owner after it finished
+	err    error       // read by the writer goroutine's owner after it finished, or once failed is set
 	done   atomic.Bool // the body was read to its end
 	failed atomic.Bool // reading the body failed (set before the writer closes the stream)
+	closed atomic.Bool // Close was called: a read failing after it is not the client's doing
 }
 
 func (b *bodyReader) Read(p []byte) (int, error) {
@@ -354,9 +369,16 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 	switch {
 	case err == io.EOF:
 		b.done.Store(true)
-	case err != nil:
+	case err != nil && !b.closed.Load():
 		b.err = err
 		b.failed.Store(true)
 	}
 	return n, err
+}
+
+// Close closes the body; the HTTP/2 transport closes it when the backend reset the stream,
+// possibly while a read is in progress.
+func (b *bodyReader) Close() error {
+	b.closed.Store(true)
+	return b.ReadCloser.Close()
 }

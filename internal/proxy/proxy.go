@@ -14,6 +14,11 @@
 //   - always when opening the stream failed: no byte of the request was written;
 //   - with Config.RetryUnreadRequests, when the member's backend reset its connection with a
 //     bodyless request unread and its connector said so with an unread notice;
+//   - for a member whose backend speaks h2c (Tunnel.SetBackendProtocol), when its backend
+//     refused the request's HTTP/2 stream unprocessed (RST_STREAM REFUSED_STREAM, a GOAWAY
+//     whose last stream is below it, a connection that closed before it was sent), if the
+//     request has no body or the edge holds it for a replay (below); opening an HTTP/2
+//     connection to a member that fails is a failed open;
 //   - with Config.RetryIdempotent (opt-in per group), when a replayable request failed on
 //     its member before any byte of a response arrived: the stream or the member's backend
 //     connection ended or was reset, the session died, or an unread notice came. A request
@@ -32,6 +37,16 @@
 // when another member served; "client_ip" and "header:<Name>" pick by consistent hashing of
 // the client's address or the header's value. TCP groups honour "client_ip" only. A retry
 // still goes to another member.
+//
+// A member's backend speaks HTTP/1.1 by default: each request in flight has a data stream of
+// its own, kept alive for the next. With backend protocol h2c the edge speaks HTTP/2 with
+// prior knowledge instead, over one data stream per HTTP/2 connection (h2.go), sharing it
+// among many requests; gRPC needs it. Either way each public request, HTTP/1.1 or HTTP/2,
+// is dispatched on its own. Request trailers are carried with their values, interim 1xx
+// responses (103 Early Hints) are relayed, and an h2c backend answers Expect: 100-continue
+// itself (for an HTTP/1.1 backend the edge answers it when it starts reading the body). A
+// client speaking HTTP/2 with prior knowledge to a listener that does not serve it gets an
+// HTTP/2 GOAWAY (HTTP_1_1_REQUIRED).
 //
 // The package knows nothing of connector sessions, registration or the admin plane: the edge
 // passes in its routing table, timeouts, a logger and counters.
@@ -134,7 +149,8 @@ type Stats struct {
 	HTTPRequests, TCPConnections *atomic.Uint64
 	// RetriesOpenFailed counts dispatches sent to one other member because opening the
 	// stream to the first failed; RetriesResetUnread those sent on because the first
-	// member's backend reset its connection with a bodyless request unread.
+	// member's backend reset its connection with a bodyless request unread, or (h2c)
+	// refused the request's stream unprocessed.
 	RetriesOpenFailed, RetriesResetUnread *atomic.Uint64
 	// RetriesIdempotent counts replayable requests (Config.RetryIdempotent) sent to one
 	// other member because the first failed before any byte of a response arrived, other
@@ -193,6 +209,9 @@ type Tunnel struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	pool   connPool
+	// h2, when not nil, holds the HTTP/2 connections to a backend that speaks h2c
+	// (SetBackendProtocol); HTTP requests then go there instead of to pool.
+	h2 *h2Pool
 }
 
 // NewTunnel returns the data path of tunnel id, served by the connector at the other end of
@@ -208,12 +227,20 @@ func NewTunnel(parent context.Context, id string, proto group.Proto, sess *yamux
 
 // CloseIdle closes the tunnel's idle HTTP streams (it went unhealthy or is draining: they
 // would not be picked again soon); the tunnel stays usable.
-func (t *Tunnel) CloseIdle() { t.pool.closeIdle() }
+func (t *Tunnel) CloseIdle() {
+	t.pool.closeIdle()
+	if t.h2 != nil {
+		t.h2.closeIdle()
+	}
+}
 
 // Close cuts every stream of the tunnel, idle or in flight, and closes any stream returned
 // to its pool later. Call it once the tunnel has left its group.
 func (t *Tunnel) Close() {
 	t.pool.close()
+	if t.h2 != nil {
+		t.h2.close()
+	}
 	t.cancel()
 }
 

@@ -36,7 +36,7 @@ func (c *connector) kill() { _ = c.conn.Close() }
 
 // startConnector runs a fake connector: it answers every stream's envelope with ack and,
 // when that is AckOK, hands the stream to serve (which may be nil).
-func startConnector(t *testing.T, ack wire.Ack, serve func(c *connector, st *yamux.Stream, env wire.Envelope)) *connector {
+func startConnector(t testing.TB, ack wire.Ack, serve func(c *connector, st *yamux.Stream, env wire.Envelope)) *connector {
 	t.Helper()
 	a, b := net.Pipe()
 	edge, err := mux.Server(a, zap.NewNop(), 2*time.Second)

@@ -92,7 +92,21 @@ type Register struct {
 	// LB carries the tunnel's load-balancing settings; nil means the defaults (weight 1,
 	// priority 0, no slow start, no affinity, no idempotent retry, no previous keys).
 	LB *LBInfo `json:"lb,omitempty"`
+	// BackendProtocol is what the member's backend speaks, for http and https tunnels:
+	// BackendHTTP1 (the default, also "") or BackendH2C. It is the member's own: the
+	// members of a pool need not agree.
+	BackendProtocol string `json:"backend_protocol,omitempty"`
 }
+
+// Backend protocols of an HTTP tunnel (Register.BackendProtocol).
+const (
+	// BackendHTTP1: the edge sends HTTP/1.1 to the backend, one request at a time per data
+	// stream.
+	BackendHTTP1 = "http1"
+	// BackendH2C: the edge speaks HTTP/2 over cleartext (prior knowledge) to the backend,
+	// many requests per data stream; gRPC needs it.
+	BackendH2C = "h2c"
+)
 
 // MaxPrevKeys bounds the previous group keys one registration may present.
 const MaxPrevKeys = 4
@@ -240,6 +254,15 @@ func (m *Register) Validate() error {
 	}
 	if m.Group != "" && m.KeyHash == "" {
 		return fmt.Errorf("%w: group %q without key_hash", ErrMalformed, m.Group)
+	}
+	switch m.BackendProtocol {
+	case "", BackendHTTP1:
+	case BackendH2C:
+		if m.Proto == group.ProtoTCP {
+			return fmt.Errorf("%w: backend_protocol %q is for http and https tunnels", ErrMalformed, m.BackendProtocol)
+		}
+	default:
+		return fmt.Errorf("%w: unknown backend_protocol %q (want http1 or h2c)", ErrMalformed, truncate(m.BackendProtocol, 16))
 	}
 	if h := m.Health; h != nil {
 		switch h.Kind {

@@ -104,7 +104,18 @@ type Tunnel struct {
 	// PreviousGroupKeys are the keys the pool had before group_key, during
 	// a key rotation (at most 4).
 	PreviousGroupKeys []string `yaml:"previous_group_keys"`
+	// BackendProtocol is what the local service of an http or https tunnel
+	// speaks: BackendHTTP1 (the default; "" means the same) or BackendH2C,
+	// HTTP/2 over cleartext with prior knowledge, which gRPC servers need.
+	// It is this member's own setting: the members of a pool need not agree.
+	BackendProtocol string `yaml:"backend_protocol"`
 }
+
+// Backend protocols accepted by [Tunnel.BackendProtocol].
+const (
+	BackendHTTP1 = "http1"
+	BackendH2C   = "h2c"
+)
 
 // LocalAddr returns the local service's "host:port".
 func (t Tunnel) LocalAddr() string {
@@ -304,6 +315,15 @@ func (t *Tunnel) validate(r *reporter, base string) {
 		t.HealthCheck.validate(r, key("health_check"))
 	}
 	t.validateLB(r, key)
+	switch t.BackendProtocol {
+	case "", BackendHTTP1:
+	case BackendH2C:
+		if t.Proto == group.ProtoTCP {
+			r.add(key("backend_protocol"), ErrInvalid, "%q is for http and https tunnels; a TCP tunnel carries bytes", t.BackendProtocol)
+		}
+	default:
+		r.add(key("backend_protocol"), ErrInvalid, "%q is not a backend protocol (want %s or %s)", t.BackendProtocol, BackendHTTP1, BackendH2C)
+	}
 }
 
 // validateLB checks the load-balancing settings of a tunnel.

@@ -347,7 +347,7 @@ func TestClientUnknownKeys(t *testing.T) {
 		{"tls", "tls:\n  verify: false\n" + tunnelDoc("proto: tcp", "local_port: 1"),
 			want{2, "tls.verify", config.ErrUnknownKey, "unknown key"}},
 		{"tunnel", tunnelDoc("proto: tcp", "local_port: 1", "localIP: 10.0.0.1"),
-			want{6, "tunnels.a.localIP", config.ErrUnknownKey, "expected one of: affinity, group, group_key, health_check, local_host, local_port, previous_group_keys, priority, proto, retry_idempotent, slow_start_secs, subdomain, weight"}},
+			want{6, "tunnels.a.localIP", config.ErrUnknownKey, "expected one of: affinity, backend_protocol, group, group_key, health_check, local_host, local_port, previous_group_keys, priority, proto, retry_idempotent, slow_start_secs, subdomain, weight"}},
 		{"health check", healthDoc("type: tcp", "retries: 3"),
 			want{8, "tunnels.a.health_check.retries", config.ErrUnknownKey, "unknown key"}},
 		{"health check typo", healthDoc("type: tcp", "interval_sec: 3"),

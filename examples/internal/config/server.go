@@ -92,6 +92,10 @@ type ServerSection struct {
 	// survives restarts; "" (the default) keeps it in memory. Relative to the file's
 	// directory.
 	StateDir string `toml:"state_dir"`
+	// H2C makes the public HTTP port serve HTTP/2 over cleartext with prior
+	// knowledge too (gRPC clients without TLS); default false (such clients
+	// are refused at once). The HTTPS port offers HTTP/2 by ALPN anyway.
+	H2C bool `toml:"h2c"`
 }
 
 // Addr returns the "host:port" to listen on for port on the Bind address,
