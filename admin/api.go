@@ -305,8 +305,8 @@ func (p *Plane) endpoints() []Endpoint {
 	return p.cfg.Endpoints()
 }
 
-// groupRef names the group(s) of an event stream: /api/groups/{protocol}/{label}. For http
-// and https the label is the subdomain; for tcp it is the group name, which every TCP pool of
+// groupRef names the group(s) of an event stream: /api/groups/{protocol}/{label}. For http,
+// https and tls the label is the subdomain; for tcp it is the group name, which every TCP pool of
 // that name answers to, or "name~hash8" for the one pool whose key hash starts with hash8.
 type groupRef struct {
 	proto     group.Proto
@@ -317,7 +317,7 @@ type groupRef struct {
 func parseGroupRef(p, label string) (groupRef, bool) {
 	proto := group.Proto(p)
 	switch proto {
-	case group.ProtoHTTP, group.ProtoHTTPS:
+	case group.ProtoHTTP, group.ProtoHTTPS, group.ProtoTLS:
 		label = strings.ToLower(label)
 	case group.ProtoTCP:
 	default:

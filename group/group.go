@@ -16,7 +16,8 @@ type Kind uint8
 
 // Route kinds.
 const (
-	// KindHTTP routes by Host: the route label is the subdomain.
+	// KindHTTP routes by host name: the Host header (http, https) or the TLS server name
+	// (tls passthrough). The route label is the subdomain.
 	KindHTTP Kind = iota + 1
 	// KindTCP routes by port: the route label is the group name (or the tunnel id of a solo tunnel).
 	KindTCP
@@ -77,7 +78,7 @@ type Group struct {
 	Kind Kind
 	// Proto is the members' protocol.
 	Proto Proto
-	// Label is the subdomain (http) or the TCP group name or tunnel label.
+	// Label is the subdomain (http, https, tls) or the TCP group name or tunnel label.
 	Label string
 	// Name is the pool's display name as the first joiner set it; "" for a solo tunnel.
 	Name string

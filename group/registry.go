@@ -1,7 +1,8 @@
 // Package group keeps the edge's routing table: which groups exist, who their members are,
 // which members are healthy, and which one gets the next request.
 //
-// A route is (http, subdomain) or (tcp, group name). Connectors that present the same route and
+// A route is (http, subdomain) or (tcp, group name); http, https and tls tunnels all take
+// the subdomain route, so one subdomain has one protocol. Connectors that present the same route and
 // the same key hash join one Group; the Registry decides create, join or reject in one call
 // under the route's lock, so two concurrent first registrations produce one group and a join
 // never lands in a group that is being removed. Dispatch (Group.Pick) reads an immutable
@@ -39,13 +40,28 @@ const (
 	ProtoHTTPS Proto = "https"
 	// ProtoTCP is routed by public TCP port (one port per group).
 	ProtoTCP Proto = "tcp"
+	// ProtoTLS (TLS passthrough) is routed by the server name (SNI) of the TLS ClientHello
+	// on the public HTTPS listener, <subdomain>.<domain>, and carried as raw bytes: the
+	// edge does not terminate TLS, the member's backend does. Its route is the subdomain,
+	// as for http and https; it is dispatched per connection, as tcp is.
+	ProtoTLS Proto = "tls"
 )
 
 // Valid reports whether p is one of the protocols above.
-func (p Proto) Valid() bool { return p == ProtoHTTP || p == ProtoHTTPS || p == ProtoTCP }
+func (p Proto) Valid() bool {
+	return p == ProtoHTTP || p == ProtoHTTPS || p == ProtoTCP || p == ProtoTLS
+}
 
-// IsHTTP reports whether p is routed by Host (http or https).
+// IsHTTP reports whether p is routed by Host and proxied as HTTP (http or https).
 func (p Proto) IsHTTP() bool { return p == ProtoHTTP || p == ProtoHTTPS }
+
+// BySubdomain reports whether p's route is a subdomain (http, https and tls): such tunnels
+// share one namespace of subdomains and one route kind (KindHTTP).
+func (p Proto) BySubdomain() bool { return p.IsHTTP() || p == ProtoTLS }
+
+// PerConnection reports whether p is dispatched per public connection and carried as raw
+// bytes (tcp and tls): no HTTP is parsed, and the only affinity is client_ip.
+func (p Proto) PerConnection() bool { return p == ProtoTCP || p == ProtoTLS }
 
 // ValidateSubdomain returns an error saying why s cannot be an HTTP route's subdomain: it
 // must be one DNS label of 1 to 63 characters from a-z, 0-9 and '-', not starting or ending
@@ -165,7 +181,7 @@ type JoinRequest struct {
 	ID string
 	// Proto is the member's protocol.
 	Proto Proto
-	// Label is the subdomain (http/https), the group name (grouped tcp) or a display label
+	// Label is the subdomain (http/https/tls), the group name (grouped tcp) or a display label
 	// (solo tcp).
 	Label string
 	// Group is the pool's name; "" registers a solo tunnel.
@@ -196,7 +212,7 @@ type JoinRequest struct {
 	SlowStart time.Duration
 	// Affinity and RetryIdempotent are pool settings: the first member sets them and every
 	// other member must declare the same (ErrProtoMismatch otherwise). Affinity is "",
-	// "cookie", "client_ip" or "header:<Name>" (ParseAffinity); TCP pools take "" or
+	// "cookie", "client_ip" or "header:<Name>" (ParseAffinity); TCP and TLS pools take "" or
 	// "client_ip".
 	Affinity        string
 	RetryIdempotent bool
@@ -258,8 +274,9 @@ func NewRegistry(cfg Config) *Registry {
 // LoadBalancing reports whether grouping is enabled.
 func (r *Registry) LoadBalancing() bool { return r.cfg.LoadBalancing }
 
-// LookupHTTP returns the group serving a subdomain (already lower-case), or nil. It takes no
-// lock and allocates nothing.
+// LookupHTTP returns the group serving a subdomain (already lower-case), or nil: an http,
+// https or tls (passthrough) group, which share the namespace of subdomains; the caller
+// checks Group.Proto. It takes no lock and allocates nothing.
 func (r *Registry) LookupHTTP(subdomain string) *Group {
 	v, ok := r.http.Load(subdomain)
 	if !ok {
@@ -290,7 +307,7 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 	}
 	kind := KindHTTP
 	switch req.Proto {
-	case ProtoHTTP, ProtoHTTPS:
+	case ProtoHTTP, ProtoHTTPS, ProtoTLS:
 		if req.Label == "" {
 			return nil, reject(ErrInvalid, "subdomain is empty")
 		}
@@ -299,7 +316,7 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 	default:
 		return nil, reject(ErrInvalid, fmt.Sprintf("unknown protocol %q", req.Proto))
 	}
-	if err := validatePolicy(&req, kind); err != nil {
+	if err := validatePolicy(&req); err != nil {
 		return nil, err
 	}
 	grouped := req.Group != "" && r.cfg.LoadBalancing
@@ -434,7 +451,7 @@ func admitPolicy(g *Group, req JoinRequest) error {
 }
 
 // validatePolicy checks and normalizes the load-balancing settings of req.
-func validatePolicy(req *JoinRequest, kind Kind) error {
+func validatePolicy(req *JoinRequest) error {
 	if req.Weight == 0 {
 		req.Weight = 1
 	}
@@ -450,8 +467,12 @@ func validatePolicy(req *JoinRequest, kind Kind) error {
 	if err != nil {
 		return reject(ErrInvalid, err.Error())
 	}
-	if kind == KindTCP && a != "" && a != AffinityClientIP {
-		return reject(ErrInvalid, fmt.Sprintf("affinity %s is for HTTP; a TCP pool takes client_ip", a))
+	if req.Proto.PerConnection() && a != "" && a != AffinityClientIP {
+		what := "a TCP pool"
+		if req.Proto == ProtoTLS {
+			what = "a TLS passthrough pool"
+		}
+		return reject(ErrInvalid, fmt.Sprintf("affinity %s is for HTTP; %s takes client_ip", a, what))
 	}
 	req.Affinity = a
 	return nil

@@ -14,7 +14,6 @@ import (
 	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
 
-	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/health"
 	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
@@ -267,7 +266,7 @@ func (t *clientTunnel) serve(c *clientConn, st *yamux.Stream, env wire.Envelope)
 		_ = st.Close()
 		return
 	}
-	if env.Proto != group.ProtoTCP && c.noticeKey != nil {
+	if env.Proto.IsHTTP() && c.noticeKey != nil { // tcp and tls streams are raw bytes
 		local = mux.NewUnreadConn(local, st, c.noticeKey)
 	}
 	mux.Join(c.ctx, local, st)

@@ -22,14 +22,20 @@ const (
 	ProtoHTTPS = group.ProtoHTTPS
 	// ProtoTCP tunnels get a public TCP port from the edge's range.
 	ProtoTCP = group.ProtoTCP
+	// ProtoTLS tunnels (TLS passthrough) are reached on the edge's HTTPS listener by TLS
+	// connections whose ClientHello names <subdomain>.<domain>; the edge does not terminate
+	// TLS but carries the connection's bytes to the local target, which holds the
+	// certificate (ALPN, HTTP/2 and client certificates work end to end). Dispatched per
+	// connection, like tcp; the only affinity is client_ip.
+	ProtoTLS = group.ProtoTLS
 )
 
 // TunnelSpec describes one tunnel to register.
 type TunnelSpec struct {
-	// Proto is ProtoHTTP (the default), ProtoHTTPS or ProtoTCP.
+	// Proto is ProtoHTTP (the default), ProtoHTTPS, ProtoTCP or ProtoTLS.
 	Proto Proto
 	// Subdomain is the HTTP route: the tunnel serves <Subdomain>.<edge domain>. Required
-	// for http and https.
+	// for http, https and tls.
 	Subdomain string
 	// Name is a display label for a solo TCP tunnel (optional).
 	Name string
@@ -92,13 +98,13 @@ func (sp *TunnelSpec) normalize(listen bool) error {
 		sp.Proto = ProtoHTTP
 	}
 	switch sp.Proto {
-	case ProtoHTTP, ProtoHTTPS:
+	case ProtoHTTP, ProtoHTTPS, ProtoTLS:
 		if sp.Subdomain == "" {
 			return fmt.Errorf("tunnel: %w: %s tunnels need a subdomain", ErrInvalid, sp.Proto)
 		}
 	case ProtoTCP:
 	default:
-		return fmt.Errorf("tunnel: %w: unknown proto %q (want http, https or tcp)", ErrInvalid, sp.Proto)
+		return fmt.Errorf("tunnel: %w: unknown proto %q (want http, https, tcp or tls)", ErrInvalid, sp.Proto)
 	}
 	if (sp.Group == "") != (sp.GroupKey == "") {
 		return fmt.Errorf("tunnel: %w: group and group key go together", ErrInvalid)
@@ -121,7 +127,7 @@ func (sp *TunnelSpec) normalize(listen bool) error {
 	case "", wire.BackendHTTP1:
 		sp.BackendProtocol = ""
 	case wire.BackendH2C:
-		if sp.Proto == ProtoTCP {
+		if !sp.Proto.IsHTTP() {
 			return fmt.Errorf("tunnel: %w: backend protocol h2c is for http and https tunnels", ErrInvalid)
 		}
 	default:
@@ -140,6 +146,9 @@ func (sp *TunnelSpec) normalize(listen bool) error {
 		}
 		if listen && spec.Type != health.TypeFunc {
 			return fmt.Errorf("tunnel: %w: a Listen tunnel has no local address to probe; use a health.TypeFunc check", ErrInvalid)
+		}
+		if sp.Proto == ProtoTLS && spec.Type == health.TypeHTTP {
+			return fmt.Errorf("tunnel: %w: a tls tunnel's target speaks TLS, which an http probe (plain HTTP) cannot; use a tcp check", ErrInvalid)
 		}
 		sp.Health = &spec
 	}
@@ -186,8 +195,12 @@ func (sp *TunnelSpec) normalizeLB() error {
 	if err != nil {
 		return fmt.Errorf("tunnel: %w: %v", ErrInvalid, err)
 	}
-	if sp.Proto == ProtoTCP && a != "" && a != group.AffinityClientIP {
-		return fmt.Errorf("tunnel: %w: affinity %s is for HTTP; a TCP pool takes client_ip", ErrInvalid, a)
+	if sp.Proto.PerConnection() && a != "" && a != group.AffinityClientIP {
+		what := "a TCP pool"
+		if sp.Proto == ProtoTLS {
+			what = "a TLS passthrough pool"
+		}
+		return fmt.Errorf("tunnel: %w: affinity %s is for HTTP; %s takes client_ip", ErrInvalid, a, what)
 	}
 	sp.Affinity = a
 	if sp.prevKeyHashes == nil && len(sp.PreviousGroupKeys) > 0 {

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -152,6 +153,18 @@ type ServerConfig struct {
 	// 250 requests in flight per connection. Each HTTP/2 request is dispatched on its own,
 	// as an HTTP/1.1 one.
 	DisablePublicHTTP2 bool
+	// TrustedProxies are the addresses of the proxies in front of the edge (a load
+	// balancer, a CDN) whose forwarding headers it believes. The edge tells each backend
+	// who its client is in X-Forwarded-For, X-Forwarded-Proto, X-Forwarded-Host, Forwarded
+	// (RFC 7239) and X-Real-IP. A request whose TCP peer is in one of these prefixes keeps
+	// its X-Forwarded-For and Forwarded, with the peer appended, and its X-Forwarded-Proto
+	// and X-Forwarded-Host, and its X-Real-IP is the right-most address of the chain
+	// (X-Forwarded-For, else Forwarded) that is not a trusted proxy, as nginx's
+	// real_ip_recursive. From any other peer, the client's own values of all five are
+	// dropped and replaced by the edge's: the peer's address, the listener's scheme, the
+	// Host. Nil (the default) trusts no peer. Each prefix must be valid (NewServer refuses
+	// the zero Prefix); a restart applies a change.
+	TrustedProxies []netip.Prefix
 	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
 	RequestBodyMaxBytes int64
 	// RequestBodyTimeout bounds how long a public request body may take to arrive, from
@@ -332,6 +345,11 @@ func (c *ServerConfig) setDefaults() error {
 	}
 	if r := c.TCPPorts; r != (group.PortRange{}) && (r.Lo < 1 || r.Hi > 65535 || r.Lo > r.Hi) {
 		return fmt.Errorf("tunnel: invalid TCP port range %d-%d", r.Lo, r.Hi)
+	}
+	for i, p := range c.TrustedProxies {
+		if !p.IsValid() {
+			return fmt.Errorf("tunnel: TrustedProxies[%d] is not a valid prefix", i)
+		}
 	}
 	return nil
 }

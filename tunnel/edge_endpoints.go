@@ -16,10 +16,12 @@ import (
 // applies to every public request or connection it receives. Server.Reload adds, removes
 // and changes endpoints while the edge runs.
 type Endpoint struct {
-	// Subdomain reserves an HTTP(S) route; or, with Proto ProtoTCP, Group and Port reserve
-	// a TCP pool's name and public port.
+	// Subdomain reserves an HTTP(S) route (which a tls passthrough pool may take too); or,
+	// with Proto ProtoTCP, Group and Port reserve a TCP pool's name and public port.
 	Subdomain string
-	// Proto is ProtoHTTP (the default; HTTPS tunnels use it too) or ProtoTCP.
+	// Proto is ProtoHTTP (the default; HTTPS and TLS passthrough tunnels use it too: they
+	// share the subdomain's route) or ProtoTCP. ProtoHTTPS and ProtoTLS are accepted and
+	// shown by the admin API; the route and the policy are the subdomain's either way.
 	Proto Proto
 	// Port is the TCP endpoint's public port, inside ServerConfig.TCPPorts.
 	Port int
@@ -106,7 +108,7 @@ func (ep *Endpoint) route() *store.Route {
 // validate checks an endpoint against the edge's settings.
 func (ep *Endpoint) validate(ports group.PortRange) error {
 	switch ep.Proto {
-	case "", ProtoHTTP, ProtoHTTPS:
+	case "", ProtoHTTP, ProtoHTTPS, ProtoTLS:
 		if err := group.ValidateSubdomain(ep.Subdomain); err != nil {
 			return fmt.Errorf("tunnel: endpoint subdomain: %v", err)
 		}

@@ -29,6 +29,7 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 		IdleStreamTimeout:   c.IdleStreamTimeout,
 		RequestBodyMaxBytes: c.RequestBodyMaxBytes,
 		RetryUnreadRequests: c.RetryUnreadRequests,
+		TrustedProxies:      c.TrustedProxies,
 		TCPBindHost:         c.TCPBindHost,
 		ListenTCP:           c.ListenTCP,
 
@@ -40,8 +41,11 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 }
 
 // Handler returns the public HTTP ingress as an http.Handler: it routes each request by its
-// Host header to a group and proxies it to one member. Tests can serve it with httptest.
-func (s *Server) Handler() http.Handler { return s.ingress }
+// Host header to a group and proxies it to one member. A request for a TLS passthrough
+// tunnel's host is answered 421 (Misdirected Request): those are reached only through
+// ServePublicTLS with the tunnel's name in the TLS ClientHello. Tests can serve it with
+// httptest.
+func (s *Server) Handler() http.Handler { return s.ingress.GuardTLSRoutes() }
 
 // HTTP/2 limits of the public listeners: what one client connection may hold of the edge.
 // Header sizes, the idle timeout and the TLS handshake's timeout are those of HTTP/1.1
@@ -73,11 +77,19 @@ func (s *Server) ServePublic(l net.Listener) error {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(s.cfg.PublicH2C)
-	return s.serveHTTPWith(l, s.ingress, &p)
+	return s.serveHTTPWith(l, s.Handler(), &p)
 }
 
 // ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig, offering HTTP/2 ("h2"
 // in ALPN, added to a copy of the configuration) unless ServerConfig.DisablePublicHTTP2.
+//
+// It also carries the TLS passthrough tunnels (ProtoTLS): each connection's ClientHello is
+// read first (at most 16 KiB and 5 bytes, within ServerConfig.ReadHeaderTimeout; a client
+// that sends none in time is closed), and a connection whose server name is
+// <subdomain>.<Domain> of a tls pool goes, still encrypted and ClientHello included, to one
+// of its members, as a TCP connection would. Every other connection is served here as if
+// nothing had been read: TLS terminated with TLSConfig, routed by Host (an unknown name
+// gets 404, as before).
 func (s *Server) ServePublicTLS(l net.Listener) error {
 	if s.cfg.TLSConfig == nil {
 		return errors.New("tunnel: ServePublicTLS needs ServerConfig.TLSConfig")
@@ -90,7 +102,8 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 		p.SetHTTP2(true)
 		cfg = withALPN(cfg, "h2", "http/1.1")
 	}
-	return s.serveHTTPWith(tls.NewListener(l, cfg), s.ingress, &p)
+	pl := s.ingress.PassthroughListener(l, proxy.PassthroughOptions{HelloTimeout: s.cfg.ReadHeaderTimeout, Go: s.spawn})
+	return s.serveHTTPWith(tls.NewListener(pl, cfg), s.Handler(), &p)
 }
 
 // withALPN returns a copy of cfg that offers protos, in that order of preference, before

@@ -70,7 +70,7 @@ func (b *routeBook) give(counts map[string]int, tenant string) {
 // which owns nothing.
 func routeKey(req *group.JoinRequest, grouped bool) (kind, label string) {
 	switch {
-	case req.Proto.IsHTTP():
+	case req.Proto.BySubdomain(): // http, https and tls
 		return store.KindHTTP, req.Label
 	case grouped:
 		return store.KindTCP, req.Group

@@ -497,10 +497,8 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 		Group:  m.Group,
 		Tenant: e.tenant,
 	}
-	if m.Proto != group.ProtoTCP {
-		if err := validSubdomain(req.Label); err != nil {
-			return nil, err
-		}
+	if err := s.checkRoute(m.Proto, req.Label); err != nil {
+		return nil, err
 	}
 	if m.Group != "" {
 		h, err := hex.DecodeString(m.KeyHash)
@@ -529,7 +527,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 		s.routes.give(s.routes.tunnels, e.tenant)
 		return nil, err
 	}
-	t := &edgeTunnel{id: req.ID, tenant: e.tenant, data: proxy.NewTunnel(e.ctx, req.ID, m.Proto, e.mux, &e.noticeKey)}
+	t := &edgeTunnel{id: req.ID, tenant: e.tenant, data: proxy.NewTunnel(e.ctx, req.ID, streamProto(m.Proto), e.mux, &e.noticeKey)}
 	t.data.SetBackendProtocol(m.BackendProtocol)
 	req.Value = t.data
 	member, err := s.registry.Join(req)
@@ -577,7 +575,7 @@ func (e *edgeSession) remove(t *edgeTunnel) {
 
 func (s *Server) publicURL(proto group.Proto, sub string) string {
 	port, def := int(s.httpPort.Load()), 80
-	if proto == group.ProtoHTTPS {
+	if proto == group.ProtoHTTPS || proto == group.ProtoTLS { // both on the HTTPS listener
 		port, def = int(s.httpsPort.Load()), 443
 	}
 	u := string(proto) + "://" + sub + "." + s.cfg.Domain
@@ -585,13 +583,4 @@ func (s *Server) publicURL(proto group.Proto, sub string) string {
 		u += fmt.Sprintf(":%d", port)
 	}
 	return u
-}
-
-// validSubdomain accepts one DNS label: a-z, 0-9 and '-', 1 to 63 characters, not starting
-// or ending with '-'.
-func validSubdomain(s string) error {
-	if group.ValidateSubdomain(s) != nil {
-		return &group.Error{Err: ErrInvalid, Msg: fmt.Sprintf("invalid subdomain %q: use 1 to 63 letters, digits or '-'", s)}
-	}
-	return nil
 }

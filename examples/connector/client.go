@@ -197,13 +197,13 @@ func parseOrExit(fs *flag.FlagSet, args []string, want int) (code int, ok bool) 
 
 // runAttach is `connector attach`.
 func runAttach(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("attach", "connector attach [--name NAME] [--proto http|https|tcp] [--subdomain SUB] [--group G --group-key-file FILE] [--health tcp|http ...] [--local-host HOST] PORT", stderr)
+	fs := newFlagSet("attach", "connector attach [--name NAME] [--proto http|https|tcp|tls] [--subdomain SUB] [--group G --group-key-file FILE] [--health tcp|http ...] [--local-host HOST] PORT", stderr)
 	var cf clientFlags
 	cf.register(fs)
 	var a attachSpec
 	fs.StringVar(&a.Name, "name", "", "the tunnel's `name` (default <subdomain or proto>-<PORT>)")
-	fs.StringVar(&a.Proto, "proto", "http", "`protocol`: http, https or tcp")
-	fs.StringVar(&a.Subdomain, "subdomain", "", "public `subdomain` (http, https)")
+	fs.StringVar(&a.Proto, "proto", "http", "`protocol`: http, https, tcp or tls (TLS passthrough)")
+	fs.StringVar(&a.Subdomain, "subdomain", "", "public `subdomain` (http, https, tls)")
 	fs.StringVar(&a.LocalHost, "local-host", "127.0.0.1", "`host` of the local service")
 	fs.StringVar(&a.Group, "group", "", "the pool's `name`; needs --group-key-file")
 	keyFile := fs.String("group-key-file", "", "`file` holding the pool's group key (kept off the command line)")

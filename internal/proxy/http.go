@@ -28,7 +28,10 @@ import (
 // Config.RequestBodyMinRate) 408. Once a response has started, any of these failures
 // aborts the client's connection instead of ending the response cleanly (the
 // http.ErrAbortHandler panic of httputil.ReverseProxy under an http.Server): a body with a
-// Content-Length ends short, a chunked one without its last chunk.
+// Content-Length ends short, a chunked one without its last chunk. Each request carries the
+// edge's forwarding headers (Config.TrustedProxies, forwarded.go), and an Expect:
+// 100-continue reaches the backend, which decides whether the client's body is read
+// (memberConn.roundTrip; net/http's transport for h2c members).
 type HTTP struct {
 	cfg   Config
 	proxy *httputil.ReverseProxy
@@ -89,14 +92,19 @@ func setAffinityCookie(resp *http.Response, m *group.Member, a *affinity) {
 func NewHTTP(cfg Config) *HTTP {
 	cfg.setDefaults()
 	h := &HTTP{cfg: cfg}
+	trusted := newTrustedProxies(cfg.TrustedProxies)
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = pr.In.Host
 			pr.Out.Host = pr.In.Host
-			pr.SetXForwarded()
-			// Expect: 100-continue stays for an h2c member, which answers it itself
-			// (memberTransport drops it for an HTTP/1.1 member).
+			// Forwarded, X-Forwarded-*, X-Real-IP: the edge's own, or a trusted proxy's
+			// chain with the peer appended (forwarded.go). Set here, they reach HTTP/1.1
+			// and h2c members alike.
+			setForwarding(pr, trusted)
+			// Expect: 100-continue stays: an h2c member's transport waits for the backend's
+			// 100 before it sends the body, and so does an HTTP/1.1 member's exchange
+			// (memberConn.roundTrip).
 			keepTrailers(pr.In, pr.Out)
 		},
 		Transport:    &memberTransport{cfg: &h.cfg},
@@ -160,6 +168,13 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// connection by the body it handed out (an Expect: 100-continue body not read to
 		// its end, a body it closed early: the connection is not reused).
 		r = r.WithContext(r.Context())
+		if r.ProtoMajor == 2 && h2ExpectsContinue(r.Body) {
+			// net/http's HTTP/2 server takes Expect: 100-continue off the request (and
+			// answers it on the body's first read): it is put back for the member, whose
+			// exchange then waits for its backend's 100 before it reads the body.
+			r.Header = r.Header.Clone()
+			r.Header.Set("Expect", "100-continue")
+		}
 	}
 	if max := h.cfg.RequestBodyMaxBytes; max > 0 && r.Body != nil && r.Body != http.NoBody {
 		if r.ContentLength > max {
@@ -331,7 +346,11 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	// rp holds the body of a replayable request, for one more attempt.
 	var rp *replay
-	if t.cfg.RetryIdempotent != nil && replayableMethod(req) && t.cfg.RetryIdempotent(g) {
+	// A body of unknown length whose client waits for 100 Continue is not read ahead for a
+	// replay: it may be long, and the member's backend may refuse it before it asks for it.
+	// (One announced over maxReplayBody is not read ahead anyway; a shorter one is.)
+	heldBack := req.ContentLength < 0 && expectsContinue(req.Header)
+	if t.cfg.RetryIdempotent != nil && replayableMethod(req) && !heldBack && t.cfg.RetryIdempotent(g) {
 		var err error
 		if rp, err = bufferBody(req); err != nil {
 			return nil, err
@@ -400,11 +419,6 @@ type exchange interface {
 // attempt sends req to member m on pc and reports how it went to Config.Outcome. With
 // cookie affinity (aff), the response hands out m's token if the request did not carry it.
 func (t *memberTransport) attempt(pc exchange, m *group.Member, req *http.Request, aff *affinity) (*http.Response, error) {
-	if _, h1 := pc.(*memberConn); h1 {
-		// The edge answers "100 Continue" to the client itself when the body is first
-		// read; an HTTP/1.1 backend gets a plain request.
-		req.Header.Del("Expect")
-	}
 	resp, err := pc.roundTrip(req, m)
 	if err == nil && aff != nil && aff.cookie {
 		setAffinityCookie(resp, m, aff)

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,6 +44,9 @@ type memberConn struct {
 	idleSince time.Time
 	// unhook stops the tunnel-removal hook that closes this stream.
 	unhook func() bool
+	// gate, during an exchange whose request expects 100 Continue, holds its body back
+	// until the backend asks for it; closing the stream withholds the body for good.
+	gate atomic.Pointer[continueGate]
 }
 
 // headLimiter caps the bytes read while a response head is being parsed, and notes whether
@@ -114,6 +118,9 @@ func (pc *memberConn) close() {
 }
 
 func (pc *memberConn) abort() {
+	if g := pc.gate.Load(); g != nil {
+		g.decide(false)
+	}
 	_ = pc.st.SetDeadline(pastTime)
 	_ = pc.st.Close()
 }
@@ -125,7 +132,9 @@ func (pc *memberConn) writeRequest(req *http.Request) error {
 	return pc.bw.Flush()
 }
 
-func (pc *memberConn) readResponse(req *http.Request) (*http.Response, error) {
+// readResponse reads the final response to req, skipping interim ones; a 100 Continue opens
+// gate (when not nil), the body's way to the backend.
+func (pc *memberConn) readResponse(req *http.Request, gate *continueGate) (*http.Response, error) {
 	pc.lim.left, pc.lim.limited = maxResponseHeaderBytes, true
 	defer func() { pc.lim.limited = false }()
 	for range maxInterimResponses {
@@ -145,10 +154,15 @@ func (pc *memberConn) readResponse(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-			// Interim (100 Continue, 103 Early Hints): the final response follows. Those
-			// other than 100 (which the edge answered itself) are relayed to the client,
-			// through the reverse proxy's trace.
-			if resp.StatusCode != http.StatusContinue {
+			// Interim (100 Continue, 103 Early Hints): the final response follows. A 100
+			// lets the body go (its client gets its own 100 Continue from the public
+			// server when the edge first reads the body); the others are relayed to the
+			// client, through the reverse proxy's trace.
+			if resp.StatusCode == http.StatusContinue {
+				if gate != nil {
+					gate.decide(true)
+				}
+			} else {
 				if tr := httptrace.ContextClientTrace(req.Context()); tr != nil && tr.Got1xxResponse != nil {
 					if err := tr.Got1xxResponse(resp.StatusCode, textproto.MIMEHeader(resp.Header)); err != nil {
 						return nil, err
@@ -188,24 +202,50 @@ func clientFault(err error) bool {
 // stream slot and returns the stream to the pool when it has been read to the end. A request
 // body is written concurrently with reading the response, so a backend may answer before it
 // read the whole upload, or stream both ways.
+//
+// A request with a body and Expect: 100-continue is sent with it, and its body is held back
+// (not read from the public client, who is not sent 100 Continue either) until the backend
+// answers 100 or expectContinueTimeout passes, as net/http's client does. A backend that
+// gives its final answer first gets no byte of the body; the answer is relayed, and the
+// stream is closed after it (the backend may still wait for the body). Without a body, the
+// Expect header is dropped.
 func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Response, error) {
 	pc.lim.got = false
+	hasBody := req.Body != nil && req.Body != http.NoBody
+	var gate *continueGate
+	switch {
+	case hasBody && expectsContinue(req.Header):
+		gate = newContinueGate()
+		req.Header.Set("Expect", "100-continue")
+	case req.Header.Get("Expect") != "":
+		req.Header.Del("Expect")
+	}
+	pc.gate.Store(gate)
 	// A client that goes away aborts the exchange, wherever it is blocked.
 	stop := context.AfterFunc(req.Context(), pc.close)
 	var wdone chan error
 	var body *bodyReader
-	if req.Body != nil && req.Body != http.NoBody {
+	if hasBody {
 		wdone = make(chan error, 1)
 		body = &bodyReader{ReadCloser: req.Body}
 		req.Body = body
+		if gate != nil {
+			req.Body = &gatedBody{ReadCloser: body, gate: gate}
+		}
 		go func() {
 			err := pc.writeRequest(req)
-			if body.err != nil {
+			switch {
+			case gate.withheld():
+				// The backend answered before it asked for the body, or the exchange
+				// ended: no byte of the body was read or sent. The head was, so the
+				// stream is not reused; whoever ends the exchange closes it.
+				err = errBodyWithheld
+			case body.err != nil:
 				// Request.Write hides the cause (e.g. *http.MaxBytesError), and the public
 				// client's body failed, not the backend.
 				err = &requestBodyError{body.err}
 			}
-			if err != nil {
+			if err != nil && err != errBodyWithheld {
 				// The body broke off (client gone, over the limit): the backend would
 				// wait for the rest forever, so end the exchange.
 				pc.close()
@@ -218,7 +258,11 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 		m.Release()
 		return nil, err
 	}
-	resp, err := pc.readResponse(req)
+	resp, err := pc.readResponse(req, gate)
+	if err == nil {
+		// The final answer: a body not yet asked for is not sent any more.
+		gate.decide(false)
+	}
 	if err == nil && body != nil && body.failed.Load() {
 		// The public client's body broke off (over the limit, malformed, too slow, gone)
 		// before this answer was read: the answer may be the backend's reaction to the
@@ -230,7 +274,11 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 		stop()
 		pc.close()
 		if wdone != nil {
-			if werr := <-wdone; werr != nil && !errors.Is(werr, yamux.ErrTimeout) {
+			switch werr := <-wdone; {
+			case werr == errBodyWithheld:
+				// The client still waits to be asked for its body: nothing will read it.
+				bodyAborter(req)()
+			case werr != nil && !errors.Is(werr, yamux.ErrTimeout):
 				// The upload failed first (e.g. over the body limit); that is the cause.
 				err = werr
 			}
@@ -253,6 +301,9 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 		if wdone != nil {
 			select {
 			case werr := <-wdone:
+				if werr == errBodyWithheld {
+					werr = errors.New("backend switched protocols before it asked for the request body")
+				}
 				if werr != nil {
 					stop()
 					pc.close()
@@ -311,10 +362,12 @@ func (b *memberBody) finish(eof bool) {
 	b.once.Do(func() {
 		// stop fails when the client already went away and the stream was closed.
 		reuse := b.stop() && eof && b.reusable
+		withheld := false
 		if b.wdone != nil {
 			select {
 			case err := <-b.wdone:
 				reuse = reuse && err == nil
+				withheld = err == errBodyWithheld
 				b.wdone = nil
 			default:
 				reuse = false
@@ -322,10 +375,17 @@ func (b *memberBody) finish(eof bool) {
 		}
 		if !reuse {
 			b.pc.close()
+			if withheld {
+				// The client was never asked for its body, and nothing will read it now:
+				// end the public server's wait for it at once (the connection closes after
+				// the answer, as net/http does for an Expect it did not honour).
+				b.abortUpload()
+			}
 			if b.wdone != nil {
 				if !b.upload.done.Load() {
 					// The writer may be waiting for the public client's next body bytes
-					// (the backend answered before reading them all): stop that read too.
+					// (the backend answered before reading them all), or for the
+					// backend's 100: stop that read too.
 					b.abortUpload()
 				}
 				<-b.wdone
@@ -381,4 +441,110 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 func (b *bodyReader) Close() error {
 	b.closed.Store(true)
 	return b.ReadCloser.Close()
+}
+
+// expectContinueTimeout is how long an HTTP/1.1 member's exchange waits for the backend's
+// 100 Continue before it sends the body anyway, as the h2c members' transport does
+// (h2Transport's ExpectContinueTimeout) and net/http's own default client. Tests change it.
+var expectContinueTimeout = time.Second
+
+// errBodyWithheld is a request body that was never sent: the backend gave its final answer
+// before it asked for it (Expect: 100-continue), or the exchange ended first.
+var errBodyWithheld = errors.New("the backend answered before it asked for the request body")
+
+// expectsContinue reports whether h asks for 100 Continue before the body.
+func expectsContinue(h http.Header) bool {
+	for _, v := range h.Values("Expect") {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "100-continue") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// h2ExpectsContinue reports whether body, a public HTTP/2 request's body as net/http's server
+// made it, is to send 100 Continue on its first read: that server takes the Expect header off
+// the request and keeps only this mark, unexported. It is read by reflection, before the body
+// is first read (which clears it); a body of another kind, or a net/http that keeps it
+// elsewhere, reads as false, and the edge then answers 100 itself when it starts reading.
+func h2ExpectsContinue(body io.Reader) bool {
+	v := reflect.ValueOf(body)
+	if v.Kind() != reflect.Pointer || v.IsNil() || v.Elem().Kind() != reflect.Struct {
+		return false
+	}
+	f := v.Elem().FieldByName("needsContinue")
+	return f.IsValid() && f.Kind() == reflect.Bool && f.Bool()
+}
+
+// continueGate is the decision whether a request body that waits for 100 Continue is sent:
+// yes when the backend answers 100 or the wait times out, no when it answers anything final
+// first or the exchange ends. The first decision stands.
+type continueGate struct {
+	once    sync.Once
+	decided chan struct{}
+	send    bool // written before decided is closed
+	timeout time.Duration
+}
+
+func newContinueGate() *continueGate {
+	return &continueGate{decided: make(chan struct{}), timeout: expectContinueTimeout}
+}
+
+// decide settles the gate, unless it was settled before. A nil gate ignores it.
+func (g *continueGate) decide(send bool) {
+	if g == nil {
+		return
+	}
+	g.once.Do(func() {
+		g.send = send
+		close(g.decided)
+	})
+}
+
+// wait blocks until the gate is settled, settling it to send when the timeout passes first,
+// and returns the decision.
+func (g *continueGate) wait() bool {
+	t := time.NewTimer(g.timeout)
+	defer t.Stop()
+	select {
+	case <-g.decided:
+	case <-t.C:
+		g.decide(true)
+	}
+	<-g.decided
+	return g.send
+}
+
+// withheld reports whether the gate was settled not to send. A nil gate never is.
+func (g *continueGate) withheld() bool {
+	if g == nil {
+		return false
+	}
+	select {
+	case <-g.decided:
+		return !g.send
+	default:
+		return false
+	}
+}
+
+// gatedBody is a request body held back by a continueGate: its first read waits for the
+// gate (the request head has been written and flushed by then), and fails with
+// errBodyWithheld when the body is not to be sent.
+type gatedBody struct {
+	io.ReadCloser
+	gate   *continueGate
+	passed bool
+}
+
+func (b *gatedBody) Read(p []byte) (int, error) {
+	if !b.passed {
+		if !b.gate.wait() {
+			return 0, errBodyWithheld
+		}
+		b.passed = true
+	}
+	return b.ReadCloser.Read(p)
 }

@@ -42,11 +42,25 @@
 // its own, kept alive for the next. With backend protocol h2c the edge speaks HTTP/2 with
 // prior knowledge instead, over one data stream per HTTP/2 connection (h2.go), sharing it
 // among many requests; gRPC needs it. Either way each public request, HTTP/1.1 or HTTP/2,
-// is dispatched on its own. Request trailers are carried with their values, interim 1xx
-// responses (103 Early Hints) are relayed, and an h2c backend answers Expect: 100-continue
-// itself (for an HTTP/1.1 backend the edge answers it when it starts reading the body). A
-// client speaking HTTP/2 with prior knowledge to a listener that does not serve it gets an
-// HTTP/2 GOAWAY (HTTP_1_1_REQUIRED).
+// is dispatched on its own. Request trailers are carried with their values, and interim 1xx
+// responses (103 Early Hints) are relayed. A client speaking HTTP/2 with prior knowledge to a
+// listener that does not serve it gets an HTTP/2 GOAWAY (HTTP_1_1_REQUIRED).
+//
+// Expect: 100-continue on a request with a body goes to the backend, whatever its protocol
+// (net/http's HTTP/2 server hides it from the handler; the edge puts it back). The edge does
+// not read the client's body, and so does not send it 100 Continue, until the backend
+// answered 100 or a second passed without an answer (then the body goes anyway, as with
+// net/http's client); a backend that gives its final answer first (a 413, a 401) gets none
+// of the body, its answer is relayed, and the client's connection is closed after it (HTTP/2:
+// the stream is reset, NO_ERROR) rather than its body read. A replayable request
+// (Config.RetryIdempotent) with Expect is read ahead for a replay only when its length is
+// announced, at most 64 KiB.
+//
+// Every request to a member carries the edge's forwarding headers: X-Forwarded-For,
+// X-Forwarded-Proto, X-Forwarded-Host, Forwarded (RFC 7239) and X-Real-IP. The client's own
+// are dropped, unless its TCP peer is a trusted proxy (Config.TrustedProxies): then its
+// forwarding chain is kept and the peer appended, and X-Real-IP is the chain's right-most
+// address that is no trusted proxy (forwarded.go).
 //
 // The package knows nothing of connector sessions, registration or the admin plane: the edge
 // passes in its routing table, timeouts, a logger and counters.
@@ -58,6 +72,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"sync/atomic"
 	"time"
 
@@ -131,6 +146,14 @@ type Config struct {
 	// Retry-After); a refused TCP connection is closed. Nil means no policy anywhere.
 	HTTPGate func(subdomain string) *policy.Gate
 	TCPGate  func(g *group.Group) *policy.Gate
+
+	// TrustedProxies are the addresses of the proxies in front of the edge (a load
+	// balancer, a CDN) whose forwarding headers it believes: a request whose TCP peer is in
+	// one of these prefixes keeps its X-Forwarded-For and Forwarded, with the peer appended,
+	// and its X-Forwarded-Proto and X-Forwarded-Host, and its X-Real-IP is the right-most
+	// address of its chain that is not a trusted proxy. Any other request's forwarding
+	// headers are replaced by the edge's own (forwarded.go). Nil: no peer is trusted.
+	TrustedProxies []netip.Prefix
 
 	// TCPBindHost is the address TCP group listeners bind to; "" means all addresses.
 	TCPBindHost string

@@ -170,21 +170,33 @@ func (t *TCP) serve(g *group.Group, c net.Conn) {
 			defer done()
 		}
 	}
-	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed, outcome: t.cfg.Outcome}
-	if g.Affinity == group.AffinityClientIP {
-		if ip := clientAddr(remote); ip.IsValid() {
-			p.aff = keyedBy(ip.String())
-		}
-	}
-	st, m, err := pick(p, func(tun *Tunnel) (*yamux.Stream, error) { return tun.open(remote, t.cfg.OpenTimeout) })
+	st, m, err := connectMember(&t.cfg, g, remote)
 	if err != nil {
 		t.cfg.Logger.Debug("TCP connection refused", zap.Int("port", g.Port), zap.Error(err))
 		_ = c.Close()
 		return
 	}
 	defer m.Release()
-	if f := t.cfg.Outcome; f != nil {
+	mux.Join(m.Value().(*Tunnel).ctx, c, st)
+}
+
+// connectMember opens a data stream for one public connection from remote to one member of
+// g (tcp or tls): with "client_ip" affinity, the member the client's address hashes to; a
+// failed open is retried once on another member. The member holds an acquired stream slot:
+// the caller must Release it.
+func connectMember(cfg *Config, g *group.Group, remote string) (*yamux.Stream, *group.Member, error) {
+	p := &picker{g: g, retries: cfg.Stats.RetriesOpenFailed, outcome: cfg.Outcome}
+	if g.Affinity == group.AffinityClientIP {
+		if ip := clientAddr(remote); ip.IsValid() {
+			p.aff = keyedBy(ip.String())
+		}
+	}
+	st, m, err := pick(p, func(tun *Tunnel) (*yamux.Stream, error) { return tun.open(remote, cfg.OpenTimeout) })
+	if err != nil {
+		return nil, nil, err
+	}
+	if f := cfg.Outcome; f != nil {
 		f(m, false, "") // opened and acknowledged: the member's backend accepted the connection
 	}
-	mux.Join(m.Value().(*Tunnel).ctx, c, st)
+	return st, m, nil
 }

@@ -80,8 +80,8 @@ type Register struct {
 	// Req is chosen by the connector and echoed in Registered or Rejected.
 	Req   uint32      `json:"req"`
 	Proto group.Proto `json:"proto"`
-	// Label is the subdomain for http/https, and a display name for tcp (a grouped TCP
-	// tunnel's route is its group name).
+	// Label is the subdomain for http, https and tls, and a display name for tcp (a
+	// grouped TCP tunnel's route is its group name).
 	Label string `json:"label"`
 	// Group is the pool's display name; empty for a solo tunnel.
 	Group string `json:"group,omitempty"`
@@ -240,7 +240,7 @@ func (m *Error) Validate() error {
 // Validate implements Message.
 func (m *Register) Validate() error {
 	switch m.Proto {
-	case group.ProtoHTTP, group.ProtoHTTPS, group.ProtoTCP:
+	case group.ProtoHTTP, group.ProtoHTTPS, group.ProtoTCP, group.ProtoTLS:
 	default:
 		return fmt.Errorf("%w: unknown proto %q", ErrMalformed, truncate(string(m.Proto), 16))
 	}
@@ -258,7 +258,7 @@ func (m *Register) Validate() error {
 	switch m.BackendProtocol {
 	case "", BackendHTTP1:
 	case BackendH2C:
-		if m.Proto == group.ProtoTCP {
+		if !m.Proto.IsHTTP() {
 			return fmt.Errorf("%w: backend_protocol %q is for http and https tunnels", ErrMalformed, m.BackendProtocol)
 		}
 	default:

@@ -69,7 +69,9 @@ type ClientTLS struct {
 type Tunnel struct {
 	// Name is the key of the entry, DNS-label-like (a-z, 0-9, "-").
 	Name string `yaml:"-"`
-	// Proto is group.ProtoHTTP, group.ProtoHTTPS or group.ProtoTCP.
+	// Proto is group.ProtoHTTP, group.ProtoHTTPS, group.ProtoTCP or group.ProtoTLS
+	// (TLS passthrough: reached on the edge's HTTPS port by the TLS server name
+	// <subdomain>.<domain>; the local service terminates TLS itself).
 	Proto group.Proto `yaml:"proto"`
 	// LocalHost is the host of the local service. Default 127.0.0.1.
 	LocalHost string `yaml:"local_host"`
@@ -277,12 +279,12 @@ func (t *Tunnel) validate(r *reporter, base string) {
 	case t.Proto.Valid():
 	case t.Proto == "":
 		if r.missing(key("proto")) {
-			r.add(key("proto"), ErrRequired, "required: http, https or tcp")
+			r.add(key("proto"), ErrRequired, "required: http, https, tcp or tls")
 		} else {
-			r.add(key("proto"), ErrInvalid, "must not be empty: use http, https or tcp")
+			r.add(key("proto"), ErrInvalid, "must not be empty: use http, https, tcp or tls")
 		}
 	default:
-		r.add(key("proto"), ErrInvalid, "%q is not a protocol; use http, https or tcp", t.Proto)
+		r.add(key("proto"), ErrInvalid, "%q is not a protocol; use http, https, tcp or tls", t.Proto)
 	}
 
 	switch {
@@ -296,7 +298,7 @@ func (t *Tunnel) validate(r *reporter, base string) {
 	switch {
 	case t.Proto == group.ProtoTCP && t.Subdomain != "":
 		r.add(key("subdomain"), ErrInvalid, "not allowed when proto is \"tcp\": TCP tunnels are reached by port, not by host name")
-	case t.Proto.IsHTTP() && t.Subdomain == "":
+	case t.Proto.BySubdomain() && t.Subdomain == "":
 		r.add(key("subdomain"), ErrRequired, "required when proto is %q: the public host name is <subdomain>.<domain>", t.Proto)
 	case t.Subdomain != "":
 		if err := group.ValidateSubdomain(t.Subdomain); err != nil {
@@ -313,13 +315,21 @@ func (t *Tunnel) validate(r *reporter, base string) {
 
 	if t.HealthCheck != nil {
 		t.HealthCheck.validate(r, key("health_check"))
+		if t.Proto == group.ProtoTLS && t.HealthCheck.Type == HealthHTTP {
+			r.add(joinKey(key("health_check"), "type"), ErrInvalid,
+				"\"http\" sends plain HTTP, which the TLS service of a tls tunnel cannot answer; use tcp")
+		}
 	}
 	t.validateLB(r, key)
 	switch t.BackendProtocol {
 	case "", BackendHTTP1:
 	case BackendH2C:
-		if t.Proto == group.ProtoTCP {
-			r.add(key("backend_protocol"), ErrInvalid, "%q is for http and https tunnels; a TCP tunnel carries bytes", t.BackendProtocol)
+		if t.Proto.PerConnection() {
+			kind := "TCP"
+			if t.Proto == group.ProtoTLS {
+				kind = "TLS passthrough"
+			}
+			r.add(key("backend_protocol"), ErrInvalid, "%q is for http and https tunnels; a %s tunnel carries bytes", t.BackendProtocol, kind)
 		}
 	default:
 		r.add(key("backend_protocol"), ErrInvalid, "%q is not a backend protocol (want %s or %s)", t.BackendProtocol, BackendHTTP1, BackendH2C)
@@ -339,8 +349,12 @@ func (t *Tunnel) validateLB(r *reporter, key func(string) string) {
 	}
 	if a, err := group.ParseAffinity(t.Affinity); err != nil {
 		r.add(key("affinity"), ErrInvalid, "%v", err)
-	} else if t.Proto == group.ProtoTCP && a != "" && a != group.AffinityClientIP {
-		r.add(key("affinity"), ErrInvalid, "%q is for HTTP tunnels; a TCP pool takes client_ip", t.Affinity)
+	} else if t.Proto.PerConnection() && a != "" && a != group.AffinityClientIP {
+		what := "a TCP pool"
+		if t.Proto == group.ProtoTLS {
+			what = "a TLS passthrough pool (no HTTP is seen)"
+		}
+		r.add(key("affinity"), ErrInvalid, "%q is for HTTP tunnels; %s takes client_ip", t.Affinity, what)
 	}
 	switch k := key("previous_group_keys"); {
 	case len(t.PreviousGroupKeys) > 0 && t.Group == "":
@@ -398,7 +412,7 @@ func validateSharing(r *reporter, tunnels []Tunnel) {
 	for i, t := range tunnels {
 		base := joinKey("tunnels", t.Name)
 		switch {
-		case t.Proto.IsHTTP() && t.Subdomain != "":
+		case t.Proto.BySubdomain() && t.Subdomain != "":
 			j, seen := bySubdomain[t.Subdomain]
 			if !seen {
 				bySubdomain[t.Subdomain] = i

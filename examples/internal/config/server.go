@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -96,6 +97,12 @@ type ServerSection struct {
 	// knowledge too (gRPC clients without TLS); default false (such clients
 	// are refused at once). The HTTPS port offers HTTP/2 by ALPN anyway.
 	H2C bool `toml:"h2c"`
+	// TrustedProxies are the CIDR prefixes of the proxies in front of the edge (a load
+	// balancer, a CDN) whose forwarding headers it believes: from them X-Forwarded-For and
+	// Forwarded are kept with the peer appended, and X-Real-IP is the right-most address
+	// of the chain outside these prefixes. From any other peer the edge replaces them
+	// with its own. Default none.
+	TrustedProxies []string `toml:"trusted_proxies"`
 }
 
 // Addr returns the "host:port" to listen on for port on the Bind address,
@@ -390,6 +397,15 @@ func (c *Server) validate(r *reporter) {
 	}
 	if !s.Bind.IsValid() {
 		r.add("server.bind", ErrInvalid, "must be an IP address, e.g. \"0.0.0.0\"")
+	}
+	for i, p := range s.TrustedProxies {
+		if _, err := netip.ParsePrefix(p); err != nil {
+			hint := ""
+			if a, err := netip.ParseAddr(p); err == nil {
+				hint = fmt.Sprintf("; for this one address write \"%s/%d\"", a.WithZone(""), a.BitLen())
+			}
+			r.add(indexKey("server.trusted_proxies", i), ErrInvalid, "%q is not a CIDR prefix such as \"10.0.0.0/8\"%s", p, hint)
+		}
 	}
 
 	pr := c.Limits.TCPPortRange

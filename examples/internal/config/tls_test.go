@@ -1,0 +1,54 @@
+package config_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/group"
+)
+
+// TestClientTLSPassthrough: proto tls takes a subdomain (required), groups, client_ip
+// affinity and a tcp probe; cookie or header affinity, backend_protocol h2c and an http
+// probe are refused, and so is a subdomain shared with an https tunnel of the same pool.
+func TestClientTLSPassthrough(t *testing.T) {
+	c, err := config.ParseClient("config.yml", []byte(`server: localhost:4040
+tunnels:
+  api-1:
+    proto: tls
+    local_port: 8443
+    subdomain: api
+    group: api
+    group_key: k
+    affinity: client_ip
+    health_check: {type: tcp}
+  api-2: {proto: tls, local_port: 8444, subdomain: api, group: api, group_key: k, affinity: client_ip}
+`))
+	require.NoError(t, err)
+	require.Len(t, c.Tunnels, 2)
+	for _, tn := range c.Tunnels {
+		require.Equal(t, group.ProtoTLS, tn.Proto)
+		require.Equal(t, "api", tn.Subdomain)
+	}
+	require.Equal(t, config.HealthTCP, c.Tunnels[0].HealthCheck.Type)
+
+	_, err = config.ParseClient("config.yml", []byte(`server: localhost:4040
+tunnels:
+  a: {proto: tls, local_port: 8443}
+  b: {proto: tls, local_port: 8443, subdomain: b, group: b, group_key: k, affinity: cookie}
+  c: {proto: tls, local_port: 8443, subdomain: c, backend_protocol: h2c}
+  d: {proto: tls, local_port: 8443, subdomain: d, health_check: {type: http, path: /}}
+  e: {proto: tls, local_port: 8443, subdomain: e, group: e, group_key: k}
+  f: {proto: https, local_port: 8443, subdomain: e, group: e, group_key: k}
+  g: {proto: tls, local_port: 8443, subdomain: g, group: g, group_key: k, affinity: "header:X-User"}
+`))
+	requireProblems(t, err, "config.yml",
+		want{3, "tunnels.a.subdomain", config.ErrRequired, `required when proto is "tls"`},
+		want{4, "tunnels.b.affinity", config.ErrInvalid, "a TLS passthrough pool (no HTTP is seen) takes client_ip"},
+		want{5, "tunnels.c.backend_protocol", config.ErrInvalid, "a TLS passthrough tunnel carries bytes"},
+		want{6, "tunnels.d.health_check.type", config.ErrInvalid, "use tcp"},
+		want{8, "tunnels.f.proto", config.ErrInvalid, "members of one group must use the same protocol"},
+		want{9, "tunnels.g.affinity", config.ErrInvalid, "takes client_ip"},
+	)
+}

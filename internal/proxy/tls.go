@@ -1,0 +1,435 @@
+package proxy
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
+)
+
+// TLS passthrough (group.ProtoTLS) on the public HTTPS listener.
+//
+// Every connection the HTTPS listener accepts first has its ClientHello read (not
+// consumed): one TLS record, at most 5 + 16 KiB bytes, within a deadline. When the server
+// name it carries is <sub>.<Domain> and sub is the route of a tls pool, the raw connection
+// goes to one member of the pool, as a TCP connection would (a failed stream open is
+// retried once on another member), with the bytes read replayed first: the member's backend
+// does the handshake, so its certificate, ALPN and client certificates work end to end and
+// the edge never sees plaintext. Every other connection (another name, no name, not a
+// ClientHello at all) goes on to the edge's own TLS server with the same bytes replayed, as
+// if nothing had been read.
+
+const (
+	// tlsRecordHeaderLen is a TLS record's header: type(1) version(2) length(2).
+	tlsRecordHeaderLen = 5
+	// maxTLSRecord is the largest plaintext TLS record (2^14 bytes), and so the most of a
+	// ClientHello the edge reads.
+	maxTLSRecord = 16 << 10
+	// MaxClientHelloRead is the most a connection of the HTTPS listener has read of it
+	// before it is routed.
+	MaxClientHelloRead = tlsRecordHeaderLen + maxTLSRecord
+
+	tlsRecordHandshake    = 22
+	tlsHandshakeHello     = 1
+	tlsExtServerName      = 0
+	tlsServerNameHostName = 0
+)
+
+// PassthroughOptions configures HTTP.PassthroughListener.
+type PassthroughOptions struct {
+	// HelloTimeout bounds the time a new connection has to send its first TLS record (the
+	// ClientHello); a connection that has not sent it by then is closed. Default 10 s.
+	HelloTimeout time.Duration
+	// Go runs f in a new goroutine that the caller waits for, or reports false, without
+	// running it, once the caller is shutting down. Nil: the listener's own goroutines,
+	// which its Wait waits for.
+	Go func(f func()) bool
+	// Connections counts the connections carried to a tls pool; nil: not counted.
+	Connections *atomic.Uint64
+}
+
+// PassthroughListener is the public HTTPS listener's router (HTTP.PassthroughListener): it
+// accepts from the TCP listener underneath, carries the connections meant for a tls pool
+// itself, and returns every other connection from Accept, to be wrapped by tls.NewListener
+// for the edge's HTTPS server, with the bytes it read replayed first.
+type PassthroughListener struct {
+	net.Listener
+	h    *HTTP
+	opts PassthroughOptions
+	wg   sync.WaitGroup // the goroutines started when opts.Go is nil
+
+	start  sync.Once
+	ready  chan net.Conn // connections for the TLS server, with their ClientHello replayed
+	done   chan struct{} // closed by Close
+	failed chan struct{} // closed when the accept loop ended with err
+	err    error
+
+	mu      sync.Mutex
+	closed  bool
+	pending map[net.Conn]struct{} // connections whose ClientHello is being read
+}
+
+// PassthroughListener returns the listener that routes the connections of l, the public
+// HTTPS listener's TCP listener, by the server name of their ClientHello: those naming a
+// tls pool are carried to one of its members; Accept returns the others. The listener
+// starts accepting on its first Accept. Close closes l and the connections whose
+// ClientHello is still awaited; connections carried to a pool end with their member's
+// tunnel or their client.
+func (h *HTTP) PassthroughListener(l net.Listener, o PassthroughOptions) *PassthroughListener {
+	if o.HelloTimeout <= 0 {
+		o.HelloTimeout = 10 * time.Second
+	}
+	pl := &PassthroughListener{Listener: l, h: h, opts: o, ready: make(chan net.Conn),
+		done: make(chan struct{}), failed: make(chan struct{}), pending: map[net.Conn]struct{}{}}
+	if pl.opts.Go == nil {
+		pl.opts.Go = func(f func()) bool { pl.wg.Go(f); return true }
+	}
+	return pl
+}
+
+// Accept returns the next connection that is not for a tls pool.
+func (l *PassthroughListener) Accept() (net.Conn, error) {
+	l.start.Do(func() {
+		if !l.opts.Go(l.acceptLoop) {
+			l.fail(net.ErrClosed)
+		}
+	})
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case <-l.failed:
+		return nil, l.err
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close closes the TCP listener and every connection whose ClientHello is awaited.
+func (l *PassthroughListener) Close() error {
+	err := l.Listener.Close()
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		close(l.done)
+	}
+	for c := range l.pending {
+		_ = c.Close()
+	}
+	clear(l.pending)
+	l.mu.Unlock()
+	return err
+}
+
+// Wait waits for the goroutines the listener started itself (PassthroughOptions.Go nil):
+// call it after Close, once the members' tunnels have ended.
+func (l *PassthroughListener) Wait() { l.wg.Wait() }
+
+func (l *PassthroughListener) fail(err error) {
+	l.err = err
+	close(l.failed)
+}
+
+// acceptLoop accepts from the TCP listener until it fails, and routes each connection in a
+// goroutine of its own, so that a client slow to send its ClientHello holds nobody else.
+func (l *PassthroughListener) acceptLoop() {
+	var backoff time.Duration
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			if isTemporary(err) && !l.isClosed() {
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				timer := time.NewTimer(backoff)
+				select {
+				case <-timer.C:
+				case <-l.done:
+					timer.Stop()
+				}
+				continue
+			}
+			l.fail(err)
+			return
+		}
+		backoff = 0
+		if !l.track(c) || !l.opts.Go(func() { l.route(c) }) {
+			l.untrack(c)
+			_ = c.Close()
+		}
+	}
+}
+
+func (l *PassthroughListener) isClosed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// track adds c to the connections Close closes; false once closed.
+func (l *PassthroughListener) track(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.pending[c] = struct{}{}
+	return true
+}
+
+// untrack takes c off that list; false if Close closed it meanwhile.
+func (l *PassthroughListener) untrack(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.pending[c]
+	delete(l.pending, c)
+	return ok
+}
+
+// route reads c's ClientHello and carries c to its tls pool, or hands it to Accept.
+func (l *PassthroughListener) route(c net.Conn) {
+	_ = c.SetReadDeadline(time.Now().Add(l.opts.HelloTimeout))
+	hello, name, err := readClientHello(c)
+	if !l.untrack(c) || err != nil {
+		// Closed by Close, or the client sent no complete first record in time (or went).
+		l.h.cfg.Logger.Debug("HTTPS connection closed before its ClientHello",
+			zap.String("remote", c.RemoteAddr().String()), zap.Error(err))
+		_ = c.Close()
+		return
+	}
+	if g, sub := l.tlsPool(name); g != nil {
+		l.carry(c, hello, g, sub)
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{}) // the TLS server sets its own handshake deadline
+	rc := &replayConn{Conn: c, head: hello}
+	select {
+	case l.ready <- rc:
+	case <-l.done:
+		_ = c.Close()
+	}
+}
+
+// tlsPool returns the tls pool that a ClientHello's server name is the route of, if any.
+func (l *PassthroughListener) tlsPool(name string) (*group.Group, string) {
+	if name == "" || strings.ContainsRune(name, ':') {
+		return nil, ""
+	}
+	sub, ok := subdomainOf(name, l.h.cfg.Domain)
+	if !ok {
+		return nil, ""
+	}
+	if g := l.h.cfg.Registry.LookupHTTP(sub); g != nil && g.Proto == group.ProtoTLS {
+		return g, sub
+	}
+	return nil, ""
+}
+
+// carry carries c, whose first bytes were hello, to one member of g, as the TCP ingress
+// carries a connection: the reserved endpoint's policy of sub, if any, admits it; no
+// selectable member (or a refusal) closes it.
+func (l *PassthroughListener) carry(c net.Conn, hello []byte, g *group.Group, sub string) {
+	cfg := &l.h.cfg
+	if l.opts.Connections != nil {
+		l.opts.Connections.Add(1)
+	}
+	remote := c.RemoteAddr().String()
+	if cfg.HTTPGate != nil {
+		if gate := cfg.HTTPGate(sub); gate != nil {
+			done, refused := gate.Admit(clientAddr(remote))
+			if refused != nil {
+				cfg.Logger.Debug("TLS passthrough connection refused by the endpoint's policy",
+					zap.String("subdomain", sub), zap.String("why", refused.Reason))
+				_ = c.Close()
+				return
+			}
+			defer done()
+		}
+	}
+	st, m, err := connectMember(cfg, g, remote)
+	if err != nil {
+		cfg.Logger.Debug("TLS passthrough connection refused", zap.String("subdomain", sub), zap.Error(err))
+		_ = c.Close()
+		return
+	}
+	defer m.Release()
+	_ = c.SetReadDeadline(time.Time{})
+	// The ClientHello first (the stream's window takes it whole), then both ways.
+	if _, err := st.Write(hello); err != nil {
+		_ = st.Close()
+		_ = c.Close()
+		return
+	}
+	mux.Join(m.Value().(*Tunnel).ctx, c, st)
+}
+
+// replayConn reads head before the connection's own bytes: the ClientHello that the
+// router read.
+type replayConn struct {
+	net.Conn
+	head []byte
+}
+
+func (c *replayConn) Read(p []byte) (int, error) {
+	if len(c.head) > 0 {
+		n := copy(p, c.head)
+		c.head = c.head[n:]
+		if len(c.head) == 0 {
+			c.head = nil
+		}
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+// errNotTLS is readClientHello's answer to a first record that cannot be a ClientHello:
+// the TLS server will say so to the client.
+var errNotTLS = errors.New("not a TLS handshake record")
+
+// readClientHello reads the first TLS record of r, at most MaxClientHelloRead bytes, and
+// returns what it read and the server name of the ClientHello it holds. The name is "" when
+// the record is not a handshake record (then only its 5-byte header is read), or holds no
+// complete ClientHello (one split over several records), or no host name. A read error (a
+// deadline, the client's end) is returned as is.
+func readClientHello(r io.Reader) ([]byte, string, error) {
+	var hdr [tlsRecordHeaderLen]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, "", err
+	}
+	n := int(binary.BigEndian.Uint16(hdr[3:]))
+	if hdr[0] != tlsRecordHandshake || hdr[1] != 3 || n == 0 || n > maxTLSRecord {
+		return append([]byte(nil), hdr[:]...), "", nil
+	}
+	rec := make([]byte, tlsRecordHeaderLen+n)
+	copy(rec, hdr[:])
+	if _, err := io.ReadFull(r, rec[tlsRecordHeaderLen:]); err != nil {
+		return nil, "", fmt.Errorf("reading the ClientHello: %w", err)
+	}
+	name, _ := serverName(rec[tlsRecordHeaderLen:])
+	return rec, name, nil
+}
+
+// serverName returns the host name of the server_name extension (RFC 6066) of the
+// ClientHello at the start of a handshake record's payload, lower-cased and without a
+// trailing dot. It fails (errNotTLS) on anything malformed or cut short.
+func serverName(b []byte) (string, error) {
+	p := helloParser(b)
+	typ, ok := p.uint(1)
+	if !ok || typ != tlsHandshakeHello {
+		return "", errNotTLS
+	}
+	body, ok := p.vector(3)
+	if !ok {
+		return "", errNotTLS // split over records, or longer than its record
+	}
+	var sessionID, suites, compression, exts helloParser
+	if _, ok := body.bytes(2 + 32); !ok { // legacy_version, random
+		return "", errNotTLS
+	}
+	if sessionID, ok = body.vector(1); !ok || len(sessionID) > 32 {
+		return "", errNotTLS
+	}
+	if suites, ok = body.vector(2); !ok || len(suites) < 2 || len(suites)%2 != 0 {
+		return "", errNotTLS
+	}
+	if compression, ok = body.vector(1); !ok || len(compression) < 1 {
+		return "", errNotTLS
+	}
+	if len(body) == 0 {
+		return "", nil // no extensions (TLS 1.0-1.2 allow it): no name
+	}
+	if exts, ok = body.vector(2); !ok || len(body) != 0 {
+		return "", errNotTLS
+	}
+	for len(exts) > 0 {
+		typ, ok1 := exts.uint(2)
+		data, ok2 := exts.vector(2)
+		if !ok1 || !ok2 {
+			return "", errNotTLS
+		}
+		if typ != tlsExtServerName {
+			continue
+		}
+		list, ok := data.vector(2)
+		if !ok || len(data) != 0 {
+			return "", errNotTLS
+		}
+		for len(list) > 0 {
+			nameType, ok1 := list.uint(1)
+			name, ok2 := list.vector(2)
+			if !ok1 || !ok2 {
+				return "", errNotTLS
+			}
+			if nameType == tlsServerNameHostName {
+				if len(name) == 0 || len(name) > 255 {
+					return "", errNotTLS
+				}
+				return strings.ToLower(strings.TrimSuffix(string(name), ".")), nil
+			}
+		}
+		return "", nil
+	}
+	return "", nil
+}
+
+// helloParser reads big-endian integers and length-prefixed vectors off a byte slice.
+type helloParser []byte
+
+func (p *helloParser) bytes(n int) ([]byte, bool) {
+	if n < 0 || len(*p) < n {
+		return nil, false
+	}
+	b := (*p)[:n]
+	*p = (*p)[n:]
+	return b, true
+}
+
+func (p *helloParser) uint(n int) (int, bool) {
+	b, ok := p.bytes(n)
+	if !ok {
+		return 0, false
+	}
+	v := 0
+	for _, c := range b {
+		v = v<<8 | int(c)
+	}
+	return v, true
+}
+
+// vector reads a vector whose length takes lenBytes bytes.
+func (p *helloParser) vector(lenBytes int) (helloParser, bool) {
+	n, ok := p.uint(lenBytes)
+	if !ok {
+		return nil, false
+	}
+	b, ok := p.bytes(n)
+	return helloParser(b), ok
+}
+
+// GuardTLSRoutes returns h answering 421 (Misdirected Request) to an HTTP request whose Host
+// is a tls pool's: such a pool is reached only by a TLS connection whose ClientHello names
+// it (PassthroughListener), never through the edge's HTTP server. 421 makes an HTTP/2 client
+// that reused a connection to another subdomain of the edge for it connect again.
+func (h *HTTP) GuardTLSRoutes() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if sub, ok := subdomainOf(r.Host, h.cfg.Domain); ok {
+			if g := h.cfg.Registry.LookupHTTP(sub); g != nil && g.Proto == group.ProtoTLS {
+				http.Error(w, fmt.Sprintf("%s is a TLS passthrough tunnel: connect to the HTTPS port with TLS and server name %s.%s",
+					sub, sub, h.cfg.Domain), http.StatusMisdirectedRequest)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
