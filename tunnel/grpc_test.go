@@ -309,3 +309,32 @@ func TestGRPCThroughTunnels(t *testing.T) {
 	require.Equal(t, 200, code)
 	require.Equal(t, "plain /page", body)
 }
+
+// The edge answers its own failures to a gRPC call as gRPC does (a trailers-only status),
+// not with an HTTP error page a gRPC client cannot read: a pool with no healthy member and a
+// backend that cannot be reached are UNAVAILABLE with the edge's message.
+func TestGRPCCallsGetTheEdgeFailuresAsGRPCStatuses(t *testing.T) {
+	e := startEdge(t, ServerConfig{LoadBalancing: true, PublicH2C: true})
+	dead := listenLoopback(t)
+	deadAddr := dead.Addr().String()
+	require.NoError(t, dead.Close())
+	var h switchable
+	h.down.Store(true)
+	sess := e.connect()
+	_, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "gone", BackendProtocol: "h2c"}, deadAddr)
+	require.NoError(t, err)
+	_, err = sess.Forward(ctxT(t), TunnelSpec{Subdomain: "sick", BackendProtocol: "h2c", Health: h.spec()}, deadAddr)
+	require.NoError(t, err)
+
+	for sub, want := range map[string]string{
+		"gone": "the tunnel's backend failed",
+		"sick": "no healthy backend for sick." + testDomain,
+	} {
+		c := grpcClient(t, e.publicAddr, sub+"."+testDomain, nil)
+		_, err := c.EmptyCall(ctxT(t), &testpb.Empty{})
+		st := status.Convert(err)
+		require.Equal(t, codes.Unavailable, st.Code(), "%s: %v", sub, err)
+		require.Contains(t, st.Message(), want, sub)
+		require.NotContains(t, st.Message(), "unexpected HTTP status code", sub)
+	}
+}

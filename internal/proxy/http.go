@@ -184,6 +184,9 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, max)
 	}
 	ctx := context.WithValue(r.Context(), groupCtxKey{}, g)
+	if d, ok := grpcTimeout(r); ok {
+		ctx = context.WithValue(ctx, grpcDeadlineKey{}, time.Now().Add(d))
+	}
 	if g.Affinity != "" {
 		if a := affinityOf(g.Affinity, r); a != nil {
 			ctx = context.WithValue(ctx, affinityCtxKey{}, a)
@@ -273,26 +276,26 @@ func (h *HTTP) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, ErrNoMember):
 		if g, _ := r.Context().Value(groupCtxKey{}).(*group.Group); g != nil && g.Saturated() {
 			w.Header().Set("Retry-After", "1")
-			http.Error(w, fmt.Sprintf("every backend for %s is at its concurrency limit", r.Host), http.StatusServiceUnavailable)
+			h.fail(w, r, fmt.Sprintf("every backend for %s is at its concurrency limit", r.Host), http.StatusServiceUnavailable)
 			return
 		}
-		http.Error(w, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
+		h.fail(w, r, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
 	case errors.As(err, &mbe):
-		http.Error(w, fmt.Sprintf("request body over the limit of %d bytes", mbe.Limit), http.StatusRequestEntityTooLarge)
+		h.fail(w, r, fmt.Sprintf("request body over the limit of %d bytes", mbe.Limit), http.StatusRequestEntityTooLarge)
 	case errors.As(err, &bte):
 		// The rest of the body may still come: the connection cannot carry another request.
 		w.Header().Set("Connection", "close")
-		http.Error(w, bte.Error(), http.StatusRequestTimeout)
+		h.fail(w, r, bte.Error(), http.StatusRequestTimeout)
 	case r.Context().Err() != nil:
 		// The client went away; nobody reads this answer.
-		w.WriteHeader(http.StatusBadGateway)
+		h.fail(w, r, "", http.StatusBadGateway)
 	case errors.As(err, &rbe):
 		h.cfg.Logger.Debug("bad request body", zap.String("host", r.Host), zap.Error(err))
 		w.Header().Set("Connection", "close")
-		http.Error(w, "bad request: "+rbe.Error(), http.StatusBadRequest)
+		h.fail(w, r, "bad request: "+rbe.Error(), http.StatusBadRequest)
 	default:
 		h.cfg.Logger.Debug("proxy error", zap.String("host", r.Host), zap.Error(err))
-		http.Error(w, "bad gateway: the tunnel's backend failed", http.StatusBadGateway)
+		h.fail(w, r, "bad gateway: the tunnel's backend failed", http.StatusBadGateway)
 	}
 }
 
