@@ -36,6 +36,7 @@ var (
 type httpBackend struct {
 	addr   string
 	record bool // keep the ids of the requests each instance received
+	h2c    bool // serve HTTP/2 with prior knowledge (h2c) as well as HTTP/1.1
 
 	mu   sync.Mutex
 	cur  *backendInstance
@@ -87,6 +88,11 @@ func (b *httpBackend) start(addr string) error {
 	}
 	in := &backendInstance{done: make(chan struct{}), record: b.record}
 	in.srv = &http.Server{Handler: in, ReadHeaderTimeout: 10 * time.Second}
+	if b.h2c {
+		in.srv.Protocols = new(http.Protocols)
+		in.srv.Protocols.SetHTTP1(true)
+		in.srv.Protocols.SetUnencryptedHTTP2(true)
+	}
 	b.mu.Lock()
 	b.addr, b.cur = ln.Addr().String(), in
 	b.mu.Unlock()
@@ -113,9 +119,19 @@ func (b *httpBackend) kill() *backendInstance {
 
 // startHTTPBackends starts n backends on fresh loopback ports.
 func startHTTPBackends(n int, record bool) ([]*httpBackend, error) {
+	return startBackends(n, record, false)
+}
+
+// startH2CBackends starts n backends that serve h2c (HTTP/2 with prior knowledge) as well as
+// HTTP/1.1 on fresh loopback ports.
+func startH2CBackends(n int) ([]*httpBackend, error) {
+	return startBackends(n, false, true)
+}
+
+func startBackends(n int, record, h2c bool) ([]*httpBackend, error) {
 	var bs []*httpBackend
 	for range n {
-		b := &httpBackend{record: record}
+		b := &httpBackend{record: record, h2c: h2c}
 		if err := b.start("127.0.0.1:0"); err != nil {
 			stopHTTPBackends(bs)
 			return nil, err

@@ -36,7 +36,7 @@ func TestSmoke(t *testing.T) {
 	md := filepath.Join(t.TempDir(), "bench.md")
 	var stdout, stderr bytes.Buffer
 	args := []string{"-duration", "200ms", "-runs", "1", "-clients", "4", "-tcp-bytes", "1MiB", "-tcp-streams", "2",
-		"-ttfb-conns", "20", "-mem-connectors", "20", "-mem-group-size", "10", "-mem-parallel", "8", "-kill-for", "300ms", "-noisy-retries", "0", "-markdown", md,
+		"-ttfb-conns", "20", "-h2-conns", "2", "-mem-connectors", "20", "-mem-group-size", "10", "-mem-parallel", "8", "-kill-for", "300ms", "-noisy-retries", "0", "-markdown", md,
 		// lb: 10 members and 1,000 keys keep the keys moved (binomial, mean 10 %, sd 0.95 pp)
 		// more than 5 sd below the 1/10 + 5 pp bound, at 2,000 sequential requests.
 		"-lb-requests", "100", "-lb-keys", "1000", "-lb-members", "10"}
@@ -61,6 +61,29 @@ func TestSmoke(t *testing.T) {
 		require.Positive(t, h.direct[0].ok, "%s: requests answered directly", h.name)
 		require.Zero(t, h.tunnel[0].failed+h.tunnel[0].warmupFailed, "%s: no failure under plain load: %v", h.name, h.tunnel[0].failures)
 		require.Len(t, h.tunnel[0].lat, h.tunnel[0].ok, "every answered request has its latency")
+	}
+
+	require.Len(t, rep.h2, 3, "HTTP/2 through an HTTP/1.1 member and an h2c member, gRPC")
+	for i, want := range []struct {
+		member string
+		grpc   bool
+	}{{"HTTP/1.1", false}, {"h2c", false}, {"h2c", true}} {
+		h := rep.h2[i]
+		require.Equal(t, want.member, h.member, h.name)
+		require.Equal(t, want.grpc, h.grpc, h.name)
+		require.Equal(t, 4, h.clients, "%s: the -clients request loops", h.name)
+		require.Equal(t, 2, h.conns, "%s: on -h2-conns connections", h.name)
+		require.Len(t, h.tunnel, 1)
+		require.Len(t, h.direct, 1)
+		for _, r := range []loadResult{h.tunnel[0], h.direct[0]} {
+			require.Positive(t, r.rps(), "%s: answered", h.name)
+			require.Zero(t, r.failed+r.warmupFailed, "%s: no failure: %v", h.name, r.failures)
+			require.Len(t, r.lat, r.ok, "%s: every answer has its latency", h.name)
+			require.Positive(t, r.pct(0.99), h.name)
+			require.Less(t, r.pct(0.99), 10*time.Second, h.name)
+		}
+		require.Equal(t, []int{2}, h.tunnelDials, "%s: the loops shared 2 connections to the edge", h.name)
+		require.Equal(t, []int{2}, h.directDials, "%s: the loops shared 2 connections to the backends", h.name)
 	}
 
 	require.Len(t, rep.tcp, 2, "1 stream and 2 streams")
@@ -128,10 +151,13 @@ func TestSmoke(t *testing.T) {
 	require.Greater(t, m.members.Goroutines, m.base.Goroutines)
 
 	out := stdout.String()
-	for _, title := range []string{"HTTP, tiny responses", "HTTP, 64 KiB responses", "TCP bulk", "TCP time to first byte", "Churn", "Load-balancing policies", "Edge memory"} {
+	for _, title := range []string{"HTTP, tiny responses", "HTTP, 64 KiB responses", "HTTP/2, tiny responses", "gRPC unary calls", "TCP bulk", "TCP time to first byte", "Churn", "Load-balancing policies", "Edge memory"} {
 		require.Contains(t, out, "== "+title)
 	}
 	require.Contains(t, out, "restarted, idempotent retry on", "the retry-on kill has its row next to the other")
+	for _, metric := range []string{"requests/s, HTTP/1.1 member", "requests/s, h2c member", "latency p99, h2c member", "calls/s", "failed calls (all runs)"} {
+		require.Contains(t, out, "\n"+metric+" ", "the h2 scenario's rows")
+	}
 	b, err := os.ReadFile(md)
 	require.NoError(t, err)
 	require.Contains(t, string(b), "- Command: `go run ./examples/bench -duration 200ms -runs 1")
@@ -139,6 +165,11 @@ func TestSmoke(t *testing.T) {
 	require.Contains(t, string(b), "- Code: ")
 	require.Contains(t, string(b), "| requests/s |")
 	require.Contains(t, string(b), "## Load-balancing policies")
+	require.Contains(t, string(b), "## HTTP/2, tiny responses (3 B), h2c to the edge: 4 request loops on 2 connection(s)")
+	require.Contains(t, string(b), "| requests/s, h2c member |")
+	require.Contains(t, string(b), "| failed requests (all runs), HTTP/1.1 member | 0 of ")
+	require.Contains(t, string(b), "| calls/s |")
+	require.Contains(t, string(b), "| failed calls (all runs) | 0 of ")
 	require.Contains(t, string(b), "| share of 100 sequential requests, weights 3:1: member 1 (weight 3) |")
 	require.Contains(t, string(b), "| keys that changed member when 1 of 10 members left")
 	require.Contains(t, string(b), "| failed requests (all runs), group key rotated by a rolling restart of 3 members")
@@ -219,6 +250,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"-runs", "0"}, "-runs must be between 1 and 100"},
 		{[]string{"-duration", "-1s"}, "-duration must be positive"},
 		{[]string{"-latency-clients", "-1"}, "-latency-clients must be between 0 and 4096"},
+		{[]string{"-h2-conns", "0"}, "-h2-conns must be between 1 and -clients (32)"},
+		{[]string{"-clients", "4", "-h2-conns", "5"}, "-h2-conns must be between 1 and -clients (4)"},
 		{[]string{"-noisy-retries", "-1"}, "-noisy-retries must not be negative"},
 		{[]string{"-edge", "remote"}, `-edge must be "child" or "inproc"`},
 		{[]string{"-lb-members", "1"}, "-lb-members must be between 2 and 100"},

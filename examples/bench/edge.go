@@ -48,6 +48,9 @@ type edgeOptions struct {
 	// retryIdempotent turns the edge's idempotent retry on for every pool
 	// (tunnel.ServerConfig.RetryIdempotent).
 	retryIdempotent bool
+	// publicH2C makes the public listener serve HTTP/2 with prior knowledge (h2c) too
+	// (tunnel.ServerConfig.PublicH2C), for the h2 scenario.
+	publicH2C bool
 }
 
 // pickPortRange returns 100 ports for TCP tunnels between 21000 and 30999: below the
@@ -126,6 +129,8 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		RetryUnreadRequests: true,
 		// Off by default too: the churn scenario runs its kill once more with it on.
 		RetryIdempotent: o.retryIdempotent,
+		// Off by default; on for the h2 scenario, whose clients speak h2c to the edge.
+		PublicH2C: o.publicH2C,
 	})
 	if err != nil {
 		e.stopProfile()
@@ -276,6 +281,7 @@ func edgeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	verbose := fs.Bool("v", false, "log to stderr")
 	memRate := fs.Int("memprofilerate", 0, "runtime.MemProfileRate (0: the default)")
 	retryIdem := fs.Bool("retry-idempotent", false, "turn the idempotent retry on for every pool")
+	h2c := fs.Bool("public-h2c", false, "serve h2c (HTTP/2 with prior knowledge) on the public listener too")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -285,6 +291,7 @@ func edgeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var o edgeOptions
 	o.cpuprofile = *prof
 	o.retryIdempotent = *retryIdem
+	o.publicH2C = *h2c
 	if lo, hi, ok := strings.Cut(*ports, "-"); ok {
 		var err1, err2 error
 		o.tcpPorts.Lo, err1 = strconv.Atoi(lo)
@@ -375,6 +382,9 @@ func startEdge(ctx context.Context, mode string, o edgeOptions, log *zap.Logger,
 	}
 	if o.retryIdempotent {
 		args = append(args, "-retry-idempotent")
+	}
+	if o.publicH2C {
+		args = append(args, "-public-h2c")
 	}
 	e.cmd = exec.Command(exe, args...)
 	e.cmd.SysProcAttr = childAttrs()

@@ -31,6 +31,12 @@ type loadOptions struct {
 	// the time it was due, so a stall shows in the latency of the requests behind it too (no
 	// coordinated omission).
 	rate float64
+	// caller, when set, replaces the HTTP/1.1 clients (targets, expectLen and tagIDs are then
+	// unused): caller(i) returns client i's way to make one request, which returns the
+	// answer's status (0 when none came) and an error for anything but a good answer. The
+	// clients may share connections (HTTP/2, gRPC), which whoever runs the load opens before
+	// and closes after it.
+	caller func(i int) func(ctx context.Context) (int, error)
 }
 
 // failure is one failed request: a transport error, a status other than 200, or a short
@@ -43,7 +49,8 @@ type failure struct {
 }
 
 // load is an HTTP load in progress: clients goroutines, each with its own keep-alive
-// connection (its own http.Transport), sending GETs back to back until stop.
+// connection (its own http.Transport), sending GETs back to back until stop; or, with a
+// caller, each making its calls on connections the clients share.
 type load struct {
 	opts      loadOptions
 	recording atomic.Bool
@@ -77,7 +84,10 @@ func startLoad(ctx context.Context, o loadOptions) *load {
 	for i := range o.clients {
 		c := &loadClient{lat: make([]int64, 0, 1<<14)}
 		l.clients = append(l.clients, c)
-		t := o.targets[i%len(o.targets)]
+		var t loadTarget
+		if len(o.targets) > 0 {
+			t = o.targets[i%len(o.targets)]
+		}
 		l.wg.Go(func() { l.client(ctx, c, t, i) })
 	}
 	return l
@@ -96,7 +106,7 @@ type loadResult struct {
 	warmupFailed int
 	lat          []int64 // sorted latencies (ns) of the successful requests
 	failures     []failure
-	dials        int // connections the clients opened (each keeps one alive)
+	dials        int // connections the HTTP/1.1 clients opened (each keeps one alive); 0 with a caller
 }
 
 func (r loadResult) requests() int { return r.ok + r.failed }
@@ -137,6 +147,11 @@ func (l *load) finish() loadResult {
 }
 
 func (l *load) client(ctx context.Context, c *loadClient, t loadTarget, index int) {
+	if l.opts.caller != nil {
+		call := l.opts.caller(index)
+		l.loop(ctx, c, index, func(uint64) (int, error) { return call(ctx) })
+		return
+	}
 	d := &net.Dialer{Timeout: 5 * time.Second}
 	tr := &http.Transport{
 		Proxy: nil,
@@ -162,6 +177,17 @@ func (l *load) client(ctx context.Context, c *loadClient, t loadTarget, index in
 		req.Host = t.host
 	}
 	buf := make([]byte, 32<<10)
+	l.loop(ctx, c, index, func(id uint64) (int, error) {
+		if l.opts.tagIDs {
+			req.Header.Set(reqIDHeader, strconv.FormatUint(id, 10))
+		}
+		return roundTrip(tr, req, buf, l.opts.expectLen)
+	})
+}
+
+// loop makes client c's requests with do, back to back or paced, until the load stops, and
+// tallies them.
+func (l *load) loop(ctx context.Context, c *loadClient, index int, do func(id uint64) (int, error)) {
 	var interval time.Duration
 	var due time.Time
 	if l.opts.rate > 0 {
@@ -186,16 +212,13 @@ func (l *load) client(ctx context.Context, c *loadClient, t loadTarget, index in
 			due = due.Add(interval)
 		}
 		id := requestIDs.Add(1)
-		if l.opts.tagIDs {
-			req.Header.Set(reqIDHeader, strconv.FormatUint(id, 10))
-		}
 		if interval == 0 {
 			start = time.Now()
 		}
 		// Recorded: requests due (paced) or sent (closed loop) once recording began; a paced
 		// client catching up on requests due before then does not count them.
 		rec := l.recording.Load() && !start.Before(l.recStart)
-		status, err := roundTrip(tr, req, buf, l.opts.expectLen)
+		status, err := do(id)
 		end := time.Now()
 		switch {
 		case !rec:
@@ -216,7 +239,7 @@ func (l *load) client(ctx context.Context, c *loadClient, t loadTarget, index in
 
 // roundTrip sends req and reads the whole answer; anything but a 200 with a body of
 // expectLen bytes is an error.
-func roundTrip(tr *http.Transport, req *http.Request, buf []byte, expectLen int64) (int, error) {
+func roundTrip(tr http.RoundTripper, req *http.Request, buf []byte, expectLen int64) (int, error) {
 	resp, err := tr.RoundTrip(req)
 	if err != nil {
 		return 0, err

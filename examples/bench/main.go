@@ -12,6 +12,12 @@
 //     2-member group (2 connectors, 2 backends), tiny and 64 KiB responses; directly, the
 //     clients are split evenly over the same two backends. One more, unloaded workload (1
 //     client, -latency-clients) shows the latency the tunnel adds without queueing.
+//   - h2:    HTTP/2 and gRPC: requests/s and latency of -clients request loops sharing
+//     -h2-conns connections that speak HTTP/2 with prior knowledge (h2c) to the edge
+//     (tunnel.ServerConfig.PublicH2C): tiny GETs through a 2-member pool whose members the
+//     edge reaches over HTTP/1.1 and through one it reaches over h2c (TunnelSpec.
+//     BackendProtocol), and gRPC unary calls (the standard health service's Check) through a
+//     2-member h2c pool of grpc-go servers; directly, the same loops speak h2c to the backends.
 //   - tcp:   bulk throughput through a 2-member TCP group, 1 stream and 8 concurrent
 //     streams of -tcp-bytes each, every stream checksummed (CRC-32C) by the backend.
 //   - ttfb:  time from dial to the first byte for new TCP connections; the difference to
@@ -81,7 +87,7 @@ func main() {
 }
 
 // The scenarios, in the order they run.
-var allScenarios = []string{"http", "tcp", "ttfb", "churn", "lb", "mem"}
+var allScenarios = []string{"http", "h2", "tcp", "ttfb", "churn", "lb", "mem"}
 
 // config is the parsed command line.
 type config struct {
@@ -90,6 +96,7 @@ type config struct {
 	runs           int
 	clients        int
 	latencyClients int
+	h2Conns        int
 	pacedFraction  float64
 	tcpBytes       int64
 	tcpStreams     int
@@ -126,9 +133,10 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	only := fs.String("only", strings.Join(allScenarios, ","), "comma-separated scenarios to run: "+strings.Join(allScenarios, ", "))
 	fs.DurationVar(&c.duration, "duration", 5*time.Second, "measured time of each HTTP run (after a warm-up of a fifth of it, at most 1s)")
 	fs.IntVar(&c.runs, "runs", 3, "repetitions of each tunnel/direct pair; the table shows medians")
-	fs.IntVar(&c.clients, "clients", 32, "concurrent keep-alive HTTP clients (http and churn)")
+	fs.IntVar(&c.clients, "clients", 32, "concurrent keep-alive HTTP clients (http, churn, lb), and the request loops of h2")
 	fs.Float64Var(&c.pacedFraction, "paced", 0.5, "also run the tiny-response workload at -clients clients paced (open loop) at this fraction of the tunnel's closed-loop requests/s, through the tunnel and directly alike: latency at equal, unsaturated load (0: skip it)")
 	fs.IntVar(&c.latencyClients, "latency-clients", 1, "clients of an extra, unloaded tiny-response HTTP workload that shows the latency the tunnel adds without queueing (0: skip it)")
+	fs.IntVar(&c.h2Conns, "h2-conns", 2, "client connections of the h2 scenario, shared by its -clients request loops (HTTP/2 and gRPC), through the tunnel and directly alike")
 	tcpBytes := fs.String("tcp-bytes", "1GiB", "bytes per TCP bulk stream (units B, KiB, MiB, GiB, KB, MB, GB)")
 	fs.IntVar(&c.tcpStreams, "tcp-streams", 8, "concurrent streams of the multi-stream TCP run")
 	fs.IntVar(&c.ttfbConns, "ttfb-conns", 1000, "sequential new connections per time-to-first-byte run")
@@ -173,6 +181,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-paced must be between 0 and 1, got %v", c.pacedFraction)
 	case c.latencyClients < 0 || c.latencyClients > 4096:
 		return nil, fmt.Errorf("-latency-clients must be between 0 and 4096, got %d", c.latencyClients)
+	case c.h2Conns < 1 || c.h2Conns > c.clients:
+		return nil, fmt.Errorf("-h2-conns must be between 1 and -clients (%d), got %d", c.clients, c.h2Conns)
 	case c.tcpStreams < 1 || c.tcpStreams > 256:
 		return nil, fmt.Errorf("-tcp-streams must be between 1 and 256, got %d", c.tcpStreams)
 	case c.ttfbConns < 1 || c.ttfbConns > 100000:
@@ -336,6 +346,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*report,
 	rep := newReport(cfg)
 	scenarios := map[string]func(context.Context, *report) error{
 		"http":  b.runHTTP,
+		"h2":    b.runH2,
 		"tcp":   b.runTCP,
 		"ttfb":  b.runTTFB,
 		"churn": b.runChurn,

@@ -59,6 +59,7 @@ type report struct {
 	sections []*section
 
 	http  []httpSummary
+	h2    []h2Summary // HTTP/2 through an HTTP/1.1 member, through an h2c member; gRPC
 	tcp   []tcpSummary
 	ttfb  *ttfbSummary
 	churn []churnSummary
