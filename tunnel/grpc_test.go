@@ -185,123 +185,7 @@ func TestGRPCThroughTunnels(t *testing.T) {
 		"https": grpcClient(t, httpsAddr, "grpcs."+testDomain, verifyAs(pki, "edge.test")),
 	}
 	for name, c := range clients {
-		t.Run(name, func(t *testing.T) {
-			ctx := ctxT(t)
-
-			// Unary, with metadata both ways.
-			var hdr, trl metadata.MD
-			resp, err := c.UnaryCall(metadata.AppendToOutgoingContext(ctx, "echo", "x"),
-				&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hi")}}, grpc.Header(&hdr), grpc.Trailer(&trl))
-			require.NoError(t, err)
-			require.Equal(t, "echo hi", string(resp.GetPayload().GetBody()))
-			require.Equal(t, []string{"h-x"}, hdr.Get("echo-header"))
-			require.Equal(t, []string{"t-x"}, trl.Get("echo-trailer"))
-
-			// An error status (a trailers-only answer) and an unimplemented method.
-			_, err = c.UnaryCall(ctx, &testpb.SimpleRequest{ResponseStatus: &testpb.EchoStatus{Code: int32(codes.NotFound), Message: "no such thing"}})
-			require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
-			require.Equal(t, "no such thing", status.Convert(err).Message())
-			_, err = c.UnimplementedCall(ctx, &testpb.Empty{})
-			require.Equal(t, codes.Unimplemented, status.Code(err), "%v", err)
-
-			// Server streaming: sizes up to 100 KiB, more than one stream window.
-			sizes := []int32{1, 1000, 100 << 10, 7}
-			var params []*testpb.ResponseParameters
-			for _, n := range sizes {
-				params = append(params, &testpb.ResponseParameters{Size: n})
-			}
-			out, err := c.StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{ResponseParameters: params})
-			require.NoError(t, err)
-			for i, n := range sizes {
-				r, err := out.Recv()
-				require.NoError(t, err)
-				require.Len(t, r.GetPayload().GetBody(), int(n))
-				require.Equal(t, byte(i), r.GetPayload().GetBody()[0])
-			}
-			_, err = out.Recv()
-			require.ErrorIs(t, err, io.EOF)
-
-			// Client streaming.
-			in, err := c.StreamingInputCall(ctx)
-			require.NoError(t, err)
-			var total int32
-			for i := range 20 {
-				body := make([]byte, 1000*(i+1))
-				total += int32(len(body))
-				require.NoError(t, in.Send(&testpb.StreamingInputCallRequest{Payload: &testpb.Payload{Body: body}}))
-			}
-			sum, err := in.CloseAndRecv()
-			require.NoError(t, err)
-			require.Equal(t, total, sum.GetAggregatedPayloadSize())
-
-			// Bidirectional: each message is answered before the next is sent.
-			bidi, err := c.FullDuplexCall(ctx)
-			require.NoError(t, err)
-			for i := range 10 {
-				msg := []byte(fmt.Sprintf("ping %d", i))
-				require.NoError(t, bidi.Send(&testpb.StreamingOutputCallRequest{Payload: &testpb.Payload{Body: msg}}))
-				r, err := bidi.Recv()
-				require.NoError(t, err)
-				require.Equal(t, msg, r.GetPayload().GetBody())
-			}
-			require.NoError(t, bidi.CloseSend())
-			_, err = bidi.Recv()
-			require.ErrorIs(t, err, io.EOF)
-
-			// Many calls at once.
-			var wg sync.WaitGroup
-			errs := make(chan error, 50)
-			for i := range 50 {
-				wg.Go(func() {
-					msg := fmt.Sprint("c", i)
-					r, err := c.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte(msg)}})
-					if err == nil && string(r.GetPayload().GetBody()) != "echo "+msg {
-						err = fmt.Errorf("got %q for %q", r.GetPayload().GetBody(), msg)
-					}
-					errs <- err
-				})
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
-
-			// A deadline propagates: the server's call has it (grpc-timeout), the client
-			// gets DeadlineExceeded, and the server's call ends then (at its own deadline,
-			// or by the client's reset when that comes first).
-			start := time.Now()
-			dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			_, err = c.UnaryCall(dctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("wait")}})
-			cancel()
-			require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
-			dl := <-svc.deadlines
-			require.False(t, dl.IsZero(), "the server's call has a deadline")
-			require.WithinDuration(t, start.Add(300*time.Millisecond), dl, 250*time.Millisecond)
-			select {
-			case err := <-svc.ended:
-				require.Error(t, err)
-			case <-time.After(5 * time.Second):
-				t.Fatal("the server's call did not end at the deadline")
-			}
-
-			// A client's cancel reaches the server's stream context.
-			cctx, cancel := context.WithCancel(ctx)
-			bidi, err = c.FullDuplexCall(cctx)
-			require.NoError(t, err)
-			require.NoError(t, bidi.Send(&testpb.StreamingOutputCallRequest{Payload: &testpb.Payload{Body: []byte("x")}}))
-			_, err = bidi.Recv()
-			require.NoError(t, err)
-			cancel()
-			select {
-			case err := <-svc.ended:
-				require.ErrorIs(t, err, context.Canceled)
-			case <-time.After(5 * time.Second):
-				t.Fatal("the client's cancel did not reach the server")
-			}
-			_, err = bidi.Recv()
-			require.Equal(t, codes.Canceled, status.Code(err), "%v", err)
-		})
+		t.Run(name, func(t *testing.T) { exerciseGRPC(t, c, svc) })
 	}
 	require.Equal(t, int64(2), gl.n.Load(), "each member's calls share one HTTP/2 connection to the backend")
 
@@ -337,4 +221,126 @@ func TestGRPCCallsGetTheEdgeFailuresAsGRPCStatuses(t *testing.T) {
 		require.Contains(t, st.Message(), want, sub)
 		require.NotContains(t, st.Message(), "unexpected HTTP status code", sub)
 	}
+}
+
+// exerciseGRPC runs every kind of call through c to svc: unary with metadata both ways, an
+// error status and an unimplemented method, server streaming past a stream window, client
+// streaming, bidirectional streaming, a deadline that reaches the server, and a client
+// cancel that reaches the server's stream context.
+func exerciseGRPC(t *testing.T, c testpb.TestServiceClient, svc *grpcService) {
+	ctx := ctxT(t)
+
+	// Unary, with metadata both ways.
+	var hdr, trl metadata.MD
+	resp, err := c.UnaryCall(metadata.AppendToOutgoingContext(ctx, "echo", "x"),
+		&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hi")}}, grpc.Header(&hdr), grpc.Trailer(&trl))
+	require.NoError(t, err)
+	require.Equal(t, "echo hi", string(resp.GetPayload().GetBody()))
+	require.Equal(t, []string{"h-x"}, hdr.Get("echo-header"))
+	require.Equal(t, []string{"t-x"}, trl.Get("echo-trailer"))
+
+	// An error status (a trailers-only answer) and an unimplemented method.
+	_, err = c.UnaryCall(ctx, &testpb.SimpleRequest{ResponseStatus: &testpb.EchoStatus{Code: int32(codes.NotFound), Message: "no such thing"}})
+	require.Equal(t, codes.NotFound, status.Code(err), "%v", err)
+	require.Equal(t, "no such thing", status.Convert(err).Message())
+	_, err = c.UnimplementedCall(ctx, &testpb.Empty{})
+	require.Equal(t, codes.Unimplemented, status.Code(err), "%v", err)
+
+	// Server streaming: sizes up to 100 KiB, more than one stream window.
+	sizes := []int32{1, 1000, 100 << 10, 7}
+	var params []*testpb.ResponseParameters
+	for _, n := range sizes {
+		params = append(params, &testpb.ResponseParameters{Size: n})
+	}
+	out, err := c.StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{ResponseParameters: params})
+	require.NoError(t, err)
+	for i, n := range sizes {
+		r, err := out.Recv()
+		require.NoError(t, err)
+		require.Len(t, r.GetPayload().GetBody(), int(n))
+		require.Equal(t, byte(i), r.GetPayload().GetBody()[0])
+	}
+	_, err = out.Recv()
+	require.ErrorIs(t, err, io.EOF)
+
+	// Client streaming.
+	in, err := c.StreamingInputCall(ctx)
+	require.NoError(t, err)
+	var total int32
+	for i := range 20 {
+		body := make([]byte, 1000*(i+1))
+		total += int32(len(body))
+		require.NoError(t, in.Send(&testpb.StreamingInputCallRequest{Payload: &testpb.Payload{Body: body}}))
+	}
+	sum, err := in.CloseAndRecv()
+	require.NoError(t, err)
+	require.Equal(t, total, sum.GetAggregatedPayloadSize())
+
+	// Bidirectional: each message is answered before the next is sent.
+	bidi, err := c.FullDuplexCall(ctx)
+	require.NoError(t, err)
+	for i := range 10 {
+		msg := []byte(fmt.Sprintf("ping %d", i))
+		require.NoError(t, bidi.Send(&testpb.StreamingOutputCallRequest{Payload: &testpb.Payload{Body: msg}}))
+		r, err := bidi.Recv()
+		require.NoError(t, err)
+		require.Equal(t, msg, r.GetPayload().GetBody())
+	}
+	require.NoError(t, bidi.CloseSend())
+	_, err = bidi.Recv()
+	require.ErrorIs(t, err, io.EOF)
+
+	// Many calls at once.
+	var wg sync.WaitGroup
+	errs := make(chan error, 50)
+	for i := range 50 {
+		wg.Go(func() {
+			msg := fmt.Sprint("c", i)
+			r, err := c.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte(msg)}})
+			if err == nil && string(r.GetPayload().GetBody()) != "echo "+msg {
+				err = fmt.Errorf("got %q for %q", r.GetPayload().GetBody(), msg)
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	// A deadline propagates: the server's call has it (grpc-timeout), the client
+	// gets DeadlineExceeded, and the server's call ends then (at its own deadline,
+	// or by the client's reset when that comes first).
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = c.UnaryCall(dctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("wait")}})
+	cancel()
+	require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%v", err)
+	dl := <-svc.deadlines
+	require.False(t, dl.IsZero(), "the server's call has a deadline")
+	require.WithinDuration(t, start.Add(300*time.Millisecond), dl, 250*time.Millisecond)
+	select {
+	case err := <-svc.ended:
+		require.Error(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server's call did not end at the deadline")
+	}
+
+	// A client's cancel reaches the server's stream context.
+	cctx, cancel := context.WithCancel(ctx)
+	bidi, err = c.FullDuplexCall(cctx)
+	require.NoError(t, err)
+	require.NoError(t, bidi.Send(&testpb.StreamingOutputCallRequest{Payload: &testpb.Payload{Body: []byte("x")}}))
+	_, err = bidi.Recv()
+	require.NoError(t, err)
+	cancel()
+	select {
+	case err := <-svc.ended:
+		require.ErrorIs(t, err, context.Canceled)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the client's cancel did not reach the server")
+	}
+	_, err = bidi.Recv()
+	require.Equal(t, codes.Canceled, status.Code(err), "%v", err)
 }

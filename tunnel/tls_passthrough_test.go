@@ -25,9 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/status"
 
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 
@@ -374,8 +372,8 @@ func TestTLSPassthroughValidation(t *testing.T) {
 }
 
 // TestTLSPassthroughGRPC: a grpc-go server with its own TLS certificate behind a tls
-// tunnel: a unary call and a streaming call that the client cancels (the cancel reaches
-// the server's stream context), all through the edge without it terminating TLS.
+// tunnel: every kind of call, a deadline and a cancel (exerciseGRPC), all through the edge
+// without it terminating TLS.
 func TestTLSPassthroughGRPC(t *testing.T) {
 	e, httpsAddr, _, _ := passthroughEdge(t, ServerConfig{})
 	cert, pool := selfSigned(t, "grpc backend", "grpc."+testDomain)
@@ -396,30 +394,10 @@ func TestTLSPassthroughGRPC(t *testing.T) {
 	require.NoError(t, err)
 
 	c := grpcClient(t, httpsAddr, "grpc."+testDomain, &tls.Config{ServerName: "grpc." + testDomain, RootCAs: pool})
-	ctx := ctxT(t)
-	resp, err := c.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hi")}})
-	require.NoError(t, err)
-	require.Equal(t, "echo hi", string(resp.GetPayload().GetBody()))
-
-	cctx, cancel := context.WithCancel(ctx)
-	bidi, err := c.FullDuplexCall(cctx)
-	require.NoError(t, err)
-	require.NoError(t, bidi.Send(&testpb.StreamingOutputCallRequest{Payload: &testpb.Payload{Body: []byte("x")}}))
-	r, err := bidi.Recv()
-	require.NoError(t, err)
-	require.Equal(t, "x", string(r.GetPayload().GetBody()))
-	cancel()
-	select {
-	case err := <-svc.ended:
-		require.ErrorIs(t, err, context.Canceled)
-	case <-time.After(5 * time.Second):
-		t.Fatal("the client's cancel did not reach the server")
-	}
-	_, err = bidi.Recv()
-	require.Equal(t, codes.Canceled, status.Code(err), "%v", err)
+	exerciseGRPC(t, c, svc)
 
 	// The connection is the client's own with the backend: one more call on it works.
-	resp, err = c.UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("again")}})
+	resp, err := c.UnaryCall(ctxT(t), &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("again")}})
 	require.NoError(t, err)
 	require.Equal(t, "echo again", string(resp.GetPayload().GetBody()))
 }
