@@ -21,7 +21,7 @@ func (c *Server) validateEndpoints(r *reporter) {
 		key := func(k string) string { return joinKey(base, k) }
 		route := ""
 		switch ep.Proto {
-		case "", "http", "https":
+		case "", "http", "https", "tls":
 			if err := group.ValidateSubdomain(ep.Subdomain); err != nil {
 				r.add(key("subdomain"), ErrInvalid, "%v", err)
 			}
@@ -41,7 +41,7 @@ func (c *Server) validateEndpoints(r *reporter) {
 			}
 			route = "tcp/" + ep.Group
 		default:
-			r.add(key("proto"), ErrInvalid, "%q is not an endpoint protocol; use \"http\" or \"tcp\"", ep.Proto)
+			r.add(key("proto"), ErrInvalid, "%q is not an endpoint protocol; use \"http\", \"https\", \"tls\" or \"tcp\"", ep.Proto)
 		}
 		if prev, dup := seen[route]; dup && route != "" {
 			r.add(base, ErrInvalid, "reserves the same route as %s%s", prev, r.lineNote(prev))

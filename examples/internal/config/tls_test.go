@@ -52,3 +52,11 @@ tunnels:
 		want{9, "tunnels.g.affinity", config.ErrInvalid, "takes client_ip"},
 	)
 }
+
+func TestServerTLSPassthroughEndpoint(t *testing.T) {
+	c, err := config.ParseServer("server.toml", []byte(serverDoc("[[endpoints]]\nproto = \"tls\"\nsubdomain = \"api\"\ngroup = \"api\"\n")))
+	require.NoError(t, err)
+	require.Equal(t, "tls", c.Endpoints[0].Proto)
+	_, err = config.ParseServer("server.toml", []byte(serverDoc("[[endpoints]]\nproto = \"udp\"\nsubdomain = \"api\"\ngroup = \"api\"\n")))
+	requireProblems(t, err, "server.toml", want{4, "endpoints[0].proto", config.ErrInvalid, `use "http", "https", "tls" or "tcp"`})
+}
