@@ -81,7 +81,10 @@ func (s *Server) ServePublic(l net.Listener) error {
 }
 
 // ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig, offering HTTP/2 ("h2"
-// in ALPN, added to a copy of the configuration) unless ServerConfig.DisablePublicHTTP2.
+// in ALPN) unless ServerConfig.DisablePublicHTTP2: each handshake adds "h2" and "http/1.1",
+// where missing, to a copy of the configuration it uses (the one TLSConfig.GetConfigForClient
+// returns, or TLSConfig itself, as it is then: keys rotated with SetSessionTicketKeys take
+// effect at once).
 //
 // It also carries the TLS passthrough tunnels (ProtoTLS): each connection's ClientHello is
 // read first (at most 16 KiB and 5 bytes, within ServerConfig.ReadHeaderTimeout; a client
@@ -106,18 +109,43 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 	return s.serveHTTPWith(tls.NewListener(pl, cfg), s.Handler(), &p)
 }
 
-// withALPN returns a copy of cfg that offers protos, in that order of preference, before
-// the protocols it already names.
+// withALPN returns the configuration to serve the embedder's cfg with, offering protos in
+// ALPN, in that order of preference, before the protocols cfg already names. It does not
+// copy cfg once and for all, which would lose what the embedder changes while the server
+// runs (SetSessionTicketKeys) and the configuration its GetConfigForClient picks per client:
+// each handshake takes the configuration cfg's GetConfigForClient returns, or cfg itself,
+// as it is then, and a copy of it with protos added only when it lacks one. The session
+// ticket keys set on that configuration (copied with it) encrypt and decrypt the tickets; a
+// configuration without keys of its own gets the automatic ones of the returned wrapper, as
+// a handshake under cfg's GetConfigForClient would from cfg.
 func withALPN(cfg *tls.Config, protos ...string) *tls.Config {
-	cfg = cfg.Clone()
-	var add []string
-	for _, p := range protos {
-		if !slices.Contains(cfg.NextProtos, p) {
-			add = append(add, p)
+	pick := cfg.GetConfigForClient
+	w := cfg.Clone() // what crypto/tls reads before GetConfigForClient (ECH keys)
+	w.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		base := cfg
+		if pick != nil {
+			c, err := pick(hello)
+			if err != nil {
+				return nil, err
+			}
+			if c != nil {
+				base = c
+			}
 		}
+		var add []string
+		for _, p := range protos {
+			if !slices.Contains(base.NextProtos, p) {
+				add = append(add, p)
+			}
+		}
+		if len(add) == 0 {
+			return base, nil
+		}
+		c := base.Clone()
+		c.NextProtos = append(add, c.NextProtos...)
+		return c, nil
 	}
-	cfg.NextProtos = append(add, cfg.NextProtos...)
-	return cfg
+	return w
 }
 
 // serveHTTP serves h on l with the public listeners' limits (read-header and idle timeouts,

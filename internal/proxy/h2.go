@@ -6,7 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -22,10 +24,14 @@ import (
 // sends many requests on each: one HTTP/2 stream per request. They are net/http's own
 // client connections (http.Transport.NewClientConn), which the edge pools itself so that it
 // decides where a request may go again: opening a connection that fails (the stream open,
-// or the HTTP/2 preface) is a failed open, and another member is tried; a request the
-// backend refused unprocessed (RST_STREAM REFUSED_STREAM, above a GOAWAY's last stream, or
-// on a connection that closed before it was sent) goes to one other member if it has no
-// body or the edge holds it for a replay; anything else is the member's answer or failure.
+// or the HTTP/2 preface) is a failed open, and another member is tried; a new connection
+// carries one request until the backend's SETTINGS tell its stream limit, then no more than
+// that limit (h2Conn.reserve); a request without a body whose stream the backend refused
+// (RST_STREAM REFUSED_STREAM: at its limit, not failing) is sent again on a new stream to the
+// same member, h2RefusedRetries times; a request the backend refused unprocessed
+// (REFUSED_STREAM, above a GOAWAY's last stream, or on a connection that closed before it
+// was sent) then goes to one other member if it has no body or the edge holds it for a
+// replay; anything else is the member's answer or failure.
 
 const (
 	// h2IdleTimeout closes a member's HTTP/2 connection that carried no request for this
@@ -106,18 +112,43 @@ type h2Pool struct {
 // h2Conn is one HTTP/2 client connection to a member, on one data stream.
 type h2Conn struct {
 	cc *http.ClientConn
+	sc *h2StreamConn
+}
+
+// reserve reserves a request slot on c, and reports whether it did; settled is whether the
+// backend's first SETTINGS arrived. Until they do, c takes one request: net/http lets a new
+// connection carry 100 streams before it knows the backend's limit, and a backend that
+// allows fewer refuses the rest (REFUSED_STREAM), while slots reserved past its limit
+// deadlock the connection (a request waiting for a stream slot holds the lock the others
+// need to give back theirs). After, c takes no more requests than the backend's
+// MAX_CONCURRENT_STREAMS, even before net/http applied it. p.mu is held: the pool's
+// reservations are made one at a time.
+func (c *h2Conn) reserve() (ok, settled bool) {
+	limit, settled := c.sc.settings.maxStreams()
+	if !settled {
+		limit = 1
+	}
+	if c.cc.InFlight() >= limit {
+		return false, settled
+	}
+	return c.cc.Reserve() == nil, settled
 }
 
 // get returns a connection with a request slot reserved for the caller, which must use it
 // (roundTrip): an open one with room, or a new one. Requests that find no room wait for
-// the one connection being made, rather than each making its own. A failure to make a new
-// connection is an *openError: nothing of any request was sent.
-func (p *h2Pool) get(openTimeout time.Duration) (*h2Conn, error) {
-	for waits := 0; ; waits++ {
-		if waits == 3 {
-			// Connections were made, but none would take the request (each closed at once):
+// the one connection being made, or for a new connection's backend to tell its stream
+// limit, rather than each making its own. A failure to make a new connection is an
+// *openError: nothing of any request was sent. The end of ctx ends the wait with ctx's
+// error (a connection being made is still made, for the others).
+func (p *h2Pool) get(ctx context.Context, openTimeout time.Duration) (*h2Conn, error) {
+	for dials := 0; ; {
+		if dials == 3 {
+			// Connections were made, but each closed at once:
 			// still nothing of it was sent.
 			return nil, &openError{p.t.id, errors.New("no HTTP/2 connection to the backend took the request")}
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
 		p.mu.Lock()
 		if p.closed {
@@ -125,33 +156,54 @@ func (p *h2Pool) get(openTimeout time.Duration) (*h2Conn, error) {
 			return nil, &openError{p.t.id, ErrClosed}
 		}
 		dead := p.prune(false)
-		var got *h2Conn
+		var got, unsettled *h2Conn
 		for _, c := range p.conns {
-			if c.cc.Reserve() == nil {
+			ok, settled := c.reserve()
+			if ok {
 				got = c
 				break
 			}
+			if !settled && unsettled == nil {
+				unsettled = c
+			}
 		}
 		d := p.dialing
-		if got == nil && d == nil {
+		if got == nil && d == nil && unsettled == nil {
 			d = &h2Dial{done: make(chan struct{})}
 			p.dialing = d
-			p.mu.Unlock()
-			closeAll(dead)
-			p.dial(d, openTimeout)
-			if d.err != nil {
-				return nil, d.err
-			}
-			continue // take a slot on it like anyone else
+			go p.dial(d, openTimeout)
 		}
 		p.mu.Unlock()
 		closeAll(dead)
 		if got != nil {
 			return got, nil
 		}
-		<-d.done
-		if d.err != nil {
-			return nil, d.err
+		if d != nil {
+			select {
+			case <-d.done:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			if d.err != nil {
+				return nil, d.err
+			}
+			if d.c.cc.Err() != nil {
+				dials++
+			}
+			continue // take a slot on it like anyone else
+		}
+		// A new connection whose backend has not told its limit yet: wait for it.
+		t := time.NewTimer(openTimeout)
+		select {
+		case <-unsettled.sc.settings.settled:
+			t.Stop()
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+			// No SETTINGS in all that time: the connection is no use.
+			_ = unsettled.cc.Close()
+			return nil, &openError{p.t.id, errors.New("the backend sent no HTTP/2 SETTINGS")}
 		}
 	}
 }
@@ -159,6 +211,7 @@ func (p *h2Pool) get(openTimeout time.Duration) (*h2Conn, error) {
 // h2Dial is a connection being made; the requests waiting for it share its outcome.
 type h2Dial struct {
 	done chan struct{}
+	c    *h2Conn
 	err  error
 }
 
@@ -174,13 +227,14 @@ func (p *h2Pool) dial(d *h2Dial, openTimeout time.Duration) {
 	case err == nil:
 		p.conns = append(p.conns, c)
 	}
-	d.err = err
+	d.c, d.err = c, err
 	close(d.done)
 	p.mu.Unlock()
 }
 
 func (p *h2Pool) connect(openTimeout time.Duration) (*h2Conn, error) {
-	st, err := p.t.open("", openTimeout)
+	// Not the request's context: the connection is shared by the requests waiting for it.
+	st, err := p.t.open(context.Background(), "", openTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -191,7 +245,7 @@ func (p *h2Pool) connect(openTimeout time.Duration) (*h2Conn, error) {
 		_ = nc.Close()
 		return nil, &openError{p.t.id, err}
 	}
-	return &h2Conn{cc: cc}, nil
+	return &h2Conn{cc: cc, sc: nc}, nil
 }
 
 // prune takes the closed connections out of the pool, and with idle too those that carry
@@ -251,12 +305,15 @@ func closeAll(cs []*h2Conn) {
 // cut when the tunnel is removed.
 type h2StreamConn struct {
 	*yamux.Stream
-	unhook func() bool
-	once   sync.Once
+	unhook   func() bool
+	once     sync.Once
+	settings h2Settings // the backend's stream limit, as its frames are read
 }
 
 func newH2StreamConn(t *Tunnel, st *yamux.Stream) *h2StreamConn {
 	c := &h2StreamConn{Stream: st}
+	c.settings.settled = make(chan struct{})
+	c.settings.limit.Store(-1)
 	c.unhook = context.AfterFunc(t.ctx, c.abort)
 	return c
 }
@@ -264,7 +321,115 @@ func newH2StreamConn(t *Tunnel, st *yamux.Stream) *h2StreamConn {
 // Read reads the stream; the end of a stream whose session died first is an error.
 func (c *h2StreamConn) Read(p []byte) (int, error) {
 	n, err := c.Stream.Read(p)
+	c.settings.feed(p[:n])
+	if err != nil {
+		c.settings.settle()
+	}
 	return n, mux.StreamEOF(c.Stream, err)
+}
+
+// h2Settings follows the frames a backend sends on one connection, as the HTTP/2 transport
+// reads them, for the backend's SETTINGS_MAX_CONCURRENT_STREAMS: the pool learns the limit
+// as soon as the bytes are read, without waiting for net/http to apply it (which it does not
+// report). Only the transport's read loop feeds it.
+type h2Settings struct {
+	hdr     [9]byte
+	nhdr    int    // bytes of hdr read
+	skip    int    // bytes left of a frame not looked at
+	want    int    // length of the SETTINGS frame being collected, or 0
+	payload []byte // what was read of it
+	seen    bool   // a SETTINGS frame was read
+	off     bool   // the stream of frames made no sense: no more is read of it
+	// limit is the backend's stream limit: -1 before its first SETTINGS.
+	limit   atomic.Int64
+	settled chan struct{} // closed at its first SETTINGS, or once the connection fails
+	once    sync.Once
+}
+
+const (
+	h2FrameSettings     = 0x4
+	h2FlagAck           = 0x1
+	h2SettingMaxStreams = 0x3
+	// h2DefaultMaxStreams is net/http's limit for a backend whose first SETTINGS name none.
+	h2DefaultMaxStreams = 1000
+)
+
+// maxStreams returns the backend's stream limit and whether it is known: 0 when the
+// connection failed before its SETTINGS.
+func (s *h2Settings) maxStreams() (int, bool) {
+	select {
+	case <-s.settled:
+		return int(max(s.limit.Load(), 0)), true
+	default:
+		return 0, false
+	}
+}
+
+func (s *h2Settings) settle() { s.once.Do(func() { close(s.settled) }) }
+
+// feed reads b, the next bytes the backend sent.
+func (s *h2Settings) feed(b []byte) {
+	for len(b) > 0 && !s.off {
+		switch {
+		case s.skip > 0:
+			k := min(s.skip, len(b))
+			s.skip -= k
+			b = b[k:]
+		case s.want > 0:
+			k := min(s.want-len(s.payload), len(b))
+			s.payload = append(s.payload, b[:k]...)
+			b = b[k:]
+			if len(s.payload) == s.want {
+				s.apply(s.payload)
+				s.want, s.payload = 0, nil
+			}
+		default:
+			k := copy(s.hdr[s.nhdr:], b)
+			s.nhdr += k
+			b = b[k:]
+			if s.nhdr < len(s.hdr) {
+				continue
+			}
+			s.nhdr = 0
+			n := int(s.hdr[0])<<16 | int(s.hdr[1])<<8 | int(s.hdr[2])
+			switch {
+			case s.hdr[3] != h2FrameSettings || s.hdr[4]&h2FlagAck != 0:
+				if !s.seen {
+					// A backend's first frame is its SETTINGS (RFC 9113 §3.4): the
+					// transport fails the connection.
+					s.off = true
+					s.settle()
+				}
+				s.skip = n
+			case n > h2MaxReadFrameSize || n%6 != 0:
+				s.off = true // the transport fails the connection
+				s.settle()
+			case n == 0:
+				s.apply(nil)
+			default:
+				s.want = n
+			}
+		}
+	}
+}
+
+// apply takes in the parameters of one SETTINGS frame.
+func (s *h2Settings) apply(p []byte) {
+	first := !s.seen
+	s.seen = true
+	found := false
+	for ; len(p) >= 6; p = p[6:] {
+		if uint16(p[0])<<8|uint16(p[1]) == h2SettingMaxStreams {
+			s.limit.Store(int64(uint32(p[2])<<24 | uint32(p[3])<<16 | uint32(p[4])<<8 | uint32(p[5])))
+			found = true
+		}
+	}
+	if first {
+		if !found {
+			s.limit.Store(h2DefaultMaxStreams)
+		}
+		s.settle()
+	}
 }
 
 // Close aborts the stream: pending reads and writes return at once.
@@ -283,9 +448,15 @@ func (c *h2StreamConn) abort() {
 
 // h2Exchange is one request to an h2c member, on a connection slot reserved for it.
 type h2Exchange struct {
-	t *Tunnel
-	c *h2Conn
+	t           *Tunnel
+	c           *h2Conn
+	openTimeout time.Duration
 }
+
+// h2RefusedRetries is how many times a request without a body that the backend refused
+// unprocessed (REFUSED_STREAM: over its stream limit, as it may lower it at any time) is
+// sent again, on a new stream to the same member, before the refusal stands.
+const h2RefusedRetries = 3
 
 func (x *h2Exchange) tunnel() *Tunnel { return x.t }
 
@@ -299,12 +470,27 @@ func (x *h2Exchange) failedBeforeResponse(err error) bool { return !clientFault(
 // response comes back; a client that goes away resets the stream (RST_STREAM CANCEL), and
 // the backend sees its request's context end.
 func (x *h2Exchange) roundTrip(req *http.Request, m *group.Member) (*http.Response, error) {
+	if err := req.Context().Err(); err != nil {
+		// The client went away (a stream it reset at once): the backend hears nothing.
+		x.c.cc.Release()
+		m.Release()
+		return nil, err
+	}
 	var up *h2Upload
 	if req.Body != nil && req.Body != http.NoBody {
 		up = newH2Upload(req.Body, bodyAborter(req))
 		req.Body = up
 	}
 	resp, err := x.c.cc.RoundTrip(req)
+	for try := 0; err != nil && up == nil && try < h2RefusedRetries && h2Refused(err) && req.Context().Err() == nil; try++ {
+		// Nothing of the request reached the backend's application, and without a body
+		// it can go again as it was.
+		var c *h2Conn
+		if c, err = x.t.h2.get(req.Context(), x.openTimeout); err == nil {
+			x.c = c
+			resp, err = c.cc.RoundTrip(req)
+		}
+	}
 	if err == nil && up != nil && up.failed.Load() {
 		// As for HTTP/1.1: an answer to a truncated upload is not relayed.
 		_ = resp.Body.Close()
@@ -320,7 +506,7 @@ func (x *h2Exchange) roundTrip(req *http.Request, m *group.Member) (*http.Respon
 		m.Release()
 		return nil, err
 	}
-	if len(resp.Trailer) > 0 {
+	if len(resp.Trailer) > 0 || mayHaveTrailers(req, resp) {
 		// HTTP/2 carries trailers after a body of known length; HTTP/1.1 only after a
 		// chunked one, which the public response must then be.
 		resp.Header.Del("Content-Length")
@@ -328,6 +514,21 @@ func (x *h2Exchange) roundTrip(req *http.Request, m *group.Member) (*http.Respon
 	}
 	resp.Body = &h2Body{ReadCloser: resp.Body, m: m, up: up}
 	return resp, nil
+}
+
+// mayHaveTrailers reports whether resp, an h2c member's answer to req, may end with trailers
+// it did not announce (HTTP/2 allows it) that the public client can take: the client speaks
+// HTTP/1.1 (HTTP/2 carries them after a Content-Length too, HTTP/1.0 not at all), the
+// response has a body, and it is gRPC's or the client said it accepts trailers (TE:
+// trailers, which the reverse proxy passes on). Such a response is relayed chunked, without
+// its Content-Length; any other keeps it, and trailers nobody announced are dropped.
+func mayHaveTrailers(req *http.Request, resp *http.Response) bool {
+	if req.ProtoMajor != 1 || req.ProtoMinor < 1 || req.Method == http.MethodHead ||
+		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified {
+		return false
+	}
+	return strings.HasPrefix(resp.Header.Get("Content-Type"), "application/grpc") ||
+		hasToken(req.Header, "Te", "trailers")
 }
 
 // h2Body is a response body from an h2c member; its end releases the member's slot, once
@@ -443,6 +644,13 @@ var h2NotSent = []string{
 	"http2: client conn could not be established",
 	"http2: Transport received Server's graceful shutdown GOAWAY",
 	"connection is unavailable",
+}
+
+// h2Refused reports whether err is the h2c member's backend refusing a request's stream
+// unprocessed (RST_STREAM REFUSED_STREAM): it is busy, not failing.
+func h2Refused(err error) bool {
+	var se h2StreamError
+	return errors.As(err, &se) && se.Code == h2RefusedStream
 }
 
 // h2Unprocessed reports whether err means that the h2c member's backend did not process the

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/netip"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -31,7 +33,10 @@ import (
 // Content-Length ends short, a chunked one without its last chunk. Each request carries the
 // edge's forwarding headers (Config.TrustedProxies, forwarded.go), and an Expect:
 // 100-continue reaches the backend, which decides whether the client's body is read
-// (memberConn.roundTrip; net/http's transport for h2c members).
+// (memberConn.roundTrip; net/http's transport for h2c members), unless the edge already
+// holds the whole body for a replay. A request whose client already went away is not
+// dispatched; no 1xx response is relayed to an HTTP/1.0 client, and at most
+// maxInterimResponses to others.
 type HTTP struct {
 	cfg   Config
 	proxy *httputil.ReverseProxy
@@ -214,8 +219,47 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}()
 	}
+	// At most maxInterimResponses 1xx responses before the final one, from an h2c member
+	// as from an HTTP/1.1 one (memberConn.readResponse): this hook runs after the reverse
+	// proxy's own, which relays each, and its error fails the request (502).
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{Got1xxResponse: interimLimit()})
+	if !r.ProtoAtLeast(1, 1) {
+		// No 1xx response to an HTTP/1.0 client (RFC 9110 §15.2): it would take it for
+		// the final one.
+		w = http10Writer{w}
+	}
 	h.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
+
+// errTooManyInterim fails a request whose backend sent maxInterimResponses 1xx responses
+// without a final one.
+var errTooManyInterim = fmt.Errorf("backend sent %d interim responses without a final one", maxInterimResponses)
+
+// interimLimit returns a Got1xxResponse hook that fails the request at its backend's
+// maxInterimResponses-th 1xx response.
+func interimLimit() func(int, textproto.MIMEHeader) error {
+	var n atomic.Int32
+	return func(int, textproto.MIMEHeader) error {
+		if n.Add(1) >= maxInterimResponses {
+			return errTooManyInterim
+		}
+		return nil
+	}
+}
+
+// http10Writer is the ResponseWriter of an HTTP/1.0 client's request: the backend's 1xx
+// responses are not relayed.
+type http10Writer struct{ http.ResponseWriter }
+
+func (w http10Writer) WriteHeader(code int) {
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		return
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the server's own ResponseWriter.
+func (w http10Writer) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // SweepIdle closes the pooled streams of every member that have been idle for longer than
 // Config.IdleStreamTimeout at now, and lets the others drop their receive buffers. The edge
@@ -267,10 +311,19 @@ func (h *HTTP) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		bte *bodyTimeoutError
 		rbe *requestBodyError
 	)
+	// closeConn closes an HTTP/1.x connection after this answer, when the rest of a request
+	// body may still come. An HTTP/2 stream needs nothing of it (the server resets the
+	// stream), and Connection: close would make the server end the whole connection
+	// (GOAWAY), every other request on it included.
+	closeConn := func() {
+		if r.ProtoMajor == 1 {
+			w.Header().Set("Connection", "close")
+		}
+	}
 	if f, ok := r.Context().Value(uploadAbortedKey{}).(func() bool); ok && f() {
 		// The upload was cut short: the rest of the body may still come, and the
 		// connection cannot carry another request.
-		w.Header().Set("Connection", "close")
+		closeConn()
 	}
 	switch {
 	case errors.Is(err, ErrNoMember):
@@ -284,14 +337,14 @@ func (h *HTTP) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		h.fail(w, r, fmt.Sprintf("request body over the limit of %d bytes", mbe.Limit), http.StatusRequestEntityTooLarge)
 	case errors.As(err, &bte):
 		// The rest of the body may still come: the connection cannot carry another request.
-		w.Header().Set("Connection", "close")
+		closeConn()
 		h.fail(w, r, bte.Error(), http.StatusRequestTimeout)
 	case r.Context().Err() != nil:
 		// The client went away; nobody reads this answer.
 		h.fail(w, r, "", http.StatusBadGateway)
 	case errors.As(err, &rbe):
 		h.cfg.Logger.Debug("bad request body", zap.String("host", r.Host), zap.Error(err))
-		w.Header().Set("Connection", "close")
+		closeConn()
 		h.fail(w, r, "bad request: "+rbe.Error(), http.StatusBadRequest)
 	default:
 		h.cfg.Logger.Debug("proxy error", zap.String("host", r.Host), zap.Error(err))
@@ -347,6 +400,10 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if g == nil {
 		return nil, ErrNoMember
 	}
+	if err := req.Context().Err(); err != nil {
+		// The client went away (an HTTP/2 stream it reset at once): no member hears of it.
+		return nil, err
+	}
 	// rp holds the body of a replayable request, for one more attempt.
 	var rp *replay
 	// A body of unknown length whose client waits for 100 Continue is not read ahead for a
@@ -358,12 +415,17 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if rp, err = bufferBody(req); err != nil {
 			return nil, err
 		}
+		if rp != nil && rp.hasBody && req.Header.Get("Expect") != "" {
+			// The edge holds the whole body (its client was told to send it): the member
+			// has nothing to decide, and waiting for its 100 Continue would only delay it.
+			req.Header.Del("Expect")
+		}
 	}
 	var aff *affinity
 	if g.Affinity != "" {
 		aff, _ = req.Context().Value(affinityCtxKey{}).(*affinity)
 	}
-	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed, outcome: t.cfg.Outcome, aff: aff}
+	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed, outcome: t.cfg.Outcome, aff: aff, ctx: req.Context()}
 	pc, m, err := t.conn(p, req)
 	if err != nil {
 		return nil, err
@@ -434,6 +496,9 @@ func (t *memberTransport) attempt(pc exchange, m *group.Member, req *http.Reques
 			f(m, false, "")
 		case req.Context().Err() != nil || clientFault(err):
 			// The client ended the exchange: nothing is known of the member.
+		case h2Refused(err):
+			// The h2c member's backend refused the stream unprocessed: it is at its
+			// stream limit, not failing.
 		case pc.failedBeforeResponse(err):
 			f(m, true, "reset before a response")
 		default:
@@ -450,16 +515,16 @@ func (t *memberTransport) attempt(pc exchange, m *group.Member, req *http.Reques
 func (t *memberTransport) conn(p *picker, req *http.Request) (exchange, *group.Member, error) {
 	return pick(p, func(tun *Tunnel) (exchange, error) {
 		if tun.h2 != nil && req.Header.Get("Upgrade") == "" {
-			c, err := tun.h2.get(t.cfg.OpenTimeout)
+			c, err := tun.h2.get(req.Context(), t.cfg.OpenTimeout)
 			if err != nil {
 				return nil, err
 			}
-			return &h2Exchange{t: tun, c: c}, nil
+			return &h2Exchange{t: tun, c: c, openTimeout: t.cfg.OpenTimeout}, nil
 		}
 		if pc := tun.pool.get(t.cfg.IdleStreamTimeout); pc != nil {
 			return pc, nil
 		}
-		st, err := tun.open("", t.cfg.OpenTimeout)
+		st, err := tun.open(req.Context(), "", t.cfg.OpenTimeout)
 		if err != nil {
 			return nil, err
 		}

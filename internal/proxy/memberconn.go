@@ -173,7 +173,7 @@ func (pc *memberConn) readResponse(req *http.Request, gate *continueGate) (*http
 		}
 		return resp, nil
 	}
-	return nil, fmt.Errorf("backend sent more than %d interim responses", maxInterimResponses)
+	return nil, errTooManyInterim
 }
 
 // failedBeforeResponse reports whether err, which roundTrip returned, means that the member
@@ -210,6 +210,12 @@ func clientFault(err error) bool {
 // stream is closed after it (the backend may still wait for the body). Without a body, the
 // Expect header is dropped.
 func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Response, error) {
+	if err := req.Context().Err(); err != nil {
+		// The client went away before anything was written: the stream stays usable.
+		pc.t.pool.put(pc)
+		m.Release()
+		return nil, err
+	}
 	pc.lim.got = false
 	hasBody := req.Body != nil && req.Body != http.NoBody
 	var gate *continueGate
@@ -453,10 +459,13 @@ var expectContinueTimeout = time.Second
 var errBodyWithheld = errors.New("the backend answered before it asked for the request body")
 
 // expectsContinue reports whether h asks for 100 Continue before the body.
-func expectsContinue(h http.Header) bool {
-	for _, v := range h.Values("Expect") {
+func expectsContinue(h http.Header) bool { return hasToken(h, "Expect", "100-continue") }
+
+// hasToken reports whether a comma-separated list in h's field name holds token.
+func hasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
 		for tok := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(tok), "100-continue") {
+			if strings.EqualFold(strings.TrimSpace(tok), token) {
 				return true
 			}
 		}

@@ -282,34 +282,55 @@ func (e *openError) Unwrap() error { return e.err }
 // open opens a data stream to the tunnel's connector, writes the envelope and waits for
 // the connector's acknowledgement, which it sends only once its local backend accepted the
 // connection. Nothing else has been written when open fails, so the caller may retry on
-// another member.
-func (t *Tunnel) open(remoteAddr string, timeout time.Duration) (*yamux.Stream, error) {
+// another member. The end of ctx (the public request or connection went away) stops the
+// wait, closes the stream and returns ctx's error: not the member's failure.
+func (t *Tunnel) open(ctx context.Context, remoteAddr string, timeout time.Duration) (*yamux.Stream, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	st, err := t.sess.OpenStream()
 	if err != nil {
 		return nil, &openError{t.id, err}
 	}
+	_ = st.SetDeadline(time.Now().Add(timeout)) // before the abort, which must win
+	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(pastTime) })
+	err = t.handshake(st, remoteAddr)
+	if !stop() {
+		if err == nil {
+			_ = st.Close()
+		}
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
+// handshake writes the envelope on st and waits for the connector's acknowledgement, within
+// st's deadline; st is closed when it fails.
+func (t *Tunnel) handshake(st *yamux.Stream, remoteAddr string) error {
 	var buf [wire.MaxEnvelopeSize + 1]byte
 	env, err := wire.AppendEnvelope(buf[:0], wire.Envelope{TunnelID: t.id, RemoteAddr: remoteAddr, Proto: t.proto})
 	if err != nil {
 		_ = st.Close()
-		return nil, &openError{t.id, err}
+		return &openError{t.id, err}
 	}
-	_ = st.SetDeadline(time.Now().Add(timeout))
 	if _, err := st.Write(env); err != nil {
 		_ = st.Close()
-		return nil, &openError{t.id, err}
+		return &openError{t.id, err}
 	}
 	ack := buf[:1]
 	if _, err := io.ReadFull(st, ack); err != nil {
 		_ = st.Close()
-		return nil, &openError{t.id, fmt.Errorf("waiting for the acknowledgement: %w", err)}
+		return &openError{t.id, fmt.Errorf("waiting for the acknowledgement: %w", err)}
 	}
 	if a := wire.Ack(ack[0]); a != wire.AckOK {
 		_ = st.Close()
-		return nil, &openError{t.id, errors.New(a.String())}
+		return &openError{t.id, errors.New(a.String())}
 	}
 	_ = st.SetDeadline(time.Time{})
-	return st, nil
+	return nil
 }
 
 // picker chooses the members for one request or connection: a first pick and, only when
@@ -321,7 +342,10 @@ type picker struct {
 	// outcome, if not nil, hears of each failed open (Config.Outcome).
 	outcome func(m *group.Member, failed bool, reason string)
 	// aff, if not nil, steers the first pick by the group's affinity.
-	aff     *affinity
+	aff *affinity
+	// ctx, if not nil, is the public request's or connection's: once it ended, no member is
+	// picked or opened any more, and a failed open is not the member's failure.
+	ctx     context.Context
 	last    *group.Member // the member picked last
 	started bool
 	retried bool
@@ -381,6 +405,9 @@ func pick[T any](p *picker, connect func(*Tunnel) (T, error)) (T, *group.Member,
 	var zero T
 	err := ErrNoMember
 	for failed := false; ; failed = true {
+		if p.ctx != nil && p.ctx.Err() != nil {
+			return zero, nil, p.ctx.Err()
+		}
 		m := p.next()
 		if m == nil {
 			return zero, nil, err
@@ -391,6 +418,11 @@ func pick[T any](p *picker, connect func(*Tunnel) (T, error)) (T, *group.Member,
 		var v T
 		if v, err = connect(m.Value().(*Tunnel)); err == nil {
 			return v, m, nil
+		}
+		if p.ctx != nil && p.ctx.Err() != nil {
+			// The client went away while the member was being opened.
+			m.Release()
+			return zero, nil, p.ctx.Err()
 		}
 		if p.outcome != nil {
 			p.outcome(m, true, openRefused(err))

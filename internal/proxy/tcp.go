@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -191,7 +192,9 @@ func connectMember(cfg *Config, g *group.Group, remote string) (*yamux.Stream, *
 			p.aff = keyedBy(ip.String())
 		}
 	}
-	st, m, err := pick(p, func(tun *Tunnel) (*yamux.Stream, error) { return tun.open(remote, cfg.OpenTimeout) })
+	st, m, err := pick(p, func(tun *Tunnel) (*yamux.Stream, error) {
+		return tun.open(context.Background(), remote, cfg.OpenTimeout)
+	})
 	if err != nil {
 		return nil, nil, err
 	}
