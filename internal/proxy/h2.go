@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -470,6 +471,12 @@ func (x *h2Exchange) failedBeforeResponse(err error) bool { return !clientFault(
 // response comes back; a client that goes away resets the stream (RST_STREAM CANCEL), and
 // the backend sees its request's context end.
 func (x *h2Exchange) roundTrip(req *http.Request, m *group.Member) (*http.Response, error) {
+	// The request goes out at once on a pooled connection (an HTTP/1.1 member's waits for
+	// its stream's open first), and on a busy edge the handler gets here ahead of the
+	// public server's goroutine, which may already hold the client's reset of the stream
+	// (rapid reset) without having run to end the request's context. The processor is
+	// yielded once so that a reset already read is seen before anything is sent.
+	runtime.Gosched()
 	if err := req.Context().Err(); err != nil {
 		// The client went away (a stream it reset at once): the backend hears nothing.
 		x.c.cc.Release()
