@@ -30,7 +30,18 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	// A connector started without --socket makes its control socket under
+	// $XDG_RUNTIME_DIR (else ~/.warren): keep the tests' sockets out of the home directory.
+	dir, err := os.MkdirTemp("", "warren-connector-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("XDG_RUNTIME_DIR", dir)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		os.RemoveAll(dir)
+		os.Exit(code)
+	}))
 }
 
 func TestTunnelSpec(t *testing.T) {

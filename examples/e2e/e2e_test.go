@@ -54,6 +54,11 @@ func buildAndRun(m *testing.M) (int, error) {
 	}
 	defer os.RemoveAll(dir)
 	binDir = dir
+	// The connectors' control sockets go under $XDG_RUNTIME_DIR (else ~/.warren): keep the
+	// tests' out of the home directory.
+	if err := os.Setenv("XDG_RUNTIME_DIR", dir); err != nil {
+		return 1, err
+	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		return 1, err
