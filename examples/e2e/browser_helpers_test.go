@@ -271,26 +271,7 @@ func (e *statusEdge) start() {
 	t := e.t
 	t.Helper()
 	e.proc = start(t, "edge", "edge", "-config", e.path)
-	client := &http.Client{Timeout: time.Second}
-	defer client.CloseIdleConnections()
-	require.Eventually(t, func() bool {
-		select {
-		case <-e.proc.done:
-			return true
-		default:
-		}
-		resp, err := client.Get(e.url("/healthz"))
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, waitTimeout, 20*time.Millisecond)
-	select {
-	case <-e.proc.done:
-		t.Fatalf("the edge exited with %d; stderr:\n%s", e.proc.code, e.proc.stderr.String())
-	default:
-	}
+	waitAdmin(t, e.proc, e.url("/healthz"))
 }
 
 // kill9 kills the edge with SIGKILL.

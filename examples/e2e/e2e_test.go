@@ -229,12 +229,19 @@ enabled = true
 `, e.http, e.control, e.admin, token, adminToken, e.tcp, e.tcp, strings.Join(lbExtra, "\n")), 0o600))
 	e.proc = start(t, "edge", "edge", "-config", path)
 
-	healthz := fmt.Sprintf("http://127.0.0.1:%d/healthz", e.admin)
+	waitAdmin(t, e.proc, fmt.Sprintf("http://127.0.0.1:%d/healthz", e.admin))
+	return e
+}
+
+// waitAdmin waits until the edge process p answers 200 on its admin /healthz, and fails the
+// test with the edge's output if it exits first.
+func waitAdmin(t *testing.T, p *proc, healthz string) {
+	t.Helper()
 	client := &http.Client{Timeout: time.Second}
 	defer client.CloseIdleConnections()
 	require.Eventually(t, func() bool {
 		select {
-		case <-e.done:
+		case <-p.done:
 			return true // reported below
 		default:
 		}
@@ -246,11 +253,10 @@ enabled = true
 		return resp.StatusCode == http.StatusOK
 	}, waitTimeout, 20*time.Millisecond, "the edge's admin API did not come up")
 	select {
-	case <-e.done:
-		t.Fatalf("the edge exited with %d; stderr:\n%s", e.code, e.stderr.String())
+	case <-p.done:
+		t.Fatalf("the edge exited with %d; stderr:\n%s", p.code, p.stderr.String())
 	default:
 	}
-	return e
 }
 
 // tunnelConf is one tunnel of a connector's YAML file.

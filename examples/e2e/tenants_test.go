@@ -68,26 +68,7 @@ enabled = true
 func (e *tenantEdge) start() {
 	t := e.t
 	e.proc = start(t, "edge", "edge", "-config", e.path)
-	client := &http.Client{Timeout: time.Second}
-	defer client.CloseIdleConnections()
-	require.Eventually(t, func() bool {
-		select {
-		case <-e.proc.done:
-			return true
-		default:
-		}
-		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/healthz", e.admin))
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	}, waitTimeout, 20*time.Millisecond)
-	select {
-	case <-e.proc.done:
-		t.Fatalf("the edge exited with %d; stderr:\n%s", e.proc.code, e.proc.stderr.String())
-	default:
-	}
+	waitAdmin(t, e.proc, fmt.Sprintf("http://127.0.0.1:%d/healthz", e.admin))
 }
 
 // kill9 kills the edge with SIGKILL: nothing is flushed or closed.
