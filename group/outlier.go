@@ -126,7 +126,6 @@ func (r *Registry) recordFailure(m *Member, reason string) bool {
 	m.out.run = 0
 	m.ejected.Store(true)
 	m.out.since = now
-	r.ejections.Add(1)
 	why := fmt.Sprintf("ejected for %s after %d failed streams in a row (last: %s)", d, e.Failures, reason)
 	m.record(Transition{At: now, Healthy: false, Reason: why})
 	g.publishLocked()
@@ -197,9 +196,6 @@ func (m *Member) stopEjection() {
 		m.out.timer = nil
 	}
 }
-
-// Ejections is the number of ejections so far.
-func (r *Registry) Ejections() uint64 { return r.ejections.Load() }
 
 // queueEjectionLocked queues the EventHealth of an ejection or of its end; the caller holds
 // g.mu.

@@ -249,9 +249,8 @@ type Registry struct {
 	ports     portPool
 	seq       atomic.Uint64
 
-	ejection  Ejection // cfg.Ejection with defaults
-	ejections atomic.Uint64
-	secret    []byte
+	ejection Ejection // cfg.Ejection with defaults
+	secret   []byte
 }
 
 // NewRegistry returns an empty registry.

@@ -187,14 +187,6 @@ func (v View) Dispatches() map[string]uint64 {
 	return out
 }
 
-// Ejections returns the number of outlier ejections so far.
-func (v View) Ejections() uint64 {
-	if v.r == nil {
-		return 0
-	}
-	return v.r.Ejections()
-}
-
 // PortsInUse returns the number of TCP ports currently taken.
 func (v View) PortsInUse() int {
 	if v.r == nil {

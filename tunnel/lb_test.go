@@ -198,12 +198,17 @@ func TestKeyRotationWithLiveTraffic(t *testing.T) {
 	}()
 	// Rolling rotation: each member's replacement starts with the new key (naming the old
 	// one), then the old member drains away.
+	// Traffic flows through every step: after each change, wait for 20 more requests.
+	flowing := func() {
+		n := sent.Load() + 20
+		require.Eventually(t, func() bool { return sent.Load() >= n }, 5*time.Second, time.Millisecond)
+	}
 	for i, name := range []string{"A2", "B2"} {
 		_, err := e.connect().Forward(ctxT(t), rotated(), hostPort(backend(t, name).URL))
 		require.NoError(t, err, "replacement %d", i)
-		time.Sleep(50 * time.Millisecond)
+		flowing()
 		require.NoError(t, members[i].Shutdown(ctxT(t)))
-		time.Sleep(50 * time.Millisecond)
+		flowing()
 	}
 	close(stop)
 	<-done

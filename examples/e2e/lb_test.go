@@ -116,7 +116,9 @@ func TestKeyRotationThroughTheMains(t *testing.T) {
 		old[i].signal(t, syscall.SIGTERM)
 		require.Equal(t, 0, old[i].wait(t))
 	}
-	time.Sleep(100 * time.Millisecond)
+	// Traffic still flows once every member has the new key.
+	n := sent.Load() + 20
+	require.Eventually(t, func() bool { return sent.Load() >= n }, waitTimeout, time.Millisecond)
 	close(stop)
 	<-done
 	t.Logf("%d requests during the rotation, %d failed", sent.Load(), failed.Load())
