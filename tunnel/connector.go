@@ -18,12 +18,13 @@ import (
 )
 
 // Session is a connector: one multiplexed connection to an edge that carries any number of
-// tunnels. When the connection is lost it reconnects with exponential backoff and jitter and
-// registers every tunnel again. Create it with Dial; end it with Close.
+// tunnels. When the connection is lost it reconnects with exponential backoff and jitter, to
+// the next of its edge addresses when it has several (see DialServers), and registers every
+// tunnel again. Create it with Dial or DialServers; end it with Close.
 type Session struct {
-	addr string
-	opts dialOptions
-	log  *zap.Logger
+	servers []string // the edge addresses, as given to Dial or DialServers
+	opts    dialOptions
+	log     *zap.Logger
 
 	ctx    context.Context // cancelled by Close or a permanent failure
 	cancel context.CancelFunc
@@ -31,6 +32,7 @@ type Session struct {
 	mu      sync.Mutex
 	conn    *clientConn   // the live connection; nil while reconnecting
 	up      chan struct{} // closed when conn becomes non-nil
+	edge    candidate     // the edge of the live (or last) connection
 	tunnels map[*clientTunnel]struct{}
 	err     error
 	done    chan struct{}
@@ -48,47 +50,61 @@ type Session struct {
 
 // Dial connects a connector to the edge at addr ("host:port"), says hello with the token and
 // returns the session. It fails if the edge cannot be reached or refuses the token; once it
-// has succeeded, later connection losses are retried in the background.
+// has succeeded, later connection losses are retried in the background. The dialer resolves
+// a host name in addr itself each time (net.Dialer tries its addresses, IPv6 and IPv4 in
+// parallel); for several edges, or one name standing for several edges that the session
+// should move between, use DialServers.
 func Dial(ctx context.Context, addr string, opts ...Option) (*Session, error) {
+	return dial(ctx, []string{addr}, false, opts)
+}
+
+func dial(ctx context.Context, servers []string, retry bool, opts []Option) (*Session, error) {
 	o := defaultDialOptions()
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if retry && o.lookup == nil && !o.customDialer {
+		o.lookup = net.DefaultResolver.LookupHost
+	}
+	log := o.log.With(zap.String("edge", servers[0]))
+	if len(servers) > 1 {
+		log = o.log.With(zap.Strings("edges", servers))
+	}
 	s := &Session{
-		addr:    addr,
+		servers: servers,
 		opts:    o,
-		log:     o.log.With(zap.String("edge", addr)),
+		log:     log,
 		up:      make(chan struct{}),
 		tunnels: map[*clientTunnel]struct{}{},
 		done:    make(chan struct{}),
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	c, err := s.connect(ctx)
+	c, cand, err := s.connectFirst(ctx, retry)
 	if err != nil {
 		s.cancel()
 		return nil, err
 	}
+	s.setEdge(cand)
 	s.attach(c)
 	s.wg.Go(func() { s.supervise(c) })
 	return s, nil
 }
 
-// connect dials the edge, runs yamux and the hello exchange.
-func (s *Session) connect(ctx context.Context) (*clientConn, error) {
-	raw, err := s.opts.dial(ctx, "tcp", s.addr)
+// connect dials the edge cand, runs yamux and the hello exchange.
+func (s *Session) connect(ctx context.Context, cand candidate) (*clientConn, error) {
+	raw, err := s.opts.dial(ctx, "tcp", cand.addr)
 	if err != nil {
-		return nil, fmt.Errorf("tunnel: dial %s: %w", s.addr, err)
+		return nil, fmt.Errorf("tunnel: dial %s: %w", cand, err)
 	}
 	if cfg := s.opts.tlsConfig; cfg != nil {
 		cfg = cfg.Clone()
 		if cfg.ServerName == "" {
-			host, _, _ := net.SplitHostPort(s.addr)
-			cfg.ServerName = host
+			cfg.ServerName = cand.host // the name as given, also when an address of it is dialled
 		}
 		tc := tls.Client(raw, cfg)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = raw.Close()
-			return nil, fmt.Errorf("tunnel: TLS handshake with %s: %w", s.addr, err)
+			return nil, fmt.Errorf("tunnel: TLS handshake with %s: %w", cand, err)
 		}
 		raw = tc
 	}
@@ -132,7 +148,7 @@ func (s *Session) connect(ctx context.Context) (*clientConn, error) {
 	switch m := msg.(type) {
 	case *wire.Welcome:
 		_ = ctrl.SetDeadline(time.Time{})
-		s.log.Info("connected to edge", zap.String("session", m.SessionID), zap.String("region", m.RegionID))
+		s.log.Info("connected to edge", zap.String("server", cand.String()), zap.String("session", m.SessionID), zap.String("region", m.RegionID))
 		s.mu.Lock()
 		s.resumeID, s.resumeToken = m.SessionID, m.ResumeToken
 		s.mu.Unlock()
@@ -166,7 +182,11 @@ func (s *Session) attach(c *clientConn) {
 }
 
 // supervise waits for the live connection to end and reconnects, until Close or a
-// permanent failure.
+// permanent failure. Each reconnect is a series of passes over the edges (connectPass),
+// starting with the one after the edge just lost, with a backoff delay between passes. The
+// lost edge itself is not dialled again without a delay: the pass after a loss waits before
+// it (or before the whole pass, when the lost connection did not last the healthy period, so
+// that edges which accept and then drop the connector are not dialled in a tight loop).
 func (s *Session) supervise(c *clientConn) {
 	attempt := 0
 	for {
@@ -180,42 +200,66 @@ func (s *Session) supervise(c *clientConn) {
 			return
 		}
 		s.detach(c)
+		lost := s.currentEdge()
 		if err := c.fatalErr(); err != nil && permanent(err) {
 			s.fail(fmt.Errorf("tunnel: edge ended the session: %w", err))
 			return
 		}
 		if !s.opts.reconnect {
-			s.fail(fmt.Errorf("tunnel: connection to %s lost", s.addr))
+			s.fail(fmt.Errorf("tunnel: connection to %s lost", lost))
 			return
 		}
+		s.log.Warn("connection to edge lost; reconnecting", zap.String("server", lost.String()), zap.NamedError("reason", c.fatalErr()))
+		waited := false
 		if time.Since(c.started) >= s.opts.healthyPeriod {
 			attempt = 0
-		}
-		s.log.Warn("connection to edge lost; reconnecting", zap.NamedError("reason", c.fatalErr()))
-		for {
-			delay := s.backoff(attempt)
-			attempt++
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-s.ctx.Done():
-				t.Stop()
+		} else {
+			if !sleepCtx(s.ctx, s.backoff(attempt)) {
 				return
 			}
-			ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
-			nc, err := s.connect(ctx)
-			cancel()
-			if err != nil {
-				if permanent(err) {
-					s.fail(err)
+			attempt++
+			waited = true
+		}
+		// beforeLost delays the first retry of the edge just lost, unless the pass was delayed.
+		beforeLost := func() bool {
+			if waited {
+				return true
+			}
+			waited = true
+			d := s.backoff(attempt)
+			attempt++
+			return sleepCtx(s.ctx, d)
+		}
+		var cand candidate
+		for pass := 0; ; pass++ {
+			if pass > 0 {
+				if !sleepCtx(s.ctx, s.backoff(attempt)) {
 					return
 				}
-				s.log.Info("reconnect failed", zap.Int("attempt", attempt), zap.Duration("delay", delay), zap.Error(err))
-				continue
+				attempt++
 			}
-			c = nc
-			break
+			nc, cd, err, fatal := s.connectPass(s.ctx, &lost, beforeLost, func(cd candidate, err error) {
+				s.log.Info("reconnect failed", zap.Int("attempt", attempt), zap.String("server", cd.String()), zap.Error(err))
+			})
+			if fatal {
+				s.fail(err)
+				return
+			}
+			if s.ctx.Err() != nil {
+				if nc != nil {
+					_ = nc.mux.Close()
+				}
+				return
+			}
+			if err == nil {
+				c, cand = nc, cd
+				break
+			}
 		}
+		if !cand.same(lost) {
+			s.log.Warn("moved to another edge", zap.String("from", lost.String()), zap.String("to", cand.String()))
+		}
+		s.setEdge(cand)
 		s.reconnects.Add(1) // before attach: whoever sees Connected sees this count too
 		s.attach(c)
 		s.reregister(c)

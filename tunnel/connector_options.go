@@ -25,20 +25,28 @@ type dialOptions struct {
 	acceptTimeout time.Duration
 	drainTimeout  time.Duration
 	client        string
+	// lookup resolves an edge's host name into addresses to try (see DialServers); nil:
+	// names go to the dialer as they are. DialServers sets net.DefaultResolver's unless the
+	// dialer was replaced (WithDialer), which then resolves names itself.
+	lookup       func(ctx context.Context, host string) ([]string, error)
+	customDialer bool
+	// attemptTimeout bounds one connection attempt to one edge address: dial, TLS, hello.
+	attemptTimeout time.Duration
 }
 
 func defaultDialOptions() dialOptions {
 	return dialOptions{
-		log:           zap.NewNop(),
-		reconnect:     true,
-		backoffMin:    250 * time.Millisecond,
-		backoffMax:    30 * time.Second,
-		healthyPeriod: 30 * time.Second,
-		localTimeout:  5 * time.Second,
-		acceptTimeout: 5 * time.Second,
-		drainTimeout:  30 * time.Second,
-		client:        "warren",
-		dial:          (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		log:            zap.NewNop(),
+		reconnect:      true,
+		backoffMin:     250 * time.Millisecond,
+		backoffMax:     30 * time.Second,
+		healthyPeriod:  30 * time.Second,
+		localTimeout:   5 * time.Second,
+		acceptTimeout:  5 * time.Second,
+		drainTimeout:   30 * time.Second,
+		client:         "warren",
+		attemptTimeout: 30 * time.Second,
+		dial:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 	}
 }
 
@@ -54,9 +62,11 @@ func WithTLS(cfg *tls.Config) Option { return func(o *dialOptions) { o.tlsConfig
 // WithDialer replaces the function that opens the connection to the edge. Pass an edge's
 // Server.DialContext to connect in memory. An error wrapping ErrServerClosed from dial ends
 // the session for good (Err wraps it) instead of being retried: the in-memory edge answers
-// it once it was closed.
+// it once it was closed; with several edge addresses (DialServers), only when every one of
+// them answers it. The dialer receives the edge addresses as given: host names are not
+// resolved by the session then.
 func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
-	return func(o *dialOptions) { o.dial = dial }
+	return func(o *dialOptions) { o.dial, o.customDialer = dial, true }
 }
 
 // WithLogger sets the session's logger (default: none).
@@ -109,3 +119,9 @@ func WithLocalTimeout(d time.Duration) Option {
 // withHealthyPeriod sets how long a connection must stay up before the reconnect delay
 // starts again from its minimum (default 30 s); tests shorten it.
 func withHealthyPeriod(d time.Duration) Option { return func(o *dialOptions) { o.healthyPeriod = d } }
+
+// withLookup replaces the resolver of edge host names (see DialServers), also with a
+// dialer set by WithDialer; tests use it instead of DNS.
+func withLookup(lookup func(ctx context.Context, host string) ([]string, error)) Option {
+	return func(o *dialOptions) { o.lookup = lookup }
+}

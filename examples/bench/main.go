@@ -36,6 +36,23 @@
 //   - mem:   the edge's heap and RSS per idle connector session and per idle member, at
 //     each of -mem-connectors connectors.
 //
+// Two layouts (-layout). In "shared" (the default) the connectors, backends and load
+// generators share this process and only the edge is a child, as described below. In
+// "processes" every party is its own OS process, as a new user deploys Warren:
+// examples/edge and two examples/connector, built with go build into a temporary directory
+// and run with generated server.toml and YAML files, two backend processes and the load
+// generator (this binary re-executed in hidden roles). Next to Warren it measures the
+// plain-relay floor in the same layout — two relay processes in a row, once with io.Copy
+// (splice) and once with 64 KiB buffers — and the backends directly, in alternated rounds:
+// one TCP stream of -tcp-bytes and -tcp-streams streams sharing it, the time to the first
+// byte of new TCP connections, and tiny HTTP responses at -clients clients with the edge's
+// (and relay A's) CPU per request; -control plain|tls|both runs the edge's control
+// connections (and the relays' link) plain, over TLS with a generated certificate, or both,
+// side by side. Its scenarios are http, tcp and ttfb; every other flag that applies keeps
+// its meaning.
+//
+//	go run ./examples/bench -layout processes -runs 3 -tcp-bytes 256MiB -duration 5s
+//
 // The edge runs in a child process (the tool re-executes itself with the hidden "edge"
 // subcommand) so that its memory and CPU are its own; -edge inproc runs it in this process
 // instead, except for the memory scenario. Each pair (tunnel, direct) is repeated -runs
@@ -74,6 +91,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == edgeCommand {
 		os.Exit(edgeMain(os.Args[2:], os.Stdin, os.Stdout, os.Stderr))
 	}
+	if code, ok := procRoleMain(os.Args[1:], os.Stdin, os.Stdout, os.Stderr); ok {
+		os.Exit(code)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	_, err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -88,6 +108,15 @@ func main() {
 
 // The scenarios, in the order they run.
 var allScenarios = []string{"http", "h2", "tcp", "ttfb", "churn", "lb", "mem"}
+
+// procScenarios are the scenarios of -layout processes.
+var procScenarios = []string{"http", "tcp", "ttfb"}
+
+// Layouts of the processes (-layout).
+const (
+	layoutShared    = "shared"    // connectors, backends and load in this process; the edge a child
+	layoutProcesses = "processes" // every party its own process (proc.go)
+)
 
 // config is the parsed command line.
 type config struct {
@@ -109,6 +138,8 @@ type config struct {
 	lbKeys         int
 	lbMembers      int
 	edgeMode       string
+	layout         string
+	controls       []bool // -layout processes: the control connections measured, false plain, true TLS
 	markdown       string
 	cpuprofile     string
 	selfProfile    string
@@ -137,7 +168,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.Float64Var(&c.pacedFraction, "paced", 0.5, "also run the tiny-response workload at -clients clients paced (open loop) at this fraction of the tunnel's closed-loop requests/s, through the tunnel and directly alike: latency at equal, unsaturated load (0: skip it)")
 	fs.IntVar(&c.latencyClients, "latency-clients", 1, "clients of an extra, unloaded tiny-response HTTP workload that shows the latency the tunnel adds without queueing (0: skip it)")
 	fs.IntVar(&c.h2Conns, "h2-conns", 2, "client connections of the h2 scenario, shared by its -clients request loops (HTTP/2 and gRPC), through the tunnel and directly alike")
-	tcpBytes := fs.String("tcp-bytes", "1GiB", "bytes per TCP bulk stream (units B, KiB, MiB, GiB, KB, MB, GB)")
+	tcpBytes := fs.String("tcp-bytes", "1GiB", "bytes per TCP bulk stream; with -layout processes, of the one stream, and shared by the -tcp-streams streams (units B, KiB, MiB, GiB, KB, MB, GB)")
 	fs.IntVar(&c.tcpStreams, "tcp-streams", 8, "concurrent streams of the multi-stream TCP run")
 	fs.IntVar(&c.ttfbConns, "ttfb-conns", 1000, "sequential new connections per time-to-first-byte run")
 	memConns := fs.String("mem-connectors", "1000,10000", "comma-separated connector counts for the memory scenario")
@@ -148,6 +179,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.lbKeys, "lb-keys", 10000, "distinct affinity keys in the lb scenario")
 	fs.IntVar(&c.lbMembers, "lb-members", 5, "members of the affinity pool in the lb scenario (one of them leaves)")
 	fs.StringVar(&c.edgeMode, "edge", "child", `where the edge runs: "child" (a child process) or "inproc" (this process; not for mem)`)
+	fs.StringVar(&c.layout, "layout", layoutShared, `"shared": connectors, backends and load generator in this process, the edge a child; "processes": every party its own process (examples/edge, 2 examples/connector, 2 backends, the load generator) next to a plain-relay floor in the same layout (scenarios http, tcp, ttfb)`)
+	control := fs.String("control", "both", `-layout processes: the edge's control connections, "plain", "tls" or "both" (rows side by side)`)
 	fs.IntVar(&c.noisyRetries, "noisy-retries", 3, "run a tunnel or direct run again, up to this many times, when other processes used more than 0.25 cores during it")
 	fs.StringVar(&c.markdown, "markdown", "", "also write the results as Markdown to this file")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write the edge's CPU profile, one file per scenario (FILE becomes FILE-<scenario>); with -edge inproc it covers this whole process")
@@ -160,8 +193,13 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q (every setting is a flag; see -h)", fs.Arg(0))
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var err error
 	if c.scenarios, err = parseScenarios(*only); err != nil {
+		return nil, err
+	}
+	if err := c.processLayout(set, *control); err != nil {
 		return nil, err
 	}
 	if c.tcpBytes, err = parseSize(*tcpBytes); err != nil {
@@ -207,6 +245,45 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("-cpuprofile with -edge inproc profiles this whole process already; drop -client-cpuprofile")
 	}
 	return c, nil
+}
+
+// processLayout checks -layout and the flags that depend on it; set names the flags given.
+func (c *config) processLayout(set map[string]bool, control string) error {
+	switch c.layout {
+	case layoutShared:
+		if set["control"] {
+			return errors.New("-control applies to -layout processes only")
+		}
+		return nil
+	case layoutProcesses:
+	default:
+		return fmt.Errorf("-layout must be %q or %q, got %q", layoutShared, layoutProcesses, c.layout)
+	}
+	if !set["only"] {
+		c.scenarios = procScenarios
+	}
+	for _, s := range c.scenarios {
+		if !slices.Contains(procScenarios, s) {
+			return fmt.Errorf("-only: scenario %q does not run in -layout processes (it has %s)", s, strings.Join(procScenarios, ", "))
+		}
+	}
+	switch control {
+	case "plain":
+		c.controls = []bool{false}
+	case "tls":
+		c.controls = []bool{true}
+	case "both":
+		c.controls = []bool{false, true}
+	default:
+		return fmt.Errorf(`-control must be "plain", "tls" or "both", got %q`, control)
+	}
+	switch {
+	case set["edge"]:
+		return errors.New("-edge does not apply to -layout processes (the edge is examples/edge in its own process)")
+	case c.cpuprofile != "":
+		return errors.New("-cpuprofile does not apply to -layout processes (the edge is examples/edge, which has no profiling flag)")
+	}
+	return nil
 }
 
 func parseScenarios(s string) ([]string, error) {
@@ -285,6 +362,9 @@ type bench struct {
 	cfg      *config
 	log      *zap.Logger
 	progress io.Writer
+	// linkHook, when set, is called for every port that stands for the link between an edge
+	// and its connectors in -layout processes (see linkHook); nil leaves the links alone.
+	linkHook linkHook
 }
 
 // say prints a progress line to stderr (the table goes to stdout at the end).
@@ -307,6 +387,11 @@ func (b *bench) edgeOptions(scenario string) edgeOptions {
 // scenario could not be carried out (a target that is missed is not an error: it is a
 // FAIL in the table).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*report, error) {
+	return runWith(ctx, args, stdout, stderr, nil)
+}
+
+// runWith is run with a link hook for -layout processes (nil: none).
+func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, hook linkHook) (*report, error) {
 	cfg, err := parseConfig(args, stderr)
 	if err != nil {
 		return nil, err
@@ -342,8 +427,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*report,
 		}
 		defer func() { _ = log.Sync() }()
 	}
-	b := &bench{cfg: cfg, log: log, progress: stderr}
+	b := &bench{cfg: cfg, log: log, progress: stderr, linkHook: hook}
 	rep := newReport(cfg)
+	if cfg.layout == layoutProcesses {
+		b.say("layout processes: %s", strings.Join(cfg.scenarios, ", "))
+		if err := b.runProcesses(ctx, rep); err != nil {
+			return rep, err
+		}
+		return rep, b.finish(rep, stdout)
+	}
 	scenarios := map[string]func(context.Context, *report) error{
 		"http":  b.runHTTP,
 		"h2":    b.runH2,
@@ -361,19 +453,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) (*report,
 		}
 		b.say("scenario %s done in %s", name, time.Since(start).Round(100*time.Millisecond))
 	}
+	return rep, b.finish(rep, stdout)
+}
+
+// finish prints the tables to stdout and writes -markdown.
+func (b *bench) finish(rep *report, stdout io.Writer) error {
+	cfg := b.cfg
 	rep.elapsed = time.Since(rep.started)
 	bw := bufio.NewWriter(stdout)
 	if err := rep.writeText(bw); err != nil {
-		return rep, err
+		return err
 	}
 	if err := bw.Flush(); err != nil {
-		return rep, err
+		return err
 	}
 	if cfg.markdown != "" {
 		if err := rep.writeMarkdownFile(cfg.markdown); err != nil {
-			return rep, fmt.Errorf("writing %s: %w", cfg.markdown, err)
+			return fmt.Errorf("writing %s: %w", cfg.markdown, err)
 		}
 		b.say("wrote %s", cfg.markdown)
 	}
-	return rep, nil
+	return nil
 }

@@ -34,11 +34,16 @@ func check(ok bool) verdict {
 type row struct {
 	metric, tunnel, direct, compare, target string
 	result                                  verdict
+	// cells replaces metric … target in a section with its own columns (section.cols).
+	cells []string
 }
 
 // section is one scenario's table and its notes.
 type section struct {
 	title string
+	// cols, when set, names the section's own columns before "result" (its rows fill
+	// cells); otherwise the table has the standard columns of header.
+	cols  []string
 	rows  []row
 	notes []string
 }
@@ -65,6 +70,7 @@ type report struct {
 	churn []churnSummary
 	lb    *lbSummary
 	mem   []memSummary
+	proc  *procSummary // -layout processes
 }
 
 func newReport(cfg *config) *report {
@@ -147,8 +153,15 @@ func (r *report) writeText(w io.Writer) error {
 	for _, s := range r.sections {
 		fmt.Fprintf(w, "\n== %s ==\n", s.title)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		for _, row := range append([]row{header}, s.rows...) {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", row.metric, dash(row.tunnel), dash(row.direct), dash(row.compare), dash(row.target), row.result)
+		if s.cols != nil {
+			fmt.Fprintf(tw, "%s\tresult\n", strings.Join(s.cols, "\t"))
+			for _, row := range s.rows {
+				fmt.Fprintf(tw, "%s\t%s\n", strings.Join(dashAll(row.cells, len(s.cols)), "\t"), row.result)
+			}
+		} else {
+			for _, row := range append([]row{header}, s.rows...) {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", row.metric, dash(row.tunnel), dash(row.direct), dash(row.compare), dash(row.target), row.result)
+			}
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -158,6 +171,18 @@ func (r *report) writeText(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// dashAll returns cells padded to n, each empty one as a dash.
+func dashAll(cells []string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		if i < len(cells) {
+			out[i] = cells[i]
+		}
+		out[i] = dash(out[i])
+	}
+	return out
 }
 
 func dash(s string) string {
@@ -178,15 +203,10 @@ func (r *report) writeMarkdown(w io.Writer) error {
 	fmt.Fprintf(w, "- Targets met: %d of %d\n", p, p+f)
 	for _, s := range r.sections {
 		fmt.Fprintf(w, "\n## %s\n\n", s.title)
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", header.metric, header.tunnel, header.direct, header.compare, header.target, header.result)
-		fmt.Fprintf(w, "|---|---:|---:|---:|---|---|\n")
-		for _, row := range s.rows {
-			res := string(row.result)
-			if row.result == fail {
-				res = "**FAIL**"
-			}
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", mdCell(row.metric), mdCell(dash(row.tunnel)), mdCell(dash(row.direct)),
-				mdCell(dash(row.compare)), mdCell(dash(row.target)), res)
+		if s.cols != nil {
+			writeMarkdownCols(w, s)
+		} else {
+			writeMarkdownStd(w, s)
 		}
 		if len(s.notes) > 0 {
 			fmt.Fprintln(w)
@@ -196,6 +216,40 @@ func (r *report) writeMarkdown(w io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// writeMarkdownStd writes the table of a section with the standard columns.
+func writeMarkdownStd(w io.Writer, s *section) {
+	fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", header.metric, header.tunnel, header.direct, header.compare, header.target, header.result)
+	fmt.Fprintf(w, "|---|---:|---:|---:|---|---|\n")
+	for _, row := range s.rows {
+		res := string(row.result)
+		if row.result == fail {
+			res = "**FAIL**"
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", mdCell(row.metric), mdCell(dash(row.tunnel)), mdCell(dash(row.direct)),
+			mdCell(dash(row.compare)), mdCell(dash(row.target)), res)
+	}
+}
+
+// writeMarkdownCols writes the table of a section with its own columns.
+func writeMarkdownCols(w io.Writer, s *section) {
+	cells := make([]string, len(s.cols))
+	for i, c := range s.cols {
+		cells[i] = mdCell(c)
+	}
+	fmt.Fprintf(w, "| %s | result |\n|%s\n", strings.Join(cells, " | "), strings.Repeat("---|", len(s.cols)+1))
+	for _, row := range s.rows {
+		res := string(row.result)
+		if row.result == fail {
+			res = "**FAIL**"
+		}
+		cs := dashAll(row.cells, len(s.cols))
+		for i := range cs {
+			cs[i] = mdCell(cs[i])
+		}
+		fmt.Fprintf(w, "| %s | %s |\n", strings.Join(cs, " | "), res)
+	}
 }
 
 func mdCell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }

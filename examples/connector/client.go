@@ -152,7 +152,14 @@ func printStatus(w io.Writer, st *statusReply) {
 	if !st.Connected {
 		conn = "reconnecting"
 	}
-	fmt.Fprintf(w, "edge:       %s (%s, %d reconnects)\n", st.Edge, conn, st.Reconnects)
+	edge := st.Edge
+	if st.EdgeAddr != "" {
+		edge += " [" + st.EdgeAddr + "]"
+	}
+	fmt.Fprintf(w, "edge:       %s (%s, %d reconnects)\n", edge, conn, st.Reconnects)
+	if len(st.Servers) > 0 {
+		fmt.Fprintf(w, "servers:    %s\n", strings.Join(st.Servers, ", "))
+	}
 	fmt.Fprintf(w, "connector:  pid %d, up since %s, config %s\n", st.PID, st.Started.Local().Format(time.DateTime), st.Config)
 	fmt.Fprintf(w, "socket:     %s\n\n", st.Socket)
 	if len(st.Tunnels) == 0 {

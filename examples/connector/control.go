@@ -96,7 +96,9 @@ type statusReply struct {
 	PID        int            `json:"pid"`
 	Config     string         `json:"config"`
 	Socket     string         `json:"socket"`
-	Edge       string         `json:"edge"`
+	Edge       string         `json:"edge"`                // the edge attached to (or last attached to), as configured
+	EdgeAddr   string         `json:"edge_addr,omitempty"` // the address Edge's host name resolved to, when it did
+	Servers    []string       `json:"servers,omitempty"`   // the servers of the file, when it lists several
 	Connected  bool           `json:"connected"`
 	Reconnects int            `json:"reconnects"`
 	Started    time.Time      `json:"started"`

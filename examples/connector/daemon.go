@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,7 +224,7 @@ func (d *daemon) attach(ctx context.Context, c config.Tunnel) (*entry, error) {
 	defer d.opMu.Unlock()
 	d.mu.Lock()
 	_, taken := d.live[c.Name]
-	check := &config.Client{File: "attach", Server: d.cfg.Server, DrainTimeout: d.cfg.DrainTimeout}
+	check := &config.Client{File: "attach", Server: d.cfg.Server, Servers: d.cfg.Servers, DrainTimeout: d.cfg.DrainTimeout}
 	for _, e := range d.sorted() {
 		check.Tunnels = append(check.Tunnels, e.conf)
 	}
@@ -297,11 +298,15 @@ func (d *daemon) status() statusReply {
 	for e := range d.draining {
 		draining = append(draining, e)
 	}
-	edge, file := d.cfg.Server, d.cfg.File
+	file, servers := d.cfg.File, d.cfg.Servers
 	d.mu.Unlock()
 	slices.SortFunc(draining, func(a, b *entry) int { return a.seq - b.seq })
 
-	st := statusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, Connected: d.sess.Connected(),
+	edge, addr := d.sess.Server(), d.sess.ServerAddr()
+	if addr == edge {
+		addr = ""
+	}
+	st := statusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, EdgeAddr: addr, Servers: servers, Connected: d.sess.Connected(),
 		Reconnects: d.sess.Reconnects(), Started: d.started.UTC().Truncate(time.Second), Tunnels: []tunnelStatus{}}
 	add := func(e *entry, draining bool) {
 		ts := tunnelStatus{Name: e.name, Source: "file", Proto: string(e.conf.Proto), URL: e.t.URL(), Port: e.t.Port(),
@@ -375,7 +380,7 @@ func (d *daemon) reload(next *config.Client) []string {
 	}
 
 	// The file's tunnels and the attached ones must be able to run side by side.
-	check := &config.Client{File: next.File, Server: next.Server, DrainTimeout: next.DrainTimeout}
+	check := &config.Client{File: next.File, Server: next.Server, Servers: next.Servers, DrainTimeout: next.DrainTimeout}
 	var clash []string
 	for _, t := range next.Tunnels {
 		if e := live[t.Name]; e != nil && e.attached {
@@ -399,6 +404,7 @@ func (d *daemon) reload(next *config.Client) []string {
 	}
 	applied := &config.Client{}
 	*applied = *next
+	applied.Server, applied.Servers = prev.Server, prev.Servers // not applied: the session keeps its edges
 	applied.Tunnels = nil
 	keep := func(t config.Tunnel) { applied.Tunnels = append(applied.Tunnels, t) }
 
@@ -545,8 +551,8 @@ func (d *daemon) waitHealthy(ctx context.Context, e *entry) bool {
 // session (a restart) to apply.
 func notAppliedSettings(prev, next *config.Client) []string {
 	var out []string
-	if prev.Server != next.Server {
-		out = append(out, fmt.Sprintf("server (%s -> %s): the connector keeps its session with %s; restart it to move", prev.Server, next.Server, prev.Server))
+	if was, now := strings.Join(prev.Edges(), ", "), strings.Join(next.Edges(), ", "); was != now {
+		out = append(out, fmt.Sprintf("server (%s -> %s): the connector keeps its session with %s; restart it to move", was, now, was))
 	}
 	if prev.AuthToken != next.AuthToken {
 		out = append(out, "auth_token: the session keeps the token it connected with; restart the connector to change it")

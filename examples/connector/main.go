@@ -2,16 +2,18 @@
 //
 //	go run ./examples/connector start --config examples/connector/config.example.yml
 //
-// It dials the edge named by the file's server key, registers every tunnel of the file in
-// order, and prints one line per tunnel to stdout:
+// It dials the edge named by the file's server key (or the first that answers of the edges
+// its servers key lists), registers every tunnel of the file in order, and prints one line
+// per tunnel to stdout:
 //
 //	tunnel a: http://pool.localhost:8080 -> 127.0.0.1:3000 (group web)
 //	tunnel db: tcp://localhost:20000 (port 20000) -> 127.0.0.1:5432
 //
 // It then runs until SIGINT or SIGTERM, when it drains every tunnel (in-flight requests
 // finish, bounded by drain_timeout_secs; the log counts the streams left) and exits 0. A
-// lost connection to the edge is retried in the background; a tunnel the edge rejects
-// after such a reconnect is reported on stderr while the others keep running.
+// lost connection to the edge is retried in the background (with servers, starting with the
+// next edge of the list); a tunnel the edge rejects after such a reconnect is reported on
+// stderr while the others keep running.
 //
 // A running connector listens on a control socket (a Unix socket, mode 0600: --socket,
 // else the file's control_socket, else $XDG_RUNTIME_DIR/warren-connector.sock, else
@@ -25,7 +27,8 @@
 // register anew before the old registration drains. `connector check --config FILE`
 // validates a file without connecting.
 //
-// Exit codes: 0 after a signal; 1 when the edge cannot be reached, refuses the token,
+// Exit codes: 0 after a signal; 1 when the edge cannot be reached (with servers: when none
+// of them answers within 30 seconds), refuses the token,
 // rejects a tunnel at start (its message is printed verbatim on stderr), ends the session
 // for good, or another connector holds the control socket; 2 for bad usage or a bad
 // configuration file. check exits 1 for a bad file; status, attach and detach exit 1 when
@@ -208,7 +211,12 @@ func runStart(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 	startCtx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	sess, err := tunnel.Dial(startCtx, cfg.Server, opts...)
+	var sess *tunnel.Session
+	if cfg.Servers != nil {
+		sess, err = tunnel.DialServers(startCtx, cfg.Servers, opts...)
+	} else {
+		sess, err = tunnel.Dial(startCtx, cfg.Server, opts...)
+	}
 	if err != nil {
 		if ln != nil {
 			_ = ln.Close()

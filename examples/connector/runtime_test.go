@@ -137,8 +137,9 @@ type connector struct {
 	code           int
 }
 
-// startConnector writes yaml (a connector file without its server key) and starts a
-// connector on it and on edge e; it returns once the control socket answers.
+// startConnector writes yaml (a connector file without its server key, or with a servers
+// key first) and starts a connector on it and on edge e; it returns once the control socket
+// answers.
 func startConnector(t *testing.T, e *testEdge, yaml string) *connector {
 	t.Helper()
 	dir := t.TempDir()
@@ -169,9 +170,15 @@ func startConnector(t *testing.T, e *testEdge, yaml string) *connector {
 	}
 }
 
+// writeConfig writes yaml to path with e as its server, unless yaml names its edges itself
+// (servers: ...).
 func writeConfig(t *testing.T, path string, e *testEdge, yaml string) {
 	t.Helper()
-	require.NoError(t, os.WriteFile(path, []byte("server: "+e.control+"\ndrain_timeout_secs: 10\n"+yaml), 0o600))
+	head := "server: " + e.control + "\n"
+	if strings.HasPrefix(yaml, "servers:") {
+		head = ""
+	}
+	require.NoError(t, os.WriteFile(path, []byte(head+"drain_timeout_secs: 10\n"+yaml), 0o600))
 }
 
 // stop ends the connector as SIGTERM does and waits for it.

@@ -29,8 +29,15 @@ type Client struct {
 	// File is the name the configuration was parsed from; it prefixes every
 	// error that Validate returns.
 	File string `yaml:"-"`
-	// Server is the edge's control address, "host:port". Required.
+	// Server is the edge's control address, "host:port". Exactly one of
+	// Server and Servers is set.
 	Server string `yaml:"server"`
+	// Servers are the control addresses of several edges serving the same
+	// pools (a cluster), "host:port" each, tried in order (see
+	// tunnel.DialServers): the connector attaches to the first that answers
+	// and moves to the next when its edge is lost. Exactly one of Server and
+	// Servers is set.
+	Servers []string `yaml:"servers"`
 	// AuthToken is presented to the edge; empty for none.
 	AuthToken string `yaml:"auth_token"`
 	// TLS says how to reach the edge; TLS.Enabled is false for plain TCP.
@@ -58,7 +65,8 @@ type ClientTLS struct {
 	CAPath string `yaml:"ca_path"`
 	// ServerName is the name verified in the edge's certificate. Parsing
 	// sets it to the host part of Server when TLS is enabled and it is not
-	// given.
+	// given. With Servers it stays empty unless given: each edge is then
+	// verified by the host part of its own address.
 	ServerName string `yaml:"server_name"`
 	// InsecureSkipVerify turns certificate verification off. Only an
 	// explicit "true" in the file sets it.
@@ -194,6 +202,7 @@ func parseClient(file string, data []byte, dir string) (*Client, error) {
 		cfg.TLS.CAPath = resolvePath(dir, cfg.TLS.CAPath)
 	}
 	cfg.ControlSocket = resolvePath(dir, cfg.ControlSocket)
+	cfg.Servers = r.yamlStrings(nested["servers"], "servers")
 	tunnels, _ := r.yamlMapping(nested["tunnels"], "tunnels")
 	for _, p := range tunnels {
 		t := Tunnel{Name: p.key.Value, LocalHost: "127.0.0.1"}
@@ -229,10 +238,21 @@ func (c *Client) Validate() error {
 	return r.err()
 }
 
+// Edges returns the edge addresses to dial: Servers, or Server alone.
+func (c *Client) Edges() []string {
+	if c.Servers != nil {
+		return c.Servers
+	}
+	return []string{c.Server}
+}
+
 func (c *Client) validate(r *reporter) {
 	switch {
+	case c.Servers != nil:
+		c.validateServers(r)
+	case r.bad["servers"]: // not a list: reported already
 	case c.Server == "" && r.missing("server"):
-		r.add("server", ErrRequired, "required: the edge's control address as host:port, e.g. \"tunnel.example.com:4040\"")
+		r.add("server", ErrRequired, "required: the edge's control address as host:port, e.g. \"tunnel.example.com:4040\" (or servers: a list of several edges)")
 	case c.Server == "":
 		r.add("server", ErrRequired, "must not be empty: the edge's control address as host:port, e.g. \"tunnel.example.com:4040\"")
 	default:
@@ -267,6 +287,29 @@ func (c *Client) validate(r *reporter) {
 		t.validate(r, base)
 	}
 	validateSharing(r, c.Tunnels)
+}
+
+// validateServers checks the servers list: set instead of server, not
+// empty, each entry a distinct host:port.
+func (c *Client) validateServers(r *reporter) {
+	if _, given := r.lines["server"]; c.Server != "" || given {
+		r.add("servers", ErrInvalid, "cannot be combined with server%s: give one edge as server or several as servers", r.lineNote("server"))
+		return
+	}
+	if len(c.Servers) == 0 {
+		r.add("servers", ErrInvalid, "must list at least one edge's control address as host:port, e.g. [\"a.example.com:4040\", \"b.example.com:4040\"]")
+		return
+	}
+	seen := map[string]int{}
+	for i, s := range c.Servers {
+		key := indexKey("servers", i)
+		if j, dup := seen[s]; dup {
+			r.add(key, ErrInvalid, "%q is listed twice (also %s)", s, indexKey("servers", j))
+			continue
+		}
+		seen[s] = i
+		r.invalid(key, hostPortProblem(s))
+	}
 }
 
 func (t *Tunnel) validate(r *reporter, base string) {

@@ -252,7 +252,11 @@ func (r *reporter) yamlStrings(n *yaml.Node, path string) []string {
 	}
 	out := make([]string, len(n.Content))
 	for i, item := range n.Content {
-		r.yamlScalar(deref(item), fmt.Sprintf("%s[%d]", path, i), reflect.ValueOf(&out[i]).Elem())
+		key := indexKey(path, i)
+		if r.lines != nil {
+			r.lines[key] = item.Line
+		}
+		r.yamlScalar(deref(item), key, reflect.ValueOf(&out[i]).Elem())
 	}
 	return out
 }
