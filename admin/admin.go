@@ -80,6 +80,10 @@ type Config struct {
 	Done <-chan struct{}
 	// RegionID is the region label of the per-group metrics.
 	RegionID string
+	// EdgeID is this edge's id in a cluster, shown on its own members; "" outside one.
+	EdgeID string
+	// Cluster describes the cluster for GET /api/cluster; nil outside one.
+	Cluster func() ClusterInfo
 	// Metrics is where the collector is registered; nil means a private registry.
 	Metrics prometheus.Registerer
 	// EventKeepAlive is the interval of the keep-alive comment on an event stream; default 30 s.

@@ -40,6 +40,9 @@ type TunnelInfo struct {
 	Port int `json:"port,omitempty"`
 	// JoinedAt is when the tunnel registered.
 	JoinedAt time.Time `json:"joined_at"`
+	// EdgeID names the cluster edge the connector is attached to (this edge's id for its
+	// own members); absent on an edge outside a cluster.
+	EdgeID string `json:"edge_id,omitempty"`
 	LoadBalancing
 }
 
@@ -100,6 +103,9 @@ type GroupMember struct {
 	HasAlertWebhook bool `json:"has_alert_webhook"`
 	// JoinedAt is when the member joined.
 	JoinedAt time.Time `json:"joined_at"`
+	// EdgeID names the cluster edge the connector is attached to (this edge's id for its
+	// own members); absent on an edge outside a cluster.
+	EdgeID string `json:"edge_id,omitempty"`
 	LoadBalancing
 }
 
@@ -153,7 +159,56 @@ func (p *Plane) APIHandler() http.Handler {
 	mux.HandleFunc("GET /api/tunnels/{id}/health-events", p.apiHealthEvents)
 	mux.HandleFunc("GET /api/groups", p.apiGroups)
 	mux.HandleFunc("GET /api/groups/{protocol}/{label}/events", p.apiGroupEvents)
+	mux.HandleFunc("GET /api/cluster", p.apiCluster)
 	return p.requireAuth(mux)
+}
+
+// edgeOf is the edge id shown for member m: its remote edge's, or this edge's own.
+func (p *Plane) edgeOf(m group.MemberInfo) string {
+	if m.Edge != "" {
+		return m.Edge
+	}
+	return p.cfg.EdgeID
+}
+
+// ClusterEdge is one edge of a cluster in the JSON of GET /api/cluster.
+type ClusterEdge struct {
+	// ID is the edge's edge_id; Advertise the address other edges reach it on.
+	ID        string `json:"edge_id"`
+	Advertise string `json:"advertise"`
+	// Self marks the edge that answered.
+	Self bool `json:"self,omitempty"`
+	// Lease is "held" while the edge renews its lease, "expired" once it stopped (its
+	// members have left this edge's view), "unreachable" while its lease holds but this
+	// edge cannot open its edge-to-edge link.
+	Lease string `json:"lease"`
+	// LastRenewal is when this edge last saw the lease renewed (zero for Self).
+	LastRenewal time.Time `json:"last_renewal,omitzero"`
+	// Members counts the members whose connectors are attached to it, as this edge sees them.
+	Members int `json:"members"`
+}
+
+// ClusterInfo is the JSON of GET /api/cluster.
+type ClusterInfo struct {
+	// Enabled is false on an edge outside a cluster (Edges is then empty).
+	Enabled bool `json:"enabled"`
+	// Self is the answering edge's id; NATS says whether it is connected to NATS now.
+	Self string `json:"self,omitempty"`
+	NATS bool   `json:"nats_connected"`
+	// Edges lists the edges this edge knows of, itself first, then by id.
+	Edges []ClusterEdge `json:"edges"`
+}
+
+// apiCluster lists the cluster's edges. Tenants see it too: it names edges, not routes.
+func (p *Plane) apiCluster(w http.ResponseWriter, _ *http.Request) {
+	info := ClusterInfo{Edges: []ClusterEdge{}}
+	if p.cfg.Cluster != nil {
+		info = p.cfg.Cluster()
+		if info.Edges == nil {
+			info.Edges = []ClusterEdge{}
+		}
+	}
+	writeJSON(w, http.StatusOK, info)
 }
 
 func (p *Plane) tunnelInfo(g group.Info, m group.MemberInfo) TunnelInfo {
@@ -169,6 +224,7 @@ func (p *Plane) tunnelInfo(g group.Info, m group.MemberInfo) TunnelInfo {
 		HealthKind:    healthKindLabel(m.HealthKind),
 		URL:           p.cfg.URL(g),
 		JoinedAt:      m.Joined,
+		EdgeID:        p.edgeOf(m),
 		LoadBalancing: loadBalancing(m),
 	}
 	if !g.Solo() {
@@ -266,6 +322,7 @@ func (p *Plane) apiGroups(w http.ResponseWriter, r *http.Request) {
 				HealthKind:      healthKindLabel(m.HealthKind),
 				HasAlertWebhook: m.HasAlertWebhook,
 				JoinedAt:        m.Joined,
+				EdgeID:          p.edgeOf(m),
 				LoadBalancing:   loadBalancing(m),
 			}
 			gi.MemberCount++

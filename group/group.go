@@ -136,10 +136,25 @@ func (g *Group) KeyHash() KeyHash {
 type snapshot struct {
 	members []*Member
 	backup  *snapshot
+	// remote is set when a member is another edge's: loads are then doubled, plus one for
+	// a remote member, so that a tie goes to a local member (no edge-to-edge hop) while
+	// any real difference in load still decides.
+	remote bool
 }
 
 func (s *snapshot) Len() int         { return len(s.members) }
-func (s *snapshot) Load(i int) int64 { return s.members[i].Active() }
+func (s *snapshot) Load(i int) int64 { return s.loadOf(s.members[i]) }
+
+func (s *snapshot) loadOf(m *Member) int64 {
+	if !s.remote {
+		return m.load()
+	}
+	l := 2 * m.load()
+	if m.Edge != "" {
+		l++
+	}
+	return l
+}
 
 // except hides one member of a snapshot (the one a retry must avoid).
 type except struct {
@@ -148,7 +163,7 @@ type except struct {
 }
 
 func (e *except) Len() int         { return len(e.s.members) - 1 }
-func (e *except) Load(i int) int64 { return e.s.members[e.index(i)].Active() }
+func (e *except) Load(i int) int64 { return e.s.loadOf(e.s.members[e.index(i)]) }
 
 var emptySnapshot = &snapshot{}
 

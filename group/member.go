@@ -32,6 +32,9 @@ type Member struct {
 	AlertWebhook string
 	// Joined is when the member joined.
 	Joined time.Time
+	// Edge is the cluster edge the member's connector is attached to, "" when it is this
+	// edge (JoinRequest.Edge).
+	Edge string
 	// Weight is the member's declared share of new work relative to the others (1–100).
 	Weight int
 	// Priority is the member's tier: only the lowest-numbered tier with a selectable member
@@ -43,6 +46,8 @@ type Member struct {
 
 	group *Group
 	value any
+	// peerLoad is a remote member's active streams as its own edge last published them.
+	peerLoad atomic.Int64
 	// state packs closedBit and the active stream count so that Acquire is one CAS.
 	state   atomic.Uint64
 	limit   uint64      // cap on active streams; 0 = none
@@ -92,6 +97,19 @@ func (m *Member) Draining() bool { return m.draining.Load() }
 
 // Active is the member's number of active streams.
 func (m *Member) Active() int64 { return int64(m.state.Load() &^ closedBit) }
+
+// SetPeerLoad records a remote member's active streams as its own edge published them:
+// dispatch then counts the larger of that and the streams this edge has open to it.
+func (m *Member) SetPeerLoad(n int64) { m.peerLoad.Store(max(n, 0)) }
+
+// load is the member's load as dispatch sees it.
+func (m *Member) load() int64 {
+	a := m.Active()
+	if m.Edge != "" {
+		a = max(a, m.peerLoad.Load())
+	}
+	return a
+}
 
 // Acquire counts one more active stream on the member, unless it is draining or gone, or
 // at its cap of active streams. Every successful Acquire must be matched by one Release.

@@ -180,6 +180,9 @@ func tiers(sel []*Member) *snapshot {
 			end++
 		}
 		s := &snapshot{members: sel[start:end:end]}
+		for _, m := range s.members {
+			s.remote = s.remote || m.Edge != ""
+		}
 		if head == nil {
 			head = s
 		} else {

@@ -219,6 +219,10 @@ type JoinRequest struct {
 	// PrevKeyHashes are hashes of group keys the joiner held before KeyHash (key rotation):
 	// it may join a pool whose key is one of them, and the pool moves to KeyHash.
 	PrevKeyHashes []KeyHash
+	// Edge names the edge the member's connector is attached to when that is another edge
+	// of a cluster (a remote member, reached through that edge); "" for a member of this
+	// edge. Dispatch prefers a local member when loads tie.
+	Edge string
 	// Value is the caller's payload, returned by Member.Value.
 	Value any
 }
@@ -297,6 +301,14 @@ func (r *Registry) shardFor(key string) *shard {
 	return &r.shards[maphash.String(r.seed, key)%shardCount]
 }
 
+// Lookup returns the live member with tunnel id id, or nil.
+func (r *Registry) Lookup(id string) *Member {
+	if v, ok := r.byID.Load(id); ok {
+		return v.(*Member)
+	}
+	return nil
+}
+
 // Join creates, joins or rejects in one step under the route's lock. Rejections are *Error
 // values wrapping ErrKeyMismatch, ErrInUse, ErrProtoMismatch, ErrNoPorts or ErrInvalid, whose
 // messages a connector shows verbatim (e.g. "group key does not match for subdomain 'pool'").
@@ -371,6 +383,7 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 		Tenant:       req.Tenant,
 		HealthKind:   req.HealthKind,
 		AlertWebhook: req.AlertWebhook,
+		Edge:         req.Edge,
 		Weight:       req.Weight,
 		Priority:     req.Priority,
 		SlowStart:    req.SlowStart,
@@ -790,6 +803,22 @@ func (p *portPool) release(ports ...int) {
 			p.inUse[i] = false
 		}
 	}
+}
+
+// FreePort returns a port of the range that no pool uses, not held and not in skip, without
+// taking it (a cluster reserves it with the other edges first); false when there is none.
+func (r *Registry) FreePort(skip map[int]bool) (int, bool) {
+	p := &r.ports
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.inUse)
+	for k := range n {
+		i := (p.cursor + k) % n
+		if !p.inUse[i] && !p.held[i] && !skip[p.lo+i] {
+			return p.lo + i, true
+		}
+	}
+	return 0, false
 }
 
 // HoldPorts keeps ports for routes whose owners may come back: Join never gives a held port

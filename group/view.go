@@ -66,6 +66,8 @@ type MemberInfo struct {
 	Active int64
 	// Joined is when the member joined.
 	Joined time.Time
+	// Edge is the cluster edge the member's connector is attached to; "" for this edge.
+	Edge string
 }
 
 func (m *Member) info() MemberInfo {
@@ -80,7 +82,8 @@ func (m *Member) info() MemberInfo {
 		Weight:          m.Weight,
 		Priority:        m.Priority,
 		Ramping:         m.Ramping(),
-		Active:          m.Active(),
+		Active:          m.load(),
+		Edge:            m.Edge,
 		Joined:          m.Joined,
 	}
 }

@@ -58,6 +58,9 @@ type Route struct {
 	// EmptySince is when the route's last member left (or when the edge started without
 	// one); zero while it has members. A claim lapses a TTL after it.
 	EmptySince time.Time `json:"empty_since,omitzero"`
+	// Claimed is when a registration last claimed or joined the route (set by edges in a
+	// cluster, which judge by it whether a claim may still be in flight elsewhere).
+	Claimed time.Time `json:"claimed,omitzero"`
 }
 
 // Key is the route's key in a store: "http/<subdomain>" or "tcp/<name>".

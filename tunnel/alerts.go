@@ -28,6 +28,7 @@ type alerter struct {
 
 // alertInfo is what an alert says about its group, as of the group's latest event.
 type alertInfo struct {
+	pool                         string // poolKey
 	proto, label, name, keyShort string
 	members                      int
 	tenantURLs                   []string
@@ -69,7 +70,7 @@ func (a *alerter) observe(ev group.Event) {
 	}
 	key := poolKey(g)
 	a.debounce.Observe(key, ev.SelectableCount, alertInfo{
-		proto: string(g.Proto), label: g.Label, name: g.Name, keyShort: g.KeyHash.Short(),
+		pool: key, proto: string(g.Proto), label: g.Label, name: g.Name, keyShort: g.KeyHash.Short(),
 		members: ev.MemberCount, tenantURLs: ev.AlertWebhooks,
 	})
 	if ev.GroupRemoved {
@@ -93,6 +94,25 @@ func (a *alerter) fire(al webhook.Alert[alertInfo]) {
 		MemberCount:  v.members,
 		At:           webhook.FormatTime(al.Since),
 	}
+	a.mu.Lock()
+	a.fired[al.Event]++
+	a.mu.Unlock()
+	if c := a.srv.cluster; c != nil {
+		// Every edge sees the pool fall; the first to record the alert sends it. That is
+		// a NATS round trip: not on the registry's event path.
+		c.spawn(func() {
+			if c.claimAlert(v.pool, al.Event) {
+				a.send(al, p)
+			}
+		})
+		return
+	}
+	a.send(al, p)
+}
+
+// send logs and queues one alert.
+func (a *alerter) send(al webhook.Alert[alertInfo], p webhook.Payload) {
+	v := al.Value
 	dests := webhook.Destinations(a.srv.cfg.AlertWebhookURL, v.tenantURLs)
 	msg := "group has no healthy member"
 	if al.Event == webhook.EventGroupRecovered {
@@ -101,9 +121,6 @@ func (a *alerter) fire(al webhook.Alert[alertInfo]) {
 	a.srv.log.Warn(msg, zap.String("group", v.name), zap.String("label", v.label),
 		zap.String("key", v.keyShort), zap.Int("members", v.members), zap.Int("destinations", len(dests)),
 		zap.Int("falls", al.Falls), zap.Time("since", al.Since))
-	a.mu.Lock()
-	a.fired[al.Event]++
-	a.mu.Unlock()
 	if len(dests) > 0 {
 		a.sender.Send(dests, p)
 	}

@@ -63,6 +63,10 @@ func (s *Server) newAdmin() error {
 		Logger:         s.log.Named("admin"),
 	}
 	cfg.Throttle = s.authLimit // shared with the control listener
+	if c := s.cluster; c != nil {
+		cfg.EdgeID = c.cfg.EdgeID
+		cfg.Cluster = c.info
+	}
 	if auth := s.cfg.Auth; auth != nil {
 		cfg.Authenticate = func(ctx context.Context, token string) (string, error) {
 			tenant, err := auth.Authenticate(ctx, token)
@@ -83,6 +87,9 @@ func (s *Server) newAdmin() error {
 // onGroupEvent receives every membership and health change from the registry, in order per
 // group, with no registry lock held. Everything it calls only records and queues.
 func (s *Server) onGroupEvent(ev group.Event) {
+	if s.cluster != nil {
+		s.cluster.observe(ev)
+	}
 	s.alerts.observe(ev)
 	s.admin.Observe(ev)
 	if s.cfg.OnEvent != nil {

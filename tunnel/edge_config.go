@@ -211,6 +211,10 @@ type ServerConfig struct {
 	// Store keeps route ownership; nil means a file store under StateDir, or memory. The
 	// edge closes it on Close.
 	Store store.Store
+	// Cluster, when set, makes the edge one of a cluster that shares routes and pools
+	// through NATS JetStream (ClusterConfig); Store and StateDir must then be unset. Nil is
+	// a single edge, with no NATS anywhere.
+	Cluster *ClusterConfig
 	// RouteTTL is how long a route stays its owner's after its last member left. Default
 	// 24 h.
 	RouteTTL time.Duration

@@ -43,6 +43,11 @@ type routeBook struct {
 	// pendingPorts counts the ports being taken for each tenant's new TCP pools, between
 	// claim and joined (quota max_tcp_ports).
 	pendingPorts map[string]int
+
+	// lease is the cluster's LeaseTTL, 0 on a single edge (edge_cluster_routes.go);
+	// liveAnywhere reports whether a route has members on any edge of the cluster.
+	lease        time.Duration
+	liveAnywhere func(kind, label string) bool
 }
 
 // take counts one more tunnel or session of tenant in counts, unless that makes more than
@@ -106,6 +111,10 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 	now := b.now()
 	b.startedAt = now
 	for _, r := range routes {
+		if r.Kind == kindPort {
+			b.holdPorts(r) // a cluster's port reservation (edge_cluster_routes.go)
+			continue
+		}
 		if _, reserved := reservedEps[r.Key()]; reserved {
 			continue
 		}
@@ -211,6 +220,7 @@ type ticket struct {
 	kind, label string
 	created     *store.Route // the first claim this registration wrote, if any
 	portSlot    bool         // a max_tcp_ports slot reserved for a new port
+	port        int          // in a cluster: the port the TCP pool must have on this edge
 }
 
 // claim checks, before a Join, that tenant may register req's route, and records a first
@@ -240,6 +250,9 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 				}
 			}
 			port = routePort(cur, req)
+			if b.lease > 0 && b.keyHeld(cur, req, grouped, now) {
+				return nil, keyMismatch(kind, label)
+			}
 			if b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
 				// The owner is back just as its claim lapses: it holds again, for a full
 				// TTL, so that no sweep or other tenant takes it before joined runs.
@@ -253,6 +266,9 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		}
 		taken = cur
 		tk.created = &store.Route{Kind: kind, Label: label, Tenant: tenant, Group: req.Group, EmptySince: now}
+		if b.lease > 0 {
+			tk.created.Claimed = now
+		}
 		if kind == store.KindHTTP && grouped {
 			tk.created.KeyHash = req.KeyHash
 		}
@@ -278,6 +294,17 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 			return nil, fmt.Errorf("%w: this tenant already holds %d TCP ports (max_tcp_ports)", ErrLimit, maxPorts)
 		}
 		tk.portSlot = true
+	}
+	if b.lease > 0 && kind == store.KindTCP && port == 0 {
+		// In a cluster the port is chosen before the pool exists, once for every edge.
+		p, err := b.clusterPort(tk, req)
+		if err != nil {
+			b.abandon(tk)
+			return nil, err
+		}
+		req.Port, tk.port = p, p
+	} else if b.lease > 0 && kind == store.KindTCP {
+		tk.port = port
 	}
 	return tk, nil
 }
@@ -325,6 +352,9 @@ func (b *routeBook) abandon(tk *ticket) {
 
 // live reports whether the route has a pool with members in the registry now.
 func (b *routeBook) live(kind, label string) bool {
+	if b.liveAnywhere != nil && b.liveAnywhere(kind, label) {
+		return true
+	}
 	if kind == store.KindHTTP {
 		return b.reg.LookupHTTP(label) != nil
 	}
@@ -362,6 +392,11 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 	if tk.kind == "" {
 		return nil
 	}
+	if tk.port != 0 && g.Port != tk.port {
+		// Every edge of a cluster gives a TCP pool the same port: one that is busy here
+		// cannot be replaced by another.
+		return &group.Error{Err: group.ErrNoPorts, Msg: fmt.Sprintf("port %d of group '%s' is not available on this edge", tk.port, tk.label)}
+	}
 	var oldPort int
 	r, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
 		oldPort = 0
@@ -374,6 +409,9 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		}
 		changed := !cur.EmptySince.IsZero() || cur.Group == "" && g.Name != ""
 		cur.EmptySince = time.Time{}
+		if b.lease > 0 {
+			cur.Claimed, changed = b.now(), true
+		}
 		if tk.kind == store.KindTCP {
 			k := g.KeyHash().String()
 			if old := cur.Ports[k]; old != g.Port {
@@ -424,7 +462,7 @@ func (b *routeBook) emptied(g *group.Group) {
 	}
 	now := b.now()
 	_, err := b.st.Update(store.Key(kind, g.Label), func(cur *store.Route) (*store.Route, error) {
-		if cur == nil || !cur.EmptySince.IsZero() {
+		if cur == nil || !cur.EmptySince.IsZero() || b.liveAnywhere != nil && b.liveAnywhere(kind, g.Label) {
 			return nil, errUnchanged
 		}
 		if kind == store.KindTCP && g.KeyHash().String() != "" {
@@ -454,6 +492,9 @@ func (b *routeBook) sweep() {
 	var tcpLive map[string]bool // TCP names with members, listed once if needed
 	for _, r := range routes {
 		live := func() bool {
+			if b.liveAnywhere != nil && b.liveAnywhere(r.Kind, r.Label) {
+				return true
+			}
 			if r.Kind == store.KindHTTP {
 				return b.reg.LookupHTTP(r.Label) != nil
 			}
@@ -481,6 +522,7 @@ func (b *routeBook) sweep() {
 		if err == nil && gone != nil {
 			b.log.Info("route claim lapsed", zap.String("route", r.Key()), zap.String("tenant", gone.Tenant))
 			b.releasePorts(gone)
+			b.dropPortKeys(gone)
 		}
 	}
 }

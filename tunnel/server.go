@@ -36,6 +36,8 @@ type Server struct {
 	tcp      *proxy.TCP  // public TCP: a listener per TCP group
 	alerts   *alerter
 	admin    *admin.Plane // admin API, live event streams, metrics (edge_admin.go)
+	// cluster is the edge's part in a cluster (edge_cluster*.go); nil for a single edge.
+	cluster *cluster
 	// authLimit throttles failed authentications per source address, on the control and
 	// admin listeners together; preAuth caps the control connections not yet authenticated.
 	authLimit *throttle.Auth
@@ -57,6 +59,7 @@ type Server struct {
 	closeOnceObs sync.Once
 	// closeOnceStore closes the route store once every session is gone.
 	closeOnceStore sync.Once
+	clusterOnce    sync.Once
 
 	// requests counts public HTTP requests and TCP connections (metrics).
 	requests struct{ http, tcp atomic.Uint64 }
@@ -130,13 +133,33 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		},
 		OnEvent: s.onGroupEvent,
 	})
+	if cfg.Cluster != nil {
+		if s.cfg.Store != nil || s.cfg.StateDir != "" {
+			return nil, errors.New("tunnel: a cluster keeps its routes in NATS: set neither Store nor StateDir with Cluster")
+		}
+		cc := *cfg.Cluster
+		if err := cc.setDefaults(); err != nil {
+			return nil, err
+		}
+		c, err := startCluster(s, cc)
+		if err != nil {
+			return nil, err
+		}
+		s.cluster = c
+		s.cfg.Store = c.routes
+	}
 	routes, err := openRouteBook(&s.cfg, s.registry, s.log)
 	if err != nil {
+		s.stopCluster(false)
 		return nil, err
 	}
 	s.routes = routes
+	if s.cluster != nil {
+		routes.lease, routes.liveAnywhere = s.cluster.cfg.LeaseTTL, s.cluster.liveAnywhere
+	}
 	if err := s.newAdmin(); err != nil {
 		_ = routes.st.Close()
+		s.stopCluster(false)
 		return nil, err
 	}
 	pc.Registry = s.registry
@@ -145,7 +168,21 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.wg.Go(func() { s.ingress.Janitor(idleSweepInterval, s.done) })
 	s.wg.Go(func() { s.routes.sweeper(s.done) })
 	s.wg.Go(s.logThrottled)
+	if s.cluster != nil {
+		if err := s.cluster.run(); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+	}
 	return s, nil
+}
+
+// stopCluster leaves the cluster, if the edge is in one: graceful deletes this edge's
+// lease and member records at once, so that the other edges need not wait for the lease.
+func (s *Server) stopCluster(graceful bool) {
+	if s.cluster != nil {
+		s.clusterOnce.Do(func() { s.cluster.close(graceful) })
+	}
 }
 
 // Registry returns a read-only view of the edge's routing table: its groups and members,
@@ -298,6 +335,9 @@ func (s *Server) ListenAndServe() error {
 	if s.cfg.AdminAddr != "" {
 		svcs = append(svcs, svc{name: "admin", addr: s.cfg.AdminAddr, serve: s.ServeAdmin})
 	}
+	if s.cluster != nil {
+		svcs = append(svcs, svc{name: "peers", addr: s.cluster.cfg.PeerAddr, serve: s.ServePeers})
+	}
 	var ls []net.Listener
 	for _, sv := range svcs {
 		l, err := net.Listen("tcp", sv.addr)
@@ -359,6 +399,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	s.alerts.stop()
 	s.closeSessions("edge shutting down", true)
+	s.stopCluster(true)
 	waited := make(chan struct{})
 	go func() { s.wg.Wait(); s.tcp.Wait(); close(waited) }()
 	select {
@@ -393,6 +434,7 @@ func (s *Server) Close() error {
 	s.tcp.Close()
 	s.alerts.stop() // groups vanishing because the edge stops is not an outage to page about
 	s.closeSessions("edge closed", false)
+	s.stopCluster(true)
 	s.cancel()
 	s.wg.Wait()
 	s.tcp.Wait()

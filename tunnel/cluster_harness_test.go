@@ -1,0 +1,246 @@
+package tunnel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/warren-tunnel/warren/admin"
+	"github.com/warren-tunnel/warren/group"
+)
+
+const clusterToken = "cluster-secret"
+
+// startNATSCluster starts n embedded NATS servers with JetStream on 127.0.0.1 (one alone,
+// or a cluster of n routed to the first) and waits until JetStream answers; they stop at
+// the end of the test.
+func startNATSCluster(t testing.TB, n int) []*server.Server {
+	t.Helper()
+	var nodes []*server.Server
+	// Route ports chosen up front, so that every node lists every other.
+	var routes []*url.URL
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		routes = append(routes, &url.URL{Scheme: "nats", Host: l.Addr().String()})
+		require.NoError(t, l.Close())
+	}
+	for i := range n {
+		opts := &server.Options{ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: -1,
+			JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
+		if n > 1 {
+			opts.Cluster = server.ClusterOpts{Name: "warren-test", Host: "127.0.0.1", Port: ports[i]}
+			opts.Routes = routes
+		}
+		ns, err := server.NewServer(opts)
+		require.NoError(t, err)
+		ns.Start()
+		t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+		nodes = append(nodes, ns)
+	}
+	for _, ns := range nodes {
+		require.True(t, ns.ReadyForConnections(20*time.Second), "NATS server not ready")
+	}
+	// JetStream is ready once a replicated bucket can be made.
+	nc, err := nats.Connect(nodes[0].ClientURL())
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "ready", Replicas: n, Storage: jetstream.MemoryStorage})
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond, "JetStream not ready")
+	return nodes
+}
+
+func natsURLs(nodes []*server.Server) []string {
+	var out []string
+	for _, ns := range nodes {
+		out = append(out, ns.ClientURL())
+	}
+	return out
+}
+
+// clusterEdge is one edge of a test cluster, serving on host (127.0.0.x).
+type clusterEdge struct {
+	*testEdge
+	id       string
+	host     string
+	peerAddr string
+	cfg      ServerConfig
+}
+
+type clusterOpts struct {
+	host     string // 127.0.0.1 if empty
+	lease    time.Duration
+	replicas int
+	edit     func(*ServerConfig)
+	peerAddr string // reuse an address (a restart)
+	public   string // reuse a public address (a restart)
+}
+
+// startClusterEdge starts an edge with id in the cluster on nodes. Its Close runs at cleanup.
+func startClusterEdge(t testing.TB, nodes []*server.Server, id string, o clusterOpts) *clusterEdge {
+	t.Helper()
+	if o.host == "" {
+		o.host = "127.0.0.1"
+	}
+	if o.lease == 0 {
+		o.lease = time.Second
+	}
+	listen := func(addr string) net.Listener {
+		if addr == "" {
+			addr = o.host + ":0"
+		}
+		var l net.Listener
+		require.Eventually(t, func() bool {
+			var err error
+			l, err = net.Listen("tcp", addr)
+			return err == nil
+		}, 5*time.Second, 20*time.Millisecond, "listen %s", addr)
+		return l
+	}
+	peer := listen(o.peerAddr)
+	ctl, pub, adm := listen(""), listen(o.public), listen("")
+	cfg := ServerConfig{
+		Domain:         testDomain,
+		Logger:         zaptest.NewLogger(t).Named(id),
+		LoadBalancing:  true,
+		TCPPorts:       group.PortRange{Lo: 45300, Hi: 45399},
+		TCPBindHost:    o.host,
+		PublicHTTPPort: pub.Addr().(*net.TCPAddr).Port,
+		Cluster: &ClusterConfig{NATSURLs: natsURLs(nodes), EdgeID: id, Advertise: peer.Addr().String(),
+			Token: clusterToken, LeaseTTL: o.lease, Replicas: max(o.replicas, 1), Timeout: 2 * time.Second,
+			NATSOptions: []nats.Option{nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})}},
+	}
+	if o.edit != nil {
+		o.edit(&cfg)
+	}
+	srv, err := NewServer(cfg)
+	require.NoError(t, err)
+	e := &testEdge{Server: srv, t: t}
+	e.controlAddr, e.publicAddr, e.adminAddr = ctl.Addr().String(), pub.Addr().String(), adm.Addr().String()
+	for _, sv := range []struct {
+		l     net.Listener
+		serve func(net.Listener) error
+	}{{ctl, srv.Serve}, {pub, srv.ServePublic}, {adm, srv.ServeAdmin}, {peer, srv.ServePeers}} {
+		e.served.Go(func() { _ = sv.serve(sv.l) })
+	}
+	e.client = publicClient(e.publicAddr)
+	ce := &clusterEdge{testEdge: e, id: id, host: o.host, peerAddr: peer.Addr().String(), cfg: cfg}
+	t.Cleanup(ce.close)
+	return ce
+}
+
+// close stops the edge gracefully (idempotent).
+func (e *clusterEdge) close() {
+	e.client.CloseIdleConnections()
+	_ = e.Close()
+	e.served.Wait()
+}
+
+// kill stops the edge as kill -9 would, as far as the others can tell: its links and
+// connections drop, and its lease and member records stay until the lease lapses.
+func (e *clusterEdge) kill() {
+	e.stopCluster(false)
+	e.close()
+}
+
+// groupsOf returns what the edge's admin API lists.
+func (e *clusterEdge) groups(t testing.TB) []admin.GroupInfo {
+	t.Helper()
+	var out []admin.GroupInfo
+	e.adminJSON(t, "/api/groups", &out)
+	return out
+}
+
+func (e *clusterEdge) adminJSON(t testing.TB, path string, v any) {
+	t.Helper()
+	resp, err := http.Get("http://" + e.adminAddr + path)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(v))
+}
+
+// members returns the edge ids of the members of the group label the edge sees, healthy ones.
+func (e *clusterEdge) members(label string) map[string]int {
+	out := map[string]int{}
+	for _, g := range e.Registry().Groups() {
+		if g.Label != label {
+			continue
+		}
+		for _, m := range g.Members {
+			if m.Healthy && !m.Draining {
+				id := m.Edge
+				if id == "" {
+					id = e.id
+				}
+				out[id]++
+			}
+		}
+	}
+	return out
+}
+
+// waitMembers waits until the edge sees want healthy members of label per edge id.
+func (e *clusterEdge) waitMembers(t testing.TB, label string, want map[string]int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		got := e.members(label)
+		if len(got) != len(want) {
+			return false
+		}
+		for k, v := range want {
+			if got[k] != v {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "edge %s: members of %s: got %v, want %v", e.id, label, e.members(label), want)
+}
+
+// counter counts answers by body.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) add(k string) {
+	c.mu.Lock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[k]++
+	c.mu.Unlock()
+}
+
+func (c *counter) get() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[string]int{}
+	for k, v := range c.n {
+		out[k] = v
+	}
+	return out
+}
+
+var errStatus = errors.New("unexpected status")

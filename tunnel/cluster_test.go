@@ -1,0 +1,447 @@
+package tunnel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/warren-tunnel/warren/admin"
+	"github.com/warren-tunnel/warren/group"
+)
+
+func clusterPool(key string) TunnelSpec {
+	return TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: key}
+}
+
+// A pool whose members are attached to two edges is one pool on both: each edge dispatches
+// to both members, the other edge's over the edge-to-edge link, and lists both with their
+// edge ids.
+func TestClusterPoolSpansEdges(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	a := startClusterEdge(t, nodes, "a", clusterOpts{})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{})
+	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(slowBackend(t, "A").URL))
+	require.NoError(t, err)
+	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(slowBackend(t, "B").URL))
+	require.NoError(t, err)
+	both := map[string]int{"a": 1, "b": 1}
+	a.waitMembers(t, "pool", both)
+	b.waitMembers(t, "pool", both)
+
+	for _, e := range []*clusterEdge{a, b} {
+		// Concurrent requests load the local member: least streams sends the others over.
+		var seen counter
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 5 {
+					code, body := e.get("pool", "/x")
+					require.Equal(t, 200, code, body)
+					seen.add(strings.Fields(body)[0])
+				}
+			})
+		}
+		wg.Wait()
+		got := seen.get()
+		require.Greater(t, got["A"], 3, "edge %s: %v", e.id, got)
+		require.Greater(t, got["B"], 3, "edge %s: %v", e.id, got)
+
+		gs := e.groups(t)
+		require.Len(t, gs, 1)
+		require.Equal(t, 2, gs[0].MemberCount)
+		var edges []string
+		for _, m := range gs[0].Members {
+			edges = append(edges, m.EdgeID)
+		}
+		require.ElementsMatch(t, []string{"a", "b"}, edges)
+
+		var ci admin.ClusterInfo
+		e.adminJSON(t, "/api/cluster", &ci)
+		require.True(t, ci.Enabled)
+		require.Equal(t, e.id, ci.Self)
+		require.Len(t, ci.Edges, 2)
+		for _, ce := range ci.Edges {
+			require.Equal(t, "held", ce.Lease, "%+v", ce)
+			require.Equal(t, 1, ce.Members, "%+v", ce)
+		}
+	}
+}
+
+// Ties in least-streams dispatch go to a local member: sequential requests at one edge
+// (every member idle) stay on that edge's member.
+func TestClusterTiesPreferLocal(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	a := startClusterEdge(t, nodes, "a", clusterOpts{})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{})
+	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
+	require.NoError(t, err)
+	a.waitMembers(t, "pool", map[string]int{"a": 1, "b": 1})
+	for range 20 {
+		code, body := a.get("pool", "/")
+		require.Equal(t, 200, code)
+		require.True(t, strings.HasPrefix(body, "A "), body)
+	}
+}
+
+// Two first registrations of one route, racing on three edges with three keys: exactly one
+// wins everywhere; the others get the usual refusal, and the winner's pool is the route on
+// every edge.
+func TestClusterConflictingFirstRegistrations(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	edges := []*clusterEdge{
+		startClusterEdge(t, nodes, "a", clusterOpts{}),
+		startClusterEdge(t, nodes, "b", clusterOpts{}),
+		startClusterEdge(t, nodes, "c", clusterOpts{}),
+	}
+	for round := range 5 {
+		sub := fmt.Sprintf("race%d", round)
+		sessions := make([]*Session, len(edges))
+		for i, e := range edges {
+			sessions[i] = e.connect(WithReconnect(false))
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, len(edges))
+		start := make(chan struct{})
+		for i := range edges {
+			wg.Go(func() {
+				<-start
+				_, errs[i] = sessions[i].Forward(ctxT(t), TunnelSpec{Subdomain: sub, Group: "g", GroupKey: fmt.Sprintf("key-%d", i)},
+					hostPort(backend(t, fmt.Sprintf("E%d", i)).URL))
+			})
+		}
+		close(start)
+		wg.Wait()
+		winner := -1
+		for i, err := range errs {
+			if err == nil {
+				require.Equal(t, -1, winner, "round %d: two registrations won: %v", round, errs)
+				winner = i
+				continue
+			}
+			require.ErrorIs(t, err, group.ErrKeyMismatch, "round %d", round)
+			require.Contains(t, err.Error(), "group key does not match for subdomain '"+sub+"'")
+		}
+		require.NotEqual(t, -1, winner, "round %d: nobody won: %v", round, errs)
+		want := fmt.Sprintf("E%d /", winner)
+		for _, e := range edges {
+			e.waitMembers(t, sub, map[string]int{edges[winner].id: 1})
+			code, body := e.get(sub, "/")
+			require.Equal(t, 200, code)
+			require.Equal(t, want, body)
+		}
+		for _, s := range sessions {
+			_ = s.Close()
+		}
+	}
+}
+
+// slowBackend is a backend whose answers take 20 ms, so that concurrent requests overlap.
+func slowBackend(t testing.TB, name string) *httptest.Server {
+	t.Helper()
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(20 * time.Millisecond)
+		fmt.Fprintf(w, "%s %s", name, r.URL.Path)
+	}))
+	t.Cleanup(b.Close)
+	return b
+}
+
+// tcpNamed serves a TCP backend that answers every connection with its name.
+func tcpNamed(t testing.TB, name string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = l.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				_, _ = io.WriteString(c, name)
+			})
+		}
+	})
+	return l.Addr().String()
+}
+
+func readTCP(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(c)
+	return string(b), err
+}
+
+// A TCP pool has one public port on every edge, so that DNS can name all of them; two pools
+// created at once on two edges get two different ports.
+func TestClusterTCPPortOnEveryEdge(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	edges := []*clusterEdge{
+		startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1"}),
+		startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2"}),
+		startClusterEdge(t, nodes, "c", clusterOpts{host: "127.0.0.3"}),
+	}
+	var wg sync.WaitGroup
+	tunnels := make([]*Tunnel, 2)
+	errs := make([]error, 2)
+	for i, name := range []string{"db", "cache"} {
+		sess, backendAddr := edges[i].connect(), tcpNamed(t, name)
+		wg.Go(func() {
+			tunnels[i], errs[i] = sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: name, GroupKey: "k"}, backendAddr)
+		})
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...))
+	require.NotZero(t, tunnels[0].Port())
+	require.NotEqual(t, tunnels[0].Port(), tunnels[1].Port())
+	for i, name := range []string{"db", "cache"} {
+		for _, e := range edges {
+			e.waitMembers(t, name, map[string]int{edges[i].id: 1})
+			got, err := readTCP(net.JoinHostPort(e.host, fmt.Sprint(tunnels[i].Port())))
+			require.NoError(t, err)
+			require.Equal(t, name, got, "edge %s", e.id)
+		}
+	}
+	// A second member on another edge joins the same pool on the same port.
+	t2, err := edges[2].connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db2"))
+	require.NoError(t, err)
+	require.Equal(t, tunnels[0].Port(), t2.Port())
+}
+
+// An edge killed under load: requests arriving at the surviving edge keep succeeding (the
+// dead edge's members leave at once, as its link drops); its connector reconnects to the
+// surviving edge and registers again without "already in use"; the members leave every
+// view within the lease even without the link.
+func TestClusterEdgeKilledUnderLoad(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	a := startClusterEdge(t, nodes, "a", clusterOpts{})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{})
+	// The connector on a fails over to b, as with `servers: [a, b]`.
+	var dials atomic.Int32
+	failover := WithDialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
+		addr := a.controlAddr
+		if dials.Add(1) > 1 {
+			addr = b.controlAddr
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	})
+	ta, err := a.connect(failover).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
+	require.NoError(t, err)
+	b.waitMembers(t, "pool", map[string]int{"a": 1, "b": 1})
+
+	var ok, failed atomic.Int64
+	var lastErr atomic.Value
+	ctx, stop := context.WithCancel(context.Background())
+	var load sync.WaitGroup
+	for range 4 {
+		load.Go(func() {
+			for ctx.Err() == nil {
+				resp, err := b.client.Get(b.url("pool", "/"))
+				if err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode == 200 {
+						ok.Add(1)
+						continue
+					}
+					err = fmt.Errorf("%w %d", errStatus, resp.StatusCode)
+				}
+				failed.Add(1)
+				lastErr.Store(err.Error())
+			}
+		})
+	}
+	require.Eventually(t, func() bool { return ok.Load() > 50 }, 10*time.Second, 5*time.Millisecond)
+	a.kill()
+	// The connector's tunnel comes back on b.
+	require.Eventually(t, func() bool { return b.members("pool")["b"] == 2 }, 10*time.Second, 10*time.Millisecond,
+		"b sees %v", b.members("pool"))
+	before := ok.Load()
+	require.Eventually(t, func() bool { return ok.Load() > before+50 }, 10*time.Second, 5*time.Millisecond)
+	stop()
+	load.Wait()
+	// Requests in flight on the dead edge's member when it died may fail; nothing else.
+	require.LessOrEqual(t, failed.Load(), int64(4), "failed %d of %d; last: %v", failed.Load(), ok.Load(), lastErr.Load())
+	require.NoError(t, ta.Err())
+	require.Equal(t, map[string]int{"b": 2}, b.members("pool"))
+}
+
+// A member whose edge keeps its links but stops renewing its lease (it lost NATS) leaves
+// the other edges' views within the lease.
+func TestClusterLeaseLapseRemovesMembers(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	lease := 600 * time.Millisecond
+	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
+	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	b.waitMembers(t, "pool", map[string]int{"a": 1})
+	// a's NATS connection goes; its link to b stays.
+	a.cluster.nc.Close()
+	gone := time.Now()
+	require.Eventually(t, func() bool { return len(b.members("pool")) == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.Less(t, time.Since(gone), lease+time.Second, "members left after %v (lease %v)", time.Since(gone), lease)
+	var ci admin.ClusterInfo
+	b.adminJSON(t, "/api/cluster", &ci)
+	require.Len(t, ci.Edges, 2)
+	require.Eventually(t, func() bool {
+		b.adminJSON(t, "/api/cluster", &ci)
+		return ci.Edges[1].Lease == "expired"
+	}, 5*time.Second, 10*time.Millisecond, "%+v", ci.Edges)
+	// a keeps serving what it knows without NATS, and refuses to claim new routes.
+	code, body := a.get("pool", "/")
+	require.Equal(t, 200, code, body)
+	_, err = a.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"}, hostPort(backend(t, "F").URL))
+	require.ErrorIs(t, err, ErrUnavailable)
+}
+
+
+// A pool that falls to zero healthy members across all edges fires one alert, not one per
+// edge; its recovery likewise.
+func TestClusterOneAlertPerPool(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	rcv := newReceiver(t)
+	alerting := func(c *ServerConfig) {
+		c.AlertWebhookURL = rcv.URL
+		c.AllowPrivateAlertWebhooks = true
+		c.AlertMinInterval = time.Millisecond
+	}
+	edges := []*clusterEdge{
+		startClusterEdge(t, nodes, "a", clusterOpts{edit: alerting}),
+		startClusterEdge(t, nodes, "b", clusterOpts{edit: alerting}),
+		startClusterEdge(t, nodes, "c", clusterOpts{edit: alerting}),
+	}
+	var sw [2]switchable
+	for i := range sw {
+		spec := clusterPool("k")
+		spec.Health = sw[i].spec()
+		_, err := edges[i].connect().Forward(ctxT(t), spec, hostPort(backend(t, fmt.Sprint(i)).URL))
+		require.NoError(t, err)
+	}
+	for _, e := range edges {
+		e.waitMembers(t, "pool", map[string]int{"a": 1, "b": 1})
+	}
+	for i := range sw {
+		sw[i].down.Store(true)
+	}
+	require.Eventually(t, func() bool { return len(rcv.alerts()) >= 1 }, 10*time.Second, 10*time.Millisecond)
+	// Every edge has seen the pool fall (and had its chance to alert).
+	for _, e := range edges {
+		require.Eventually(t, func() bool { return len(e.members("pool")) == 0 }, 10*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { return e.alerts.decided()["group_zero_healthy"] == 1 }, 10*time.Second, 10*time.Millisecond)
+	}
+	sw[0].down.Store(false)
+	require.Eventually(t, func() bool { return len(rcv.alerts()) >= 2 }, 10*time.Second, 10*time.Millisecond)
+	for _, e := range edges {
+		require.Eventually(t, func() bool { return e.alerts.decided()["group_recovered"] == 1 }, 10*time.Second, 10*time.Millisecond)
+	}
+	// Let any duplicate arrive: the sender queues at once, so a short wait is enough.
+	time.Sleep(200 * time.Millisecond)
+	got := rcv.alerts()
+	require.Len(t, got, 2, "%+v", got)
+	require.Equal(t, "group_zero_healthy", got[0].Event)
+	require.Equal(t, "group_recovered", got[1].Event)
+}
+
+// Every edge restarted (one after the other, and then all at once): route ownership, key
+// hashes and TCP ports are kept in NATS; another tenant still cannot take the routes.
+func TestClusterRestartKeepsOwnershipAndPorts(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	tenants := func(c *ServerConfig) {
+		c.Auth = tenantAuth()
+	}
+	a := startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1", edit: tenants})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2", edit: tenants})
+	ta, err := a.connect(WithToken(acmeToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
+	require.NoError(t, err)
+	port := ta.Port()
+	_, err = b.connect(WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	a.close()
+	b.close()
+	a = startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1", edit: tenants})
+	b = startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2", edit: tenants})
+	for _, e := range []*clusterEdge{a, b} {
+		_, err = e.connect(WithToken(globexToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
+		require.ErrorIs(t, err, ErrOwned)
+		_, err = e.connect(WithToken(globexToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "x"))
+		require.ErrorIs(t, err, ErrOwned)
+	}
+	ta, err = b.connect(WithToken(acmeToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
+	require.NoError(t, err)
+	require.Equal(t, port, ta.Port())
+	a.waitMembers(t, "db", map[string]int{"b": 1})
+	got, err := readTCP(net.JoinHostPort(a.host, fmt.Sprint(port)))
+	require.NoError(t, err)
+	require.Equal(t, "db", got)
+	// The owner may come back with its key, on any edge.
+	_, err = a.connect(WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+}
+
+// One NATS node of three lost: the edges (connected to different nodes) keep serving, and
+// new routes are still claimed (the buckets have three replicas).
+func TestClusterSurvivesANATSNodeLoss(t *testing.T) {
+	nodes := startNATSCluster(t, 3)
+	on := func(i int) clusterOpts {
+		return clusterOpts{replicas: 3, edit: func(c *ServerConfig) {
+			c.Cluster.NATSURLs = []string{nodes[i].ClientURL(), nodes[(i+1)%3].ClientURL()}
+		}}
+	}
+	a := startClusterEdge(t, nodes, "a", on(0))
+	b := startClusterEdge(t, nodes, "b", on(1))
+	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	b.waitMembers(t, "pool", map[string]int{"a": 1})
+	nodes[0].Shutdown() // a's node: a moves to its second URL
+	nodes[0].WaitForShutdown()
+	code, _ := b.get("pool", "/")
+	require.Equal(t, 200, code)
+	require.Eventually(t, func() bool {
+		_, err := b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "later", Group: "g", GroupKey: "k"}, hostPort(backend(t, "L").URL))
+		return err == nil
+	}, 20*time.Second, 200*time.Millisecond)
+	a.waitMembers(t, "later", map[string]int{"b": 1})
+	code, body := a.get("later", "/")
+	require.Equal(t, 200, code)
+	require.Equal(t, "L /", body)
+}
+
+// NATS lost altogether: an edge serves what it knows and refuses new routes; when NATS
+// returns, it writes its members again and the other edges see them.
+func TestClusterReconcilesWhenNATSReturns(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	a := startClusterEdge(t, nodes, "a", clusterOpts{})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{})
+	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	b.waitMembers(t, "pool", map[string]int{"a": 1})
+	// Cut a off NATS by closing its connection's socket: the client reconnects by itself.
+	require.NoError(t, a.cluster.nc.ForceReconnect())
+	b.waitMembers(t, "pool", map[string]int{"a": 1})
+	code, _ := b.get("pool", "/")
+	require.Equal(t, 200, code)
+}

@@ -1,0 +1,474 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/proxy"
+	"github.com/warren-tunnel/warren/store"
+)
+
+// cluster is an edge's part in a cluster of edges sharing one NATS JetStream.
+//
+// What lives where:
+//   - <bucket>_routes (store.NATS): route ownership, key hashes and TCP ports, written with
+//     compare-and-set before a registration is acknowledged, as the single edge writes its
+//     file store.
+//   - <bucket>_leases: one key per edge, "<edge id>", renewed every heartbeat; its value
+//     is the edge's advertised address, its start time and the published stream counts of
+//     its members. An edge whose renewal is not seen for LeaseTTL is gone: its members leave.
+//   - <bucket>_members: one key per member, "<edge id>.<tunnel id>", the member's record
+//     (route, pool settings, health bit, draining). Written by the member's edge when it
+//     changes; watched by every other edge, which joins the member to its own registry as
+//     a remote member reached over the edge-to-edge link (edge_cluster_remote.go).
+//   - <bucket>_alerts: one key per pool, the last alert sent, so that a pool that falls to
+//     zero healthy members across all edges fires one alert, not one per edge.
+type cluster struct {
+	srv *Server
+	cfg ClusterConfig
+	log *zap.Logger
+
+	nc      *nats.Conn
+	ownConn bool
+	routes  *store.NATS
+	members jetstream.KeyValue
+	leases  jetstream.KeyValue
+	alerts  jetstream.KeyValue
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	// spawnMu and stopped keep goroutines from being added once close waits for them.
+	spawnMu sync.Mutex
+	stopped bool
+	// started is this incarnation's start, in its lease: a change tells the others that
+	// the edge restarted.
+	started time.Time
+
+	// pmu guards the publisher's state: the local members whose record must be written.
+	pmu   sync.Mutex
+	dirty map[string]bool
+	kick  chan struct{}
+	// forwarded counts, per local member id, the streams other edges have open to it
+	// (*atomic.Int64): the member's published load leaves them out.
+	forwarded sync.Map
+
+	// connected is whether the NATS connection is up now.
+	connected atomic.Bool
+	// leaseOK is whether the last lease renewal was written.
+	leaseOK atomic.Bool
+
+	remote remoteView
+	peers  peerSet
+	// live is the set of route keys with members on other edges (liveAnywhere).
+	live atomic.Pointer[map[string]bool]
+}
+
+// memberRecord is a member as the other edges learn it.
+type memberRecord struct {
+	Edge            string        `json:"edge"`
+	Tunnel          string        `json:"tunnel"`
+	Proto           group.Proto   `json:"proto"`
+	Label           string        `json:"label"`
+	Group           string        `json:"group,omitempty"`
+	KeyHash         group.KeyHash `json:"key_hash"`
+	Tenant          string        `json:"tenant,omitempty"`
+	HealthKind      string        `json:"health_kind"`
+	Healthy         bool          `json:"healthy"`
+	Draining        bool          `json:"draining,omitempty"`
+	Port            int           `json:"port,omitempty"`
+	Weight          int           `json:"weight,omitempty"`
+	Priority        int           `json:"priority,omitempty"`
+	SlowStart       time.Duration `json:"slow_start,omitempty"`
+	Affinity        string        `json:"affinity,omitempty"`
+	RetryIdempotent bool          `json:"retry_idempotent,omitempty"`
+	AlertWebhook    string        `json:"alert_webhook,omitempty"`
+	BackendProtocol string        `json:"backend_protocol,omitempty"`
+}
+
+// leaseRecord is an edge's lease value.
+type leaseRecord struct {
+	Advertise string           `json:"advertise"`
+	Started   time.Time        `json:"started"`
+	Loads     map[string]int64 `json:"loads,omitempty"`
+}
+
+// startCluster connects to NATS, opens the buckets and returns the cluster with its route
+// store; run starts its workers once the edge's registry exists.
+func startCluster(s *Server, cfg ClusterConfig) (*cluster, error) {
+	c := &cluster{srv: s, cfg: cfg, log: s.log.Named("cluster").With(zap.String("edge_id", cfg.EdgeID)),
+		dirty: map[string]bool{}, kick: make(chan struct{}, 1), started: time.Now()}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.remote.edges = map[string]*remoteEdge{}
+	c.peers.links = map[*peerLink]struct{}{}
+	c.nc = cfg.NATSConn
+	if c.nc == nil {
+		opts := append([]nats.Option{
+			nats.Name("warren-edge-" + cfg.EdgeID),
+			nats.MaxReconnects(-1),
+			nats.ReconnectWait(250 * time.Millisecond),
+			nats.Timeout(cfg.Timeout),
+		}, cfg.NATSOptions...)
+		nc, err := nats.Connect(strings.Join(cfg.NATSURLs, ","), opts...)
+		if err != nil {
+			c.cancel()
+			return nil, fmt.Errorf("tunnel: cluster: connect to NATS %v: %w", cfg.NATSURLs, err)
+		}
+		c.nc, c.ownConn = nc, true
+	}
+	c.connected.Store(c.nc.IsConnected())
+	if err := c.openBuckets(); err != nil {
+		c.closeConn()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *cluster) openBuckets() error {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	defer cancel()
+	var err error
+	if c.routes, err = store.OpenNATS(ctx, c.nc, store.NATSConfig{Bucket: c.cfg.Bucket + "_routes",
+		Replicas: c.cfg.Replicas, Timeout: c.cfg.Timeout}); err != nil {
+		return fmt.Errorf("tunnel: cluster: %w", err)
+	}
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return fmt.Errorf("tunnel: cluster: %w", err)
+	}
+	open := func(name, what string, ttl time.Duration) (jetstream.KeyValue, error) {
+		kv, err := js.KeyValue(ctx, name)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, Description: what,
+				History: 1, TTL: ttl, Storage: jetstream.MemoryStorage, Replicas: c.cfg.Replicas})
+			if errors.Is(err, jetstream.ErrBucketExists) {
+				kv, err = js.KeyValue(ctx, name)
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("tunnel: cluster: open NATS bucket %s: %w", name, err)
+		}
+		return kv, nil
+	}
+	if c.members, err = open(c.cfg.Bucket+"_members", "warren members: every edge's live members", 0); err != nil {
+		return err
+	}
+	if c.leases, err = open(c.cfg.Bucket+"_leases", "warren edge leases", c.cfg.LeaseTTL); err != nil {
+		return err
+	}
+	if c.alerts, err = open(c.cfg.Bucket+"_alerts", "warren alerts: the last alert sent per pool", 0); err != nil {
+		return err
+	}
+	return nil
+}
+
+// run starts the workers: lease renewal, the member publisher, the watches and the lease
+// checker. The edge's registry exists by now.
+func (c *cluster) run() error {
+	c.nc.SetDisconnectErrHandler(func(_ *nats.Conn, err error) {
+		c.connected.Store(false)
+		c.log.Warn("NATS connection lost: serving the routes and members known; new routes are refused until it returns", zap.Error(err))
+	})
+	c.nc.SetReconnectHandler(func(*nats.Conn) {
+		c.connected.Store(true)
+		c.log.Info("NATS connection back: reconciling")
+		c.markAllDirty()
+	})
+	// A previous incarnation of this edge id may have left member records behind.
+	c.dropStaleOwnRecords()
+	if err := c.renewLease(); err != nil {
+		return fmt.Errorf("tunnel: cluster: writing this edge's lease: %w", err)
+	}
+	c.leaseOK.Store(true)
+	c.wg.Go(c.heartbeat)
+	c.wg.Go(c.publisher)
+	c.wg.Go(c.watchLeases)
+	c.wg.Go(c.watchMembers)
+	c.wg.Go(c.checkLeases)
+	return nil
+}
+
+// close stops the workers and the links. Graceful: this edge's records and lease are
+// deleted so that the others drop its members at once rather than after the lease.
+func (c *cluster) close(graceful bool) {
+	if graceful && c.connected.Load() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
+		c.pmu.Lock()
+		c.dirty = map[string]bool{}
+		c.pmu.Unlock()
+		if keys, err := c.ownKeys(ctx); err == nil {
+			for _, k := range keys {
+				_ = c.members.Delete(ctx, k)
+			}
+		}
+		_ = c.leases.Delete(ctx, c.cfg.EdgeID)
+		cancel()
+	}
+	c.spawnMu.Lock()
+	c.stopped = true
+	c.spawnMu.Unlock()
+	c.cancel()
+	c.peers.closeAll()
+	c.wg.Wait()
+	c.remote.leaveAll(c)
+	_ = c.routes.Close()
+	c.closeConn()
+}
+
+func (c *cluster) closeConn() {
+	if c.ownConn {
+		c.nc.Close()
+	}
+}
+
+// heartbeat renews the lease every third of LeaseTTL (at most every second, so that the
+// published loads stay fresh).
+func (c *cluster) heartbeat() {
+	every := min(c.cfg.LeaseTTL/3, time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := c.renewLease()
+		if err != nil {
+			if c.leaseOK.Swap(false) {
+				c.log.Warn("cannot renew this edge's lease", zap.Error(err))
+			}
+			continue
+		}
+		if !c.leaseOK.Swap(true) {
+			// The lease may have lapsed meanwhile, and the others dropped this edge's
+			// records: write them all again.
+			c.log.Info("lease renewed again")
+			c.markAllDirty()
+		}
+	}
+}
+
+func (c *cluster) renewLease() error {
+	rec := leaseRecord{Advertise: c.cfg.Advertise, Started: c.started, Loads: c.loads()}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	defer cancel()
+	_, err = c.leases.Put(ctx, c.cfg.EdgeID, b)
+	return err
+}
+
+// loads are the stream counts of this edge's own members, without the streams other
+// edges forward to them (those edges count them themselves).
+func (c *cluster) loads() map[string]int64 {
+	out := map[string]int64{}
+	for _, g := range c.srv.registry.Groups() {
+		for _, m := range g.Members() {
+			if m.Edge != "" {
+				continue
+			}
+			n := m.Active()
+			if f, ok := c.forwarded.Load(m.ID); ok {
+				n -= f.(*atomic.Int64).Load()
+			}
+			if n > 0 {
+				out[m.ID] = n
+			}
+		}
+	}
+	return out
+}
+
+// observe is called for every group event: a change of a local member is published.
+func (c *cluster) observe(ev group.Event) {
+	if ev.Member.Edge != "" || ev.Member.ID == "" {
+		return
+	}
+	c.pmu.Lock()
+	c.dirty[ev.Member.ID] = true
+	c.pmu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (c *cluster) markAllDirty() {
+	c.pmu.Lock()
+	for _, g := range c.srv.registry.Groups() {
+		for _, m := range g.Members() {
+			if m.Edge == "" {
+				c.dirty[m.ID] = true
+			}
+		}
+	}
+	c.pmu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// publisher writes the records of the local members that changed; a write that fails is
+// tried again a moment later, and all of them when the NATS connection returns.
+func (c *cluster) publisher() {
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-c.kick:
+		case <-retry.C:
+		}
+		c.pmu.Lock()
+		ids := make([]string, 0, len(c.dirty))
+		for id := range c.dirty {
+			ids = append(ids, id)
+		}
+		clear(c.dirty)
+		c.pmu.Unlock()
+		var failed []string
+		for _, id := range ids {
+			if err := c.publish(id); err != nil {
+				failed = append(failed, id)
+			}
+		}
+		if len(failed) > 0 {
+			c.pmu.Lock()
+			for _, id := range failed {
+				c.dirty[id] = true
+			}
+			c.pmu.Unlock()
+			retry.Reset(250 * time.Millisecond)
+		}
+	}
+}
+
+// publish writes member id's record, or deletes it when the member has left.
+func (c *cluster) publish(id string) error {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	defer cancel()
+	key := c.cfg.EdgeID + "." + id
+	m := c.srv.registry.Lookup(id)
+	if m == nil || m.Edge != "" {
+		err := c.members.Delete(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			err = nil
+		}
+		return err
+	}
+	b, err := json.Marshal(c.recordOf(m))
+	if err != nil {
+		return err
+	}
+	_, err = c.members.Put(ctx, key, b)
+	return err
+}
+
+func (c *cluster) recordOf(m *group.Member) memberRecord {
+	g := m.Group()
+	rec := memberRecord{Edge: c.cfg.EdgeID, Tunnel: m.ID, Proto: g.Proto, Label: g.Label, Group: g.Name,
+		KeyHash: g.KeyHash(), Tenant: m.Tenant, HealthKind: m.HealthKind, Healthy: m.Healthy(),
+		Draining: m.Draining(), Weight: m.Weight, Priority: m.Priority, SlowStart: m.SlowStart,
+		Affinity: g.Affinity, RetryIdempotent: g.RetryIdempotent, AlertWebhook: m.AlertWebhook}
+	if g.Kind == group.KindTCP {
+		rec.Port = g.Port
+	}
+	if t, ok := m.Value().(*proxy.Tunnel); ok {
+		rec.BackendProtocol = t.BackendProtocol()
+	}
+	return rec
+}
+
+// ownKeys lists this edge's keys in the members bucket.
+func (c *cluster) ownKeys(ctx context.Context) ([]string, error) {
+	lister, err := c.members.ListKeysFiltered(ctx, c.cfg.EdgeID+".*")
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	return keys, nil
+}
+
+// dropStaleOwnRecords deletes the member records a previous run of this edge id left.
+func (c *cluster) dropStaleOwnRecords() {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	defer cancel()
+	keys, err := c.ownKeys(ctx)
+	if err != nil {
+		return
+	}
+	for _, k := range keys {
+		if c.srv.registry.Lookup(strings.TrimPrefix(k, c.cfg.EdgeID+".")) == nil {
+			_ = c.members.Delete(ctx, k)
+		}
+	}
+}
+
+// spawn runs f in a goroutine close waits for, unless the cluster is stopping.
+func (c *cluster) spawn(f func()) bool {
+	c.spawnMu.Lock()
+	defer c.spawnMu.Unlock()
+	if c.stopped {
+		return false
+	}
+	c.wg.Go(f)
+	return true
+}
+
+// forwardedCounter is the counter of streams other edges have open to local member id.
+func (c *cluster) forwardedCounter(id string) *atomic.Int64 {
+	v, _ := c.forwarded.LoadOrStore(id, new(atomic.Int64))
+	return v.(*atomic.Int64)
+}
+
+// claimAlert reports whether this edge is the one to send alert event for pool: the first
+// edge to record it in the alerts bucket, with compare-and-set, so that a pool falling to
+// zero healthy members across all edges fires one alert. When NATS cannot answer, the edge
+// sends it: an alert twice is better than none.
+func (c *cluster) claimAlert(pool, event string) bool {
+	sum := sha256.Sum256([]byte(pool))
+	key := hex.EncodeToString(sum[:16])
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	defer cancel()
+	for range 5 {
+		e, err := c.alerts.Get(ctx, key)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			_, err = c.alerts.Create(ctx, key, []byte(event))
+		case err != nil:
+			return ctx.Err() == nil || c.ctx.Err() == nil
+		case string(e.Value()) == event:
+			return false // another edge sent it
+		default:
+			_, err = c.alerts.Update(ctx, key, []byte(event), e.Revision())
+		}
+		if err == nil {
+			return true
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !strings.Contains(err.Error(), "wrong last sequence") {
+			return c.ctx.Err() == nil
+		}
+	}
+	return false
+}

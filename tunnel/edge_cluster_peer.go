@@ -1,0 +1,281 @@
+package tunnel
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/internal/mux"
+	"github.com/warren-tunnel/warren/internal/proxy"
+	"github.com/warren-tunnel/warren/internal/wire"
+)
+
+// The edge-to-edge link. The edge that forwards dials the edge that holds the member, over
+// TCP (TLS with ClusterConfig.PeerTLS), and sends
+//
+//	"WRNPEER1" len(1) <its edge id> sha256(token)(32)
+//
+// The other edge compares the token's hash in constant time and answers one byte, 0 (in) or
+// 1 (refused, then closes). Then both run yamux: the dialling edge opens one stream per
+// forwarded request or connection and writes the same envelope a connector gets; the
+// holding edge opens a stream to the member's connector with it, passes the connector's
+// acknowledgement (or refusal) back, and copies bytes both ways. So the retry rule holds
+// across the hop: a refusal still means no byte reached an application. The holding edge
+// only ever sends a forwarded stream to the member the envelope names, one of its own: a
+// request is forwarded at most once.
+const (
+	peerMagic            = "WRNPEER1"
+	peerHandshakeTimeout = 5 * time.Second
+	peerOK               = 0
+	peerRefused          = 1
+)
+
+var errPeerRefused = errors.New("the edge refused the cluster token")
+
+// peerLink is one edge-to-edge link, from either end.
+type peerLink struct {
+	sess   *yamux.Session
+	conn   net.Conn
+	ctx    context.Context // ends with the link: remote members' tunnels over it end too
+	cancel context.CancelFunc
+	once   sync.Once
+}
+
+func (l *peerLink) close() {
+	l.once.Do(func() {
+		l.cancel()
+		_ = l.sess.Close()
+		_ = l.conn.Close()
+	})
+}
+
+// peerSet is the links this edge accepted, closed when it stops.
+type peerSet struct {
+	mu     sync.Mutex
+	closed bool
+	links  map[*peerLink]struct{}
+}
+
+func (p *peerSet) add(l *peerLink) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return false
+	}
+	p.links[l] = struct{}{}
+	return true
+}
+
+func (p *peerSet) remove(l *peerLink) {
+	p.mu.Lock()
+	delete(p.links, l)
+	p.mu.Unlock()
+}
+
+func (p *peerSet) closeAll() {
+	p.mu.Lock()
+	p.closed = true
+	links := make([]*peerLink, 0, len(p.links))
+	for l := range p.links {
+		links = append(links, l)
+	}
+	p.mu.Unlock()
+	for _, l := range links {
+		l.close()
+	}
+}
+
+func (c *cluster) tokenHash() [32]byte { return sha256.Sum256([]byte(c.cfg.Token)) }
+
+// dialPeer links to the edge advertised at addr.
+func (c *cluster) dialPeer(addr, id string) (*peerLink, error) {
+	ctx, cancel := context.WithTimeout(c.ctx, peerHandshakeTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	if c.cfg.PeerClientTLS != nil {
+		tc := c.cfg.PeerClientTLS.Clone()
+		if tc.ServerName == "" {
+			tc.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		t := tls.Client(conn, tc)
+		if err := t.HandshakeContext(ctx); err != nil {
+			_ = conn.Close()
+			return nil, err
+		}
+		conn = t
+	}
+	_ = conn.SetDeadline(time.Now().Add(peerHandshakeTimeout))
+	h := c.tokenHash()
+	hello := make([]byte, 0, len(peerMagic)+1+len(c.cfg.EdgeID)+len(h))
+	hello = append(hello, peerMagic...)
+	hello = append(hello, byte(len(c.cfg.EdgeID)))
+	hello = append(hello, c.cfg.EdgeID...)
+	hello = append(hello, h[:]...)
+	var ans [1]byte
+	if _, err := conn.Write(hello); err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	if _, err := io.ReadFull(conn, ans[:]); err != nil {
+		_ = conn.Close()
+		return nil, fmt.Errorf("edge %s did not answer the link handshake: %w", id, err)
+	}
+	if ans[0] != peerOK {
+		_ = conn.Close()
+		return nil, errPeerRefused
+	}
+	_ = conn.SetDeadline(time.Time{})
+	sess, err := mux.Server(conn, c.log, c.srv.cfg.OpenTimeout)
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
+	l := &peerLink{sess: sess, conn: conn}
+	l.ctx, l.cancel = context.WithCancel(c.ctx)
+	if !c.peers.add(l) {
+		l.close()
+		return nil, ErrServerClosed
+	}
+	context.AfterFunc(l.ctx, func() { c.peers.remove(l) })
+	return l, nil
+}
+
+// ServePeers accepts the links of the other edges of the cluster on l until Shutdown or
+// Close (ListenAndServe does it on ClusterConfig.PeerAddr). Wrap l in TLS yourself or set
+// ClusterConfig.PeerTLS, not both. Without a cluster it returns an error at once.
+func (s *Server) ServePeers(l net.Listener) error {
+	if s.cluster == nil {
+		_ = l.Close()
+		return errors.New("tunnel: ServePeers: the edge is not in a cluster")
+	}
+	if s.cluster.cfg.PeerTLS != nil {
+		l = tls.NewListener(l, s.cluster.cfg.PeerTLS)
+	}
+	if !s.track(l) {
+		_ = l.Close()
+		return ErrServerClosed
+	}
+	defer s.untrack(l)
+	for {
+		conn, err := l.Accept()
+		if err != nil {
+			if s.shuttingDown() {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		if !s.spawn(func() { s.cluster.servePeer(conn) }) {
+			_ = conn.Close()
+			return ErrServerClosed
+		}
+	}
+}
+
+// servePeer checks an incoming link's handshake and serves its streams.
+func (c *cluster) servePeer(conn net.Conn) {
+	_ = conn.SetDeadline(time.Now().Add(peerHandshakeTimeout))
+	var head [len(peerMagic) + 1]byte
+	if _, err := io.ReadFull(conn, head[:]); err != nil || string(head[:len(peerMagic)]) != peerMagic || head[len(peerMagic)] == 0 ||
+		int(head[len(peerMagic)]) > maxEdgeIDLen {
+		c.log.Warn("edge link refused: not a warren edge", zap.Stringer("remote", conn.RemoteAddr()))
+		_ = conn.Close()
+		return
+	}
+	rest := make([]byte, int(head[len(peerMagic)])+sha256.Size)
+	if _, err := io.ReadFull(conn, rest); err != nil {
+		_ = conn.Close()
+		return
+	}
+	from := string(rest[:len(rest)-sha256.Size])
+	want := c.tokenHash()
+	if subtle.ConstantTimeCompare(rest[len(rest)-sha256.Size:], want[:]) != 1 {
+		c.log.Warn("edge link refused: wrong cluster token", zap.Stringer("remote", conn.RemoteAddr()))
+		_, _ = conn.Write([]byte{peerRefused})
+		_ = conn.Close()
+		return
+	}
+	if _, err := conn.Write([]byte{peerOK}); err != nil {
+		_ = conn.Close()
+		return
+	}
+	_ = conn.SetDeadline(time.Time{})
+	sess, err := mux.Client(conn, c.log)
+	if err != nil {
+		_ = conn.Close()
+		return
+	}
+	l := &peerLink{sess: sess, conn: conn}
+	l.ctx, l.cancel = context.WithCancel(c.ctx)
+	if !c.peers.add(l) {
+		l.close()
+		return
+	}
+	defer c.peers.remove(l)
+	defer l.close()
+	c.log.Debug("edge linked", zap.String("edge", from), zap.Stringer("remote", conn.RemoteAddr()))
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		st, err := sess.AcceptStreamWithContext(l.ctx)
+		if err != nil {
+			return
+		}
+		wg.Go(func() { c.forward(l.ctx, st) })
+	}
+}
+
+// forward carries one stream another edge forwarded to the local member its envelope names.
+func (c *cluster) forward(ctx context.Context, st *yamux.Stream) {
+	_ = st.SetReadDeadline(time.Now().Add(c.srv.cfg.OpenTimeout))
+	env, err := wire.ReadEnvelope(st)
+	if err != nil {
+		refuse(st, wire.AckMalformed)
+		return
+	}
+	_ = st.SetReadDeadline(time.Time{})
+	m := c.srv.registry.Lookup(env.TunnelID)
+	if m == nil || m.Edge != "" {
+		refuse(st, wire.AckUnknownTunnel) // never forwarded twice
+		return
+	}
+	t, ok := m.Value().(*proxy.Tunnel)
+	if !ok || !m.Acquire() {
+		refuse(st, wire.AckUnknownTunnel)
+		return
+	}
+	fwd := c.forwardedCounter(m.ID)
+	fwd.Add(1)
+	defer func() {
+		fwd.Add(-1)
+		m.Release()
+	}()
+	member, err := t.OpenForward(ctx, env.RemoteAddr, c.srv.cfg.OpenTimeout)
+	if err != nil {
+		refuse(st, wire.AckRefused)
+		return
+	}
+	if _, err := st.Write([]byte{byte(wire.AckOK)}); err != nil {
+		_ = member.Close()
+		_ = st.Close()
+		return
+	}
+	mux.Join(ctx, st, member)
+}

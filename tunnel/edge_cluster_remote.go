@@ -1,0 +1,399 @@
+package tunnel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/admin"
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/proxy"
+)
+
+// remoteView is what this edge knows of the other edges: their leases, their members'
+// records, and which of those members are joined to this edge's registry.
+//
+// A remote member is joined (dispatch may pick it) only while its edge's lease holds and
+// the edge-to-edge link to it is up: a member this edge cannot reach is no member of its
+// pools. When the link breaks (the other edge died, or the network between them did), its
+// members leave at once; when the lease lapses without the link breaking (the other edge
+// lost NATS), they leave at LeaseTTL.
+type remoteView struct {
+	mu    sync.Mutex
+	edges map[string]*remoteEdge
+}
+
+type remoteEdge struct {
+	id        string
+	advertise string
+	started   time.Time
+	lastSeen  time.Time // when a renewal of its lease was last seen (local clock)
+	expired   bool
+	records   map[string]memberRecord  // by tunnel id
+	joined    map[string]*group.Member // the members joined to the registry
+	refused   map[string]string        // records the registry refused, and why (logged once)
+	link      *peerLink                // nil while there is no link
+	dialing   bool
+}
+
+func (v *remoteView) edge(id string) *remoteEdge {
+	e := v.edges[id]
+	if e == nil {
+		e = &remoteEdge{id: id, records: map[string]memberRecord{}, joined: map[string]*group.Member{},
+			refused: map[string]string{}, expired: true}
+		v.edges[id] = e
+	}
+	return e
+}
+
+// watchLeases follows the leases bucket: every renewal of another edge's lease.
+func (c *cluster) watchLeases() {
+	c.watch(c.leases, func(key string, value []byte, deleted bool) {
+		if key == c.cfg.EdgeID {
+			return
+		}
+		c.remote.mu.Lock()
+		defer c.remote.mu.Unlock()
+		e := c.remote.edge(key)
+		if deleted {
+			// A graceful stop: its members leave now.
+			e.expired = true
+			e.records = map[string]memberRecord{}
+			c.reconcileLocked(e)
+			return
+		}
+		var rec leaseRecord
+		if json.Unmarshal(value, &rec) != nil {
+			c.log.Warn("malformed lease record ignored", zap.String("edge", key))
+			return
+		}
+		restarted := !e.started.IsZero() && !rec.Started.Equal(e.started)
+		e.advertise, e.started, e.lastSeen = rec.Advertise, rec.Started, time.Now()
+		if e.expired {
+			c.log.Info("edge joined the cluster", zap.String("edge", key), zap.String("advertise", rec.Advertise))
+		}
+		e.expired = false
+		if restarted && e.link != nil {
+			e.link.close()
+		}
+		for id, m := range e.joined {
+			m.SetPeerLoad(rec.Loads[id])
+		}
+		c.reconcileLocked(e)
+	})
+}
+
+// watchMembers follows the members bucket: every other edge's member records.
+func (c *cluster) watchMembers() {
+	c.watch(c.members, func(key string, value []byte, deleted bool) {
+		edgeID, tunnelID, ok := strings.Cut(key, ".")
+		if !ok {
+			return
+		}
+		if edgeID == c.cfg.EdgeID {
+			if deleted && c.srv.registry.Lookup(tunnelID) != nil {
+				// Another edge dropped this edge's record (its lease seemed lapsed) while
+				// the member lives: write it again.
+				c.observe(group.Event{Member: group.MemberInfo{ID: tunnelID}})
+			}
+			return
+		}
+		c.remote.mu.Lock()
+		defer c.remote.mu.Unlock()
+		e := c.remote.edge(edgeID)
+		if deleted {
+			delete(e.records, tunnelID)
+		} else {
+			var rec memberRecord
+			if json.Unmarshal(value, &rec) != nil || rec.Tunnel != tunnelID || rec.Edge != edgeID {
+				c.log.Warn("malformed member record ignored", zap.String("key", key))
+				return
+			}
+			e.records[tunnelID] = rec
+		}
+		c.reconcileLocked(e)
+	})
+}
+
+// watch runs fn for every value of kv, the current ones first, until the cluster stops;
+// a watch that ends (NATS lost) is started again.
+func (c *cluster) watch(kv jetstream.KeyValue, fn func(key string, value []byte, deleted bool)) {
+	for c.ctx.Err() == nil {
+		w, err := kv.WatchAll(c.ctx)
+		if err != nil {
+			select {
+			case <-c.ctx.Done():
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+			continue
+		}
+		for entry := range w.Updates() {
+			if entry == nil {
+				continue // the current values have all been delivered
+			}
+			fn(entry.Key(), entry.Value(), entry.Operation() != jetstream.KeyValuePut)
+		}
+		_ = w.Stop()
+	}
+}
+
+// checkLeases expires the edges whose lease was not renewed for LeaseTTL.
+func (c *cluster) checkLeases() {
+	t := time.NewTicker(max(c.cfg.LeaseTTL/10, 50*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.remote.mu.Lock()
+		for _, e := range c.remote.edges {
+			if !e.expired && time.Since(e.lastSeen) >= c.cfg.LeaseTTL {
+				e.expired = true
+				c.log.Warn("edge lease lapsed: its members leave", zap.String("edge", e.id), zap.Int("members", len(e.joined)))
+				if e.link != nil {
+					e.link.close()
+				}
+				c.reconcileLocked(e)
+				// Its records are garbage now; any edge may delete them (its next run, or
+				// the edge itself when its lease is renewed again, writes them anew).
+				ids := make([]string, 0, len(e.records))
+				for id := range e.records {
+					ids = append(ids, e.id+"."+id)
+				}
+				c.spawn(func() { c.deleteRecords(ids) })
+			}
+		}
+		c.remote.mu.Unlock()
+	}
+}
+
+func (c *cluster) deleteRecords(keys []string) {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	defer cancel()
+	for _, k := range keys {
+		_ = c.members.Delete(ctx, k)
+	}
+}
+
+// reconcileLocked makes the registry hold exactly e's members that may be dispatched to:
+// all of its records while its lease holds and the link is up, none otherwise.
+func (c *cluster) reconcileLocked(e *remoteEdge) {
+	c.rebuildLiveLocked()
+	up := !e.expired && e.link != nil
+	for id, m := range e.joined {
+		rec, ok := e.records[id]
+		if up && ok && sameMember(rec, m) {
+			continue
+		}
+		delete(e.joined, id)
+		c.leaveRemote(m)
+	}
+	if !up {
+		if !e.expired && len(e.records) > 0 && !e.dialing && e.link == nil && c.ctx.Err() == nil {
+			e.dialing = true
+			if !c.spawn(func() { c.dial(e.id) }) {
+				e.dialing = false
+			}
+		}
+		return
+	}
+	for id, rec := range e.records {
+		m := e.joined[id]
+		if m == nil {
+			var err error
+			if m, err = c.joinRemote(e, rec); err != nil {
+				if e.refused[id] != err.Error() {
+					e.refused[id] = err.Error()
+					c.log.Warn("a remote member cannot join this edge's pool", zap.String("edge", e.id),
+						zap.String("tunnel", id), zap.String("label", rec.Label), zap.Error(err))
+				}
+				continue
+			}
+			delete(e.refused, id)
+			e.joined[id] = m
+		}
+		if m.HealthKind != "none" && m.Healthy() != rec.Healthy {
+			c.srv.registry.SetHealth(m, rec.Healthy, remoteReason(e.id, rec.Healthy))
+		}
+		if rec.Draining && !m.Draining() {
+			c.srv.registry.Drain(m)
+			if t, ok := m.Value().(*proxy.Tunnel); ok {
+				t.CloseIdle() // its edge waits for the streams this edge has open to it
+			}
+		}
+	}
+	for id := range e.refused {
+		if _, ok := e.records[id]; !ok {
+			delete(e.refused, id)
+		}
+	}
+}
+
+func remoteReason(edge string, healthy bool) string {
+	if healthy {
+		return "healthy on edge " + edge
+	}
+	return "unhealthy on edge " + edge
+}
+
+// sameMember reports whether the joined member m still matches rec in what joining set.
+func sameMember(rec memberRecord, m *group.Member) bool {
+	g := m.Group()
+	return g.Label == rec.Label && g.Proto == rec.Proto && (rec.Port == 0 || g.Port == rec.Port) &&
+		m.Weight == max(rec.Weight, 1) && m.Priority == rec.Priority
+}
+
+// joinRemote joins one remote member to the registry, reached over e's link.
+func (c *cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, error) {
+	t := proxy.NewTunnel(e.link.ctx, rec.Tunnel, streamProto(rec.Proto), e.link.sess, nil)
+	t.SetBackendProtocol(rec.BackendProtocol)
+	req := group.JoinRequest{ID: rec.Tunnel, Proto: rec.Proto, Label: rec.Label, Group: rec.Group,
+		KeyHash: rec.KeyHash, HealthKind: rec.HealthKind, AlertWebhook: rec.AlertWebhook, Tenant: rec.Tenant,
+		Port: rec.Port, Weight: rec.Weight, Priority: rec.Priority, SlowStart: rec.SlowStart,
+		Affinity: rec.Affinity, RetryIdempotent: rec.RetryIdempotent, Edge: e.id, Value: t}
+	m, err := c.srv.registry.Join(req)
+	if err != nil {
+		t.Close()
+		return nil, err
+	}
+	if rec.Port != 0 && m.Group().Port != rec.Port {
+		// The pool's port here is not the one it has on its edge: a TCP pool must have one
+		// port on every edge, so this edge does not serve it through that member.
+		c.leaveRemote(m)
+		return nil, errors.New("the pool has another public port on this edge")
+	}
+	return m, nil
+}
+
+func (c *cluster) leaveRemote(m *group.Member) {
+	c.srv.registry.Leave(m)
+	c.srv.leftPool(m.Group())
+	if t, ok := m.Value().(*proxy.Tunnel); ok {
+		t.Close()
+	}
+}
+
+// leaveAll takes every remote member out of the registry (the cluster stops).
+func (v *remoteView) leaveAll(c *cluster) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, e := range v.edges {
+		for id, m := range e.joined {
+			delete(e.joined, id)
+			c.leaveRemote(m)
+		}
+	}
+}
+
+// dial keeps trying to link to edge id while its lease holds and it has members.
+func (c *cluster) dial(id string) {
+	backoff := 50 * time.Millisecond
+	for {
+		c.remote.mu.Lock()
+		e := c.remote.edges[id]
+		if e == nil || e.expired || len(e.records) == 0 || c.ctx.Err() != nil {
+			if e != nil {
+				e.dialing = false
+			}
+			c.remote.mu.Unlock()
+			return
+		}
+		addr := e.advertise
+		c.remote.mu.Unlock()
+		l, err := c.dialPeer(addr, id)
+		c.remote.mu.Lock()
+		if err == nil {
+			if e.expired || c.ctx.Err() != nil {
+				e.dialing = false
+				c.remote.mu.Unlock()
+				l.close()
+				return
+			}
+			e.dialing = false
+			e.link = l
+			c.log.Info("linked to edge", zap.String("edge", id), zap.String("addr", addr))
+			c.reconcileLocked(e)
+			c.remote.mu.Unlock()
+			c.spawn(func() { c.watchLink(e, l) })
+			return
+		}
+		c.remote.mu.Unlock()
+		c.log.Debug("cannot link to edge; retrying", zap.String("edge", id), zap.String("addr", addr), zap.Error(err))
+		select {
+		case <-c.ctx.Done():
+			c.remote.mu.Lock()
+			e.dialing = false
+			c.remote.mu.Unlock()
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// watchLink waits for l to end; e's members then leave, and a new link is dialled while
+// e's lease holds.
+func (c *cluster) watchLink(e *remoteEdge, l *peerLink) {
+	<-l.sess.CloseChan()
+	l.close()
+	c.remote.mu.Lock()
+	defer c.remote.mu.Unlock()
+	if e.link != l {
+		return
+	}
+	e.link = nil
+	if c.ctx.Err() == nil {
+		c.log.Warn("link to edge lost: its members leave this edge's pools until it is back", zap.String("edge", e.id))
+	}
+	c.reconcileLocked(e)
+}
+
+// info describes the cluster for GET /api/cluster.
+func (c *cluster) info() admin.ClusterInfo {
+	out := admin.ClusterInfo{Enabled: true, Self: c.cfg.EdgeID, NATS: c.nc.IsConnected()}
+	local := 0
+	for _, g := range c.srv.registry.Groups() {
+		for _, m := range g.Members() {
+			if m.Edge == "" {
+				local++
+			}
+		}
+	}
+	lease := "held"
+	if !c.leaseOK.Load() {
+		lease = "not renewed"
+	}
+	out.Edges = append(out.Edges, admin.ClusterEdge{ID: c.cfg.EdgeID, Advertise: c.cfg.Advertise, Self: true,
+		Lease: lease, Members: local})
+	c.remote.mu.Lock()
+	var others []admin.ClusterEdge
+	for _, e := range c.remote.edges {
+		if e.started.IsZero() && len(e.records) == 0 {
+			continue
+		}
+		ce := admin.ClusterEdge{ID: e.id, Advertise: e.advertise, LastRenewal: e.lastSeen, Members: len(e.joined)}
+		switch {
+		case e.expired:
+			ce.Lease = "expired"
+		case e.link == nil:
+			ce.Lease = "unreachable"
+		default:
+			ce.Lease = "held"
+		}
+		others = append(others, ce)
+	}
+	c.remote.mu.Unlock()
+	slices.SortFunc(others, func(a, b admin.ClusterEdge) int { return strings.Compare(a.ID, b.ID) })
+	out.Edges = append(out.Edges, others...)
+	return out
+}

@@ -1,0 +1,179 @@
+package tunnel
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/store"
+)
+
+// Route ownership in a cluster. The routes live in one NATS bucket that every edge updates
+// with compare-and-set (store.NATS), so the single edge's rules hold across edges: a route
+// has one owning tenant, written before a registration is acknowledged. Two more rules make
+// the key and the TCP port cluster-wide:
+//
+//   - An HTTP pool's key hash is written with the route's first claim. A registration with
+//     another key is refused ("group key does not match") while the pool has a member on any
+//     edge, and for LeaseTTL after the route was last claimed or emptied: long enough for a
+//     registration in flight on another edge to be seen. Two first registrations racing on
+//     two edges with different keys: the store serialises their claims, the second sees the
+//     first's key and is refused.
+//   - A TCP pool's port is chosen when its route is claimed, before the pool exists, and
+//     reserved cluster-wide under the key "port/<n>" (create-only), so two edges creating two
+//     pools at once cannot both take one port; every edge then binds the pool on that port,
+//     and refuses the registration (ErrNoPorts) rather than bind another.
+
+// kindPort is the store kind of a cluster's TCP port reservations: "port/<n>" → the route
+// ("tcp/<name>") in Group. Reserved, so that it never lapses on its own; it goes when its
+// route's claim does.
+const kindPort = "port"
+
+// errPortTaken is a port another route reserved.
+var errPortTaken = errors.New("port reserved by another route")
+
+func keyMismatch(kind, label string) error {
+	if kind == store.KindTCP {
+		return &group.Error{Err: group.ErrKeyMismatch, Msg: fmt.Sprintf("group key does not match for group '%s'", label)}
+	}
+	return &group.Error{Err: group.ErrKeyMismatch, Msg: fmt.Sprintf("group key does not match for subdomain '%s'", label)}
+}
+
+// keyHeld reports whether cur's key hash keeps req (of cur's own tenant) out: see above.
+func (b *routeBook) keyHeld(cur *store.Route, req *group.JoinRequest, grouped bool, now time.Time) bool {
+	var zero group.KeyHash
+	if cur.Kind != store.KindHTTP || cur.Reserved || !grouped || cur.KeyHash == zero || cur.KeyHash == req.KeyHash ||
+		slices.Contains(req.PrevKeyHashes, cur.KeyHash) {
+		return false
+	}
+	if b.live(cur.Kind, cur.Label) {
+		return true
+	}
+	recent := func(t time.Time) bool { return !t.IsZero() && now.Sub(t) < b.lease }
+	return recent(cur.Claimed) || recent(cur.EmptySince) || now.Sub(b.startedAt) < b.lease
+}
+
+// clusterPort picks the port of a new TCP pool of tk's route and reserves it for every edge;
+// when another edge set the pool's port first, that one is returned.
+func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error) {
+	k := req.KeyHash.String()
+	skip := map[int]bool{}
+	for range 256 {
+		p, ok := b.reg.FreePort(skip)
+		if !ok {
+			return 0, &group.Error{Err: group.ErrNoPorts, Msg: "no free TCP port on this edge"}
+		}
+		skip[p] = true
+		if err := b.reservePort(p, tk); errors.Is(err, errPortTaken) {
+			b.reg.HoldPorts(p) // another route's: not offered here again
+			continue
+		} else if err != nil {
+			return 0, fmt.Errorf("%w: cannot reserve a port: %v", ErrUnavailable, err)
+		}
+		var final int
+		_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+			final = 0
+			if cur == nil || cur.Tenant != tk.tenant {
+				return nil, ownedError(tk.kind, tk.label)
+			}
+			if q := cur.Ports[k]; q != 0 {
+				final = q // another edge chose first
+				return nil, errUnchanged
+			}
+			if cur.Ports == nil {
+				cur.Ports = map[string]int{}
+			}
+			cur.Ports[k], final = p, p
+			cur.Claimed = b.now()
+			return cur, nil
+		})
+		if err != nil && !errors.Is(err, errUnchanged) {
+			b.unreservePort(p, tk.key)
+			var ge *group.Error
+			if errors.As(err, &ge) {
+				return 0, err
+			}
+			return 0, fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+		}
+		if final != p {
+			b.unreservePort(p, tk.key)
+		}
+		b.holdPorts(&store.Route{Tenant: tk.tenant, Ports: map[string]int{k: final}})
+		return final, nil
+	}
+	return 0, &group.Error{Err: group.ErrNoPorts, Msg: "no free TCP port in the cluster"}
+}
+
+// reservePort reserves port p for tk's route, or fails with errPortTaken.
+func (b *routeBook) reservePort(p int, tk *ticket) error {
+	_, err := b.st.Update(store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
+		if cur != nil {
+			if cur.Group == tk.key {
+				return nil, errUnchanged
+			}
+			return nil, errPortTaken
+		}
+		return &store.Route{Kind: kindPort, Label: strconv.Itoa(p), Tenant: tk.tenant, Group: tk.key,
+			Reserved: true, Ports: map[string]int{"": p}}, nil
+	})
+	if errors.Is(err, errUnchanged) {
+		return nil
+	}
+	return err
+}
+
+// unreservePort deletes port p's reservation if route still holds it.
+func (b *routeBook) unreservePort(p int, route string) {
+	_, err := b.st.Update(store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
+		if cur == nil || cur.Group != route {
+			return nil, errUnchanged
+		}
+		return nil, nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) {
+		b.log.Warn("cannot delete a port reservation", zap.Int("port", p), zap.Error(err))
+	}
+}
+
+// dropPortKeys deletes the port reservations of a route whose claim lapsed.
+func (b *routeBook) dropPortKeys(r *store.Route) {
+	if b.lease == 0 || r.Kind != store.KindTCP {
+		return
+	}
+	for _, p := range r.Ports {
+		b.unreservePort(p, r.Key())
+	}
+}
+
+// liveAnywhere reports whether the route kind/label has a member on another edge whose
+// lease holds, whether or not this edge can reach it now. It reads a snapshot (the registry
+// calls it, through the route book, while the remote view is locked).
+func (c *cluster) liveAnywhere(kind, label string) bool {
+	live := c.live.Load()
+	return live != nil && (*live)[store.Key(kind, label)]
+}
+
+// rebuildLiveLocked recomputes the routes with members on other edges; the caller holds
+// c.remote.mu.
+func (c *cluster) rebuildLiveLocked() {
+	live := map[string]bool{}
+	for _, e := range c.remote.edges {
+		if e.expired {
+			continue
+		}
+		for _, rec := range e.records {
+			switch {
+			case rec.Proto.BySubdomain():
+				live[store.Key(store.KindHTTP, rec.Label)] = true
+			case rec.Group != "":
+				live[store.Key(store.KindTCP, rec.Group)] = true
+			}
+		}
+	}
+	c.live.Store(&live)
+}
