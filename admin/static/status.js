@@ -426,7 +426,7 @@
           ' ', el('small', null, m.health_kind), m.ramping && el('small', null, ' · ramping up')),
         el('td', { 'data-label': 'Draining' }, m.draining ? el('span', { class: 'pill warn' }, 'draining') : 'no'),
         el('td', { 'data-label': 'Active streams', class: 'num' }, m.active_streams),
-        el('td', { 'data-label': 'Edge', class: 'nowrap' }, m.edge || m.region || region || 'this edge'),
+        el('td', { 'data-label': 'Edge', class: 'nowrap' }, m.edge_id || m.edge || region || 'this edge'),
         el('td', { 'data-label': 'Tenant' }, m.tenant || '—'),
       ];
       if (weight) cells.push(el('td', { 'data-label': 'Weight', class: 'num' }, has(m.weight) ? m.weight : '—'));
