@@ -98,15 +98,16 @@ func (m *Member) Draining() bool { return m.draining.Load() }
 // Active is the member's number of active streams.
 func (m *Member) Active() int64 { return int64(m.state.Load() &^ closedBit) }
 
-// SetPeerLoad records a remote member's active streams as its own edge published them:
-// dispatch then counts the larger of that and the streams this edge has open to it.
+// SetPeerLoad records a remote member's active streams as its own edge published them
+// (without the streams other edges forward to it): dispatch counts them on top of the
+// streams this edge has open to it.
 func (m *Member) SetPeerLoad(n int64) { m.peerLoad.Store(max(n, 0)) }
 
 // load is the member's load as dispatch sees it.
 func (m *Member) load() int64 {
 	a := m.Active()
 	if m.Edge != "" {
-		a = max(a, m.peerLoad.Load())
+		a += m.peerLoad.Load()
 	}
 	return a
 }
