@@ -445,3 +445,65 @@ func TestClusterReconcilesWhenNATSReturns(t *testing.T) {
 	code, _ := b.get("pool", "/")
 	require.Equal(t, 200, code)
 }
+
+// Dispatch counts the streams other edges have open to a remote member (as its edge
+// publishes them): an edge with no member of its own sends new requests to the idle member,
+// not to the one busy with another edge's requests.
+func TestClusterDispatchCountsPublishedLoad(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	a := startClusterEdge(t, nodes, "a", clusterOpts{})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{})
+	c := startClusterEdge(t, nodes, "c", clusterOpts{})
+	release := make(chan struct{})
+	var held sync.WaitGroup
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			<-release
+		}
+		_, _ = io.WriteString(w, "A")
+	}))
+	t.Cleanup(busy.Close)
+	var once sync.Once
+	unhold := func() { once.Do(func() { close(release) }); held.Wait() }
+	t.Cleanup(unhold)
+	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(busy.URL))
+	require.NoError(t, err)
+	a.waitMembers(t, "pool", map[string]int{"a": 1})
+	// Six requests held open on a's member, through edge a (its only member so far).
+	for range 6 {
+		held.Go(func() {
+			resp, err := a.client.Get(a.url("pool", "/hold"))
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	require.Eventually(t, func() bool { return activeOn(a, "pool", "") == 6 }, 5*time.Second, 5*time.Millisecond)
+	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
+	require.NoError(t, err)
+	c.waitMembers(t, "pool", map[string]int{"a": 1, "b": 1})
+	// c learns a's load from a's lease renewals.
+	require.Eventually(t, func() bool { return activeOn(c, "pool", "a") == 6 }, 5*time.Second, 10*time.Millisecond)
+	for range 20 {
+		code, body := c.get("pool", "/")
+		require.Equal(t, 200, code)
+		require.Equal(t, "B /", body)
+	}
+	unhold() // before the connectors close (their drain would wait for the held requests)
+}
+
+// activeOn is the load edge e sees on the member of label attached to edge id ("" for e's own).
+func activeOn(e *clusterEdge, label, id string) int64 {
+	for _, g := range e.Registry().Groups() {
+		if g.Label != label {
+			continue
+		}
+		for _, m := range g.Members {
+			if m.Edge == id {
+				return m.Active
+			}
+		}
+	}
+	return -1
+}
