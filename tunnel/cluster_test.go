@@ -318,7 +318,6 @@ func TestClusterLeaseLapseRemovesMembers(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnavailable)
 }
 
-
 // A pool that falls to zero healthy members across all edges fires one alert, not one per
 // edge; its recovery likewise.
 func TestClusterOneAlertPerPool(t *testing.T) {

@@ -82,6 +82,11 @@ func (s *Server) Reload(cfg ServerConfig) (notApplied []string, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: reading the route store: %w", err)
 	}
+	if s.cluster != nil && next.Store == nil {
+		// The route store of a cluster's edge is the one it opened in NATS itself, which
+		// no configuration names: not a change.
+		next.Store = s.cfg.Store
+	}
 	notApplied = s.unchangedFields(next)
 	s.applyLimits(newLiveLimits(&next))
 	notApplied = append(notApplied, s.routes.applyEndpoints(want, current)...)

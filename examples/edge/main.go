@@ -13,10 +13,15 @@
 // policies apply at once (tunnel.Server.Reload), each logged as "applied: …". A lowered
 // quota applies to the next session, registration or event stream: nothing already held is
 // taken back. Every other changed setting (ports, bind, domain, region, state_dir, TLS on or
-// off, require_auth, admin_token, the other [limits], [load_balancing]) is logged as
+// off, require_auth, admin_token, the other [limits], [load_balancing], [cluster]) is logged as
 // "not applied: key (old -> new): reason" and keeps its running value until a restart. A
 // file that does not load, or that the edge refuses, changes nothing. "edge -check -config FILE" validates a file: "ok" and exit
 // 0, or its line-numbered errors and exit 1.
+//
+// With a [cluster] table the edge joins a cluster: it connects to NATS before it listens
+// (when it cannot reach NATS it does not start, and exits 2), listens for the other edges on
+// cluster.peer_addr as well, and leaves the cluster gracefully when it shuts down. -check
+// does not connect to NATS.
 //
 // Exit codes: 0 after a signal, 1 when a listener fails, 2 for bad flags or a bad
 // configuration file (the message names the file, the line and the key).
@@ -27,6 +32,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -106,6 +112,15 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 		zap.String("tcp_ports", fmt.Sprintf("%d-%d", sc.TCPPorts.Lo, sc.TCPPorts.Hi)),
 		zap.Bool("tls", sc.TLSConfig != nil), zap.Bool("load_balancing", sc.LoadBalancing),
 		zap.String("domain", sc.Domain), zap.String("region", sc.RegionID))
+	if cl := cfg.Cluster; cl != nil {
+		id := cl.EdgeID
+		if id == "" {
+			id = "(the host name)"
+		}
+		log.Info("edge joined the cluster", zap.String("edge_id", id), zap.String("advertise", cl.Advertise),
+			zap.String("peer_addr", cl.PeerAddr), zap.Int("nats_urls", len(cl.NATSURLs)), zap.String("bucket", cl.Bucket),
+			zap.Duration("lease", cl.LeaseTTL), zap.Bool("peer_tls", cl.TLS.Enabled()))
+	}
 
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -238,6 +253,13 @@ func buildServerConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, 
 		live.auth = newLiveAuth(auth)
 		sc.Auth = live.auth
 	}
+	if c.Cluster != nil {
+		cc, err := clusterConfig(c.Cluster)
+		if err != nil {
+			return tunnel.ServerConfig{}, nil, fmt.Errorf("%s: cluster: %w", c.File, err)
+		}
+		sc.Cluster = cc
+	}
 	if c.TLS.Enabled() {
 		cert, err := tls.LoadX509KeyPair(c.TLS.CertPath, c.TLS.KeyPath)
 		if err != nil {
@@ -247,6 +269,44 @@ func buildServerConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, 
 		sc.TLSConfig = &tls.Config{GetCertificate: live.cert.get, MinVersion: tls.VersionTLS12}
 	}
 	return sc, live, nil
+}
+
+// clusterConfig turns the [cluster] table into the edge's cluster configuration, loading
+// the edge-to-edge TLS files.
+func clusterConfig(c *config.Cluster) (*tunnel.ClusterConfig, error) {
+	cc := &tunnel.ClusterConfig{
+		NATSURLs:  c.NATSURLs,
+		EdgeID:    c.EdgeID,
+		Advertise: c.Advertise,
+		PeerAddr:  c.PeerAddr,
+		Token:     c.Token,
+		LeaseTTL:  c.LeaseTTL,
+		Bucket:    c.Bucket,
+		Replicas:  c.Replicas,
+		Timeout:   c.Timeout,
+	}
+	if !c.TLS.Enabled() {
+		return cc, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.TLS.CertPath, c.TLS.KeyPath)
+	if err != nil {
+		return nil, fmt.Errorf("tls: loading cert_path and key_path: %w", err)
+	}
+	cc.PeerTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	// The client side presents no certificate: the token authenticates the edge.
+	cc.PeerClientTLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.TLS.CAPath != "" {
+		pem, err := os.ReadFile(c.TLS.CAPath)
+		if err != nil {
+			return nil, fmt.Errorf("tls: reading ca_path: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls: ca_path %s holds no PEM certificate", c.TLS.CAPath)
+		}
+		cc.PeerClientTLS.RootCAs = pool
+	}
+	return cc, nil
 }
 
 // tenantLimits turns the file's quotas into the edge's.

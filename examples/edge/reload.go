@@ -225,6 +225,35 @@ func fileDiff(start, next *config.Server) []string {
 	for _, d := range structDiff("load_balancing", start.LoadBalancing, next.LoadBalancing) {
 		out = append(out, d.line("the routing table is built with these; restart the edge to apply it"))
 	}
+	return append(out, clusterDiff(start.Cluster, next.Cluster)...)
+}
+
+// clusterDiff names the [cluster] settings that differ: the edge joined the cluster with
+// the ones it started with and keeps them (its NATS connection, lease, links and their TLS
+// files) until a restart. The token's values are left out.
+func clusterDiff(start, next *config.Cluster) []string {
+	const why = "the edge joined the cluster with it; restart the edge to apply it"
+	switch {
+	case start == nil && next == nil:
+		return nil
+	case start == nil:
+		return []string{"cluster (off -> on): the edge runs alone; restart the edge to join the cluster"}
+	case next == nil:
+		return []string{"cluster (on -> off): the edge stays in the cluster; restart the edge to run it alone"}
+	}
+	var out []string
+	for _, d := range structDiff("cluster", *start, *next) {
+		switch d.field {
+		case "token":
+			out = append(out, "cluster.token: "+why)
+		case "tls": // compared key by key below
+		default:
+			out = append(out, d.line(why))
+		}
+	}
+	for _, d := range structDiff("cluster.tls", start.TLS, next.TLS) {
+		out = append(out, d.line(why))
+	}
 	return out
 }
 
@@ -273,6 +302,8 @@ func tomlKey(f reflect.StructField) string {
 		return "auth_block_secs"
 	case "RouteTTL":
 		return "route_ttl_secs"
+	case "LeaseTTL":
+		return "lease_secs"
 	case "TCPPortRange":
 		return "tcp_port_range"
 	}

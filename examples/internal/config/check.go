@@ -90,6 +90,33 @@ func hostPortProblem(s string) string {
 	return ""
 }
 
+// natsURLProblem says why s is not the URL of a NATS server ("nats://host:port",
+// tls://, ws:// or wss://, optionally with user:password), or returns "". The message
+// leaves the URL out: it may hold credentials.
+func natsURLProblem(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "is not a URL; write e.g. \"nats://10.0.0.1:4222\""
+	}
+	switch u.Scheme {
+	case "nats", "tls", "ws", "wss":
+	default:
+		return fmt.Sprintf("scheme %q is not one of nats://, tls://, ws:// or wss:// (e.g. \"nats://10.0.0.1:4222\")", u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return "has no host; write e.g. \"nats://10.0.0.1:4222\""
+	}
+	if p := hostProblem(u.Hostname()); p != "" {
+		return "host " + p
+	}
+	if u.Port() != "" {
+		if _, err := parsePort(u.Port()); err != nil {
+			return "port " + err.Error()
+		}
+	}
+	return ""
+}
+
 // parsePort parses a decimal TCP port 1..65535.
 func parsePort(s string) (int, error) {
 	n, err := strconv.Atoi(s)

@@ -38,7 +38,68 @@ type Server struct {
 	// Endpoints are the [[endpoints]] entries, in file order: routes reserved for a
 	// tenant, with their traffic policy.
 	Endpoints []Endpoint
+	// Cluster is the [cluster] table: this edge is one of several sharing their routes
+	// and pools through NATS JetStream. Nil (no [cluster] table) is a single edge.
+	Cluster *Cluster
 }
+
+// Defaults of the [cluster] table.
+const (
+	DefaultClusterLease   = 10 * time.Second // cluster.lease_secs
+	DefaultClusterTimeout = 5 * time.Second  // cluster.timeout_secs
+	DefaultClusterBucket  = "warren"         // cluster.bucket
+	// MinClusterLease is the shortest cluster.lease_secs the edge accepts.
+	MinClusterLease = 300 * time.Millisecond
+	// MaxClusterReplicas is the most replicas a JetStream bucket may have.
+	MaxClusterReplicas = 5
+)
+
+// Cluster is the [cluster] table of server.toml: the edge is one of several that share
+// their routes and pools through NATS JetStream and reach each other's members over
+// authenticated edge-to-edge links (see tunnel.ClusterConfig). Every edge of a cluster
+// names the same NATS servers, bucket and token.
+type Cluster struct {
+	// NATSURLs are the NATS servers ("nats://host:4222", "tls://host:4222"); the edge
+	// fails over between them. Required, at least one.
+	NATSURLs []string `toml:"nats_urls"`
+	// EdgeID names this edge in member lists, /api/cluster and its lease: 1 to 64 of
+	// A-Z, a-z, 0-9, "-" and "_". Empty (the default) means the host name.
+	EdgeID string `toml:"edge_id"`
+	// Advertise is the host:port the other edges dial to reach this edge. Required.
+	Advertise string `toml:"advertise"`
+	// PeerAddr is the address this edge listens on for the other edges ("host:port" or
+	// ":port"). Default: Advertise.
+	PeerAddr string `toml:"peer_addr"`
+	// Token authenticates the edges to each other; the same on every edge, at least
+	// MinTokenLength characters, distinct from every token of [auth]. Required.
+	Token string `toml:"token"`
+	// LeaseTTL is how long the edge's lease lasts without a renewal (lease_secs): the
+	// members of an edge that dies leave every other edge's view within it. Default 10s,
+	// at least MinClusterLease.
+	LeaseTTL time.Duration `toml:"-"`
+	// Bucket prefixes the JetStream key-value buckets the edges share. Default "warren".
+	Bucket string `toml:"bucket"`
+	// Replicas is the replica count of the buckets (3 with a 3-node NATS cluster).
+	// Default 1, at most MaxClusterReplicas.
+	Replicas int `toml:"replicas"`
+	// Timeout bounds each request to NATS (timeout_secs). Default 5s.
+	Timeout time.Duration `toml:"-"`
+	// TLS is the [cluster.tls] table: TLS on the edge-to-edge links.
+	TLS ClusterTLS `toml:"tls"`
+}
+
+// ClusterTLS is the [cluster.tls] table: with CertPath and KeyPath the edge-to-edge
+// links use TLS, this edge presenting that certificate and verifying the other edges'
+// with CAPath (empty: the system roots) against the host of their advertise address.
+// Relative paths in a file read by LoadServer are relative to its directory.
+type ClusterTLS struct {
+	CertPath string `toml:"cert_path"` // this edge's certificate chain (PEM)
+	KeyPath  string `toml:"key_path"`  // its private key (PEM)
+	CAPath   string `toml:"ca_path"`   // PEM bundle verifying the other edges
+}
+
+// Enabled reports whether the edge-to-edge links use TLS.
+func (t ClusterTLS) Enabled() bool { return t.CertPath != "" && t.KeyPath != "" }
 
 // Endpoint is one [[endpoints]] entry: a route reserved for a tenant before any connector
 // registers it, and the policy for its public traffic.
@@ -325,6 +386,29 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	}
 	cfg.Server, cfg.TLS, cfg.Auth, cfg.Limits, cfg.LoadBalancing = f.Server.ServerSection, f.TLS, f.Auth, f.Limits.Limits, f.LoadBalancing.LoadBalancing
 	cfg.Endpoints = f.Endpoints
+	if cf := f.Cluster; cf != nil {
+		cl := cf.Cluster
+		cl.LeaseTTL, cl.Timeout = DefaultClusterLease, DefaultClusterTimeout
+		if r.missing("cluster.bucket") {
+			cl.Bucket = DefaultClusterBucket
+		}
+		if r.missing("cluster.replicas") {
+			cl.Replicas = 1
+		}
+		if d := cf.LeaseTTL; d != nil {
+			r.duration("cluster.lease_secs", float64(*d), &cl.LeaseTTL)
+		}
+		if d := cf.Timeout; d != nil {
+			r.duration("cluster.timeout_secs", float64(*d), &cl.Timeout)
+		}
+		if cl.PeerAddr == "" {
+			cl.PeerAddr = cl.Advertise
+		}
+		cl.TLS.CertPath = resolvePath(dir, cl.TLS.CertPath)
+		cl.TLS.KeyPath = resolvePath(dir, cl.TLS.KeyPath)
+		cl.TLS.CAPath = resolvePath(dir, cl.TLS.CAPath)
+		cfg.Cluster = &cl
+	}
 	cfg.Server.StateDir = resolvePath(dir, cfg.Server.StateDir)
 	if d := f.Limits.RouteTTL; d != nil {
 		r.duration("limits.route_ttl_secs", float64(*d), &cfg.Limits.RouteTTL)
@@ -447,6 +531,7 @@ func (c *Server) validate(r *reporter) {
 
 	c.validateTLS(r)
 	c.validateAuth(r)
+	c.validateCluster(r)
 
 	l := c.Limits
 	switch {
@@ -524,6 +609,108 @@ func (c *Server) validate(r *reporter) {
 	}
 }
 
+// edgeIDProblem says why id cannot be an edge id or bucket prefix (a token of NATS keys),
+// or returns "".
+func edgeIDProblem(id string) string {
+	if id == "" || len(id) > 64 {
+		return fmt.Sprintf("%q must be 1 to 64 characters long", id)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return fmt.Sprintf("%q may hold only letters, digits, \"-\" and \"_\"", id)
+		}
+	}
+	return ""
+}
+
+// validateCluster checks the [cluster] table, if there is one.
+func (c *Server) validateCluster(r *reporter) {
+	cl := c.Cluster
+	if cl == nil {
+		return
+	}
+	if c.Server.StateDir != "" {
+		r.add("server.state_dir", ErrInvalid, "cannot be combined with [cluster]%s: a cluster keeps route ownership in NATS JetStream; remove state_dir", r.lineNote("cluster"))
+	}
+	if len(cl.NATSURLs) == 0 {
+		r.add("cluster.nats_urls", ErrRequired, "required: the NATS servers the edges share, e.g. [\"nats://10.0.0.1:4222\", \"nats://10.0.0.2:4222\"]")
+	}
+	for i, u := range cl.NATSURLs {
+		r.invalid(indexKey("cluster.nats_urls", i), natsURLProblem(u))
+	}
+	if cl.EdgeID != "" {
+		r.invalid("cluster.edge_id", edgeIDProblem(cl.EdgeID))
+	}
+	switch {
+	case cl.Advertise == "":
+		r.add("cluster.advertise", ErrRequired, "required: the host:port the other edges reach this edge on, e.g. \"10.0.0.5:7443\"")
+	default:
+		r.invalid("cluster.advertise", hostPortProblem(cl.Advertise))
+	}
+	if cl.PeerAddr != "" {
+		c.checkPeerAddr(r, cl.PeerAddr)
+	}
+	if cl.Token == "" { // validateAuth checks a token given: its length, that it is unique
+		r.add("cluster.token", ErrRequired, "required: the secret every edge of the cluster presents to the others (e.g. the output of `openssl rand -hex 32`)")
+	}
+	if cl.LeaseTTL < MinClusterLease {
+		r.add("cluster.lease_secs", ErrInvalid, "must be at least %s seconds, got %s", formatDuration(MinClusterLease), formatDuration(cl.LeaseTTL))
+	}
+	r.invalid("cluster.bucket", edgeIDProblem(cl.Bucket))
+	if cl.Replicas < 1 || cl.Replicas > MaxClusterReplicas {
+		r.add("cluster.replicas", ErrInvalid, "must be 1 to %d, got %d", MaxClusterReplicas, cl.Replicas)
+	}
+	if cl.Timeout <= 0 {
+		r.add("cluster.timeout_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(cl.Timeout))
+	}
+	t := cl.TLS
+	switch {
+	case t.CertPath != "" && t.KeyPath == "":
+		r.add("cluster.tls.key_path", ErrRequired, "required when cluster.tls.cert_path is set (give both or neither)")
+	case t.KeyPath != "" && t.CertPath == "":
+		r.add("cluster.tls.cert_path", ErrRequired, "required when cluster.tls.key_path is set (give both or neither)")
+	case t.CAPath != "" && !t.Enabled():
+		r.add("cluster.tls.ca_path", ErrInvalid, "needs cluster.tls.cert_path and key_path: the edge-to-edge links use TLS only with a certificate")
+	}
+	r.invalid("cluster.tls.cert_path", checkFile(t.CertPath))
+	r.invalid("cluster.tls.key_path", checkFile(t.KeyPath))
+	r.invalid("cluster.tls.ca_path", checkFile(t.CAPath))
+}
+
+// checkPeerAddr checks cluster.peer_addr: "host:port" or ":port", on a port no other
+// listener of the edge uses.
+func (c *Server) checkPeerAddr(r *reporter, addr string) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		r.invalid("cluster.peer_addr", hostPortProblem(addr))
+		return
+	}
+	if host != "" {
+		if p := hostProblem(host); p != "" {
+			r.add("cluster.peer_addr", ErrInvalid, "host %s", p)
+			return
+		}
+	}
+	n, err := parsePort(port)
+	if err != nil {
+		r.add("cluster.peer_addr", ErrInvalid, "port %v", err)
+		return
+	}
+	s := c.Server
+	for _, p := range []struct {
+		key  string
+		port int
+	}{{"server.http_port", s.HTTPPort}, {"server.https_port", s.HTTPSPort}, {"server.control_port", s.ControlPort}, {"server.admin_port", s.AdminPort}} {
+		if p.port == n {
+			r.add("cluster.peer_addr", ErrInvalid, "port %d is already used by %s%s", n, p.key, r.lineNote(p.key))
+			return
+		}
+	}
+	if pr := c.Limits.TCPPortRange; pr.Contains(n) {
+		r.add("cluster.peer_addr", ErrInvalid, "port %d lies inside limits.tcp_port_range %d-%d, which is reserved for TCP tunnels", n, pr.Low, pr.High)
+	}
+}
+
 func (c *Server) validateTLS(r *reporter) {
 	cert, key := c.TLS.CertPath, c.TLS.KeyPath
 	switch {
@@ -582,5 +769,9 @@ func (c *Server) validateAuth(r *reporter) {
 	}
 	if a.AdminToken != "" {
 		claim("auth.admin_token", a.AdminToken)
+	}
+	// The edges' token must be none of the others: whoever holds it can join as an edge.
+	if c.Cluster != nil && c.Cluster.Token != "" {
+		claim("cluster.token", c.Cluster.Token)
 	}
 }

@@ -439,7 +439,7 @@ func TestServerUnknownKeys(t *testing.T) {
 		want want
 	}{
 		{"root table", serverDoc("[serve]\nx = 1\n"), want{3, "serve", config.ErrUnknownKey, `did you mean "server"?`}},
-		{"root key", "domain = \"localhost\"\n" + serverDoc(""), want{1, "domain", config.ErrUnknownKey, "expected one of: auth, endpoints, limits, load_balancing, server, tls"}},
+		{"root key", "domain = \"localhost\"\n" + serverDoc(""), want{1, "domain", config.ErrUnknownKey, "expected one of: auth, cluster, endpoints, limits, load_balancing, server, tls"}},
 		{"server", serverDoc("http-port = 1\n"), want{3, "server.http-port", config.ErrUnknownKey, `did you mean "http_port"?`}},
 		{"server camelCase", serverDoc("controlPort = 1\n"), want{3, "server.controlPort", config.ErrUnknownKey, `did you mean "control_port"?`}},
 		{"tls", serverDoc("[tls]\ncert = \"x\"\n"), want{4, "tls.cert", config.ErrUnknownKey, "unknown key"}},

@@ -49,6 +49,14 @@ type serverFile struct {
 		LoadBalancing
 		AlertMinInterval *seconds `toml:"alert_min_interval_secs"`
 	} `toml:"load_balancing"`
+	Cluster *clusterFile `toml:"cluster"` // nil without a [cluster] table
+}
+
+// clusterFile is the [cluster] table as go-toml decodes it.
+type clusterFile struct {
+	Cluster
+	LeaseTTL *seconds `toml:"lease_secs"`
+	Timeout  *seconds `toml:"timeout_secs"`
 }
 
 const (

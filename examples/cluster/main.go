@@ -1,0 +1,507 @@
+// Command cluster shows one pool served by two Warren edges that share their routes
+// through NATS JetStream, in one process on 127.0.0.1, with no configuration files:
+//
+//	go run ./examples/cluster
+//	go run ./examples/cluster -hold   # stop after the pool is up and print URLs to curl
+//
+// It starts an embedded NATS server with JetStream (its store in a temporary directory),
+// two edges (A and B) in one cluster, two backends and two connectors: connector 1 lists
+// the edges as [A, B] and attaches to A, connector 2 lists [B, A] and attaches to B; both
+// register their backend in the pool "demo" (http://demo.localhost). It then shows the
+// pool as each edge's admin API lists it (every member with its edge_id), sends requests
+// through edge A and through edge B and counts which backend answered (a member attached
+// to the other edge is reached over the edge-to-edge link), prints /api/cluster, stops
+// edge A, and shows edge B still serving while connector 1 moves to edge B and registers
+// again. It exits 0 when every step behaved as described and 1 otherwise, so it doubles
+// as a smoke test.
+//
+// The production form (a NATS cluster of its own, each edge's server.toml with a
+// [cluster] table, connectors with servers: [...]) is in the README's "Cluster" section.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/warren-tunnel/warren/admin"
+	"github.com/warren-tunnel/warren/tunnel"
+)
+
+const (
+	demoToken    = "demo-token-0123456789"       // the connectors' tenant token
+	adminToken   = "demo-admin-token-0123456789" // the edges' admin API token
+	clusterToken = "demo-edges-secret-0123456789"
+	pool         = "demo"
+	// backendDelay keeps each request in flight for a while, so that concurrent requests
+	// spread over both members (least streams prefers a local member only on ties).
+	backendDelay = 30 * time.Millisecond
+)
+
+func main() {
+	hold := flag.Bool("hold", false, "keep the cluster running once the pool is up, print its URLs, and go on (failover, exit) at Ctrl-C")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	var held <-chan struct{}
+	if *hold {
+		// The first Ctrl-C ends the hold and the steps after it run to the end; a second
+		// one ends the process.
+		ch := make(chan struct{})
+		go func() { <-ctx.Done(); stop(); close(ch) }()
+		held, ctx = ch, context.Background()
+	}
+	if err := demo(ctx, os.Stdout, held); err != nil {
+		fmt.Fprintln(os.Stderr, "cluster demo failed:", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+// run is the whole demo without a hold; it returns an error when a step misbehaves.
+func run(ctx context.Context, out io.Writer) error { return demo(ctx, out, nil) }
+
+// demo runs the steps; with hold non-nil it waits for hold to close once the pool is up.
+func demo(ctx context.Context, out io.Writer, hold <-chan struct{}) error {
+	start := time.Now()
+	say := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
+	// Each phase is bounded; the whole demo takes a few seconds.
+	phase := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 20*time.Second) }
+	pctx, pcancel := phase()
+	defer func() { pcancel() }()
+
+	say("Warren cluster demo: NATS with JetStream, two edges, two backends and two connectors on 127.0.0.1.")
+
+	// NATS with JetStream, its store in a temporary directory.
+	ns, storeDir, err := startNATS()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		_ = os.RemoveAll(storeDir)
+	}()
+	say("\n1. NATS with JetStream listens on %s (store %s)", ns.ClientURL(), storeDir)
+
+	edgeA, err := startEdge("edge-a", ns.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer edgeA.close()
+	edgeB, err := startEdge("edge-b", ns.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer edgeB.close()
+	for _, e := range []*edge{edgeA, edgeB} {
+		say("   %s: control %s, public http %s, admin %s, edge-to-edge %s", e.id, e.control, e.public, e.admin, e.peer)
+	}
+
+	backends := map[string]*backend{}
+	for _, name := range []string{"app-1", "app-2"} {
+		b, err := startBackend(name)
+		if err != nil {
+			return err
+		}
+		defer b.stop()
+		backends[name] = b
+	}
+
+	say("\n2. Two connectors register their backend in pool %q; each lists both edges", pool)
+	var sessions []*tunnel.Session
+	defer func() {
+		for _, s := range sessions {
+			_ = s.Close()
+		}
+	}()
+	for _, c := range []struct {
+		backend string
+		edges   []*edge
+	}{{"app-1", []*edge{edgeA, edgeB}}, {"app-2", []*edge{edgeB, edgeA}}} {
+		addrs := []string{c.edges[0].control, c.edges[1].control}
+		sess, err := tunnel.DialServers(pctx, addrs, tunnel.WithToken(demoToken), tunnel.WithBackoff(50*time.Millisecond, 500*time.Millisecond))
+		if err != nil {
+			return fmt.Errorf("connector of %s: %w", c.backend, err)
+		}
+		sessions = append(sessions, sess)
+		if _, err := sess.Forward(pctx, tunnel.TunnelSpec{Subdomain: pool, Group: pool, GroupKey: "demo-group-key"}, backends[c.backend].addr); err != nil {
+			return fmt.Errorf("connector of %s: %w", c.backend, err)
+		}
+		say("   connector of %s: servers [%s], attached to %s", c.backend, edgeNames(c.edges), edgeByControl(sess.Server(), edgeA, edgeB).id)
+	}
+
+	say("\n3. The pool as each edge's admin API lists it (GET /api/groups)")
+	want := map[string]int{"edge-a": 1, "edge-b": 1}
+	for _, e := range []*edge{edgeA, edgeB} {
+		members, err := e.waitPool(pctx, want)
+		if err != nil {
+			return err
+		}
+		say("   %s sees pool %q with %d members:", e.id, pool, len(members))
+		for _, m := range members {
+			say("     member %s on %s, healthy=%t", m.ID, m.EdgeID, m.Healthy)
+		}
+	}
+
+	say("\n4. Requests through each edge reach both backends (%s each, 4 at a time)", backendDelay)
+	for _, e := range []*edge{edgeA, edgeB} {
+		tally, failed := e.send(pctx, 24, 4)
+		say("   24 requests through %s: app-1: %d, app-2: %d, failed: %d", e.id, tally["app-1"], tally["app-2"], failed)
+		if failed > 0 || tally["app-1"] == 0 || tally["app-2"] == 0 {
+			return fmt.Errorf("through %s: expected both backends to answer and no failure, got %v and %d failed", e.id, tally, failed)
+		}
+	}
+
+	say("\n5. The cluster as edge B sees it (GET /api/cluster)")
+	info, err := edgeB.cluster(pctx)
+	if err != nil {
+		return err
+	}
+	printCluster(say, info)
+
+	if hold != nil {
+		say("\nHolding (Ctrl-C goes on with the failover and exits). Try:")
+		for _, e := range []*edge{edgeA, edgeB} {
+			say("   curl -H 'Host: demo.localhost' http://%s/", e.public)
+		}
+		for _, e := range []*edge{edgeA, edgeB} {
+			say("   curl -H 'Authorization: Bearer %s' http://%s/api/groups", adminToken, e.admin)
+		}
+		say("   curl -H 'Authorization: Bearer %s' http://%s/api/cluster", adminToken, edgeB.admin)
+		say("   status page: http://%s/ (token %s)", edgeB.admin, adminToken)
+		select {
+		case <-hold:
+		case <-pctx.Done():
+			// pctx bounds the steps, not the hold: wait for hold alone.
+			<-hold
+		}
+		pcancel()
+		pctx, pcancel = phase()
+		say("")
+	}
+
+	say("\n6. Edge A stops (Close, which leaves the cluster at once; the members of an edge that")
+	say("   crashed would leave the others' view within its lease, 3 s here); connector of app-1 moves to edge B")
+	edgeA.close()
+	tally, failed := edgeB.send(pctx, 12, 4)
+	say("   12 requests through edge-b right after: app-1: %d, app-2: %d, failed: %d", tally["app-1"], tally["app-2"], failed)
+	if failed > 0 || tally["app-2"] == 0 {
+		return fmt.Errorf("edge B after edge A stopped: %v and %d failed", tally, failed)
+	}
+	members, err := edgeB.waitPool(pctx, map[string]int{"edge-b": 2})
+	if err != nil {
+		return err
+	}
+	if srv := sessions[0].Server(); srv != edgeB.control {
+		return fmt.Errorf("connector of app-1 is attached to %s, not edge B", srv)
+	}
+	say("   connector of app-1 is attached to edge-b now; edge-b sees pool %q with %d members:", pool, len(members))
+	for _, m := range members {
+		say("     member %s on %s, healthy=%t", m.ID, m.EdgeID, m.Healthy)
+	}
+	tally, failed = edgeB.send(pctx, 24, 4)
+	say("   24 requests through edge-b: app-1: %d, app-2: %d, failed: %d", tally["app-1"], tally["app-2"], failed)
+	if failed > 0 || tally["app-1"] == 0 || tally["app-2"] == 0 {
+		return fmt.Errorf("through edge B after the failover: expected both backends, got %v and %d failed", tally, failed)
+	}
+	if info, err = edgeB.cluster(pctx); err != nil {
+		return err
+	}
+	say("   GET /api/cluster on edge-b:")
+	printCluster(say, info)
+
+	say("\n7. Shutting down: connectors, edge B, backends, NATS")
+	for _, s := range sessions {
+		if err := s.Close(); err != nil {
+			return fmt.Errorf("closing a connector: %w", err)
+		}
+	}
+	sctx, scancel := context.WithTimeout(pctx, 5*time.Second)
+	defer scancel()
+	if err := edgeB.srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("edge B shutdown: %w", err)
+	}
+	edgeB.close()
+	say("   done in %s", time.Since(start).Round(10*time.Millisecond))
+	return nil
+}
+
+// startNATS starts an embedded NATS server with JetStream on a free port of 127.0.0.1.
+func startNATS() (*natsserver.Server, string, error) {
+	dir, err := os.MkdirTemp("", "warren-cluster-demo-")
+	if err != nil {
+		return nil, "", err
+	}
+	ns, err := natsserver.NewServer(&natsserver.Options{ServerName: "demo", Host: "127.0.0.1", Port: -1,
+		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, "", fmt.Errorf("NATS: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+		_ = os.RemoveAll(dir)
+		return nil, "", errors.New("NATS did not start within 10s")
+	}
+	return ns, dir, nil
+}
+
+// edge is one edge of the demo with its four listeners.
+type edge struct {
+	id                           string
+	srv                          *tunnel.Server
+	control, public, admin, peer string
+	serving                      sync.WaitGroup
+	client                       *http.Client // to the public listener, whatever the host
+	closeOnce                    sync.Once
+}
+
+func startEdge(id, natsURL string) (*edge, error) {
+	var ls []net.Listener
+	fail := func(err error) (*edge, error) {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+		return nil, fmt.Errorf("%s: %w", id, err)
+	}
+	for range 4 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fail(err)
+		}
+		ls = append(ls, l)
+	}
+	auth, err := tunnel.NewStaticTokens(nil, map[string]string{"demo": demoToken})
+	if err != nil {
+		return fail(err)
+	}
+	srv, err := tunnel.NewServer(tunnel.ServerConfig{
+		Domain:         "localhost",
+		LoadBalancing:  true,
+		Auth:           auth,
+		AdminToken:     adminToken,
+		PublicHTTPPort: ls[1].Addr().(*net.TCPAddr).Port,
+		Cluster: &tunnel.ClusterConfig{
+			NATSURLs:  []string{natsURL},
+			EdgeID:    id,
+			Advertise: ls[3].Addr().String(),
+			Token:     clusterToken,
+			LeaseTTL:  3 * time.Second,
+		},
+	})
+	if err != nil {
+		return fail(err)
+	}
+	e := &edge{id: id, srv: srv, control: ls[0].Addr().String(), public: ls[1].Addr().String(),
+		admin: ls[2].Addr().String(), peer: ls[3].Addr().String()}
+	for i, serve := range []func(net.Listener) error{srv.Serve, srv.ServePublic, srv.ServeAdmin, srv.ServePeers} {
+		e.serving.Go(func() { _ = serve(ls[i]) }) // each returns at Shutdown or Close
+	}
+	e.client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", e.public)
+		},
+	}}
+	return e, nil
+}
+
+// close stops the edge at once (idempotent) and waits for its listeners' goroutines.
+func (e *edge) close() {
+	e.closeOnce.Do(func() {
+		e.client.CloseIdleConnections()
+		_ = e.srv.Close()
+		e.serving.Wait()
+	})
+}
+
+// send sends n requests through the edge's public listener, conc at a time, and counts
+// the answers by backend.
+func (e *edge) send(ctx context.Context, n, conc int) (map[string]int, int) {
+	var mu sync.Mutex
+	tally, failed := map[string]int{}, 0
+	work := make(chan struct{})
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Go(func() {
+			for range work {
+				who, err := e.get(ctx)
+				mu.Lock()
+				if err != nil {
+					failed++
+				} else {
+					tally[who]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for range n {
+		work <- struct{}{}
+	}
+	close(work)
+	wg.Wait()
+	return tally, failed
+}
+
+// get sends one request for the pool and returns the backend that answered.
+func (e *edge) get(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+pool+".localhost/", nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := e.client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("status %s", resp.Status)
+	}
+	return strings.TrimSpace(string(body)), err
+}
+
+// adminGet decodes the JSON of an admin API path.
+func (e *edge) adminGet(ctx context.Context, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.admin+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	c := &http.Client{Timeout: 5 * time.Second}
+	defer c.CloseIdleConnections()
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", e.id, path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s %s: %s", e.id, path, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// waitPool waits until the edge's /api/groups lists the pool with want healthy members
+// per edge id, and returns its members sorted by edge.
+func (e *edge) waitPool(ctx context.Context, want map[string]int) ([]admin.GroupMember, error) {
+	var last []admin.GroupMember
+	for {
+		var groups []admin.GroupInfo
+		if err := e.adminGet(ctx, "/api/groups", &groups); err != nil {
+			return nil, err
+		}
+		last = nil
+		got := map[string]int{}
+		for _, g := range groups {
+			if g.Label == pool {
+				last = g.Members
+				for _, m := range g.Members {
+					if m.Healthy && !m.Draining {
+						got[m.EdgeID]++
+					}
+				}
+			}
+		}
+		if equalCounts(got, want) {
+			sort.Slice(last, func(i, j int) bool { return last[i].EdgeID < last[j].EdgeID })
+			return last, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s: waiting for pool %q with members %v, last seen %v: %w", e.id, pool, want, got, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (e *edge) cluster(ctx context.Context) (admin.ClusterInfo, error) {
+	var info admin.ClusterInfo
+	err := e.adminGet(ctx, "/api/cluster", &info)
+	return info, err
+}
+
+func printCluster(say func(string, ...any), info admin.ClusterInfo) {
+	say("     answered by %s, connected to NATS: %t", info.Self, info.NATS)
+	for _, ce := range info.Edges {
+		say("     edge %s at %s: lease %s, %d %s", ce.ID, ce.Advertise, ce.Lease, ce.Members, map[bool]string{true: "member", false: "members"}[ce.Members == 1])
+	}
+}
+
+func equalCounts(a, b map[string]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range b {
+		if a[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func edgeNames(es []*edge) string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.id)
+	}
+	return strings.Join(out, ", ")
+}
+
+func edgeByControl(addr string, es ...*edge) *edge {
+	for _, e := range es {
+		if e.control == addr {
+			return e
+		}
+	}
+	return &edge{id: addr}
+}
+
+// backend is a plain net/http server that answers with its name after backendDelay.
+type backend struct {
+	name, addr string
+	srv        *http.Server
+	done       chan struct{}
+}
+
+func startBackend(name string) (*backend, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("backend %s: %w", name, err)
+	}
+	b := &backend{name: name, addr: ln.Addr().String(), done: make(chan struct{})}
+	b.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(backendDelay):
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprintln(w, name)
+	})}
+	go func() { defer close(b.done); _ = b.srv.Serve(ln) }()
+	return b, nil
+}
+
+// stop closes the server and waits for it; it is idempotent.
+func (b *backend) stop() {
+	if b.srv != nil {
+		_ = b.srv.Close()
+		<-b.done
+		b.srv = nil
+	}
+}
