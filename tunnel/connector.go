@@ -179,6 +179,7 @@ func (s *Session) attach(c *clientConn) {
 	s.mu.Unlock()
 	s.wg.Go(c.readControl)
 	s.wg.Go(c.acceptStreams)
+	s.startData(c) // data connections, when the edge offers them (connector_data.go)
 }
 
 // supervise waits for the live connection to end and reconnects, until Close or a

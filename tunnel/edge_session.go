@@ -73,6 +73,8 @@ type edgeSession struct {
 	ended   bool
 
 	registrations *rate.Limiter // used only by the control goroutine
+
+	data *sessionData // data connections (edge_data.go)
 }
 
 // edgeTunnel is one registered tunnel: a member of a group, owned by a session.
@@ -106,7 +108,7 @@ func (s *Server) newSession(c net.Conn, preAuth *throttle.Slot) (*edgeSession, e
 	}
 	e := &edgeSession{srv: s, id: id, conn: c, mux: mux, log: log, tunnels: map[string]*edgeTunnel{}, endedCh: make(chan struct{}),
 		registrations: s.limits.Load().registrations(),
-		remote:        throttle.KeyOf(c.RemoteAddr()), helloBy: helloBy, preAuth: preAuth}
+		remote:        throttle.KeyOf(c.RemoteAddr()), helloBy: helloBy, preAuth: preAuth, data: s.newSessionData()}
 	e.ctx, e.cancel = context.WithCancel(s.ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -212,7 +214,7 @@ func (e *edgeSession) run() error {
 		return e.fail(wire.CodeLimit, fmt.Sprintf("this tenant already has %d connector sessions (max_sessions)", lim.MaxSessions))
 	}
 	e.counted.Store(true)
-	token := newID() + newID()
+	token := e.welcomeToken(newID() + newID())
 	e.resumeHash = sha256.Sum256([]byte(token))
 	e.noticeKey = wire.NoticeKey(token)
 	_ = ctrl.SetReadDeadline(time.Time{})
@@ -385,6 +387,7 @@ func (e *edgeSession) end(err error) {
 	if e.counted.Swap(false) {
 		e.srv.routes.give(e.srv.routes.sessions, e.tenant)
 	}
+	e.data.pool.Close()
 	_ = e.mux.Close()
 	e.cancel()
 	e.srv.mu.Lock()
@@ -454,6 +457,7 @@ func (e *edgeSession) drain(id string) {
 	}
 	drained := e.srv.registry.Drain(t.member)
 	t.data.CloseIdle()
+	e.dataCheck()
 	e.log.Info("draining member", zap.String("tunnel", id), zap.Int64("active", t.member.Active()))
 	e.srv.wg.Go(func() {
 		timer := time.NewTimer(e.srv.cfg.DrainTimeout)
@@ -529,6 +533,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	}
 	t := &edgeTunnel{id: req.ID, tenant: e.tenant, data: proxy.NewTunnel(e.ctx, req.ID, streamProto(m.Proto), e.mux, &e.noticeKey)}
 	t.data.SetBackendProtocol(m.BackendProtocol)
+	e.attachData(t, m.Proto)
 	req.Value = t.data
 	member, err := s.registry.Join(req)
 	if err != nil {
@@ -568,6 +573,7 @@ func (e *edgeSession) remove(t *edgeTunnel) {
 	e.srv.registry.Leave(t.member)
 	e.srv.leftPool(t.member.Group())
 	t.data.Close()
+	e.dataCheck()
 	if !t.removed.Swap(true) {
 		e.srv.routes.give(e.srv.routes.tunnels, t.tenant)
 	}

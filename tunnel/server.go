@@ -66,6 +66,8 @@ type Server struct {
 	// retries counts dispatches sent to one other member (metrics): after a failed stream
 	// open, and after a backend reset a bodyless request unread.
 	retries struct{ open, unread, idempotent atomic.Uint64 }
+	// data holds the data connections' counters (edge_data.go).
+	data edgeData
 
 	wg sync.WaitGroup // every goroutine the server starts
 	// publicConns counts the public HTTP connections whose net/http goroutines are still
@@ -271,6 +273,9 @@ func isTemporary(err error) bool {
 // ServeConn serves one connector over c, which may be any net.Conn (a TCP or TLS connection,
 // or one end of net.Pipe), and returns when the session ends. It closes c.
 //
+// A connection that begins with a data connection's preamble (package wire) joins its
+// session's pool of data connections instead (edge_data.go).
+//
 // Until its Hello is accepted the connection counts toward MaxPreAuthConns and
 // MaxPreAuthConnsPerIP; over either cap it is closed at once and ServeConn returns an error.
 func (s *Server) ServeConn(c net.Conn) error {
@@ -279,12 +284,24 @@ func (s *Server) ServeConn(c net.Conn) error {
 		_ = c.Close()
 		return errPreAuthFull
 	}
+	// A data connection (edge_data.go) or a control connection: its first byte tells.
+	by := time.Now().Add(s.cfg.HelloTimeout)
+	c, data, err := s.sniff(c, by)
+	if err != nil || data {
+		if err == nil {
+			return s.serveData(c, slot, by)
+		}
+		slot.Release()
+		_ = c.Close()
+		return err
+	}
 	sess, err := s.newSession(c, slot)
 	if err != nil {
 		slot.Release()
 		_ = c.Close()
 		return err
 	}
+	sess.helloBy = by // from the accept, not from the sniff
 	return sess.serve()
 }
 

@@ -235,6 +235,9 @@ type Tunnel struct {
 	// h2, when not nil, holds the HTTP/2 connections to a backend that speaks h2c
 	// (SetBackendProtocol); HTTP requests then go there instead of to pool.
 	h2 *h2Pool
+	// data, when not nil, gives TCP connections the session's data connections
+	// (SetDataConns, datacon.go).
+	data *tunnelData
 }
 
 // NewTunnel returns the data path of tunnel id, served by the connector at the other end of

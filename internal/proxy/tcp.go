@@ -22,8 +22,11 @@ import (
 // failed stream open is retried once on another member); with no selectable member it is
 // accepted and closed at once. A connection whose member side is cut before its end (the
 // connector's session died, or the tunnel was removed) is reset, so that the client sees
-// the loss; a clean end (the backend closed) is a FIN. Wire OnCreate and OnRemove into the
-// registry's group.Config; Close stops it, Wait waits for its goroutines.
+// the loss; a clean end (the backend closed) is a FIN. A connection goes over an idle data
+// connection of its member's session when there is one (Tunnel.SetDataConns, datacon.go),
+// copied with io.Copy so that Linux splices it, and over a yamux stream otherwise. Wire
+// OnCreate and OnRemove into the registry's group.Config; Close stops it, Wait waits for its
+// goroutines.
 type TCP struct {
 	cfg  Config
 	done chan struct{} // closed by Close: ends accept back-offs
@@ -171,14 +174,59 @@ func (t *TCP) serve(g *group.Group, c net.Conn) {
 			defer done()
 		}
 	}
-	st, m, err := connectMember(&t.cfg, g, remote)
+	conn, m, err := connectMemberData(&t.cfg, g, remote)
 	if err != nil {
 		t.cfg.Logger.Debug("TCP connection refused", zap.Int("port", g.Port), zap.Error(err))
 		_ = c.Close()
 		return
 	}
 	defer m.Release()
-	mux.Join(m.Value().(*Tunnel).ctx, c, st)
+	tun := m.Value().(*Tunnel)
+	if conn.data != nil {
+		// Splice: public socket to data socket (datacon.go). A clean end from the connector
+		// is believed once its session answers a ping; a connector that died did not.
+		JoinData(tun.ctx, c, conn.data, func() bool { _, err := tun.sess.Ping(); return err == nil })
+		return
+	}
+	mux.Join(tun.ctx, c, conn.st)
+}
+
+// tcpLink is one public TCP connection's way to its member: a data connection of the
+// member's session, or else a yamux stream.
+type tcpLink struct {
+	data net.Conn
+	st   *yamux.Stream
+}
+
+// connectMemberData is connectMember for plain TCP groups, which may use data connections:
+// for each member it tries an idle data connection of the member's session first, then a
+// yamux stream when there is none (or the one taken was dead, or the connector asked for
+// streams). A refusal on either goes to one other member, once, as connectMember does.
+func connectMemberData(cfg *Config, g *group.Group, remote string) (tcpLink, *group.Member, error) {
+	p := &picker{g: g, retries: cfg.Stats.RetriesOpenFailed, outcome: cfg.Outcome}
+	if g.Affinity == group.AffinityClientIP {
+		if ip := clientAddr(remote); ip.IsValid() {
+			p.aff = keyedBy(ip.String())
+		}
+	}
+	l, m, err := pick(p, func(tun *Tunnel) (tcpLink, error) {
+		dc, err := tun.openData(remote, cfg.OpenTimeout)
+		if err == nil {
+			return tcpLink{data: dc}, nil
+		}
+		if !errors.Is(err, errNoDataConn) {
+			return tcpLink{}, err
+		}
+		st, err := tun.open(context.Background(), remote, cfg.OpenTimeout)
+		return tcpLink{st: st}, err
+	})
+	if err != nil {
+		return tcpLink{}, nil, err
+	}
+	if f := cfg.Outcome; f != nil {
+		f(m, false, "") // opened and acknowledged: the member's backend accepted the connection
+	}
+	return l, m, nil
 }
 
 // connectMember opens a data stream for one public connection from remote to one member of

@@ -1,0 +1,86 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"sync/atomic"
+)
+
+// JoinData copies bytes both ways between local (the public connection on the edge, the
+// backend connection on the connector) and data, a data connection, until both directions
+// end, then closes both. It is used by both ends of a data connection.
+//
+// Each direction is a plain io.Copy, so that between two *net.TCPConn Linux splices the
+// bytes from socket to socket without copying them through user space (a TLS data
+// connection is copied through a buffer).
+//
+// Ends, as mux.Join handles them for yamux streams:
+//   - a clean end of local's input half-closes data (FIN; TLS close_notify), so that a peer
+//     that shut down its sending side still receives the reply;
+//   - a clean end of data's input is passed on to local (CloseWrite) only once peerAlive
+//     reports that the other end's session is still up: a process that dies ends its
+//     sockets with a FIN too, and that must reach the public client as a reset, never as the
+//     end of the data. peerAlive is called at most once, on the goroutine of that direction;
+//     nil means a clean end is always believed;
+//   - an error in either direction, or the end of ctx (the tunnel or session ended), aborts
+//     both at once: deadlines in the past unblock the copies, and both ends are reset (RST)
+//     rather than closed with a FIN.
+func JoinData(ctx context.Context, local, data net.Conn, peerAlive func() bool) {
+	var aborted atomic.Bool
+	abort := func() {
+		if aborted.Swap(true) {
+			return
+		}
+		_ = local.SetDeadline(pastTime)
+		_ = data.SetDeadline(pastTime)
+		reset(local)
+		reset(data)
+		_ = local.Close()
+		_ = data.Close()
+	}
+	stop := context.AfterFunc(ctx, abort)
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if _, err := io.Copy(data, local); err != nil {
+			abort()
+			return
+		}
+		closeWrite(data)
+	}()
+	_, err := io.Copy(local, data)
+	switch {
+	case err != nil:
+		abort()
+	case peerAlive != nil && !peerAlive():
+		abort()
+	default:
+		closeWrite(local)
+	}
+	<-done
+	_ = local.Close()
+	_ = data.Close()
+}
+
+// reset makes c's Close send a reset (RST) instead of a FIN, for TCP connections and TLS
+// connections over TCP.
+func reset(c net.Conn) {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if r, ok := c.(interface{ SetLinger(int) error }); ok {
+		_ = r.SetLinger(0)
+	}
+}
+
+// closeWrite half-closes c if it can (TCP: FIN; TLS: close_notify), and closes it otherwise.
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	_ = c.Close()
+}
