@@ -208,6 +208,11 @@ type connCount struct {
 }
 
 func (c *connCount) track(_ net.Conn, st http.ConnState) {
+	if st == http.StateActive || st == http.StateIdle {
+		// Twice per request on a keep-alive connection: nothing to count, and no lock
+		// shared by every connection to take.
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.zero == nil {

@@ -101,32 +101,50 @@ func setForwarding(pr *httputil.ProxyRequest, trusted trustedProxies) {
 		proto = "https"
 	}
 
+	// Every request pays for this: the peer's address is written out once, and the five
+	// values share one backing array (each a full slice of one, so that appending to one
+	// copies it rather than overwrite the next).
+	var peerStr string
+	if peer.IsValid() {
+		peerStr = peer.String()
+	}
+	vals := make([]string, 5)
+	set := func(i int, name, v string) {
+		if v == "" {
+			h.Del(name)
+			return
+		}
+		vals[i] = v
+		h[name] = vals[i : i+1 : i+1]
+	}
+
 	var xff, fwd string
 	if viaProxy {
 		xff = joinList(in.Header.Values(hdrXForwardedFor))
 		fwd = joinList(in.Header.Values(hdrForwarded))
 	}
-	if peer.IsValid() {
-		xff = appendList(xff, peer.String())
-	}
-	setOrDel(h, hdrXForwardedFor, xff)
-	h.Set(hdrForwarded, appendList(fwd, forwardedElement(peer, proto, in.Host)))
+	xff = appendList(xff, peerStr)
+	set(0, hdrXForwardedFor, xff)
+	set(1, hdrForwarded, appendList(fwd, forwardedElementOf(peer, peerStr, proto, in.Host)))
 
-	for _, kv := range [...]struct{ name, own string }{{hdrXForwardedProto, proto}, {hdrXForwardedHost, in.Host}} {
+	for i, kv := range [...]struct{ name, own string }{{hdrXForwardedProto, proto}, {hdrXForwardedHost, in.Host}} {
 		if viaProxy && joinList(in.Header.Values(kv.name)) != "" {
 			h[kv.name] = append([]string(nil), in.Header.Values(kv.name)...)
 			continue
 		}
-		setOrDel(h, kv.name, kv.own)
+		set(2+i, kv.name, kv.own)
 	}
 
 	client := peer
 	if viaProxy {
 		client = realClient(in.Header, peer, trusted)
 	}
-	if client.IsValid() {
-		h.Set(hdrXRealIP, client.String())
-	} else {
+	switch {
+	case client == peer && peerStr != "":
+		set(4, hdrXRealIP, peerStr)
+	case client.IsValid():
+		set(4, hdrXRealIP, client.String())
+	default:
 		h.Del(hdrXRealIP)
 	}
 }
@@ -244,15 +262,27 @@ func unquote(s string) string {
 // forwardedElement is the edge's Forwarded element for its hop: its peer (for=, "unknown"
 // when not known), the protocol of its listener and the Host it received.
 func forwardedElement(peer netip.Addr, proto, host string) string {
+	var peerStr string
+	if peer.IsValid() {
+		peerStr = peer.String()
+	}
+	return forwardedElementOf(peer, peerStr, proto, host)
+}
+
+// forwardedElementOf is forwardedElement with peer already written out (peerStr).
+func forwardedElementOf(peer netip.Addr, peerStr, proto, host string) string {
 	var b strings.Builder
+	b.Grow(len("for=\"[]\";proto=;host=") + len(peerStr) + len(proto) + len(host) + 2)
 	b.WriteString("for=")
 	switch {
 	case !peer.IsValid():
 		b.WriteString("unknown")
 	case peer.Is6():
-		b.WriteString(`"[` + peer.String() + `]"`)
+		b.WriteString(`"[`)
+		b.WriteString(peerStr)
+		b.WriteString(`]"`)
 	default:
-		b.WriteString(peer.String())
+		b.WriteString(peerStr)
 	}
 	b.WriteString(";proto=")
 	b.WriteString(proto)
@@ -313,15 +343,6 @@ func appendList(list, v string) string {
 		return v
 	}
 	return list + ", " + v
-}
-
-// setOrDel sets header name to v, or removes it when v is empty.
-func setOrDel(h http.Header, name, v string) {
-	if v == "" {
-		h.Del(name)
-		return
-	}
-	h.Set(name, v)
 }
 
 // dropLookalikes removes the headers whose names are a forwarding header's with underscores

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"runtime"
 	"strings"
 	"sync"
@@ -146,7 +148,7 @@ func (p *h2Pool) get(ctx context.Context, openTimeout time.Duration) (*h2Conn, e
 		if dials == 3 {
 			// Connections were made, but each closed at once:
 			// still nothing of it was sent.
-			return nil, &openError{p.t.id, errors.New("no HTTP/2 connection to the backend took the request")}
+			return nil, &openError{tunnel: p.t.id, err: errors.New("no HTTP/2 connection to the backend took the request")}
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -154,7 +156,7 @@ func (p *h2Pool) get(ctx context.Context, openTimeout time.Duration) (*h2Conn, e
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
-			return nil, &openError{p.t.id, ErrClosed}
+			return nil, &openError{tunnel: p.t.id, err: ErrClosed}
 		}
 		dead := p.prune(false)
 		var got, unsettled *h2Conn
@@ -204,7 +206,7 @@ func (p *h2Pool) get(ctx context.Context, openTimeout time.Duration) (*h2Conn, e
 		case <-t.C:
 			// No SETTINGS in all that time: the connection is no use.
 			_ = unsettled.cc.Close()
-			return nil, &openError{p.t.id, errors.New("the backend sent no HTTP/2 SETTINGS")}
+			return nil, &openError{tunnel: p.t.id, err: errors.New("the backend sent no HTTP/2 SETTINGS")}
 		}
 	}
 }
@@ -223,7 +225,7 @@ func (p *h2Pool) dial(d *h2Dial, openTimeout time.Duration) {
 	p.dialing = nil
 	switch {
 	case err == nil && p.closed:
-		err = &openError{p.t.id, ErrClosed}
+		err = &openError{tunnel: p.t.id, err: ErrClosed}
 		defer closeAll([]*h2Conn{c})
 	case err == nil:
 		p.conns = append(p.conns, c)
@@ -244,7 +246,7 @@ func (p *h2Pool) connect(openTimeout time.Duration) (*h2Conn, error) {
 	cc, err := h2Transport().NewClientConn(ctx, "http", "member:80")
 	if err != nil {
 		_ = nc.Close()
-		return nil, &openError{p.t.id, err}
+		return nil, &openError{tunnel: p.t.id, err: err}
 	}
 	return &h2Conn{cc: cc, sc: nc}, nil
 }
@@ -488,6 +490,7 @@ func (x *h2Exchange) roundTrip(req *http.Request, m *group.Member) (*http.Respon
 		up = newH2Upload(req.Body, bodyAborter(req))
 		req.Body = up
 	}
+	limitInterim(req)
 	resp, err := x.c.cc.RoundTrip(req)
 	for try := 0; err != nil && up == nil && try < h2RefusedRetries && h2Refused(err) && req.Context().Err() == nil; try++ {
 		// Nothing of the request reached the backend's application, and without a body
@@ -521,6 +524,29 @@ func (x *h2Exchange) roundTrip(req *http.Request, m *group.Member) (*http.Respon
 	}
 	resp.Body = &h2Body{ReadCloser: resp.Body, m: m, up: up}
 	return resp, nil
+}
+
+// limitInterim bounds the 1xx responses (103 Early Hints) an h2c member may send before its
+// final one to maxInterimResponses, as memberConn.readResponse does for an HTTP/1.1 member:
+// net/http's transport hands each to the request's trace, the reverse proxy's, which relays
+// it; the hook is wrapped so that the maxInterimResponses-th fails the request (502) once
+// relayed. The trace is the reverse proxy's own, made for this request (a hook added with
+// httptrace.WithClientTrace instead could not fail it: composed hooks return the result of
+// the one added first).
+func limitInterim(req *http.Request) {
+	tr := httptrace.ContextClientTrace(req.Context())
+	if tr == nil {
+		return
+	}
+	relay, limit := tr.Got1xxResponse, interimLimit()
+	tr.Got1xxResponse = func(code int, h textproto.MIMEHeader) error {
+		if relay != nil {
+			if err := relay(code, h); err != nil {
+				return err
+			}
+		}
+		return limit(code, h)
+	}
 }
 
 // mayHaveTrailers reports whether resp, an h2c member's answer to req, may end with trailers

@@ -1,12 +1,13 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/http/httputil"
 	"net/netip"
 	"net/textproto"
@@ -42,10 +43,24 @@ type HTTP struct {
 	proxy *httputil.ReverseProxy
 }
 
-type (
-	groupCtxKey    struct{}
-	affinityCtxKey struct{}
-)
+// reqInfoKey carries a public request's *reqInfo in its context, from ServeHTTP to the
+// member transport and the error handler.
+type reqInfoKey struct{}
+
+// reqInfo is what ServeHTTP learnt of a public request, for the member transport and the
+// error handler: one context value instead of one per item (each costs an allocation and a
+// longer walk on every lookup).
+type reqInfo struct {
+	g    *group.Group
+	aff  *affinity   // the group's affinity for the request, or nil
+	body *publicBody // the public request body, or nil
+}
+
+// infoOf returns the reqInfo in ctx, or nil.
+func infoOf(ctx context.Context) *reqInfo {
+	ri, _ := ctx.Value(reqInfoKey{}).(*reqInfo)
+	return ri
+}
 
 // AffinityCookie is the cookie that keeps a client on one member of a group with "cookie"
 // affinity: its value is the member's group.Member.AffinityToken.
@@ -188,14 +203,13 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, max)
 	}
-	ctx := context.WithValue(r.Context(), groupCtxKey{}, g)
+	ri := &reqInfo{g: g}
+	ctx := context.WithValue(r.Context(), reqInfoKey{}, ri)
 	if d, ok := grpcTimeout(r); ok {
 		ctx = context.WithValue(ctx, grpcDeadlineKey{}, time.Now().Add(d))
 	}
 	if g.Affinity != "" {
-		if a := affinityOf(g.Affinity, r); a != nil {
-			ctx = context.WithValue(ctx, affinityCtxKey{}, a)
-		}
+		ri.aff = affinityOf(g.Affinity, r)
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		rc := http.NewResponseController(w)
@@ -205,8 +219,7 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		_ = rc.EnableFullDuplex()
 		body := newPublicBody(r.Body, rc, &h.cfg)
 		r.Body = body
-		ctx = context.WithValue(ctx, abortBodyKey{}, body.abort)
-		ctx = context.WithValue(ctx, uploadAbortedKey{}, body.cutShort)
+		ri.body = body
 		// A body cut short is closed before returning, as the server would after: in
 		// full-duplex mode net/http would then read a rest of it that it holds buffered,
 		// which starts its watch for the next request while it is about to read that
@@ -219,10 +232,10 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		}()
 	}
-	// At most maxInterimResponses 1xx responses before the final one, from an h2c member
-	// as from an HTTP/1.1 one (memberConn.readResponse): this hook runs after the reverse
-	// proxy's own, which relays each, and its error fails the request (502).
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{Got1xxResponse: interimLimit()})
+	// At most maxInterimResponses 1xx responses before the final one: an HTTP/1.1 member's
+	// exchange counts them itself (memberConn.readResponse), an h2c member's has a hook of
+	// its own (h2Exchange.roundTrip). (A hook here, for every request, cost a reflect-made
+	// function and four allocations per request, in httptrace's composing of hooks.)
 	if !r.ProtoAtLeast(1, 1) {
 		// No 1xx response to an HTTP/1.0 client (RFC 9110 §15.2): it would take it for
 		// the final one.
@@ -292,15 +305,10 @@ func (h *HTTP) Janitor(interval time.Duration, done <-chan struct{}) {
 	}
 }
 
-type (
-	abortBodyKey     struct{}
-	uploadAbortedKey struct{}
-)
-
 // bodyAborter returns a func that ends a blocked read of req's public body (or does nothing).
 func bodyAborter(req *http.Request) func() {
-	if f, ok := req.Context().Value(abortBodyKey{}).(func()); ok {
-		return f
+	if ri := infoOf(req.Context()); ri != nil && ri.body != nil {
+		return ri.body.abort
 	}
 	return func() {}
 }
@@ -320,14 +328,14 @@ func (h *HTTP) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 			w.Header().Set("Connection", "close")
 		}
 	}
-	if f, ok := r.Context().Value(uploadAbortedKey{}).(func() bool); ok && f() {
+	if ri := infoOf(r.Context()); ri != nil && ri.body != nil && ri.body.cutShort() {
 		// The upload was cut short: the rest of the body may still come, and the
 		// connection cannot carry another request.
 		closeConn()
 	}
 	switch {
 	case errors.Is(err, ErrNoMember):
-		if g, _ := r.Context().Value(groupCtxKey{}).(*group.Group); g != nil && g.Saturated() {
+		if ri := infoOf(r.Context()); ri != nil && ri.g.Saturated() {
 			w.Header().Set("Retry-After", "1")
 			h.fail(w, r, fmt.Sprintf("every backend for %s is at its concurrency limit", r.Host), http.StatusServiceUnavailable)
 			return
@@ -396,10 +404,11 @@ type memberTransport struct{ cfg *Config }
 
 // RoundTrip implements http.RoundTripper.
 func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	g, _ := req.Context().Value(groupCtxKey{}).(*group.Group)
-	if g == nil {
+	ri := infoOf(req.Context())
+	if ri == nil {
 		return nil, ErrNoMember
 	}
+	g := ri.g
 	if err := req.Context().Err(); err != nil {
 		// The client went away (an HTTP/2 stream it reset at once): no member hears of it.
 		return nil, err
@@ -421,10 +430,7 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Header.Del("Expect")
 		}
 	}
-	var aff *affinity
-	if g.Affinity != "" {
-		aff, _ = req.Context().Value(affinityCtxKey{}).(*affinity)
-	}
+	aff := ri.aff
 	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed, outcome: t.cfg.Outcome, aff: aff, ctx: req.Context()}
 	pc, m, err := t.conn(p, req)
 	if err != nil {
@@ -436,7 +442,26 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	bodyless := req.Body == nil || req.Body == http.NoBody
 	var retries *atomic.Uint64
+	var oe *openError
 	switch {
+	case errors.As(err, &oe):
+		// The member's connector refused the new stream the request went out on (or closed
+		// or reset it unacknowledged): it discarded every byte of it, and the edge holds
+		// what it sent (memberConn.readAck). The request goes to one other member, if the
+		// retry is unspent, as if the open had failed.
+		body, ok := resendBody(pc, req, rp)
+		if !ok {
+			return nil, err
+		}
+		t.cfg.Logger.Debug("member refused the stream; trying another member",
+			zap.String("host", req.Host), zap.String("tunnel", pc.tunnel().id), zap.Error(err))
+		pc2, m2, err2 := t.conn(p, req)
+		if err2 != nil {
+			return nil, err
+		}
+		t.cfg.Stats.RetriesOpenFailed.Add(1)
+		req.Body = body
+		return t.attempt(pc2, m2, req, aff)
 	case errors.Is(err, errUnread) && t.cfg.RetryUnreadRequests && bodyless:
 		// The member's backend reset its connection with the request unread (it died or
 		// dropped its queue): no byte of it reached a handler, and having no body it can be
@@ -469,6 +494,21 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.attempt(pc2, m2, req, aff)
 }
 
+// resendBody returns the body of req's next attempt after its stream on pc was refused:
+// none for a request without one, the held replay (rp), or what pc's exchange kept of the
+// public body followed by its rest. ok is false when the body cannot be sent again.
+func resendBody(pc exchange, req *http.Request, rp *replay) (body io.ReadCloser, ok bool) {
+	switch mc, _ := pc.(*memberConn); {
+	case req.Body == nil || req.Body == http.NoBody:
+		return req.Body, true
+	case rp != nil && rp.hasBody:
+		return &heldBody{Reader: bytes.NewReader(rp.body)}, true
+	case mc != nil && mc.hold.Load() != nil:
+		return mc.hold.Load().resend(), true
+	}
+	return nil, false
+}
+
 // exchange is one attempt of a request on one member: an HTTP/1.1 stream (memberConn) or
 // a slot on an HTTP/2 connection (h2Exchange).
 type exchange interface {
@@ -496,6 +536,9 @@ func (t *memberTransport) attempt(pc exchange, m *group.Member, req *http.Reques
 			f(m, false, "")
 		case req.Context().Err() != nil || clientFault(err):
 			// The client ended the exchange: nothing is known of the member.
+		case errors.As(err, new(*openError)):
+			// The connector refused the new stream the request went out on.
+			f(m, true, openRefused(err))
 		case h2Refused(err):
 			// The h2c member's backend refused the stream unprocessed: it is at its
 			// stream limit, not failing.
@@ -524,11 +567,13 @@ func (t *memberTransport) conn(p *picker, req *http.Request) (exchange, *group.M
 		if pc := tun.pool.get(t.cfg.IdleStreamTimeout); pc != nil {
 			return pc, nil
 		}
-		st, err := tun.open(req.Context(), "", t.cfg.OpenTimeout)
+		// A new stream: the request follows its envelope at once, and its acknowledgement
+		// is read ahead of the response (memberConn.readAck).
+		pc, err := tun.openPipelined(req.Context(), t.cfg.OpenTimeout)
 		if err != nil {
 			return nil, err
 		}
-		return newMemberConn(tun, st), nil
+		return pc, nil
 	})
 }
 

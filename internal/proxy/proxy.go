@@ -6,12 +6,24 @@
 // A member is reached through the *Tunnel its group.Member holds as its Value: the tunnel's
 // yamux session, its id and protocol, its unread-notice key, a context that ends when the
 // tunnel is removed, and its pool of idle HTTP streams. Opening a data stream writes the
-// wire envelope and waits for the connector's acknowledgement; nothing of a request is
-// written before it.
+// wire envelope; the connector answers with a one-byte acknowledgement once its local
+// backend accepted the connection, or a refusal when it did not (and then closes the
+// stream, discarding whatever the edge sent behind the envelope: no byte reached an
+// application). A TCP connection, and an HTTP/2 connection to an h2c member, wait for the
+// acknowledgement before their first byte. An HTTP/1.1 request does not (one round trip
+// to the connector instead of two): its head goes right behind the envelope, with the
+// request whole when it has no body, or with at most 64 KiB of its body, which the edge
+// keeps until the acknowledgement arrives (the rest of a longer body waits for it); see
+// memberConn.
 //
 // Dispatch retries at most once per request or connection, to one other member:
 //
-//   - always when opening the stream failed: no byte of the request was written;
+//   - always when opening the stream failed, or the connector refused it or closed or
+//     reset it before acknowledging it: no byte of the request reached an application,
+//     and the edge still holds every byte of it that it sent. A stream that failed before
+//     its acknowledgement because its session died or OpenTimeout passed is no refusal
+//     (the acknowledgement may have been on its way, the request with it): such a request
+//     goes elsewhere only under the idempotent retry below;
 //   - with Config.RetryUnreadRequests, when the member's backend reset its connection with a
 //     bodyless request unread and its connector said so with an unread notice;
 //   - for a member whose backend speaks h2c (Tunnel.SetBackendProtocol), when its backend
@@ -270,8 +282,12 @@ func (t *Tunnel) Close() {
 	t.cancel()
 }
 
-// openError is a failure to open a data stream to a member before any payload was written:
-// the one case where another member may be tried.
+// openError is a failure to open a data stream to a member: opening it failed, or its
+// connector refused it (or closed or reset it unacknowledged), before any byte of the
+// payload could reach an application. It is the one case where another member may be
+// tried whatever the request. (A pipelined HTTP request's stream that failed before its
+// acknowledgement otherwise, because its session died or the open timed out, is no
+// openError: its connector may have accepted it and passed the request on.)
 type openError struct {
 	tunnel string
 	err    error
@@ -293,7 +309,7 @@ func (t *Tunnel) open(ctx context.Context, remoteAddr string, timeout time.Durat
 	}
 	st, err := t.sess.OpenStream()
 	if err != nil {
-		return nil, &openError{t.id, err}
+		return nil, &openError{tunnel: t.id, err: err}
 	}
 	_ = st.SetDeadline(time.Now().Add(timeout)) // before the abort, which must win
 	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(pastTime) })
@@ -317,23 +333,48 @@ func (t *Tunnel) handshake(st *yamux.Stream, remoteAddr string) error {
 	env, err := wire.AppendEnvelope(buf[:0], wire.Envelope{TunnelID: t.id, RemoteAddr: remoteAddr, Proto: t.proto})
 	if err != nil {
 		_ = st.Close()
-		return &openError{t.id, err}
+		return &openError{tunnel: t.id, err: err}
 	}
 	if _, err := st.Write(env); err != nil {
 		_ = st.Close()
-		return &openError{t.id, err}
+		return &openError{tunnel: t.id, err: err}
 	}
 	ack := buf[:1]
 	if _, err := io.ReadFull(st, ack); err != nil {
 		_ = st.Close()
-		return &openError{t.id, fmt.Errorf("waiting for the acknowledgement: %w", err)}
+		return &openError{tunnel: t.id, err: fmt.Errorf("waiting for the acknowledgement: %w", err)}
 	}
 	if a := wire.Ack(ack[0]); a != wire.AckOK {
 		_ = st.Close()
-		return &openError{t.id, errors.New(a.String())}
+		return &openError{tunnel: t.id, err: errors.New(a.String())}
 	}
 	_ = st.SetDeadline(time.Time{})
 	return nil
+}
+
+// openPipelined opens a data stream to the tunnel's connector for HTTP/1.1 requests without
+// waiting for its acknowledgement: the envelope waits in the returned connection's write
+// buffer, to go out with the first request, and the acknowledgement is read ahead of the
+// first response (memberConn.readAck). The stream's deadline is timeout from now until the
+// acknowledgement arrived. A failure here is an *openError: nothing was sent.
+func (t *Tunnel) openPipelined(ctx context.Context, timeout time.Duration) (*memberConn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var buf [wire.MaxEnvelopeSize]byte
+	env, err := wire.AppendEnvelope(buf[:0], wire.Envelope{TunnelID: t.id, Proto: t.proto})
+	if err != nil {
+		return nil, &openError{tunnel: t.id, err: err}
+	}
+	st, err := t.sess.OpenStream()
+	if err != nil {
+		return nil, &openError{tunnel: t.id, err: err}
+	}
+	_ = st.SetDeadline(time.Now().Add(timeout))
+	pc := newMemberConn(t, st)
+	pc.ackPending = true
+	_, _ = pc.bw.Write(env) // into the empty 4 KiB buffer: cannot fail
+	return pc, nil
 }
 
 // picker chooses the members for one request or connection: a first pick and, only when
