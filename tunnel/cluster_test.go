@@ -506,3 +506,25 @@ func activeOn(e *clusterEdge, label, id string) int64 {
 	}
 	return -1
 }
+
+// Shutdown of an edge whose member another edge keeps idle keep-alive streams to (they count
+// as streams in flight on the member) returns promptly: it announces its members as draining
+// first, and the other edge closes its idle streams to them.
+func TestClusterShutdownWithForwardedIdleStreams(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	a := startClusterEdge(t, nodes, "a", clusterOpts{})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{})
+	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	b.waitMembers(t, "pool", map[string]int{"a": 1})
+	for range 3 {
+		code, _ := b.get("pool", "/") // forwarded; the stream stays pooled on b
+		require.Equal(t, 200, code)
+	}
+	require.Eventually(t, func() bool { return activeOn(a, "pool", "") > 0 }, 5*time.Second, 10*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	require.NoError(t, a.Shutdown(ctx))
+	require.Less(t, time.Since(start), 3*time.Second)
+}

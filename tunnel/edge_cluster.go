@@ -68,6 +68,17 @@ type cluster struct {
 
 	// connected is whether the NATS connection is up now.
 	connected atomic.Bool
+	// selfSeen is when this edge last saw its own lease renewed through its leases watch
+	// (unix nanoseconds): a watch that stopped delivering (its consumer was on a NATS node
+	// that went away) shows as renewals written but not seen (edge_cluster_remote.go).
+	selfSeen atomic.Int64
+	// membersRev is the last revision the members watch delivered; membersPrev is the
+	// members stream's last sequence at the previous heartbeat (heartbeat's own).
+	membersRev  atomic.Uint64
+	membersPrev uint64
+	// wmu guards watchers, the watches running now, stopped to restart them.
+	wmu      sync.Mutex
+	watchers map[jetstream.KeyWatcher]struct{}
 	// leaseOK is whether the last lease renewal was written.
 	leaseOK atomic.Bool
 
@@ -113,6 +124,7 @@ func startCluster(s *Server, cfg ClusterConfig) (*cluster, error) {
 		dirty: map[string]bool{}, kick: make(chan struct{}, 1), started: time.Now()}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.remote.edges = map[string]*remoteEdge{}
+	c.watchers = map[jetstream.KeyWatcher]struct{}{}
 	c.peers.links = map[*peerLink]struct{}{}
 	c.nc = cfg.NATSConn
 	if c.nc == nil {
@@ -185,8 +197,10 @@ func (c *cluster) run() error {
 	c.nc.SetReconnectHandler(func(*nats.Conn) {
 		c.connected.Store(true)
 		c.log.Info("NATS connection back: reconciling")
+		c.restartWatches() // their consumers may have lived on the node that went away
 		c.markAllDirty()
 	})
+	c.selfSeen.Store(time.Now().UnixNano())
 	// A previous incarnation of this edge id may have left member records behind.
 	c.dropStaleOwnRecords()
 	if err := c.renewLease(); err != nil {
@@ -259,7 +273,31 @@ func (c *cluster) heartbeat() {
 			c.log.Info("lease renewed again")
 			c.markAllDirty()
 		}
+		c.checkMembersWatch()
 	}
+}
+
+// checkMembersWatch restarts the watches when the members watch has not delivered what the
+// members stream held a heartbeat ago: its consumer was on a NATS node that went away, and
+// the client would notice only after many seconds, while the other edges' members changed.
+func (c *cluster) checkMembersWatch() {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	defer cancel()
+	st, err := c.members.Status(ctx)
+	if err != nil {
+		return
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil {
+		return
+	}
+	last := bs.StreamInfo().State.LastSeq
+	if prev := c.membersPrev; prev > 0 && c.membersRev.Load() < prev {
+		c.log.Warn("the members watch is behind the members bucket: restarting the watches",
+			zap.Uint64("delivered", c.membersRev.Load()), zap.Uint64("written", prev))
+		c.restartWatches()
+	}
+	c.membersPrev = last
 }
 
 func (c *cluster) renewLease() error {
@@ -368,6 +406,7 @@ func (c *cluster) publish(id string) error {
 	key := c.cfg.EdgeID + "." + id
 	m := c.srv.registry.Lookup(id)
 	if m == nil || m.Edge != "" {
+		c.forwarded.Delete(id) // no stream can be forwarded to a member that left
 		err := c.members.Delete(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			err = nil
@@ -442,26 +481,43 @@ func (c *cluster) forwardedCounter(id string) *atomic.Int64 {
 	return v.(*atomic.Int64)
 }
 
+// alertRecord is the value of a pool's key in the alerts bucket: the last alert sent, and
+// when (the sending edge's clock).
+type alertRecord struct {
+	Event string    `json:"event"`
+	At    time.Time `json:"at"`
+}
+
 // claimAlert reports whether this edge is the one to send alert event for pool: the first
 // edge to record it in the alerts bucket, with compare-and-set, so that a pool falling to
-// zero healthy members across all edges fires one alert. When NATS cannot answer, the edge
-// sends it: an alert twice is better than none.
+// zero healthy members across all edges fires one alert. An alert of the same event as the
+// last one recorded is another edge's copy of it only when that one was sent less than
+// LeaseTTL ago (the edges learn a change within it): a pool removed while down, whose
+// recovery no edge then reports, alerts again when it is back and falls again. When NATS
+// cannot answer, the edge sends it: an alert twice is better than none.
 func (c *cluster) claimAlert(pool, event string) bool {
 	sum := sha256.Sum256([]byte(pool))
 	key := hex.EncodeToString(sum[:16])
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
 	for range 5 {
+		now := time.Now()
+		val, err := json.Marshal(alertRecord{Event: event, At: now})
+		if err != nil {
+			return true
+		}
 		e, err := c.alerts.Get(ctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
-			_, err = c.alerts.Create(ctx, key, []byte(event))
+			_, err = c.alerts.Create(ctx, key, val)
 		case err != nil:
 			return ctx.Err() == nil || c.ctx.Err() == nil
-		case string(e.Value()) == event:
-			return false // another edge sent it
 		default:
-			_, err = c.alerts.Update(ctx, key, []byte(event), e.Revision())
+			var last alertRecord
+			if json.Unmarshal(e.Value(), &last) == nil && last.Event == event && now.Sub(last.At).Abs() < c.cfg.LeaseTTL {
+				return false // another edge sent it
+			}
+			_, err = c.alerts.Update(ctx, key, val, e.Revision())
 		}
 		if err == nil {
 			return true
@@ -471,4 +527,28 @@ func (c *cluster) claimAlert(pool, event string) bool {
 		}
 	}
 	return false
+}
+
+// announceDraining writes every local member's record as draining, at once (Shutdown, before
+// it waits for the streams in flight): the other edges stop sending new work here and close
+// their idle streams to these members, which would otherwise keep the wait going.
+func (c *cluster) announceDraining() {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	defer cancel()
+	for _, g := range c.srv.registry.Groups() {
+		for _, m := range g.Members() {
+			if m.Edge != "" {
+				continue
+			}
+			rec := c.recordOf(m)
+			rec.Draining = true
+			b, err := json.Marshal(rec)
+			if err != nil {
+				continue
+			}
+			if _, err := c.members.Put(ctx, c.cfg.EdgeID+"."+m.ID, b); err != nil {
+				return // NATS cannot take it now: the others learn when the records go
+			}
+		}
+	}
 }

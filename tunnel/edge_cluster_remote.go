@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -55,8 +57,11 @@ func (v *remoteView) edge(id string) *remoteEdge {
 
 // watchLeases follows the leases bucket: every renewal of another edge's lease.
 func (c *cluster) watchLeases() {
-	c.watch(c.leases, func(key string, value []byte, deleted bool) {
+	c.watch(c.leases, nil, func(key string, value []byte, deleted bool) {
 		if key == c.cfg.EdgeID {
+			if !deleted {
+				c.selfSeen.Store(time.Now().UnixNano())
+			}
 			return
 		}
 		c.remote.mu.Lock()
@@ -64,9 +69,11 @@ func (c *cluster) watchLeases() {
 		e := c.remote.edge(key)
 		if deleted {
 			// A graceful stop: its members leave now.
+			gone := routesOf(slices.Collect(maps.Values(e.records))...)
 			e.expired = true
 			e.records = map[string]memberRecord{}
 			c.reconcileLocked(e)
+			c.settleRoutes(gone)
 			return
 		}
 		var rec leaseRecord
@@ -92,7 +99,7 @@ func (c *cluster) watchLeases() {
 
 // watchMembers follows the members bucket: every other edge's member records.
 func (c *cluster) watchMembers() {
-	c.watch(c.members, func(key string, value []byte, deleted bool) {
+	c.watch(c.members, &c.membersRev, func(key string, value []byte, deleted bool) {
 		edgeID, tunnelID, ok := strings.Cut(key, ".")
 		if !ok {
 			return
@@ -108,7 +115,11 @@ func (c *cluster) watchMembers() {
 		c.remote.mu.Lock()
 		defer c.remote.mu.Unlock()
 		e := c.remote.edge(edgeID)
+		var gone [][2]string
 		if deleted {
+			if rec, ok := e.records[tunnelID]; ok {
+				gone = routesOf(rec)
+			}
 			delete(e.records, tunnelID)
 		} else {
 			var rec memberRecord
@@ -119,12 +130,14 @@ func (c *cluster) watchMembers() {
 			e.records[tunnelID] = rec
 		}
 		c.reconcileLocked(e)
+		c.settleRoutes(gone)
 	})
 }
 
 // watch runs fn for every value of kv, the current ones first, until the cluster stops;
-// a watch that ends (NATS lost) is started again.
-func (c *cluster) watch(kv jetstream.KeyValue, fn func(key string, value []byte, deleted bool)) {
+// a watch that ends (NATS lost, or restartWatches) is started again. rev, when set, keeps
+// the highest revision delivered.
+func (c *cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key string, value []byte, deleted bool)) {
 	for c.ctx.Err() == nil {
 		w, err := kv.WatchAll(c.ctx)
 		if err != nil {
@@ -135,14 +148,57 @@ func (c *cluster) watch(kv jetstream.KeyValue, fn func(key string, value []byte,
 			}
 			continue
 		}
+		c.wmu.Lock()
+		c.watchers[w] = struct{}{}
+		c.wmu.Unlock()
 		for entry := range w.Updates() {
 			if entry == nil {
 				continue // the current values have all been delivered
 			}
+			if rev != nil && entry.Revision() > rev.Load() {
+				rev.Store(entry.Revision()) // this goroutine alone writes it
+			}
 			fn(entry.Key(), entry.Value(), entry.Operation() != jetstream.KeyValuePut)
 		}
+		c.wmu.Lock()
+		delete(c.watchers, w)
+		c.wmu.Unlock()
 		_ = w.Stop()
 	}
+}
+
+// restartWatches stops the running watches; watch starts each again at once, with the
+// current values first. A watch's ordered consumer lives on one NATS node: when that node
+// goes away the watch delivers nothing until the client notices, which can take longer
+// than a lease, and meanwhile this edge would take every other edge for gone.
+func (c *cluster) restartWatches() {
+	c.wmu.Lock()
+	ws := make([]jetstream.KeyWatcher, 0, len(c.watchers))
+	for w := range c.watchers {
+		ws = append(ws, w)
+	}
+	c.wmu.Unlock()
+	for _, w := range ws {
+		_ = w.Stop()
+	}
+}
+
+// viewFresh reports whether this edge's leases watch delivered its own last renewals: when
+// it did not (NATS lost, or the watch stalled), no other edge's lease is taken for lapsed on
+// its evidence; the edge keeps the remote members it knows and can reach, and a stalled
+// watch is restarted.
+func (c *cluster) viewFresh() bool {
+	stale := time.Since(time.Unix(0, c.selfSeen.Load()))
+	if stale < c.cfg.LeaseTTL/2 {
+		return true
+	}
+	if c.leaseOK.Load() && c.connected.Load() {
+		// Renewals are written but not seen: restart the watches, and give them a while.
+		c.log.Warn("the leases watch missed this edge's own renewals: restarting the watches", zap.Duration("for", stale))
+		c.selfSeen.Store(time.Now().UnixNano())
+		c.restartWatches()
+	}
+	return false
 }
 
 // checkLeases expires the edges whose lease was not renewed for LeaseTTL.
@@ -155,6 +211,9 @@ func (c *cluster) checkLeases() {
 			return
 		case <-t.C:
 		}
+		if !c.viewFresh() {
+			continue
+		}
 		c.remote.mu.Lock()
 		for _, e := range c.remote.edges {
 			if !e.expired && time.Since(e.lastSeen) >= c.cfg.LeaseTTL {
@@ -164,6 +223,7 @@ func (c *cluster) checkLeases() {
 					e.link.close()
 				}
 				c.reconcileLocked(e)
+				c.settleRoutes(routesOf(slices.Collect(maps.Values(e.records))...))
 				// Its records are garbage now; any edge may delete them (its next run, or
 				// the edge itself when its lease is renewed again, writes them anew).
 				ids := make([]string, 0, len(e.records))

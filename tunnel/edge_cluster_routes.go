@@ -109,6 +109,47 @@ func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error)
 	return 0, &group.Error{Err: group.ErrNoPorts, Msg: "no free TCP port in the cluster"}
 }
 
+// clusterSoloPort picks and reserves, for the whole cluster, the port of a new solo TCP
+// tunnel, under "solo/<tunnel id>": no pool of another edge can take it, and the tunnel's
+// copies on the other edges bind the same port.
+func (b *routeBook) clusterSoloPort(tk *ticket, req *group.JoinRequest) error {
+	tk.solo = "solo/" + req.ID
+	res := &ticket{key: tk.solo, tenant: tk.tenant}
+	skip := map[int]bool{}
+	for range 256 {
+		p, ok := b.reg.FreePort(skip)
+		if !ok {
+			tk.solo = ""
+			return &group.Error{Err: group.ErrNoPorts, Msg: "no TCP ports available"}
+		}
+		skip[p] = true
+		switch err := b.reservePort(p, res); {
+		case errors.Is(err, errPortTaken):
+			b.reg.HoldPorts(p)
+			continue
+		case err != nil:
+			tk.solo = ""
+			return fmt.Errorf("%w: cannot reserve a port: %v", ErrUnavailable, err)
+		}
+		req.Port, tk.port = p, p
+		return nil
+	}
+	tk.solo = ""
+	return &group.Error{Err: group.ErrNoPorts, Msg: "no TCP ports available"}
+}
+
+// releaseSoloPort deletes the reservation of a solo TCP tunnel of this edge whose group
+// went (its copies on other edges hold none).
+func (b *routeBook) releaseSoloPort(port int) {
+	b.mu.Lock()
+	key, ok := b.soloPorts[port]
+	delete(b.soloPorts, port)
+	b.mu.Unlock()
+	if ok {
+		b.unreservePort(port, key)
+	}
+}
+
 // reservePort reserves port p for tk's route, or fails with errPortTaken.
 func (b *routeBook) reservePort(p int, tk *ticket) error {
 	_, err := b.st.Update(store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
@@ -176,4 +217,87 @@ func (c *cluster) rebuildLiveLocked() {
 		}
 	}
 	c.live.Store(&live)
+}
+
+// recordRoute is the store kind and label of the route rec's member serves; false for a
+// solo TCP tunnel, which owns no route.
+func recordRoute(rec memberRecord) (kind, label string, ok bool) {
+	switch {
+	case rec.Proto.BySubdomain():
+		return store.KindHTTP, rec.Label, true
+	case rec.Group != "":
+		return store.KindTCP, rec.Group, true
+	}
+	return "", "", false
+}
+
+// routesOf returns the route keys (kind, label) of recs, each once.
+func routesOf(recs ...memberRecord) [][2]string {
+	seen := map[[2]string]bool{}
+	var out [][2]string
+	for _, rec := range recs {
+		if kind, label, ok := recordRoute(rec); ok && !seen[[2]string{kind, label}] {
+			seen[[2]string{kind, label}] = true
+			out = append(out, [2]string{kind, label})
+		}
+	}
+	return out
+}
+
+// settleRoutes runs after members of another edge vanished from this edge's view (their
+// edge's lease lapsed or was deleted, or their records were deleted) and records, for each
+// of their routes that no edge has a member of any more, that it is empty from now: its
+// claim then lapses RouteTTL later, as on a single edge. Without it nobody may write it:
+// the pool left this edge's registry when the link dropped, while the dead edge's lease
+// still made the route live (emptied writes nothing then), and a route recorded with
+// members but live nowhere is taken for lapsed at once by every edge that has run longer
+// than RouteTTL, so another tenant could take it while its connectors fail over. The
+// caller holds c.remote.mu, with the live snapshot rebuilt; the store is written in a
+// goroutine.
+func (c *cluster) settleRoutes(routes [][2]string) {
+	if len(routes) == 0 || c.srv.routes == nil {
+		return
+	}
+	c.spawn(func() {
+		for _, r := range routes {
+			c.settleRoute(r[0], r[1])
+		}
+	})
+}
+
+func (c *cluster) settleRoute(kind, label string) {
+	b := c.srv.routes
+	for c.ctx.Err() == nil {
+		if b.live(kind, label) {
+			return
+		}
+		var wait time.Duration
+		_, err := b.st.Update(store.Key(kind, label), func(cur *store.Route) (*store.Route, error) {
+			wait = 0
+			if cur == nil || cur.Reserved || !cur.EmptySince.IsZero() {
+				return nil, errUnchanged
+			}
+			now := b.now()
+			if d := cur.Claimed.Add(c.cfg.LeaseTTL).Sub(now); d > 0 {
+				// Claimed or joined on some edge a moment ago: its member's record may
+				// not have arrived here yet. Look again when it must have.
+				wait = d
+				return nil, errUnchanged
+			}
+			cur.EmptySince = now
+			return cur, nil
+		})
+		if err != nil && !errors.Is(err, errUnchanged) {
+			c.log.Warn("cannot record that a route is empty", zap.String("route", store.Key(kind, label)), zap.Error(err))
+			return
+		}
+		if wait == 0 {
+			return
+		}
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
 }

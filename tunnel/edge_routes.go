@@ -48,6 +48,9 @@ type routeBook struct {
 	// liveAnywhere reports whether a route has members on any edge of the cluster.
 	lease        time.Duration
 	liveAnywhere func(kind, label string) bool
+	// soloPorts are the cluster reservations ("solo/<tunnel id>") of this edge's solo TCP
+	// tunnels, by port: released when the tunnel's group goes.
+	soloPorts map[int]string
 }
 
 // take counts one more tunnel or session of tenant in counts, unless that makes more than
@@ -94,7 +97,7 @@ func ownedError(kind, label string) error {
 func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoints []Endpoint, log *zap.Logger) (*routeBook, error) {
 	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log,
 		ports: map[string]map[int]bool{}, tunnels: map[string]int{}, sessions: map[string]int{},
-		pendingPorts: map[string]int{}}
+		pendingPorts: map[string]int{}, soloPorts: map[int]string{}}
 	reservedEps := map[string]*Endpoint{}
 	for i := range endpoints {
 		ep := endpoints[i].own()
@@ -219,6 +222,7 @@ type ticket struct {
 	key, tenant string
 	kind, label string
 	created     *store.Route // the first claim this registration wrote, if any
+	solo        string       // in a cluster: the reservation of a solo TCP tunnel's port
 	portSlot    bool         // a max_tcp_ports slot reserved for a new port
 	port        int          // in a cluster: the port the TCP pool must have on this edge
 }
@@ -231,9 +235,21 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 	kind, label := routeKey(req, grouped)
 	tk := &ticket{tenant: tenant, kind: kind, label: label}
 	if kind == "" {
+		if b.lease > 0 && req.Proto == group.ProtoTCP {
+			// A solo TCP tunnel's port is reserved for the whole cluster too.
+			if err := b.clusterSoloPort(tk, req); err != nil {
+				return nil, err
+			}
+		}
 		return tk, nil
 	}
 	tk.key = store.Key(kind, label)
+	if b.lease > 0 && kind == store.KindHTTP && b.liveAnywhere != nil && b.liveAnywhere(kind, label) && b.reg.LookupHTTP(label) == nil {
+		// The route has members on another edge that this edge has not joined yet (its
+		// link is down, or their records are on their way): deciding here could split the
+		// route between a solo tunnel and a pool. The connector tries again.
+		return nil, fmt.Errorf("%w: subdomain '%s' has members on another edge that this edge cannot reach yet", ErrUnavailable, label)
+	}
 	var taken *store.Route // a lapsed claim of another tenant, replaced
 	var port int
 	_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
@@ -337,6 +353,9 @@ func (b *routeBook) releasePortSlot(tk *ticket) {
 // the route has a live pool (another registration of the tenant may have joined on it).
 func (b *routeBook) abandon(tk *ticket) {
 	b.releasePortSlot(tk)
+	if tk.solo != "" {
+		b.unreservePort(tk.port, tk.solo)
+	}
 	if tk.created == nil {
 		return
 	}
@@ -389,13 +408,18 @@ func reservedAdmits(r *store.Route, req *group.JoinRequest) error {
 // refused: the caller removes the member.
 func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 	defer b.releasePortSlot(tk)
-	if tk.kind == "" {
-		return nil
-	}
 	if tk.port != 0 && g.Port != tk.port {
 		// Every edge of a cluster gives a TCP pool the same port: one that is busy here
 		// cannot be replaced by another.
 		return &group.Error{Err: group.ErrNoPorts, Msg: fmt.Sprintf("port %d of group '%s' is not available on this edge", tk.port, tk.label)}
+	}
+	if tk.solo != "" {
+		b.mu.Lock()
+		b.soloPorts[tk.port] = tk.solo
+		b.mu.Unlock()
+	}
+	if tk.kind == "" {
+		return nil
 	}
 	var oldPort int
 	r, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
@@ -456,6 +480,7 @@ func (b *routeBook) emptied(g *group.Group) {
 	kind := store.KindHTTP
 	if g.Kind == group.KindTCP {
 		if g.Solo() {
+			b.releaseSoloPort(g.Port)
 			return
 		}
 		kind = store.KindTCP

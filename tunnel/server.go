@@ -403,6 +403,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.tcp.Close()
 	hwg.Wait()
 
+	if s.cluster != nil {
+		s.cluster.announceDraining()
+	}
 	// Wait for in-flight streams (TCP connections, upgraded HTTP) to end.
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
