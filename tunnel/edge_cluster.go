@@ -234,8 +234,8 @@ func (c *cluster) close(graceful bool) {
 	c.spawnMu.Lock()
 	c.stopped = true
 	c.spawnMu.Unlock()
+	c.peers.closeAll() // before the cancel, which takes dialled links out of the set
 	c.cancel()
-	c.peers.closeAll()
 	c.wg.Wait()
 	c.remote.leaveAll(c)
 	_ = c.routes.Close()

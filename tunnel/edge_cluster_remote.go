@@ -404,7 +404,10 @@ func (c *cluster) dial(id string) {
 // watchLink waits for l to end; e's members then leave, and a new link is dialled while
 // e's lease holds.
 func (c *cluster) watchLink(e *remoteEdge, l *peerLink) {
-	<-l.sess.CloseChan()
+	select {
+	case <-l.sess.CloseChan():
+	case <-c.ctx.Done(): // the cluster stops (its links may have left the set already)
+	}
 	l.close()
 	c.remote.mu.Lock()
 	defer c.remote.mu.Unlock()

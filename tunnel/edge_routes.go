@@ -48,6 +48,9 @@ type routeBook struct {
 	// liveAnywhere reports whether a route has members on any edge of the cluster.
 	lease        time.Duration
 	liveAnywhere func(kind, label string) bool
+	// remoteConflict refuses an HTTP registration that the members of its route on other
+	// edges would refuse (a solo tunnel on a pool, another key).
+	remoteConflict func(label string, req *group.JoinRequest, grouped bool) error
 	// soloPorts are the cluster reservations ("solo/<tunnel id>") of this edge's solo TCP
 	// tunnels, by port: released when the tunnel's group goes.
 	soloPorts map[int]string
@@ -206,7 +209,9 @@ func (b *routeBook) lapsed(r *store.Route, now time.Time, live func() bool) bool
 	}
 	since := r.EmptySince
 	if since.IsZero() {
-		if live() {
+		if live() || b.lease > 0 {
+			// In a cluster, members may vanish with an edge without a trace: the emptiness
+			// is recorded first (settleRoute, or the sweep), and the claim lapses a TTL later.
 			return false
 		}
 		since = b.startedAt
@@ -244,11 +249,12 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		return tk, nil
 	}
 	tk.key = store.Key(kind, label)
-	if b.lease > 0 && kind == store.KindHTTP && b.liveAnywhere != nil && b.liveAnywhere(kind, label) && b.reg.LookupHTTP(label) == nil {
-		// The route has members on another edge that this edge has not joined yet (its
-		// link is down, or their records are on their way): deciding here could split the
-		// route between a solo tunnel and a pool. The connector tries again.
-		return nil, fmt.Errorf("%w: subdomain '%s' has members on another edge that this edge cannot reach yet", ErrUnavailable, label)
+	if b.remoteConflict != nil && kind == store.KindHTTP && b.reg.LookupHTTP(label) == nil {
+		// The route may have members on another edge that this edge has not joined yet
+		// (its link is down, or their records are on their way): answer as if it had.
+		if err := b.remoteConflict(label, req, grouped); err != nil {
+			return nil, err
+		}
 	}
 	var taken *store.Route // a lapsed claim of another tenant, replaced
 	var port int
@@ -533,6 +539,11 @@ func (b *routeBook) sweep() {
 			}
 			return tcpLive[r.Label]
 		}
+		if b.lease > 0 && r.EmptySince.IsZero() && !r.Reserved && (r.Kind == store.KindHTTP || r.Kind == store.KindTCP) &&
+			!live() && now.Sub(r.Claimed) >= b.lease {
+			b.markEmpty(r.Key(), r.Kind, r.Label)
+			continue
+		}
 		if !b.lapsed(r, now, live) {
 			continue
 		}
@@ -624,4 +635,20 @@ func (b *routeBook) idleEndpoints() []admin.Endpoint {
 		}
 	}
 	return out
+}
+
+// markEmpty records, in a cluster, that a route no edge serves is empty from now on (its
+// members vanished with an edge, or every edge restarted since): its claim lapses a TTL later.
+func (b *routeBook) markEmpty(key, kind, label string) {
+	_, err := b.st.Update(key, func(cur *store.Route) (*store.Route, error) {
+		now := b.now()
+		if cur == nil || cur.Reserved || !cur.EmptySince.IsZero() || now.Sub(cur.Claimed) < b.lease || b.live(kind, label) {
+			return nil, errUnchanged
+		}
+		cur.EmptySince = now
+		return cur, nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) {
+		b.log.Warn("cannot record that a route is empty", zap.String("route", key), zap.Error(err))
+	}
 }
