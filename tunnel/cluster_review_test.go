@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/warren-tunnel/warren/group"
+
 	"github.com/warren-tunnel/warren/admin"
 )
 
@@ -161,8 +163,8 @@ func TestClusterReviewSoloAndPoolOnOneSubdomain(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return b.cluster.liveAnywhere("http", "pool") }, 5*time.Second, 10*time.Millisecond)
 	_, err = b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "pool"}, hostPort(backend(t, "B").URL))
-	// b cannot reach a's member: it refuses for now (the connector retries), rather than
-	// split the subdomain between a pool on a and a solo tunnel on b.
-	require.ErrorIs(t, err, ErrUnavailable, "a solo tunnel took a subdomain whose pool lives on another edge")
+	// b cannot reach a's member, and refuses as if it could, rather than split the
+	// subdomain between a pool on a and a solo tunnel on b.
+	require.ErrorIs(t, err, group.ErrInUse, "a solo tunnel took a subdomain whose pool lives on another edge")
 	require.Empty(t, b.members("pool"))
 }

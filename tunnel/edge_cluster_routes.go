@@ -301,3 +301,28 @@ func (c *cluster) settleRoute(kind, label string) {
 		}
 	}
 }
+
+// remoteConflict is the refusal the members of subdomain label on other edges (whose leases
+// hold) would give req, as the registry gives it when they are joined: a solo tunnel on a
+// route that has members, a pool member on a solo tunnel's route, or another key.
+func (c *cluster) remoteConflict(label string, req *group.JoinRequest, grouped bool) error {
+	c.remote.mu.Lock()
+	defer c.remote.mu.Unlock()
+	for _, e := range c.remote.edges {
+		if e.expired {
+			continue
+		}
+		for _, rec := range e.records {
+			if !rec.Proto.BySubdomain() || rec.Label != label {
+				continue
+			}
+			switch {
+			case !grouped:
+				return &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
+			case rec.Group == "", rec.KeyHash != req.KeyHash && !slices.Contains(req.PrevKeyHashes, rec.KeyHash):
+				return keyMismatch(store.KindHTTP, label)
+			}
+		}
+	}
+	return nil
+}

@@ -158,6 +158,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.routes = routes
 	if s.cluster != nil {
 		routes.lease, routes.liveAnywhere = s.cluster.cfg.LeaseTTL, s.cluster.liveAnywhere
+		routes.remoteConflict = s.cluster.remoteConflict
 	}
 	if err := s.newAdmin(); err != nil {
 		_ = routes.st.Close()
