@@ -53,6 +53,15 @@
 //
 //	go run ./examples/bench -layout processes -runs 3 -tcp-bytes 256MiB -duration 5s
 //
+// With -wan-rtt RTT the process layout runs its WAN scenario instead (wan_scenario.go): the
+// whole bench re-executed in a network namespace of its own, where only the link between
+// the connectors and the edge (and the relay floor's equivalent link, and a backend reached
+// over the link as the plain TCP yardstick) is delayed by RTT/2 each way; HTTP p50/p99 with
+// one client and with -clients clients, and one TCP stream. It needs root, ip and iptables;
+// without them it prints why and exits 0 having run nothing.
+//
+//	go run ./examples/bench -layout processes -wan-rtt 50ms -runs 3 -duration 3s
+//
 // The edge runs in a child process (the tool re-executes itself with the hidden "edge"
 // subcommand) so that its memory and CPU are its own; -edge inproc runs it in this process
 // instead, except for the memory scenario. Each pair (tunnel, direct) is repeated -runs
@@ -139,7 +148,9 @@ type config struct {
 	lbMembers      int
 	edgeMode       string
 	layout         string
-	controls       []bool // -layout processes: the control connections measured, false plain, true TLS
+	controls       []bool        // -layout processes: the control connections measured, false plain, true TLS
+	wanRTT         time.Duration // -layout processes: the round trip added to the edge↔connector link (0: none)
+	wanJSON        string        // with -wan-rtt: also write the WAN figures as JSON to this file
 	markdown       string
 	cpuprofile     string
 	selfProfile    string
@@ -181,6 +192,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.edgeMode, "edge", "child", `where the edge runs: "child" (a child process) or "inproc" (this process; not for mem)`)
 	fs.StringVar(&c.layout, "layout", layoutShared, `"shared": connectors, backends and load generator in this process, the edge a child; "processes": every party its own process (examples/edge, 2 examples/connector, 2 backends, the load generator) next to a plain-relay floor in the same layout (scenarios http, tcp, ttfb)`)
 	control := fs.String("control", "both", `-layout processes: the edge's control connections, "plain", "tls" or "both" (rows side by side)`)
+	fs.DurationVar(&c.wanRTT, "wan-rtt", 0, "-layout processes: run the WAN scenario instead, with this round trip added to the link between the connectors and the edge (and the relay floor's equivalent link) in a network namespace of its own; needs root, ip and iptables (else it says why and exits 0 having run nothing); scenarios http (1 and -clients clients), tcp (1 stream; -tcp-bytes defaults to 64MiB here) and cold (single requests after the edge's idle member streams expired, about 1 min)")
+	fs.StringVar(&c.wanJSON, "wan-json", "", "with -wan-rtt: also write the WAN figures (medians) as JSON to this file")
 	fs.IntVar(&c.noisyRetries, "noisy-retries", 3, "run a tunnel or direct run again, up to this many times, when other processes used more than 0.25 cores during it")
 	fs.StringVar(&c.markdown, "markdown", "", "also write the results as Markdown to this file")
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write the edge's CPU profile, one file per scenario (FILE becomes FILE-<scenario>); with -edge inproc it covers this whole process")
@@ -201,6 +214,9 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	}
 	if err := c.processLayout(set, *control); err != nil {
 		return nil, err
+	}
+	if c.wanRTT > 0 && !set["tcp-bytes"] {
+		*tcpBytes = wanDefaultTCPBytes
 	}
 	if c.tcpBytes, err = parseSize(*tcpBytes); err != nil {
 		return nil, fmt.Errorf("-tcp-bytes: %w", err)
@@ -251,19 +267,34 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 func (c *config) processLayout(set map[string]bool, control string) error {
 	switch c.layout {
 	case layoutShared:
-		if set["control"] {
+		switch {
+		case set["control"]:
 			return errors.New("-control applies to -layout processes only")
+		case set["wan-rtt"] || set["wan-json"]:
+			return errors.New("-wan-rtt and -wan-json apply to -layout processes only")
+		case c.has("cold"):
+			return errors.New(`-only: scenario "cold" runs with -layout processes -wan-rtt only`)
 		}
 		return nil
 	case layoutProcesses:
 	default:
 		return fmt.Errorf("-layout must be %q or %q, got %q", layoutShared, layoutProcesses, c.layout)
 	}
+	if err := c.wanFlags(set); err != nil {
+		return err
+	}
+	scenarios := procScenarios
+	if c.wanRTT > 0 {
+		scenarios = wanScenarios
+	}
 	if !set["only"] {
-		c.scenarios = procScenarios
+		c.scenarios = scenarios
 	}
 	for _, s := range c.scenarios {
-		if !slices.Contains(procScenarios, s) {
+		if !slices.Contains(scenarios, s) {
+			if c.wanRTT > 0 {
+				return fmt.Errorf("-only: scenario %q does not run with -wan-rtt (it has %s)", s, strings.Join(scenarios, ", "))
+			}
 			return fmt.Errorf("-only: scenario %q does not run in -layout processes (it has %s)", s, strings.Join(procScenarios, ", "))
 		}
 	}
@@ -293,8 +324,8 @@ func parseScenarios(s string) ([]string, error) {
 		if name == "" {
 			continue
 		}
-		if !slices.Contains(allScenarios, name) {
-			return nil, fmt.Errorf("-only: unknown scenario %q (want some of %s)", name, strings.Join(allScenarios, ", "))
+		if !slices.Contains(allScenarios, name) && !slices.Contains(wanScenarios, name) {
+			return nil, fmt.Errorf("-only: unknown scenario %q (want some of %s; with -wan-rtt some of %s)", name, strings.Join(allScenarios, ", "), strings.Join(wanScenarios, ", "))
 		}
 		want[name] = true
 	}
@@ -302,7 +333,7 @@ func parseScenarios(s string) ([]string, error) {
 		return nil, fmt.Errorf("-only: no scenario named (want some of %s)", strings.Join(allScenarios, ", "))
 	}
 	var out []string
-	for _, name := range allScenarios {
+	for _, name := range slices.Concat(allScenarios, []string{"cold"}) { // cold: -wan-rtt only
 		if want[name] {
 			out = append(out, name)
 		}
@@ -365,6 +396,8 @@ type bench struct {
 	// linkHook, when set, is called for every port that stands for the link between an edge
 	// and its connectors in -layout processes (see linkHook); nil leaves the links alone.
 	linkHook linkHook
+	// wan is the WAN scenario's link inside its namespace (-wan-rtt); nil otherwise.
+	wan *wanLink
 }
 
 // say prints a progress line to stderr (the table goes to stdout at the end).
@@ -430,8 +463,18 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, hook 
 	b := &bench{cfg: cfg, log: log, progress: stderr, linkHook: hook}
 	rep := newReport(cfg)
 	if cfg.layout == layoutProcesses {
+		if cfg.wanRTT > 0 {
+			inside, err := b.wanSetUp(ctx, stdout, stderr)
+			if err != nil || !inside {
+				return nil, err
+			}
+			defer b.wan.close()
+		}
 		b.say("layout processes: %s", strings.Join(cfg.scenarios, ", "))
 		if err := b.runProcesses(ctx, rep); err != nil {
+			return rep, err
+		}
+		if err := b.wan.writeJSON(cfg.wanJSON, rep.proc); err != nil {
 			return rep, err
 		}
 		return rep, b.finish(rep, stdout)

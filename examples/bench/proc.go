@@ -67,6 +67,8 @@ func (p procPath) String() string {
 		return "relays io.Copy, " + ctl
 	case copyBuf:
 		return "relays 64 KiB, " + ctl
+	case pathLink:
+		return "plain TCP over the link"
 	}
 	return "direct"
 }
@@ -125,6 +127,7 @@ type procLayout struct {
 	cert     string
 	key      string
 	backends []procBackendAddrs
+	link     procBackendAddrs // -wan-rtt: a backend listening on delayed ports (pathLink)
 	load     *procChild
 	edges    map[bool]*procEdge
 	relays   map[procPath]*procRelay
@@ -153,6 +156,9 @@ func (b *bench) runProcesses(ctx context.Context, rep *report) (err error) {
 	}
 	s := &procSummary{paths: l.paths, controls: b.cfg.controls, streams: b.cfg.tcpStreams, noise: map[string]*procNoise{}}
 	rep.proc = s
+	if b.wan != nil {
+		return l.runWAN(ctx, s, rep)
+	}
 	for _, name := range b.cfg.scenarios {
 		start := time.Now()
 		b.say("processes: %s", name)
@@ -224,8 +230,15 @@ func (l *procLayout) setUp(ctx context.Context) error {
 		used = append(used, e.ports.TCP)
 		l.edges[t] = e
 	}
+	modes := []string{copySplice, copyBuf}
+	if l.b.wan != nil {
+		modes = []string{copySplice} // the WAN scenario's floor: the relays that splice
+		if err := l.startLinkBackend(ctx); err != nil {
+			return err
+		}
+	}
 	for _, t := range l.b.cfg.controls {
-		for _, mode := range []string{copySplice, copyBuf} {
+		for _, mode := range modes {
 			r, err := l.startRelay(ctx, mode, t)
 			if err != nil {
 				return err
@@ -233,10 +246,13 @@ func (l *procLayout) setUp(ctx context.Context) error {
 			l.relays[procPath{kind: mode, tls: t}] = r
 		}
 	}
-	for _, kind := range []string{"warren", copySplice, copyBuf} {
+	for _, kind := range append([]string{"warren"}, modes...) {
 		for _, t := range l.b.cfg.controls {
 			l.paths = append(l.paths, procPath{kind: kind, tls: t})
 		}
+	}
+	if l.b.wan != nil {
+		l.paths = append(l.paths, procPath{kind: pathLink})
 	}
 	l.paths = append(l.paths, procPath{kind: "direct"})
 	return nil
@@ -514,6 +530,8 @@ func (l *procLayout) tcpAddrs(p procPath, route, n int) []string {
 			if route == routeOneByte {
 				out[i] = l.backends[i%2].OneByte
 			}
+		case pathLink:
+			out[i] = l.link.Sink
 		default:
 			out[i] = l.relays[p].addrs[route+i%2]
 		}
@@ -527,7 +545,7 @@ func (l *procLayout) pids(p procPath) []int {
 	switch p.kind {
 	case "warren":
 		return l.edges[p.tls].pids()
-	case "direct":
+	case "direct", pathLink:
 		return nil
 	}
 	r := l.relays[p]
@@ -688,13 +706,19 @@ type procSummary struct {
 	tcpN     map[procPath]*procTCPFig
 	ttfb     map[procPath]*procTTFBFig
 	http     map[procPath]*procHTTPFig
-	noise    map[string]*procNoise // by figure: "tcp1", "tcpN", "ttfb", "http"
+	http1    map[procPath]*procHTTPFig // -wan-rtt: one client
+	cold     map[procPath]series       // -wan-rtt: requests on a new member stream, ns
+	noise    map[string]*procNoise     // by figure: "tcp1", "tcpN", "ttfb", "http"
 }
 
 // measureTCP measures one stream of -tcp-bytes and -tcp-streams concurrent streams sharing
 // -tcp-bytes, on every path.
 func (l *procLayout) measureTCP(ctx context.Context, s *procSummary) error {
-	for _, streams := range []int{1, l.b.cfg.tcpStreams} {
+	counts := []int{1, l.b.cfg.tcpStreams}
+	if l.b.wan != nil {
+		counts = counts[:1] // the WAN scenario: one stream
+	}
+	for _, streams := range counts {
 		figs := map[procPath]*procTCPFig{}
 		for _, p := range l.paths {
 			figs[p] = &procTCPFig{}
@@ -745,24 +769,33 @@ func (l *procLayout) measureTTFB(ctx context.Context, s *procSummary) error {
 
 // measureHTTP measures tiny responses at -clients keep-alive clients on every path.
 func (l *procLayout) measureHTTP(ctx context.Context, s *procSummary) error {
+	var err error
+	s.http, s.noise["http"], err = l.measureHTTPClients(ctx, l.b.cfg.clients)
+	return err
+}
+
+// measureHTTPClients measures tiny responses at clients keep-alive clients on every path.
+func (l *procLayout) measureHTTPClients(ctx context.Context, clients int) (map[procPath]*procHTTPFig, *procNoise, error) {
 	figs := map[procPath]*procHTTPFig{}
 	for _, p := range l.paths {
 		figs[p] = &procHTTPFig{}
 	}
 	cfg := l.b.cfg
 	warmup := min(time.Second, cfg.duration/5)
-	n, err := l.rounds(ctx, fmt.Sprintf("http tiny, %d clients", cfg.clients), func(p procPath) (func(), error) {
+	n, err := l.rounds(ctx, fmt.Sprintf("http tiny, %d clients", clients), func(p procPath) (func(), error) {
 		var targets []procTarget
 		switch p.kind {
 		case "warren":
 			targets = []procTarget{{URL: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(l.edges[p.tls].ports.HTTP)) + "/tiny", Host: "pool." + benchDomain}}
+		case pathLink:
+			targets = []procTarget{{URL: "http://" + l.link.HTTP + "/tiny"}}
 		case "direct":
 			targets = []procTarget{{URL: "http://" + l.backends[0].HTTP + "/tiny"}, {URL: "http://" + l.backends[1].HTTP + "/tiny"}}
 		default:
 			r := l.relays[p]
 			targets = []procTarget{{URL: "http://" + r.addrs[routeHTTP] + "/tiny"}, {URL: "http://" + r.addrs[routeHTTP+1] + "/tiny"}}
 		}
-		res, err := l.job(ctx, procJob{Kind: "http", Targets: targets, Clients: cfg.clients, ExpectLen: int64(len(tinyBody)),
+		res, err := l.job(ctx, procJob{Kind: "http", Targets: targets, Clients: clients, ExpectLen: int64(len(tinyBody)),
 			Warmup: warmup, Duration: cfg.duration, PIDs: l.pids(p)}, time.Minute+warmup+cfg.duration)
 		return func() {
 			f := figs[p]
@@ -779,8 +812,7 @@ func (l *procLayout) measureHTTP(ctx context.Context, s *procSummary) error {
 			}
 		}, err
 	})
-	s.http, s.noise["http"] = figs, n
-	return err
+	return figs, n, err
 }
 
 // procCols are the columns of the process layout's tables.

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -40,6 +41,16 @@ func procRoleMain(args []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 		f = procRelayMain
 	case procLoadCommand:
 		f = procLoadMain
+	case procWANDelayCommand:
+		f = procWANDelayMain
+	case procWANInsideCommand:
+		// The whole bench, re-executed by -wan-rtt inside its network namespace: wan.Run
+		// stops it with SIGTERM.
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+		defer stop()
+		f = func(args []string, _ io.Reader, stdout, stderr io.Writer) int {
+			return wanInsideMain(ctx, args, stdout, stderr)
+		}
 	default:
 		return 0, false
 	}
@@ -58,18 +69,28 @@ type procBackendAddrs struct {
 }
 
 // procBackendMain is one backend process: an HTTP server, a TCP sink and a one-byte server.
-func procBackendMain(_ []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	hb, err := startHTTPBackends(1, false)
+// -http and -sink choose the first two's listening addresses (the WAN scenario's backend
+// over the link listens on delayed ports); by default any free loopback port.
+func procBackendMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench backend", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	httpAddr := fs.String("http", "127.0.0.1:0", "the HTTP server's address")
+	sinkAddr := fs.String("sink", "127.0.0.1:0", "the TCP sink's address")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	hb := &httpBackend{}
+	if err := hb.start(*httpAddr); err != nil {
+		fmt.Fprintln(stderr, "bench backend:", err)
+		return 1
+	}
+	defer stopHTTPBackends([]*httpBackend{hb})
+	ln, err := net.Listen("tcp", *sinkAddr)
 	if err != nil {
 		fmt.Fprintln(stderr, "bench backend:", err)
 		return 1
 	}
-	defer stopHTTPBackends(hb)
-	sink, err := startTCPBackend(hashConn)
-	if err != nil {
-		fmt.Fprintln(stderr, "bench backend:", err)
-		return 1
-	}
+	sink := serveTCP(ln, hashConn)
 	defer sink.Close()
 	one, err := startTCPBackend(oneByteConn)
 	if err != nil {
@@ -77,7 +98,7 @@ func procBackendMain(_ []string, stdin io.Reader, stdout, stderr io.Writer) int 
 		return 1
 	}
 	defer one.Close()
-	if err := json.NewEncoder(stdout).Encode(procBackendAddrs{HTTP: hb[0].addr, Sink: sink.addr(), OneByte: one.addr(), PID: os.Getpid()}); err != nil {
+	if err := json.NewEncoder(stdout).Encode(procBackendAddrs{HTTP: hb.addr, Sink: sink.addr(), OneByte: one.addr(), PID: os.Getpid()}); err != nil {
 		return 1
 	}
 	_, _ = io.Copy(io.Discard, stdin)
@@ -262,7 +283,9 @@ func copyHalf(dst, src net.Conn, mode string) {
 
 // procJob is one measurement the load generator makes.
 type procJob struct {
-	Kind string `json:"kind"` // "http", "bulk" or "ttfb"
+	Kind string `json:"kind"` // "http", "http-cold", "bulk" or "ttfb"
+	// http-cold: Conns requests to Targets[0], each on a new connection after Idle.
+	Idle time.Duration `json:"idle,omitempty"`
 	// http: client i sends GETs to Targets[i % len]; every answer must have ExpectLen bytes.
 	Targets   []procTarget  `json:"targets,omitempty"`
 	Clients   int           `json:"clients,omitempty"`
@@ -298,6 +321,8 @@ type procResult struct {
 	// ttfb
 	Median, P99First time.Duration
 	ConnsFailed      int
+	// http-cold: each request's time
+	Samples []time.Duration `json:",omitempty"`
 	// CPU time each of the job's PIDs used over the measured part
 	CPU []time.Duration
 }
@@ -389,6 +414,8 @@ func runProcJob(ctx context.Context, j procJob, data map[[2]int64]streamData, re
 		}
 		res.BPS, res.Verified = bps, len(ds)
 		return nil
+	case "http-cold":
+		return wanColdJob(ctx, j, res)
 	case "ttfb":
 		if len(j.Addrs) == 0 || j.Conns < 1 {
 			return errors.New("ttfb job: addrs and conns are required")

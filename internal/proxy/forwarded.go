@@ -104,10 +104,7 @@ func setForwarding(pr *httputil.ProxyRequest, trusted trustedProxies) {
 	// Every request pays for this: the peer's address is written out once, and the five
 	// values share one backing array (each a full slice of one, so that appending to one
 	// copies it rather than overwrite the next).
-	var peerStr string
-	if peer.IsValid() {
-		peerStr = peer.String()
-	}
+	peerStr := addrString(peer, in.RemoteAddr)
 	vals := make([]string, 5)
 	set := func(i int, name, v string) {
 		if v == "" {
@@ -197,6 +194,25 @@ func parseNode(s string) netip.Addr {
 		return a
 	}
 	return a.Unmap().WithZone("")
+}
+
+// addrString is a.String() ("" for the zero Addr), without allocating when remote, the
+// "host:port" a was read from, already holds it written so (as a TCP peer's address does):
+// the host part of remote is then returned.
+func addrString(a netip.Addr, remote string) string {
+	if !a.IsValid() {
+		return ""
+	}
+	host := remote
+	if i := strings.LastIndexByte(host, ':'); i >= 0 {
+		host = host[:i]
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	var buf [64]byte
+	if b := a.AppendTo(buf[:0]); string(b) == host {
+		return host
+	}
+	return a.String()
 }
 
 // forwardedFor returns the for= node of each element of Forwarded header values, in order;

@@ -19,7 +19,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/internal/mux"
 )
 
 // HTTP is the public HTTP ingress, an http.Handler: it routes each request by its Host
@@ -61,6 +60,27 @@ func infoOf(ctx context.Context) *reqInfo {
 	ri, _ := ctx.Value(reqInfoKey{}).(*reqInfo)
 	return ri
 }
+
+// reqCtx is a public request's context carrying its reqInfo: what context.WithValue and a
+// separate reqInfo would be, in one allocation instead of two. Everything but the value of
+// reqInfoKey is its parent's (cancellation, deadline, the values of other keys), and
+// context's own functions (AfterFunc, WithCancel) find the parent's cancellation through
+// Value, as they do through a WithValue context.
+type reqCtx struct {
+	context.Context
+	ri reqInfo
+}
+
+// Value implements context.Context.
+func (c *reqCtx) Value(key any) any {
+	if _, ok := key.(reqInfoKey); ok {
+		return &c.ri
+	}
+	return c.Context.Value(key)
+}
+
+// String names the context, as context.WithValue's does, for a panic or a log line.
+func (c *reqCtx) String() string { return "proxy.reqCtx" }
 
 // AffinityCookie is the cookie that keeps a client on one member of a group with "cookie"
 // affinity: its value is the member's group.Member.AffinityToken.
@@ -128,7 +148,7 @@ func NewHTTP(cfg Config) *HTTP {
 			keepTrailers(pr.In, pr.Out)
 		},
 		Transport:    &memberTransport{cfg: &h.cfg},
-		BufferPool:   mux.BufferPool{},
+		BufferPool:   copyBufPool{},
 		ErrorHandler: h.proxyError,
 		ErrorLog:     zap.NewStdLog(cfg.Logger.Named("proxy")),
 	}
@@ -136,7 +156,19 @@ func NewHTTP(cfg Config) *HTTP {
 }
 
 // ServeHTTP implements http.Handler.
-func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.serve(w, r, nil) }
+
+// routed is what GuardTLSRoutes learnt of a request's route, for ServeHTTP not to work it
+// out again: its subdomain (ok false when its Host names none) and the group of that
+// subdomain when it was looked up (nil: none).
+type routed struct {
+	sub string
+	ok  bool
+	g   *group.Group
+}
+
+// serve is ServeHTTP; rt, when not nil, is the request's route as GuardTLSRoutes found it.
+func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	if isH2CPreface(r) {
 		// A client speaking HTTP/2 with prior knowledge to a listener that does not: it
 		// is told so in HTTP/2, instead of being given a 404 it cannot read.
@@ -148,7 +180,13 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("invalid port in host %q", r.Host), http.StatusBadRequest)
 		return
 	}
-	sub, ok := subdomainOf(r.Host, h.cfg.Domain)
+	var sub string
+	var ok bool
+	if rt != nil {
+		sub, ok = rt.sub, rt.ok
+	} else {
+		sub, ok = subdomainOf(r.Host, h.cfg.Domain)
+	}
 	if !ok {
 		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
 		return
@@ -166,7 +204,12 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			defer done()
 		}
 	}
-	g := h.cfg.Registry.LookupHTTP(sub)
+	var g *group.Group
+	if rt != nil {
+		g = rt.g
+	} else {
+		g = h.cfg.Registry.LookupHTTP(sub)
+	}
 	if g == nil {
 		if h.cfg.Reserved != nil && h.cfg.Reserved(sub) {
 			http.Error(w, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
@@ -203,8 +246,9 @@ func (h *HTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, max)
 	}
-	ri := &reqInfo{g: g}
-	ctx := context.WithValue(r.Context(), reqInfoKey{}, ri)
+	rc := &reqCtx{Context: r.Context(), ri: reqInfo{g: g}}
+	ri := &rc.ri
+	var ctx context.Context = rc
 	if d, ok := grpcTimeout(r); ok {
 		ctx = context.WithValue(ctx, grpcDeadlineKey{}, time.Now().Add(d))
 	}
@@ -363,6 +407,9 @@ func (h *HTTP) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 // validHostPort reports whether the port of a Host header, if it has one, is a decimal
 // number from 0 to 65535 (an empty port, "host:", is allowed as RFC 3986 allows it).
 func validHostPort(host string) bool {
+	if strings.IndexByte(host, ':') < 0 {
+		return true // no port (net.SplitHostPort would fail it, allocating its error)
+	}
 	_, port, err := net.SplitHostPort(host)
 	if err != nil || port == "" {
 		return true // no port (a host that is not host:port is judged by subdomainOf)
@@ -383,8 +430,12 @@ func validHostPort(host string) bool {
 // subdomainOf returns the single label in front of domain in host, lower-cased; host may carry
 // a port and a trailing dot.
 func subdomainOf(host, domain string) (string, bool) {
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
+	// A host without ':' has no port (net.SplitHostPort would fail it, allocating its
+	// error: twice a request, as validHostPort asks too).
+	if strings.IndexByte(host, ':') >= 0 {
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
 	}
 	host = strings.TrimSuffix(host, ".")
 	if len(host) <= len(domain)+1 || host[len(host)-len(domain)-1] != '.' ||

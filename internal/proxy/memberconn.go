@@ -48,6 +48,9 @@ type memberConn struct {
 	idleSince time.Time
 	// unhook stops the tunnel-removal hook that closes this stream.
 	unhook func() bool
+	// closeFn is pc.close as a func value, made once: each exchange hands it to
+	// context.AfterFunc (a method value made there would be one allocation a request).
+	closeFn func()
 	// gate, during an exchange whose request expects 100 Continue, holds its body back
 	// until the backend asks for it; closing the stream withholds the body for good.
 	gate atomic.Pointer[continueGate]
@@ -102,6 +105,7 @@ func newMemberConn(t *Tunnel, st *yamux.Stream) *memberConn {
 	pc := &memberConn{t: t, st: st}
 	// A removed tunnel's streams end with it, in flight or idle.
 	pc.unhook = context.AfterFunc(t.ctx, pc.abort)
+	pc.closeFn = pc.close
 	pc.lim.r = streamReader{st}
 	// 4 KiB, as net/http's Transport: enough for a response head; bodies larger than the
 	// buffer are read straight into the proxy's copy buffer.
@@ -289,9 +293,15 @@ func (pc *memberConn) writeRequest(req *http.Request) error {
 	return pc.bw.Flush()
 }
 
-// reqHeadExcluded are the header fields Request.Write writes itself, or not at all.
-var reqHeadExcluded = map[string]bool{"Host": true, "User-Agent": true, "Content-Length": true,
-	"Transfer-Encoding": true, "Trailer": true}
+// reqHeadExcluded reports whether k is a header field Request.Write writes itself, or not
+// at all (a switch: no map lookup for each field of each request).
+func reqHeadExcluded(k string) bool {
+	switch k {
+	case "Host", "User-Agent", "Content-Length", "Transfer-Encoding", "Trailer":
+		return true
+	}
+	return false
+}
 
 // writeBodylessHead writes the head of req, a request without a body, to w byte for byte as
 // req.Write would, and reports whether it did. It declines, writing nothing, whatever it
@@ -326,16 +336,19 @@ func writeBodylessHead(w *bufio.Writer, req *http.Request) bool {
 	if method == "" {
 		method = http.MethodGet
 	}
-	ruri := req.URL.RequestURI()
-	for i := 0; i < len(ruri); i++ {
-		if c := ruri[i]; c < ' ' || c == 0x7f {
-			return false // Request.Write fails it
-		}
+	// req.URL.RequestURI() in two parts, without the string it would allocate for a
+	// query (the URL is not opaque: see above).
+	path, query, hasQuery := req.URL.EscapedPath(), req.URL.RawQuery, req.URL.ForceQuery || req.URL.RawQuery != ""
+	if path == "" {
+		path = "/"
+	}
+	if !validRequestTarget(path) || !validRequestTarget(query) {
+		return false // Request.Write fails it
 	}
 	var keysArr [32]string
 	keys := keysArr[:0]
 	for k := range req.Header {
-		if !reqHeadExcluded[k] {
+		if !reqHeadExcluded(k) {
 			keys = append(keys, k)
 		}
 	}
@@ -343,7 +356,11 @@ func writeBodylessHead(w *bufio.Writer, req *http.Request) bool {
 
 	_, _ = w.WriteString(method)
 	_ = w.WriteByte(' ')
-	_, _ = w.WriteString(ruri)
+	_, _ = w.WriteString(path)
+	if hasQuery {
+		_ = w.WriteByte('?')
+		_, _ = w.WriteString(query)
+	}
 	_, _ = w.WriteString(" HTTP/1.1\r\nHost: ")
 	_, _ = w.WriteString(host)
 	_, _ = w.WriteString("\r\n")
@@ -368,6 +385,17 @@ func writeBodylessHead(w *bufio.Writer, req *http.Request) bool {
 		}
 	}
 	_, _ = w.WriteString("\r\n")
+	return true
+}
+
+// validRequestTarget reports whether s, a part of a request target, has no control byte
+// (Request.Write fails a request whose target has one).
+func validRequestTarget(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' || c == 0x7f {
+			return false
+		}
+	}
 	return true
 }
 
@@ -503,7 +531,7 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 	}
 	pc.gate.Store(gate)
 	// A client that goes away aborts the exchange, wherever it is blocked.
-	stop := context.AfterFunc(req.Context(), pc.close)
+	stop := context.AfterFunc(req.Context(), pc.closeFn)
 	var wdone chan error
 	var body *bodyReader
 	if hasBody {

@@ -423,13 +423,16 @@ func (p *helloParser) vector(lenBytes int) (helloParser, bool) {
 // that reused a connection to another subdomain of the edge for it connect again.
 func (h *HTTP) GuardTLSRoutes() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if sub, ok := subdomainOf(r.Host, h.cfg.Domain); ok {
-			if g := h.cfg.Registry.LookupHTTP(sub); g != nil && g.Proto == group.ProtoTLS {
+		// The route found here is handed on: ServeHTTP does not look it up again.
+		var rt routed
+		if rt.sub, rt.ok = subdomainOf(r.Host, h.cfg.Domain); rt.ok {
+			rt.g = h.cfg.Registry.LookupHTTP(rt.sub)
+			if g := rt.g; g != nil && g.Proto == group.ProtoTLS {
 				http.Error(w, fmt.Sprintf("%s is a TLS passthrough tunnel: connect to the HTTPS port with TLS and server name %s.%s",
-					sub, sub, h.cfg.Domain), http.StatusMisdirectedRequest)
+					rt.sub, rt.sub, h.cfg.Domain), http.StatusMisdirectedRequest)
 				return
 			}
 		}
-		h.ServeHTTP(w, r)
+		h.serve(w, r, &rt)
 	})
 }
