@@ -16,78 +16,14 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/warren-tunnel/warren/internal/testlink"
 )
 
-// heldLink is a connector's connection to the edge whose bytes towards the edge can be held
-// back, as a long link delays them, while the connector goes on: its writes return at once,
-// and the bytes go out in order once released.
-type heldLink struct {
-	net.Conn
-	mu     sync.Mutex
-	cond   *sync.Cond
-	queue  [][]byte
-	held   bool
-	closed bool
-	done   chan struct{}
-}
+// heldLink is the connector's end of its connection to the edge (testlink.Held).
+type heldLink = testlink.Held
 
-func newHeldLink(c net.Conn) *heldLink {
-	l := &heldLink{Conn: c, done: make(chan struct{})}
-	l.cond = sync.NewCond(&l.mu)
-	go l.pump()
-	return l
-}
-
-func (l *heldLink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return 0, net.ErrClosed
-	}
-	l.queue = append(l.queue, bytes.Clone(p))
-	l.cond.Broadcast()
-	return len(p), nil
-}
-
-// hold holds the connector's bytes back (on) or lets them go (off).
-func (l *heldLink) hold(on bool) {
-	l.mu.Lock()
-	l.held = on
-	l.cond.Broadcast()
-	l.mu.Unlock()
-}
-
-func (l *heldLink) pump() {
-	defer close(l.done)
-	for {
-		l.mu.Lock()
-		for !l.closed && (l.held || len(l.queue) == 0) {
-			l.cond.Wait()
-		}
-		if l.closed {
-			l.mu.Unlock()
-			return
-		}
-		q := l.queue
-		l.queue = nil
-		l.mu.Unlock()
-		for _, b := range q {
-			if _, err := l.Conn.Write(b); err != nil {
-				return
-			}
-		}
-	}
-}
-
-func (l *heldLink) Close() error {
-	l.mu.Lock()
-	l.closed = true
-	l.cond.Broadcast()
-	l.mu.Unlock()
-	err := l.Conn.Close()
-	<-l.done
-	return err
-}
+func newHeldLink(c net.Conn) *heldLink { return testlink.NewHeld(c) }
 
 // heldDialer dials the edge over loopback and hands out the links it made.
 type heldDialer struct {
@@ -112,7 +48,7 @@ func (d *heldDialer) hold(on bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, l := range d.links {
-		l.hold(on)
+		l.Hold(on)
 	}
 }
 

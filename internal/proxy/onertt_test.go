@@ -21,79 +21,14 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/mux"
+	"github.com/warren-tunnel/warren/internal/testlink"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
-// heldLink is the connector's end of its connection to the edge, whose bytes towards the
-// edge can be held back (as a long link delays them) while the connector goes on: its
-// writes return at once, and the bytes go out in order once released.
-type heldLink struct {
-	net.Conn
-	mu     sync.Mutex
-	cond   *sync.Cond
-	queue  [][]byte
-	held   bool
-	closed bool
-	done   chan struct{}
-}
+// heldLink is the connector's end of its connection to the edge (testlink.Held).
+type heldLink = testlink.Held
 
-func newHeldLink(c net.Conn) *heldLink {
-	l := &heldLink{Conn: c, done: make(chan struct{})}
-	l.cond = sync.NewCond(&l.mu)
-	go l.pump()
-	return l
-}
-
-func (l *heldLink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return 0, net.ErrClosed
-	}
-	l.queue = append(l.queue, bytes.Clone(p))
-	l.cond.Broadcast()
-	return len(p), nil
-}
-
-// hold holds the connector's bytes back (on) or lets them go (off).
-func (l *heldLink) hold(on bool) {
-	l.mu.Lock()
-	l.held = on
-	l.cond.Broadcast()
-	l.mu.Unlock()
-}
-
-func (l *heldLink) pump() {
-	defer close(l.done)
-	for {
-		l.mu.Lock()
-		for !l.closed && (l.held || len(l.queue) == 0) {
-			l.cond.Wait()
-		}
-		if l.closed {
-			l.mu.Unlock()
-			return
-		}
-		q := l.queue
-		l.queue = nil
-		l.mu.Unlock()
-		for _, b := range q {
-			if _, err := l.Conn.Write(b); err != nil {
-				return
-			}
-		}
-	}
-}
-
-func (l *heldLink) Close() error {
-	l.mu.Lock()
-	l.closed = true
-	l.cond.Broadcast()
-	l.mu.Unlock()
-	err := l.Conn.Close()
-	<-l.done
-	return err
-}
+func newHeldLink(c net.Conn) *heldLink { return testlink.NewHeld(c) }
 
 // startHeldConnector is startConnector (AckOK) over a link whose connector-to-edge bytes
 // can be held back.
@@ -224,7 +159,7 @@ func TestPipelinedRequestGoesBeforeTheAck(t *testing.T) {
 					req.ContentLength = -1
 				}
 			}
-			link.hold(true)
+			link.Hold(true)
 			rec := httptest.NewRecorder()
 			done := make(chan struct{})
 			go func() {
@@ -241,7 +176,7 @@ func TestPipelinedRequestGoesBeforeTheAck(t *testing.T) {
 				require.Eventually(t, func() bool { return be.progress.Load() == maxHeldBody }, 5*time.Second, time.Millisecond)
 				require.Equal(t, int64(maxHeldBody), src.n.Load(), "the edge read more of the body than it holds before the acknowledgement")
 			}
-			link.hold(false)
+			link.Hold(false)
 			<-done
 			require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 			require.Equal(t, fmt.Sprint(max(len(body), 0)), rec.Body.String())
@@ -368,7 +303,7 @@ func TestPipelinedStreamLostBeforeTheAck(t *testing.T) {
 				body = strings.NewReader("charge the card")
 			}
 			req := httptest.NewRequest(tc.method, "http://pool."+testDomain+"/", body)
-			link.hold(true)
+			link.Hold(true)
 			rec := httptest.NewRecorder()
 			done := make(chan struct{})
 			go func() {
@@ -404,8 +339,8 @@ func TestPipelinedOpenTimeout(t *testing.T) {
 	stats := newStats()
 	join(t, reg, "m1", group.ProtoHTTP, c)
 	h := NewHTTP(Config{Registry: reg, Domain: testDomain, Stats: stats, OpenTimeout: 200 * time.Millisecond})
-	link.hold(true)
-	defer link.hold(false)
+	link.Hold(true)
+	defer link.Hold(false)
 	rec := httptest.NewRecorder()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
