@@ -124,7 +124,7 @@ func startClusterEdge(t testing.TB, nodes []*server.Server, id string, o cluster
 		Domain:         testDomain,
 		Logger:         zaptest.NewLogger(t).Named(id),
 		LoadBalancing:  true,
-		TCPPorts:       group.PortRange{Lo: 45300, Hi: 45399},
+		TCPPorts:       group.PortRange{Lo: 31300, Hi: 31399}, // below the ephemeral range: no client socket holds one
 		TCPBindHost:    o.host,
 		PublicHTTPPort: pub.Addr().(*net.TCPAddr).Port,
 		Cluster: &ClusterConfig{NATSURLs: natsURLs(nodes), EdgeID: id, Advertise: peer.Addr().String(),

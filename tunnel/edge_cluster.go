@@ -533,7 +533,10 @@ func (c *cluster) claimAlert(pool, event string) bool {
 // it waits for the streams in flight): the other edges stop sending new work here and close
 // their idle streams to these members, which would otherwise keep the wait going.
 func (c *cluster) announceDraining() {
-	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	if !c.connected.Load() {
+		return // the others learn when the records go, or the lease lapses
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, min(c.cfg.Timeout, time.Second))
 	defer cancel()
 	for _, g := range c.srv.registry.Groups() {
 		for _, m := range g.Members() {

@@ -230,7 +230,7 @@ func demo(ctx context.Context, out io.Writer, hold <-chan struct{}) error {
 			return fmt.Errorf("closing a connector: %w", err)
 		}
 	}
-	sctx, scancel := context.WithTimeout(pctx, 5*time.Second)
+	sctx, scancel := context.WithTimeout(pctx, 15*time.Second) // generous: CI runs every package at once
 	defer scancel()
 	if err := edgeB.srv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("edge B shutdown: %w", err)
