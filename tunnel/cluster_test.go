@@ -66,6 +66,13 @@ func TestClusterPoolSpansEdges(t *testing.T) {
 		}
 		require.ElementsMatch(t, []string{"a", "b"}, edges)
 
+		// The metrics count the pool cluster-wide too.
+		resp, err := http.Get("http://" + e.adminAddr + "/metrics")
+		require.NoError(t, err)
+		metrics, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Contains(t, string(metrics), `warren_group_members{group="web",healthy="true",region="local"} 2`)
+
 		var ci admin.ClusterInfo
 		e.adminJSON(t, "/api/cluster", &ci)
 		require.True(t, ci.Enabled)
