@@ -107,11 +107,15 @@ func TestClusterTiesPreferLocal(t *testing.T) {
 // wins everywhere; the others get the usual refusal, and the winner's pool is the route on
 // every edge.
 func TestClusterConflictingFirstRegistrations(t *testing.T) {
-	nodes := startNATSCluster(t, 1)
+	// Three edges, each on its own node of a 3-node NATS cluster, buckets with 3 replicas.
+	nodes := startNATSCluster(t, 3)
+	on := func(i int) clusterOpts {
+		return clusterOpts{replicas: 3, edit: func(c *ServerConfig) { c.Cluster.NATSURLs = []string{nodes[i].ClientURL()} }}
+	}
 	edges := []*clusterEdge{
-		startClusterEdge(t, nodes, "a", clusterOpts{}),
-		startClusterEdge(t, nodes, "b", clusterOpts{}),
-		startClusterEdge(t, nodes, "c", clusterOpts{}),
+		startClusterEdge(t, nodes, "a", on(0)),
+		startClusterEdge(t, nodes, "b", on(1)),
+		startClusterEdge(t, nodes, "c", on(2)),
 	}
 	for round := range 5 {
 		sub := fmt.Sprintf("race%d", round)
@@ -202,11 +206,14 @@ func readTCP(addr string) (string, error) {
 // A TCP pool has one public port on every edge, so that DNS can name all of them; two pools
 // created at once on two edges get two different ports.
 func TestClusterTCPPortOnEveryEdge(t *testing.T) {
-	nodes := startNATSCluster(t, 1)
+	nodes := startNATSCluster(t, 3) // each edge on its own NATS node, 3 replicas
+	on := func(i int, host string) clusterOpts {
+		return clusterOpts{host: host, replicas: 3, edit: func(c *ServerConfig) { c.Cluster.NATSURLs = []string{nodes[i].ClientURL()} }}
+	}
 	edges := []*clusterEdge{
-		startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1"}),
-		startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2"}),
-		startClusterEdge(t, nodes, "c", clusterOpts{host: "127.0.0.3"}),
+		startClusterEdge(t, nodes, "a", on(0, "127.0.0.1")),
+		startClusterEdge(t, nodes, "b", on(1, "127.0.0.2")),
+		startClusterEdge(t, nodes, "c", on(2, "127.0.0.3")),
 	}
 	var wg sync.WaitGroup
 	tunnels := make([]*Tunnel, 2)
