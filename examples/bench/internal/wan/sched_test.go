@@ -100,6 +100,9 @@ func TestSchedulerHoldsEachPacketForTheDelayInOrder(t *testing.T) {
 		}
 	}
 	f.waitAccepted(t, n)
+	// The fake sees a batch before run counts it; stop waits for run to return, so the
+	// counters are complete after it.
+	s.stop()
 
 	f.mu.Lock()
 	defer f.mu.Unlock()
