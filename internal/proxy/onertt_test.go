@@ -17,10 +17,8 @@ import (
 
 	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/testlink"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
@@ -34,40 +32,12 @@ func newHeldLink(c net.Conn) *heldLink { return testlink.NewHeld(c) }
 // can be held back.
 func startHeldConnector(t *testing.T, serve func(c *connector, st *yamux.Stream, env wire.Envelope)) (*connector, *heldLink) {
 	t.Helper()
-	a, b := net.Pipe()
-	link := newHeldLink(b)
-	edge, err := mux.Server(a, zap.NewNop(), 2*time.Second)
-	require.NoError(t, err)
-	client, err := mux.Client(link, zap.NewNop())
-	require.NoError(t, err)
-	c := &connector{edge: edge, conn: link, key: wire.NoticeKey("resume token")}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			st, err := client.AcceptStream()
-			if err != nil {
-				return
-			}
-			c.streams.Add(1)
-			wg.Go(func() {
-				defer st.Close()
-				env, err := wire.ReadEnvelope(st)
-				if err != nil {
-					return
-				}
-				if _, err := st.Write([]byte{byte(wire.AckOK)}); err != nil {
-					return
-				}
-				serve(c, st, env)
-			})
-		}
+	var link *heldLink
+	c := startConnectorOver(t, wire.AckOK, serve, func(b net.Conn) net.Conn {
+		link = newHeldLink(b)
+		return link
 	})
-	t.Cleanup(func() {
-		_ = edge.Close()
-		_ = client.Close()
-		_ = link.Close()
-		wg.Wait()
-	})
+	t.Cleanup(func() { _ = link.Close() })
 	return c, link
 }
 

@@ -38,7 +38,17 @@ func (c *connector) kill() { _ = c.conn.Close() }
 // when that is AckOK, hands the stream to serve (which may be nil).
 func startConnector(t testing.TB, ack wire.Ack, serve func(c *connector, st *yamux.Stream, env wire.Envelope)) *connector {
 	t.Helper()
+	return startConnectorOver(t, ack, serve, nil)
+}
+
+// startConnectorOver is startConnector whose connector side of the connection is wrap(conn)
+// (nil: conn itself).
+func startConnectorOver(t testing.TB, ack wire.Ack, serve func(c *connector, st *yamux.Stream, env wire.Envelope), wrap func(net.Conn) net.Conn) *connector {
+	t.Helper()
 	a, b := net.Pipe()
+	if wrap != nil {
+		b = wrap(b)
+	}
 	edge, err := mux.Server(a, zap.NewNop(), 2*time.Second)
 	require.NoError(t, err)
 	client, err := mux.Client(b, zap.NewNop())
