@@ -131,6 +131,11 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		RetryIdempotent: o.retryIdempotent,
 		// Off by default; on for the h2 scenario, whose clients speak h2c to the edge.
 		PublicH2C: o.publicH2C,
+		// Every connector here dials from 127.0.0.1, mem-parallel of them at a time: the
+		// defaults (256 in all, 16 per address, waiting to authenticate) are for a public
+		// edge, and would refuse the memory scenario's connectors as a flood.
+		MaxPreAuthConns:      4096,
+		MaxPreAuthConnsPerIP: 4096,
 	})
 	if err != nil {
 		e.stopProfile()

@@ -142,6 +142,7 @@ type config struct {
 	memConnectors  []int
 	memGroupSize   int
 	memParallel    int
+	memProto       string
 	killFor        time.Duration
 	lbRequests     int
 	lbKeys         int
@@ -185,6 +186,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	memConns := fs.String("mem-connectors", "1000,10000", "comma-separated connector counts for the memory scenario")
 	fs.IntVar(&c.memGroupSize, "mem-group-size", 100, "members per group in the memory scenario (0: every connector's tunnel is solo)")
 	fs.IntVar(&c.memParallel, "mem-parallel", 200, "connectors opened or closed at a time in the memory scenario")
+	fs.StringVar(&c.memProto, "mem-proto", "http", `the memory scenario's tunnels: "http", or "tcp" (each connector then also keeps its idle data connections to the edge; needs -mem-group-size > 0, at most 100 groups)`)
 	fs.DurationVar(&c.killFor, "kill-for", 2*time.Second, "how long the killed backend stays down in the churn scenario")
 	fs.IntVar(&c.lbRequests, "lb-requests", 2000, "sequential requests per weighted pool in the lb scenario")
 	fs.IntVar(&c.lbKeys, "lb-keys", 10000, "distinct affinity keys in the lb scenario")
@@ -245,6 +247,10 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-mem-group-size must not be negative, got %d", c.memGroupSize)
 	case c.memParallel < 1:
 		return nil, fmt.Errorf("-mem-parallel must be positive, got %d", c.memParallel)
+	case c.memProto != "http" && c.memProto != "tcp":
+		return nil, fmt.Errorf(`-mem-proto must be "http" or "tcp", got %q`, c.memProto)
+	case c.memProto == "tcp" && c.memGroupSize == 0:
+		return nil, errors.New("-mem-proto tcp needs groups (-mem-group-size > 0): each TCP group takes one of the edge's 100 ports")
 	case c.noisyRetries < 0:
 		return nil, fmt.Errorf("-noisy-retries must not be negative, got %d", c.noisyRetries)
 	case c.lbRequests < 1 || c.lbRequests > 1_000_000:
@@ -434,8 +440,15 @@ func runWith(ctx context.Context, args []string, stdout, stderr io.Writer, hook 
 		return nil, fmt.Errorf("raising the open-file limit: %w", err)
 	}
 	if cfg.has("mem") {
+		perConnector := uint64(1) // its control connection
+		if cfg.memProto == "tcp" {
+			perConnector += uint64(memDataConnsPerSession)
+		}
 		for _, n := range cfg.memConnectors {
-			if need := uint64(n) + 1024; need > limit {
+			if cfg.memProto == "tcp" && (n+cfg.memGroupSize-1)/cfg.memGroupSize > memTCPPorts {
+				return nil, fmt.Errorf("-mem-proto tcp: %d connectors in groups of %d need more than the edge's %d TCP ports", n, cfg.memGroupSize, memTCPPorts)
+			}
+			if need := uint64(n)*perConnector + 1024; need > limit {
 				return nil, fmt.Errorf("-mem-connectors %d needs about %d open files in this process and in the edge, but the limit is %d (raise ulimit -n)", n, need, limit)
 			}
 		}

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,11 +25,21 @@ const memPerConnectorTarget = 64 << 10
 // memTargetConnectors is how many idle connectors one edge must hold.
 const memTargetConnectors = 10000
 
+// memDataConnsPerSession is how many idle data connections a connector keeps open while it
+// has a TCP tunnel (the tunnel package's pool size), for -mem-proto tcp's open-file count.
+const memDataConnsPerSession = 4
+
+// memTCPPorts is how many TCP ports the bench's edge has (pickPortRange): one per TCP group.
+const memTCPPorts = 100
+
 // memSummary is the edge's memory at one connector count.
 type memSummary struct {
-	n, groups                            int
-	connected, registered                int
-	base, sessions, members, closed      memSample
+	n, groups                       int
+	connected, registered           int
+	base, sessions, members, closed memSample
+	// fdsBase, fdsSessions and fdsMembers are the edge's open files (sockets, mostly) at
+	// the same moments as base, sessions and members.
+	fdsBase, fdsSessions, fdsMembers     int
 	connectTime, registerTime, closeTime time.Duration
 	reachable, checked                   int
 }
@@ -85,6 +100,9 @@ func (b *bench) memOnce(ctx context.Context, n int, target string) (s memSummary
 	if s.base, err = e.mem(ctx); err != nil {
 		return s, err
 	}
+	if s.fdsBase, err = countFDs(e.PID); err != nil {
+		return s, err
+	}
 
 	sessions := make([]*tunnel.Session, n)
 	closed := false
@@ -140,21 +158,46 @@ func (b *bench) memOnce(ctx context.Context, n int, target string) (s memSummary
 	if s.sessions, err = e.mem(ctx); err != nil {
 		return s, err
 	}
+	if s.fdsSessions, err = countFDs(e.PID); err != nil {
+		return s, err
+	}
 
-	b.say("mem %d: registering one HTTP tunnel per session", n)
+	tcp := b.cfg.memProto == "tcp"
+	var portsMu sync.Mutex
+	ports := map[string]int{} // TCP: each group's public port
+	b.say("mem %d: registering one %s tunnel per session", n, strings.ToUpper(b.cfg.memProto))
 	s.registerTime, s.registered, err = phase("tunnel", func(ctx context.Context, i int) error {
 		sub, grp := b.route(i)
 		spec := tunnel.TunnelSpec{Subdomain: sub, Group: grp}
 		if grp != "" {
 			spec.GroupKey = "bench"
 		}
-		_, err := sessions[i].Forward(ctx, spec, target)
+		if tcp {
+			spec = tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: grp, GroupKey: "bench"}
+		}
+		t, err := sessions[i].Forward(ctx, spec, target)
+		if err == nil && tcp {
+			portsMu.Lock()
+			ports[grp] = t.Port()
+			portsMu.Unlock()
+		}
 		return err
 	})
 	if err != nil {
 		return s, err
 	}
+	if tcp {
+		// Each connector now opens its idle data connections: measured once they are all
+		// there (the edge's open files stop growing).
+		b.say("mem %d: waiting for the connectors' data connections", n)
+		if _, err = settledFDs(ctx, e.PID, s.fdsSessions+n*memDataConnsPerSession); err != nil {
+			return s, err
+		}
+	}
 	if s.members, err = e.mem(ctx); err != nil {
+		return s, err
+	}
+	if s.fdsMembers, err = countFDs(e.PID); err != nil {
 		return s, err
 	}
 	gs, err := e.groups(ctx)
@@ -182,8 +225,14 @@ func (b *bench) memOnce(ctx context.Context, n int, target string) (s memSummary
 		step = max(step, b.cfg.memGroupSize)
 	}
 	for i := 0; i < n; i += step {
-		sub, _ := b.route(i)
+		sub, grp := b.route(i)
 		s.checked++
+		if tcp {
+			if tcpRouteAnswers(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[grp]))) {
+				s.reachable++
+			}
+			continue
+		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.Public+"/tiny", nil)
 		if err != nil {
 			return s, err
@@ -216,7 +265,10 @@ func (b *bench) memOnce(ctx context.Context, n int, target string) (s memSummary
 
 func (b *bench) memSection(ss []memSummary) *section {
 	layout := fmt.Sprintf("groups of %d members (HTTP, one subdomain per group)", b.cfg.memGroupSize)
-	if b.cfg.memGroupSize == 0 {
+	switch {
+	case b.cfg.memProto == "tcp":
+		layout = fmt.Sprintf("groups of %d members (TCP, one public port per group; each connector keeps %d idle data connections to the edge besides its control connection, which the open files count)", b.cfg.memGroupSize, memDataConnsPerSession)
+	case b.cfg.memGroupSize == 0:
 		layout = "solo HTTP tunnels (one subdomain each)"
 	}
 	sec := &section{title: "Edge memory per idle connector (edge in its own process; after runtime.GC and debug.FreeOSMemory)"}
@@ -242,6 +294,7 @@ func (b *bench) memSection(ss []memSummary) *section {
 		}
 		sec.add(row{metric: fmt.Sprintf("N=%d: edge goroutine stacks per connector", s.n), tunnel: fmtKiB(s.per(s.base, s.members, stackOf))})
 		sec.add(row{metric: fmt.Sprintf("N=%d: edge goroutines per connector", s.n), tunnel: fmt.Sprintf("%.2f", s.per(s.base, s.members, gorOf))})
+		sec.add(row{metric: fmt.Sprintf("N=%d: edge open files (sockets) per connector", s.n), tunnel: fmt.Sprintf("%.2f", float64(s.fdsMembers-s.fdsBase)/float64(s.n))})
 		sec.add(row{metric: fmt.Sprintf("N=%d: routes answering 200 afterwards", s.n), tunnel: fmt.Sprintf("%d of %d checked", s.reachable, s.checked),
 			target: "all", result: check(s.reachable == s.checked)})
 		sec.note("N=%d: edge baseline heap %s, RSS %s, %d goroutines; with the connectors heap %s, RSS %s, %d goroutines",
@@ -256,6 +309,48 @@ func (b *bench) memSection(ss []memSummary) *section {
 	sec.note("after closing, the edge's heap stays above its baseline mostly because the Go runtime never frees a goroutine's descriptor (about 0.5 KiB each, kept for reuse) once created, and 4 goroutines per connector were running; goroutines return to the baseline count (see -mem-heapprofile)")
 	sec.note("layout: %s; the members' local target is one backend, and no request flows until the memory is measured; every connector is its own session (its own TCP connection)", layout)
 	return sec
+}
+
+// settledFDs waits until process pid has at least want open files, or until their count
+// has not changed for a second (at most a minute), and returns the count.
+func settledFDs(ctx context.Context, pid, want int) (int, error) {
+	last, since := -1, time.Now()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		n, err := countFDs(pid)
+		if err != nil || n >= want || time.Now().After(deadline) {
+			return n, err
+		}
+		if n != last {
+			last, since = n, time.Now()
+		} else if time.Since(since) >= time.Second {
+			return n, nil
+		}
+		if err := sleep(ctx, 50*time.Millisecond); err != nil {
+			return n, err
+		}
+	}
+}
+
+// tcpRouteAnswers reports whether a GET /tiny through the TCP route at addr (its backend is
+// the HTTP backend) is answered 200.
+func tcpRouteAnswers(ctx context.Context, addr string) bool {
+	d := net.Dialer{Timeout: 10 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "GET /tiny HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"); err != nil {
+		return false
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return false
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 func fmtMiB(n uint64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
