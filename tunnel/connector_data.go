@@ -293,6 +293,7 @@ func (d *connData) serve(dc net.Conn) {
 				_ = dc.Close()
 				return
 			}
+			proxy.QuickAck(dc)
 			proxy.JoinData(c.ctx, local, dc, func() bool { _, err := c.mux.Ping(); return err == nil })
 			return
 		}

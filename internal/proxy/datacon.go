@@ -190,6 +190,7 @@ func (t *Tunnel) openData(remoteAddr string, timeout time.Duration) (net.Conn, e
 	switch a := wire.Ack(ack[0]); a {
 	case wire.AckOK:
 		_ = c.SetDeadline(time.Time{})
+		QuickAck(c)
 		d.pool.stats.Used.Add(1)
 		return c, nil
 	case wire.AckUseStream:
