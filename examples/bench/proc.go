@@ -28,10 +28,13 @@ import (
 //
 //	Warren:  load → edge (HTTP port, or a TCP group's port) → connector 1|2 → backend 1|2
 //	relays:  load → relay A → relay B → backend 1|2   (plain copy loops, two processes)
+//	proxy:   load → net/http proxy → relay B → backend 1|2   (HTTP tiny responses only)
 //	direct:  load → backend 1|2
 //
 // The relays come in two kinds: io.Copy between *net.TCPConn (splice on Linux) and a
-// read/write loop through 64 KiB buffers (no splice). With -control tls the edge's control
+// read/write loop through 64 KiB buffers (no splice). The HTTP figure has a third floor:
+// an httputil.ReverseProxy with net/http's server and Transport in relay A's (the edge's)
+// place, and the io.Copy relay B in the connector's. With -control tls the edge's control
 // listener speaks TLS and the connectors verify it; the relay floor of those rows runs TLS
 // between relay A and relay B, the link that stands for the control connection.
 
@@ -51,7 +54,7 @@ type linkHook func(ctx context.Context, controlPort int) (stop func() error, err
 
 // procPath is one way the load reaches the backends.
 type procPath struct {
-	kind string // "warren", copySplice, copyBuf or "direct"
+	kind string // "warren", copySplice, copyBuf, copyHTTP, pathLink or "direct"
 	tls  bool   // Warren: TLS control connections; relays: TLS between relay A and relay B
 }
 
@@ -67,6 +70,8 @@ func (p procPath) String() string {
 		return "relays io.Copy, " + ctl
 	case copyBuf:
 		return "relays 64 KiB, " + ctl
+	case copyHTTP:
+		return "net/http proxy, " + ctl
 	case pathLink:
 		return "plain TCP over the link"
 	}
@@ -103,7 +108,8 @@ func (e *procEdge) pids() []int {
 }
 
 // procRelay is one relay chain of the floor. Relay A's listeners are, by route: the two
-// HTTP backends, the two sinks, the two one-byte servers.
+// HTTP backends, the two sinks, the two one-byte servers (the net/http proxy: the two HTTP
+// backends only).
 type procRelay struct {
 	a, b  *procChild
 	addrs []string
@@ -131,10 +137,13 @@ type procLayout struct {
 	load     *procChild
 	edges    map[bool]*procEdge
 	relays   map[procPath]*procRelay
-	paths    []procPath
-	children []*procChild
-	stops    []func() error // of the link hook
-	taken    map[int]bool   // ports handed out
+	paths    []procPath // the paths of every figure
+	// httpPaths are the paths of the HTTP tiny-response figure: paths and, except under
+	// -wan-rtt, the net/http proxy floor.
+	httpPaths []procPath
+	children  []*procChild
+	stops     []func() error // of the link hook
+	taken     map[int]bool   // ports handed out
 }
 
 // Credentials of the generated configuration (loopback only).
@@ -154,7 +163,7 @@ func (b *bench) runProcesses(ctx context.Context, rep *report) (err error) {
 	if err := l.setUp(ctx); err != nil {
 		return err
 	}
-	s := &procSummary{paths: l.paths, controls: b.cfg.controls, streams: b.cfg.tcpStreams, noise: map[string]*procNoise{}}
+	s := &procSummary{paths: l.paths, httpPaths: l.httpPaths, controls: b.cfg.controls, streams: b.cfg.tcpStreams, noise: map[string]*procNoise{}}
 	rep.proc = s
 	if b.wan != nil {
 		return l.runWAN(ctx, s, rep)
@@ -254,7 +263,21 @@ func (l *procLayout) setUp(ctx context.Context) error {
 	if l.b.wan != nil {
 		l.paths = append(l.paths, procPath{kind: pathLink})
 	}
+	l.httpPaths = slices.Clone(l.paths)
+	if l.b.wan == nil && slices.Contains(l.b.cfg.scenarios, "http") {
+		// The net/http proxy floor: the HTTP tiny-response figure only.
+		for _, t := range l.b.cfg.controls {
+			p := procPath{kind: copyHTTP, tls: t}
+			r, err := l.startRelay(ctx, copyHTTP, t)
+			if err != nil {
+				return err
+			}
+			l.relays[p] = r
+			l.httpPaths = append(l.httpPaths, p)
+		}
+	}
 	l.paths = append(l.paths, procPath{kind: "direct"})
+	l.httpPaths = append(l.httpPaths, procPath{kind: "direct"})
 	return nil
 }
 
@@ -471,9 +494,14 @@ func waitFor(ctx context.Context, child *procChild, what string, ready func() (b
 }
 
 // startRelay starts one relay chain of the floor: relay B, on a port the link hook sees
-// first, and relay A.
+// first, and relay A. With mode copyHTTP relay A is the net/http proxy, with one listener
+// per HTTP backend, and relay B copies with io.Copy.
 func (l *procLayout) startRelay(ctx context.Context, mode string, useTLS bool) (*procRelay, error) {
 	p := procPath{kind: mode, tls: useTLS}
+	modeB, routes := mode, 6
+	if mode == copyHTTP {
+		modeB, routes = copySplice, 2
+	}
 	ps, err := freePorts(1, l.taken)
 	if err != nil {
 		return nil, err
@@ -484,7 +512,7 @@ func (l *procLayout) startRelay(ctx context.Context, mode string, useTLS bool) (
 	}
 	be0, be1 := l.backends[0], l.backends[1]
 	targets := strings.Join([]string{be0.HTTP, be1.HTTP, be0.Sink, be1.Sink, be0.OneByte, be1.OneByte}, ",")
-	args := []string{"-role", "b", "-copy", mode, "-listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), "-targets", targets}
+	args := []string{"-role", "b", "-copy", modeB, "-listen", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), "-targets", targets}
 	if useTLS {
 		args = append(args, "-tls", "-cert", l.cert, "-key", l.key)
 	}
@@ -496,7 +524,7 @@ func (l *procLayout) startRelay(ctx context.Context, mode string, useTLS bool) (
 	if err := r.b.readJSON(ctx, 30*time.Second, &bAddrs); err != nil {
 		return nil, err
 	}
-	args = []string{"-role", "a", "-copy", mode, "-next", bAddrs.Addrs[0], "-routes", "6"}
+	args = []string{"-role", "a", "-copy", mode, "-next", bAddrs.Addrs[0], "-routes", strconv.Itoa(routes)}
 	if useTLS {
 		args = append(args, "-tls", "-ca", l.cert)
 	}
@@ -507,8 +535,8 @@ func (l *procLayout) startRelay(ctx context.Context, mode string, useTLS bool) (
 	if err := r.a.readJSON(ctx, 30*time.Second, &aAddrs); err != nil {
 		return nil, err
 	}
-	if len(aAddrs.Addrs) != 6 {
-		return nil, fmt.Errorf("relay A announced %d listeners, want 6", len(aAddrs.Addrs))
+	if len(aAddrs.Addrs) != routes {
+		return nil, fmt.Errorf("relay A announced %d listeners, want %d", len(aAddrs.Addrs), routes)
 	}
 	r.addrs = aAddrs.Addrs
 	return r, nil
@@ -613,16 +641,21 @@ func (m *procMeter) stop() (others, steal float64, err error) {
 	return max(0, (busy-m.busy-(ours-m.ours)).Seconds()/wall), (st - m.steal).Seconds() / wall, nil
 }
 
-// rounds runs f on every path -runs times. Each round takes the paths in a different
-// order (rotated by one), so that no path always runs first or after the same one. A run
-// during which other processes used more than noisyCores is run again, up to
-// -noisy-retries times.
+// rounds runs f on every path of l.paths -runs times, like roundsOver.
 func (l *procLayout) rounds(ctx context.Context, what string, f func(procPath) (commit func(), err error)) (*procNoise, error) {
+	return l.roundsOver(ctx, what, l.paths, f)
+}
+
+// roundsOver runs f on every path of paths -runs times. Each round takes the paths in a
+// different order (rotated by one), so that no path always runs first or after the same
+// one. A run during which other processes used more than noisyCores is run again, up to
+// -noisy-retries times.
+func (l *procLayout) roundsOver(ctx context.Context, what string, paths []procPath, f func(procPath) (commit func(), err error)) (*procNoise, error) {
 	n := &procNoise{others: map[procPath]series{}}
 	runs := l.b.cfg.runs
 	for r := range runs {
-		k := r % len(l.paths)
-		order := append(slices.Clone(l.paths[k:]), l.paths[:k]...)
+		k := r % len(paths)
+		order := append(slices.Clone(paths[k:]), paths[:k]...)
 		for _, p := range order {
 			for attempt := 0; ; attempt++ {
 				if err := ctx.Err(); err != nil {
@@ -699,16 +732,17 @@ type procHTTPFig struct {
 
 // procSummary is what the process layout measured.
 type procSummary struct {
-	paths    []procPath
-	controls []bool // false: plain, true: TLS
-	streams  int
-	tcp1     map[procPath]*procTCPFig
-	tcpN     map[procPath]*procTCPFig
-	ttfb     map[procPath]*procTTFBFig
-	http     map[procPath]*procHTTPFig
-	http1    map[procPath]*procHTTPFig // -wan-rtt: one client
-	cold     map[procPath]series       // -wan-rtt: requests on a new member stream, ns
-	noise    map[string]*procNoise     // by figure: "tcp1", "tcpN", "ttfb", "http"
+	paths     []procPath
+	httpPaths []procPath // of http: paths and the net/http proxy floor
+	controls  []bool     // false: plain, true: TLS
+	streams   int
+	tcp1      map[procPath]*procTCPFig
+	tcpN      map[procPath]*procTCPFig
+	ttfb      map[procPath]*procTTFBFig
+	http      map[procPath]*procHTTPFig
+	http1     map[procPath]*procHTTPFig // -wan-rtt: one client
+	cold      map[procPath]series       // -wan-rtt: requests on a new member stream, ns
+	noise     map[string]*procNoise     // by figure: "tcp1", "tcpN", "ttfb", "http"
 }
 
 // measureTCP measures one stream of -tcp-bytes and -tcp-streams concurrent streams sharing
@@ -774,15 +808,16 @@ func (l *procLayout) measureHTTP(ctx context.Context, s *procSummary) error {
 	return err
 }
 
-// measureHTTPClients measures tiny responses at clients keep-alive clients on every path.
+// measureHTTPClients measures tiny responses at clients keep-alive clients on every path
+// of l.httpPaths.
 func (l *procLayout) measureHTTPClients(ctx context.Context, clients int) (map[procPath]*procHTTPFig, *procNoise, error) {
 	figs := map[procPath]*procHTTPFig{}
-	for _, p := range l.paths {
+	for _, p := range l.httpPaths {
 		figs[p] = &procHTTPFig{}
 	}
 	cfg := l.b.cfg
 	warmup := min(time.Second, cfg.duration/5)
-	n, err := l.rounds(ctx, fmt.Sprintf("http tiny, %d clients", clients), func(p procPath) (func(), error) {
+	n, err := l.roundsOver(ctx, fmt.Sprintf("http tiny, %d clients", clients), l.httpPaths, func(p procPath) (func(), error) {
 		var targets []procTarget
 		switch p.kind {
 		case "warren":
@@ -958,24 +993,34 @@ func (s *procSummary) ttfbSection(cfg *config) *section {
 	return sec
 }
 
+// procHTTPCols are the columns of the HTTP tiny-response table: procCols and the net/http
+// proxy floor, which runs in that figure only.
+var procHTTPCols = []string{"figure", "Warren", "relays, io.Copy (splice)", "relays, 64 KiB buffers", "net/http proxy", "direct", "comparison", "target"}
+
 func (s *procSummary) httpSection(cfg *config) *section {
-	sec := &section{cols: procCols, title: fmt.Sprintf("Process layout, HTTP tiny responses (3 B): %d keep-alive clients, %s per run, median of %d alternated rounds", cfg.clients, cfg.duration, cfg.runs)}
+	sec := &section{cols: procHTTPCols, title: fmt.Sprintf("Process layout, HTTP tiny responses (3 B): %d keep-alive clients, %s per run, median of %d alternated rounds", cfg.clients, cfg.duration, cfg.runs)}
 	direct := s.http[procPath{kind: "direct"}]
+	fig := func(kind string, t bool) *procHTTPFig {
+		if f := s.http[procPath{kind, t}]; f != nil {
+			return f
+		}
+		return &procHTTPFig{} // not measured: its cells read as zero / NaN
+	}
 	for _, t := range s.controls {
-		w, sp, bf := s.http[procPath{"warren", t}], s.http[procPath{copySplice, t}], s.http[procPath{copyBuf, t}]
+		w, sp, bf, hp := fig("warren", t), fig(copySplice, t), fig(copyBuf, t), fig(copyHTTP, t)
 		ctl := ctlName(t)
 		rr := ratio(w.rps.median(), direct.rps.median())
-		sec.add(row{cells: []string{"requests/s, " + ctl, fmtRate(w.rps.median()), fmtRate(sp.rps.median()), fmtRate(bf.rps.median()), fmtRate(direct.rps.median()),
-			fmt.Sprintf("%s direct; %s io.Copy relays", fmtRatio(rr), fmtRatio(ratio(w.rps.median(), sp.rps.median()))),
+		sec.add(row{cells: []string{"requests/s, " + ctl, fmtRate(w.rps.median()), fmtRate(sp.rps.median()), fmtRate(bf.rps.median()), fmtRate(hp.rps.median()), fmtRate(direct.rps.median()),
+			fmt.Sprintf("%s direct; %s io.Copy relays; %s net/http proxy", fmtRatio(rr), fmtRatio(ratio(w.rps.median(), sp.rps.median())), fmtRatio(ratio(w.rps.median(), hp.rps.median()))),
 			fmt.Sprintf("≥ %.2f× direct", procRPSTarget)}, result: check(rr >= procRPSTarget)})
 		for _, q := range []struct {
 			name string
 			get  func(*procHTTPFig) series
 		}{{"latency p50", func(f *procHTTPFig) series { return f.p50 }}, {"latency p99", func(f *procHTTPFig) series { return f.p99 }}, {"latency p99.9", func(f *procHTTPFig) series { return f.p999 }}} {
 			dm := medDur(q.get(direct))
-			wa, sa, ba := medDur(q.get(w))-dm, medDur(q.get(sp))-dm, medDur(q.get(bf))-dm
-			r := row{cells: []string{q.name + ", " + ctl, fmtDur(medDur(q.get(w))), fmtDur(medDur(q.get(sp))), fmtDur(medDur(q.get(bf))), fmtDur(dm),
-				fmt.Sprintf("added: Warren %s; io.Copy relays %s; 64 KiB relays %s", fmtAdded(wa), fmtAdded(sa), fmtAdded(ba))}}
+			wa, sa, ba, ha := medDur(q.get(w))-dm, medDur(q.get(sp))-dm, medDur(q.get(bf))-dm, medDur(q.get(hp))-dm
+			r := row{cells: []string{q.name + ", " + ctl, fmtDur(medDur(q.get(w))), fmtDur(medDur(q.get(sp))), fmtDur(medDur(q.get(bf))), fmtDur(medDur(q.get(hp))), fmtDur(dm),
+				fmt.Sprintf("added: Warren %s; io.Copy relays %s; 64 KiB relays %s; net/http proxy %s", fmtAdded(wa), fmtAdded(sa), fmtAdded(ba), fmtAdded(ha))}}
 			if q.name == "latency p99" {
 				r.cells = append(r.cells, fmt.Sprintf("added ≤ io.Copy relays' added %s", fmtAdded(procP99Allowance)))
 				r.result = check(wa <= sa+procP99Allowance)
@@ -984,36 +1029,38 @@ func (s *procSummary) httpSection(cfg *config) *section {
 		}
 		cpu := func(f *procHTTPFig, i int) string { return fmtDur(time.Duration(colMedian(f.cpuPerReq, i))) }
 		we := time.Duration(colMedian(w.cpuPerReq, 0))
-		sec.add(row{cells: []string{"CPU per request, edge / relay A, " + ctl, fmtDur(we), cpu(sp, 0), cpu(bf, 0), "", fmtRatio(ratio(float64(we), colMedian(sp.cpuPerReq, 0))) + " io.Copy relay A",
+		sec.add(row{cells: []string{"CPU per request, edge / relay A, " + ctl, fmtDur(we), cpu(sp, 0), cpu(bf, 0), cpu(hp, 0), "",
+			fmt.Sprintf("%s io.Copy relay A; %s net/http proxy relay A", fmtRatio(ratio(float64(we), colMedian(sp.cpuPerReq, 0))), fmtRatio(ratio(float64(we), colMedian(hp.cpuPerReq, 0)))),
 			fmt.Sprintf("edge ≤ %s", fmtDur(procCPUTarget))}, result: check(we <= procCPUTarget)})
-		sec.add(row{cells: []string{"CPU per request, each connector / relay B, " + ctl, cpu(w, 1) + " + " + cpu(w, 2), cpu(sp, 1), cpu(bf, 1)}})
+		sec.add(row{cells: []string{"CPU per request, each connector / relay B, " + ctl, cpu(w, 1) + " + " + cpu(w, 2), cpu(sp, 1), cpu(bf, 1), cpu(hp, 1)}})
 	}
 	failed, total := 0, 0
-	for _, p := range s.paths {
+	for _, p := range s.httpPaths {
 		failed, total = failed+s.http[p].failed, total+s.http[p].ok+s.http[p].failed
 	}
-	sec.add(row{cells: []string{"failed requests", fmt.Sprintf("%d of %d (all paths)", failed, total), "", "", "", "", "0"}, result: check(failed == 0)})
+	sec.add(row{cells: []string{"failed requests", fmt.Sprintf("%d of %d (all paths)", failed, total), "", "", "", "", "", "0"}, result: check(failed == 0)})
 	sec.note("%s", layoutNote())
-	sec.note("Warren: the clients → the edge's HTTP port, Host pool.%s → 2-member HTTP group (one member per connector); relays and direct: client i → backend i mod 2; a closed loop of %d clients, each with its own keep-alive connection; CPU per request from /proc/<pid>/stat over the recorded part of each run ÷ requests answered",
+	sec.note("net/http proxy: load → relay A → relay B → backend i, with an httputil.ReverseProxy with net/http's server and Transport in the edge's place (one listener and one Transport per backend, keep-alive both sides, HTTP/1.1, X-Forwarded-* set, Host kept; each upstream connection to relay B carries one route, named in its first byte) and the io.Copy relay B in the connector's place; this floor runs in this table only")
+	sec.note("Warren: the clients → the edge's HTTP port, Host pool.%s → 2-member HTTP group (one member per connector); relays, net/http proxy and direct: client i → backend i mod 2; a closed loop of %d clients, each with its own keep-alive connection; CPU per request from /proc/<pid>/stat over the recorded part of each run ÷ requests answered",
 		benchDomain, cfg.clients)
 	sec.note("the p99 target compares the latency each path adds over direct: Warren's added p99 ≤ the io.Copy relays' added p99 + %s, per control mode", fmtDur(procP99Allowance))
 	var rps, p99 []string
-	for _, p := range s.paths {
+	for _, p := range s.httpPaths {
 		rps = append(rps, p.String()+" "+s.http[p].rps.list(fmtNum))
 		p99 = append(p99, p.String()+" "+s.http[p].p99.list(fmtDurF))
 	}
 	sec.note("per round, requests/s: %s", strings.Join(rps, "; "))
 	sec.note("per round, p99: %s", strings.Join(p99, "; "))
 	var dials []string
-	for _, p := range s.paths {
+	for _, p := range s.httpPaths {
 		dials = append(dials, fmt.Sprintf("%s %d", p, s.http[p].dials))
 	}
 	sec.note("client connections opened (all runs): %s; %d means every client kept its one keep-alive connection", strings.Join(dials, ", "), cfg.clients*cfg.runs)
-	for _, p := range s.paths {
+	for _, p := range s.httpPaths {
 		if f := s.http[p]; f.failed > 0 {
 			sec.note("%s: %d failed requests, e.g. %s", p, f.failed, strings.Join(f.failures, "; "))
 		}
 	}
-	sec.note("%s", s.noise["http"].note(s.paths))
+	sec.note("%s", s.noise["http"].note(s.httpPaths))
 	return sec
 }

@@ -10,7 +10,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -115,6 +119,9 @@ type procRelayAddrs struct {
 const (
 	copyBuf    = "buf"    // a read/write loop through a 64 KiB buffer, which cannot splice
 	copySplice = "splice" // io.Copy between the two *net.TCPConn, which splices on Linux
+	// copyHTTP is relay A only: an HTTP reverse proxy (httputil.ReverseProxy, net/http's
+	// server and Transport) on each route's listener, its upstream connections to relay B.
+	copyHTTP = "http"
 )
 
 // procRelayMain is one plain relay of the floor's chain: client → relay A → relay B →
@@ -122,11 +129,12 @@ const (
 // (over TLS with -tls), writes the route's index as one byte, and copies both ways. Relay B
 // listens on one port (the link's, like the edge's control port), reads the index, dials
 // that route's target and copies both ways. Past that byte both copy the bytes as they are.
+// With -copy http relay A is an HTTP reverse proxy instead (httpRelayA).
 func procRelayMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench relay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	role := fs.String("role", "", `"a" (edge-like) or "b" (connector-like)`)
-	mode := fs.String("copy", copySplice, `"buf" (64 KiB buffers) or "splice" (io.Copy)`)
+	mode := fs.String("copy", copySplice, `"buf" (64 KiB buffers), "splice" (io.Copy) or, relay A only, "http" (net/http reverse proxy)`)
 	useTLS := fs.Bool("tls", false, "TLS between relay A and relay B")
 	listen := fs.String("listen", "127.0.0.1:0", "relay B: its listener")
 	cert := fs.String("cert", "", "relay B with -tls: certificate (PEM)")
@@ -139,8 +147,8 @@ func procRelayMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 		return 2
 	}
 	fail := func(err error) int { fmt.Fprintln(stderr, "bench relay:", err); return 1 }
-	if *mode != copyBuf && *mode != copySplice {
-		return fail(fmt.Errorf("-copy must be %q or %q, got %q", copyBuf, copySplice, *mode))
+	if *mode != copyBuf && *mode != copySplice && (*mode != copyHTTP || *role != "a") {
+		return fail(fmt.Errorf("-copy must be %q, %q or, with -role a, %q; got %q", copyBuf, copySplice, copyHTTP, *mode))
 	}
 	var servers []*tcpBackend
 	defer func() {
@@ -191,8 +199,13 @@ func procRelayMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int
 			if err != nil {
 				return fail(err)
 			}
-			servers = append(servers, serveTCP(ln, relayAConn(*next, byte(i), cfg, *mode)))
 			out.Addrs = append(out.Addrs, ln.Addr().String())
+			if *mode == copyHTTP {
+				p := startHTTPRelayA(ln, *next, byte(i), cfg, stderr)
+				defer p.close()
+				continue
+			}
+			servers = append(servers, serveTCP(ln, relayAConn(*next, byte(i), cfg, *mode)))
 		}
 	default:
 		return fail(fmt.Errorf(`-role must be "a" or "b", got %q`, *role))
@@ -214,23 +227,91 @@ func serveTCP(ln net.Listener, handle func(net.Conn)) *tcpBackend {
 // relayAConn dials relay B, names the route, and copies both ways.
 func relayAConn(next string, route byte, cfg *tls.Config, mode string) func(net.Conn) {
 	return func(c net.Conn) {
-		d := &net.Dialer{Timeout: 5 * time.Second}
-		var u net.Conn
-		var err error
-		if cfg != nil {
-			u, err = (&tls.Dialer{NetDialer: d, Config: cfg}).Dial("tcp", next)
-		} else {
-			u, err = d.Dial("tcp", next)
-		}
+		u, err := relayDial(context.Background(), next, route, cfg)
 		if err != nil {
 			return
 		}
 		defer u.Close()
-		if _, err := u.Write([]byte{route}); err != nil {
-			return
-		}
 		pipe(c, u, mode)
 	}
+}
+
+// relayDial dials relay B (over TLS when cfg is set) and names the route in the first byte.
+func relayDial(ctx context.Context, next string, route byte, cfg *tls.Config) (net.Conn, error) {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	var u net.Conn
+	var err error
+	if cfg != nil {
+		u, err = (&tls.Dialer{NetDialer: d, Config: cfg}).DialContext(ctx, "tcp", next)
+	} else {
+		u, err = d.DialContext(ctx, "tcp", next)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if _, err := u.Write([]byte{route}); err != nil {
+		_ = u.Close()
+		return nil, fmt.Errorf("naming route %d to relay B: %w", route, err)
+	}
+	return u, nil
+}
+
+// httpRelayA is one route of relay A in copyHTTP mode: an http.Server whose handler is an
+// httputil.ReverseProxy, forwarding over its own http.Transport whose every connection is
+// to relay B and carries this route only.
+type httpRelayA struct {
+	srv    *http.Server
+	tr     *http.Transport
+	served chan struct{} // closed when Serve has returned
+}
+
+// startHTTPRelayA serves the reverse proxy of route on ln; the proxy's errors go to stderr.
+func startHTTPRelayA(ln net.Listener, next string, route byte, cfg *tls.Config, stderr io.Writer) *httpRelayA {
+	tr := &http.Transport{
+		Proxy: nil,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return relayDial(ctx, next, route, cfg)
+		},
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: 30 * time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}
+	// Any host: DialContext ignores the address and dials relay B.
+	upstream := &url.URL{Scheme: "http", Host: "relay-b.invalid"}
+	logger := log.New(stderr, fmt.Sprintf("bench relay A, route %d: ", route), 0)
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(upstream)
+			pr.SetXForwarded()
+			pr.Out.Host = pr.In.Host
+		},
+		Transport: tr,
+		ErrorLog:  logger,
+	}
+	p := &httpRelayA{
+		srv: &http.Server{
+			Handler:           rp,
+			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       2 * time.Minute,
+			ErrorLog:          logger,
+		},
+		tr:     tr,
+		served: make(chan struct{}),
+	}
+	go func() { // owned: close waits for served
+		defer close(p.served)
+		_ = p.srv.Serve(ln) // http.ErrServerClosed once close is called
+	}()
+	return p
+}
+
+// close stops serving, closes every connection on both sides and waits for Serve.
+func (p *httpRelayA) close() {
+	_ = p.srv.Close()
+	p.tr.CloseIdleConnections()
+	<-p.served
 }
 
 // relayBConn reads the route's index, dials its target and copies both ways.
