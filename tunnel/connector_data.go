@@ -210,6 +210,7 @@ func (d *connData) open() error {
 	if err != nil {
 		return fmt.Errorf("dialling: %w", err)
 	}
+	proxy.SetDataReadBuffer(dc, s.opts.dataReadBuffer)
 	if d.tls != nil {
 		tc := tls.Client(dc, d.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {

@@ -94,6 +94,12 @@ type ServerConfig struct {
 	// OpenTimeout bounds opening a data stream to a member, including its
 	// acknowledgement (the connector dials its backend first). Default 10 s.
 	OpenTimeout time.Duration
+	// DataReadBuffer fixes the receive buffer (SO_RCVBUF) of the edge's side of each data
+	// connection — the dedicated connections that carry TCP tunnels' public connections and
+	// receive their downloads — at this many bytes; 0 (the default) leaves it to the kernel's
+	// autotuning. For long links between connectors and the edge; see
+	// WithDataReadBuffer for the connector's side, what it buys and what it costs.
+	DataReadBuffer int
 	// DrainTimeout bounds how long a draining member's open streams may run before it is
 	// removed anyway. Default 30 s.
 	DrainTimeout time.Duration

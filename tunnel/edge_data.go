@@ -188,6 +188,7 @@ func (s *Server) serveData(c net.Conn, slot *throttle.Slot, deadline time.Time) 
 		return refuse(&s.data.stats.Unwanted, "answering the preamble", err)
 	}
 	_ = c.SetDeadline(time.Time{})
+	proxy.SetDataReadBuffer(c, s.cfg.DataReadBuffer)
 	if !e.data.pool.Put(c) {
 		s.data.stats.Unwanted.Add(1)
 		return fmt.Errorf("%w: the session ended", errDataRefused)

@@ -563,6 +563,9 @@ func notAppliedSettings(prev, next *config.Client) []string {
 	if prev.DrainTimeout != next.DrainTimeout {
 		out = append(out, fmt.Sprintf("drain_timeout_secs (%s -> %s): restart the connector to change it", prev.DrainTimeout, next.DrainTimeout))
 	}
+	if prev.DataReadBuffer != next.DataReadBuffer {
+		out = append(out, fmt.Sprintf("data_read_buffer (%d -> %d): restart the connector to change it", prev.DataReadBuffer, next.DataReadBuffer))
+	}
 	if prev.ControlSocket != next.ControlSocket {
 		out = append(out, "control_socket: the connector keeps listening where it started; restart it to move the socket")
 	}

@@ -169,7 +169,7 @@ func runStart(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if cfg == nil {
 		return code
 	}
-	opts := []tunnel.Option{tunnel.WithToken(cfg.AuthToken), tunnel.WithDrainTimeout(cfg.DrainTimeout)}
+	opts := []tunnel.Option{tunnel.WithToken(cfg.AuthToken), tunnel.WithDrainTimeout(cfg.DrainTimeout), tunnel.WithDataReadBuffer(cfg.DataReadBuffer)}
 	if cfg.TLS.Enabled {
 		tc, _ := tlsConfig(cfg.TLS) // loadConfig checked it
 		opts = append(opts, tunnel.WithTLS(tc))

@@ -84,3 +84,22 @@ func closeWrite(c net.Conn) {
 	}
 	_ = c.Close()
 }
+
+// SetDataReadBuffer fixes the receive buffer of data connection c at n bytes (SO_RCVBUF;
+// the kernel caps it at net.core.rmem_max and doubles it for its bookkeeping), when n > 0
+// and c is TCP or TLS over TCP. It is for long links: the kernel's autotuning grows the
+// buffer of a data connection that sat idle since it was opened slowly, over several round
+// trips of its first transfer, while a fixed buffer lets the sender fill the link at once.
+// A fixed buffer turns that autotuning off for c, and may hold up to n bytes of a transfer
+// whose reader is slower than its writer.
+func SetDataReadBuffer(c net.Conn, n int) {
+	if n <= 0 {
+		return
+	}
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetReadBuffer(n)
+	}
+}

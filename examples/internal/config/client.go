@@ -23,6 +23,10 @@ const (
 	HealthHTTP = "http"
 )
 
+// MaxDataReadBuffer bounds data_read_buffer (connector) and server.data_read_buffer (edge):
+// 256 MiB, far above any link's bandwidth-delay product worth a fixed buffer.
+const MaxDataReadBuffer = 256 << 20
+
 // Client is the connector's configuration file (config.yml) after defaults
 // have been applied. Each field mirrors one key of the file.
 type Client struct {
@@ -49,6 +53,10 @@ type Client struct {
 	// (control_socket); empty means the default. Relative paths in a file
 	// read by LoadClient are relative to the directory of that file.
 	ControlSocket string `yaml:"control_socket"`
+	// DataReadBuffer fixes the receive buffer of the connector's data connections
+	// (data_read_buffer, bytes; they carry the public connections of TCP tunnels): 0 (the
+	// default) leaves it to the kernel. For long links; see tunnel.WithDataReadBuffer.
+	DataReadBuffer int `yaml:"data_read_buffer"`
 	// Tunnels are the tunnels to register, in the order of the file.
 	// There is at least one.
 	Tunnels []Tunnel `yaml:"tunnels"`
@@ -271,6 +279,9 @@ func (c *Client) validate(r *reporter) {
 	r.invalid("control_socket", controlSocketProblem(c.ControlSocket))
 	if c.DrainTimeout <= 0 {
 		r.add("drain_timeout_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(c.DrainTimeout))
+	}
+	if c.DataReadBuffer < 0 || c.DataReadBuffer > MaxDataReadBuffer {
+		r.add("data_read_buffer", ErrInvalid, "must be 0 (the kernel's autotuning) to %d bytes, got %d", MaxDataReadBuffer, c.DataReadBuffer)
 	}
 
 	if len(c.Tunnels) == 0 {

@@ -102,6 +102,7 @@ tls:
   server_name: edge.example.org
   insecure_skip_verify: false
 drain_timeout_secs: 0.05
+data_read_buffer: 4194304
 tunnels:
   web-1:
     proto: https
@@ -125,11 +126,12 @@ tunnels:
 	cfg, err := config.ParseClient("c.yml", []byte(doc))
 	require.NoError(t, err)
 	require.Equal(t, &config.Client{
-		File:         "c.yml",
-		Server:       "[::1]:7000",
-		AuthToken:    "tok",
-		TLS:          config.ClientTLS{Enabled: true, CAPath: ca, ServerName: "edge.example.org"},
-		DrainTimeout: 50 * time.Millisecond,
+		File:           "c.yml",
+		Server:         "[::1]:7000",
+		AuthToken:      "tok",
+		TLS:            config.ClientTLS{Enabled: true, CAPath: ca, ServerName: "edge.example.org"},
+		DrainTimeout:   50 * time.Millisecond,
+		DataReadBuffer: 4 << 20,
 		Tunnels: []config.Tunnel{
 			{
 				Name: "web-1", Proto: "https", LocalHost: "backend.internal", LocalPort: 8443,
@@ -207,6 +209,12 @@ func TestClientErrors(t *testing.T) {
 			[]want{{1, "drain_timeout_secs", config.ErrInvalid, "got -2.5"}}},
 		{"drain infinite", "drain_timeout_secs: .inf\n" + tunnelDoc("proto: tcp", "local_port: 1"),
 			[]want{{1, "drain_timeout_secs", config.ErrInvalid, "finite"}}},
+
+		// data_read_buffer
+		{"data read buffer negative", "data_read_buffer: -1\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "data_read_buffer", config.ErrInvalid, "must be 0 (the kernel's autotuning) to 268435456 bytes, got -1"}}},
+		{"data read buffer huge", "data_read_buffer: 268435457\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "data_read_buffer", config.ErrInvalid, "got 268435457"}}},
 
 		// tunnels
 		{"tunnels missing", "server: localhost:4040\n",
@@ -341,7 +349,7 @@ func TestClientUnknownKeys(t *testing.T) {
 		want want
 	}{
 		{"root", "serverAddr: x\n" + tunnelDoc("proto: tcp", "local_port: 1"),
-			want{1, "serverAddr", config.ErrUnknownKey, "unknown key; expected one of: auth_token, control_socket, drain_timeout_secs, server, servers, tls, tunnels"}},
+			want{1, "serverAddr", config.ErrUnknownKey, "unknown key; expected one of: auth_token, control_socket, data_read_buffer, drain_timeout_secs, server, servers, tls, tunnels"}},
 		{"root typo", "auth_tokn: x\n" + tunnelDoc("proto: tcp", "local_port: 1"),
 			want{1, "auth_tokn", config.ErrUnknownKey, `did you mean "auth_token"?`}},
 		{"tls", "tls:\n  verify: false\n" + tunnelDoc("proto: tcp", "local_port: 1"),

@@ -164,6 +164,11 @@ type ServerSection struct {
 	// of the chain outside these prefixes. From any other peer the edge replaces them
 	// with its own. Default none.
 	TrustedProxies []string `toml:"trusted_proxies"`
+	// DataReadBuffer fixes the receive buffer of the edge's side of data connections
+	// (bytes; they carry TCP tunnels' public connections and receive their downloads): 0 (the
+	// default) leaves it to the kernel. For long links to connectors; see
+	// tunnel.ServerConfig.DataReadBuffer.
+	DataReadBuffer int `toml:"data_read_buffer"`
 }
 
 // Addr returns the "host:port" to listen on for port on the Bind address,
@@ -527,6 +532,9 @@ func (c *Server) validate(r *reporter) {
 	}
 	if s.RegionID == "" {
 		r.add("server.region_id", ErrInvalid, "must not be empty (leave it out for the default \"local\")")
+	}
+	if s.DataReadBuffer < 0 || s.DataReadBuffer > MaxDataReadBuffer {
+		r.add("server.data_read_buffer", ErrInvalid, "must be 0 (the kernel's autotuning) to %d bytes, got %d", MaxDataReadBuffer, s.DataReadBuffer)
 	}
 
 	c.validateTLS(r)

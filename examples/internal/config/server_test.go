@@ -84,6 +84,7 @@ control_port = 7000
 admin_port = 0
 region_id = "eu-1"
 state_dir = "/var/lib/warren"
+data_read_buffer = 8388608
 
 [tls]
 cert_path = '%s'
@@ -154,6 +155,7 @@ key_sha256 = "5fbf9bf10407864eb8562d42e245fd6435ebebff6cdea8cae46bec8da0b11e9a"
 		Server: config.ServerSection{
 			Domain: "edge.example.org", Bind: netip.MustParseAddr("::1"),
 			HTTPSPort: 8443, ControlPort: 7000, RegionID: "eu-1", StateDir: "/var/lib/warren",
+			DataReadBuffer: 8 << 20,
 		},
 		TLS: config.ServerTLS{CertPath: cert, KeyPath: key},
 		Auth: config.Auth{
@@ -293,6 +295,8 @@ func TestServerErrors(t *testing.T) {
 			[]want{{3, "server.https_port", config.ErrInvalid, "needs a [tls] table"}}},
 		{"region empty", serverDoc("region_id = \"\"\n"),
 			[]want{{3, "server.region_id", config.ErrInvalid, "must not be empty"}}},
+		{"data read buffer negative", serverDoc("data_read_buffer = -4096\n"),
+			[]want{{3, "server.data_read_buffer", config.ErrInvalid, "must be 0 (the kernel's autotuning) to 268435456 bytes, got -4096"}}},
 
 		// [auth]
 		{"require_auth without tokens", serverDoc("[auth]\nrequire_auth = true\n"),
