@@ -151,6 +151,7 @@ type config struct {
 	layout         string
 	controls       []bool        // -layout processes: the control connections measured, false plain, true TLS
 	wanRTT         time.Duration // -layout processes: the round trip added to the edge↔connector link (0: none)
+	dataReadBuffer int           // -layout processes: data_read_buffer of the edges and connectors (0: the kernel's)
 	wanJSON        string        // with -wan-rtt: also write the WAN figures as JSON to this file
 	markdown       string
 	cpuprofile     string
@@ -194,6 +195,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.edgeMode, "edge", "child", `where the edge runs: "child" (a child process) or "inproc" (this process; not for mem)`)
 	fs.StringVar(&c.layout, "layout", layoutShared, `"shared": connectors, backends and load generator in this process, the edge a child; "processes": every party its own process (examples/edge, 2 examples/connector, 2 backends, the load generator) next to a plain-relay floor in the same layout (scenarios http, tcp, ttfb)`)
 	control := fs.String("control", "both", `-layout processes: the edge's control connections, "plain", "tls" or "both" (rows side by side)`)
+	fs.IntVar(&c.dataReadBuffer, "data-read-buffer", 0, "-layout processes: data_read_buffer (bytes) of the edges' server.toml and the connectors' YAML, the fixed receive buffer of their data connections (0: the kernel's autotuning, the default)")
 	fs.DurationVar(&c.wanRTT, "wan-rtt", 0, "-layout processes: run the WAN scenario instead, with this round trip added to the link between the connectors and the edge (and the relay floor's equivalent link) in a network namespace of its own; needs root, ip and iptables (else it says why and exits 0 having run nothing); scenarios http (1 and -clients clients), tcp (1 stream; -tcp-bytes defaults to 64MiB here) and cold (single requests after the edge's idle member streams expired, about 1 min)")
 	fs.StringVar(&c.wanJSON, "wan-json", "", "with -wan-rtt: also write the WAN figures (medians) as JSON to this file")
 	fs.IntVar(&c.noisyRetries, "noisy-retries", 3, "run a tunnel or direct run again, up to this many times, when other processes used more than 0.25 cores during it")
@@ -245,6 +247,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-ttfb-conns must be between 1 and 100000, got %d", c.ttfbConns)
 	case c.memGroupSize < 0:
 		return nil, fmt.Errorf("-mem-group-size must not be negative, got %d", c.memGroupSize)
+	case c.dataReadBuffer < 0:
+		return nil, fmt.Errorf("-data-read-buffer must not be negative, got %d", c.dataReadBuffer)
 	case c.memParallel < 1:
 		return nil, fmt.Errorf("-mem-parallel must be positive, got %d", c.memParallel)
 	case c.memProto != "http" && c.memProto != "tcp":
@@ -278,6 +282,8 @@ func (c *config) processLayout(set map[string]bool, control string) error {
 			return errors.New("-control applies to -layout processes only")
 		case set["wan-rtt"] || set["wan-json"]:
 			return errors.New("-wan-rtt and -wan-json apply to -layout processes only")
+		case set["data-read-buffer"]:
+			return errors.New("-data-read-buffer applies to -layout processes only")
 		case c.has("cold"):
 			return errors.New(`-only: scenario "cold" runs with -layout processes -wan-rtt only`)
 		}

@@ -99,7 +99,7 @@ func TestProcessLayout(t *testing.T) {
 		require.GreaterOrEqual(t, h.p99[0], h.p50[0], p.String())
 		require.Equal(t, 4, h.dials, "%s: each client kept one connection", p)
 		if p.kind == "direct" {
-			require.Empty(t, h.cpuPerReq[0], "no process between the load and the backends")
+			require.Len(t, h.cpuPerReq[0], 2, "direct: the two backends' CPU, the net/http server floor")
 			continue
 		}
 		want := 2 // relay A, relay B
@@ -126,7 +126,7 @@ func TestProcessLayout(t *testing.T) {
 	for _, want := range []string{"Process layout, TCP", "Process layout, TCP time to first byte", "Process layout, HTTP tiny responses",
 		"1 stream, plain", "1 stream, TLS", "2 streams, plain", "2 streams, TLS", "requests/s, plain", "requests/s, TLS",
 		"latency p99, TLS", "CPU per request, edge / relay A, plain", "dial → first byte, median, TLS", "relays, io.Copy (splice)",
-		"net/http proxy relay A", "net/http proxy, TLS"} {
+		"net/http proxy relay A", "net/http proxy, TLS", "CPU per request, the net/http backend answering it"} {
 		require.Contains(t, out, want)
 	}
 	b, err := os.ReadFile(md)

@@ -411,6 +411,11 @@ func (w *wanLink) section(cfg *config, s *procSummary) *section {
 	sec.note("kernel TCP buffer limits in the namespace (they cap one connection over a long link, in flight ≤ about the send buffer): %s", w.buffers)
 	if s.tcp1 != nil {
 		sec.note("1 TCP stream: %s one way to a sink, CRC-32C checked (-tcp-bytes; 64 MiB by default in this scenario, as at ~50 MiB/s a larger stream only takes longer)", fmtBytes(cfg.tcpBytes))
+		if cfg.dataReadBuffer > 0 {
+			sec.note("data connections: receive buffers fixed at %s at both ends (-data-read-buffer: data_read_buffer in the edges' server.toml and the connectors' YAML)", fmtBytes(int64(cfg.dataReadBuffer)))
+		} else {
+			sec.note("data connections: receive buffers left to the kernel's autotuning (data_read_buffer unset)")
+		}
 	}
 	for _, fg := range []struct {
 		name string
