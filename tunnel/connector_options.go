@@ -76,8 +76,8 @@ func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, 
 // n <= 0 (the default) leaves it to the kernel's autotuning. It is for long links: a data
 // connection is opened ahead of use and sits idle, and the kernel then grows its buffer
 // slowly during its first transfer, so that over a 50 ms round trip a 64 MiB upload through
-// a TCP tunnel ran at 0.84× a fresh TCP connection's rate by default and at 1.06× with 4 MiB
-// (BENCHMARKS.md, WAN). The kernel caps n at net.core.rmem_max (raise it to use more), and a
+// a TCP tunnel ran at 0.75–0.93× a fresh TCP connection's rate by default and at 0.96× with
+// 4 MiB at both ends (BENCHMARKS.md, WAN). The kernel caps n at net.core.rmem_max (raise it to use more), and a
 // fixed buffer may hold up to n bytes per busy connection whose backend reads slowly. The
 // edge's side of the same connections, which receives downloads, has
 // ServerConfig.DataReadBuffer.
