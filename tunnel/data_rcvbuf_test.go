@@ -12,18 +12,13 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/warren-tunnel/warren/internal/testlink"
 )
 
 // rcvbuf reads SO_RCVBUF of c (what the kernel reports: twice what was asked for).
 func rcvbuf(t *testing.T, c *net.TCPConn) int {
-	t.Helper()
-	rc, err := c.SyscallConn()
-	require.NoError(t, err)
-	var v int
-	var gerr error
-	require.NoError(t, rc.Control(func(fd uintptr) { v, gerr = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF) }))
-	require.NoError(t, gerr)
-	return v
+	return testlink.SockoptInt(t, c, syscall.SOL_SOCKET, syscall.SO_RCVBUF)
 }
 
 // recordingListener hands out the connections it accepts as they are, and keeps them.

@@ -7,21 +7,14 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/warren-tunnel/warren/internal/testlink"
 )
 
 // quickAckOn reads TCP_QUICKACK back: Linux answers 1 unless the socket is in delayed-ack
 // ("ping-pong") mode.
 func quickAckOn(t *testing.T, c *net.TCPConn) bool {
-	t.Helper()
-	rc, err := c.SyscallConn()
-	require.NoError(t, err)
-	var v int
-	var gerr error
-	require.NoError(t, rc.Control(func(fd uintptr) {
-		v, gerr = syscall.GetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_QUICKACK)
-	}))
-	require.NoError(t, gerr)
-	return v != 0
+	return testlink.SockoptInt(t, c, syscall.IPPROTO_TCP, syscall.TCP_QUICKACK) != 0
 }
 
 // TestQuickAckLeavesPingPongMode: a side that answers at once what it received (as the
@@ -48,9 +41,12 @@ func TestQuickAckLeavesPingPongMode(t *testing.T) {
 	defer conn.Close()
 	connector := conn.(*net.TCPConn)
 
-	// An envelope arrives and is answered at once, a few times over.
+	// An envelope arrives and is answered at once, until the kernel takes the answering side
+	// for an interactive one (one exchange on current kernels; a stall of the test longer than
+	// the delayed-ack timer, 40 ms, can take it out again, hence the retries).
 	var b [16]byte
-	for range 3 {
+	pingPong := false
+	for range 50 {
 		_, err = edge.Write(b[:])
 		require.NoError(t, err)
 		_, err = io.ReadFull(connector, b[:])
@@ -59,8 +55,14 @@ func TestQuickAckLeavesPingPongMode(t *testing.T) {
 		require.NoError(t, err)
 		_, err = io.ReadFull(edge, b[:1])
 		require.NoError(t, err)
+		if !quickAckOn(t, connector) {
+			pingPong = true
+			break
+		}
 	}
-	require.False(t, quickAckOn(t, connector), "the kernel took the answering side for an interactive one")
+	if !pingPong {
+		t.Skip("this kernel never put the answering side in delayed-ack mode: nothing for QuickAck to undo")
+	}
 	QuickAck(connector)
 	require.True(t, quickAckOn(t, connector))
 	QuickAck(edge)            // the other side: no harm either way
