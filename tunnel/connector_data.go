@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -59,6 +60,7 @@ type connData struct {
 	tls      *tls.Config // nil: plain TCP
 	preamble []byte
 	kick     chan struct{} // wakes run: a connection was used or lost
+	capped   atomic.Bool   // a data connection's receive buffer was capped (logged once)
 
 	// idle holds the connections waiting for an envelope. One whose envelope is being
 	// answered is taken out (claim), so that closing the idle ones never cuts an exchange
@@ -210,7 +212,12 @@ func (d *connData) open() error {
 	if err != nil {
 		return fmt.Errorf("dialling: %w", err)
 	}
-	proxy.SetDataReadBuffer(dc, s.opts.dataReadBuffer)
+	if n := s.opts.dataReadBuffer; n > 0 {
+		if got := proxy.SetDataReadBuffer(dc, n); got < n && !d.capped.Swap(true) {
+			s.log.Warn("data_read_buffer is capped by the kernel (net.core.rmem_max), or the connection is not TCP: data connections get a smaller fixed receive buffer than asked for, possibly smaller than what autotuning would reach; raise net.core.rmem_max or unset data_read_buffer",
+				zap.Int("asked", n), zap.Int("granted", got))
+		}
+	}
 	if d.tls != nil {
 		tc := tls.Client(dc, d.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {

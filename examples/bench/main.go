@@ -94,6 +94,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	benchconfig "github.com/warren-tunnel/warren/examples/internal/config"
 )
 
 func main() {
@@ -247,8 +249,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-ttfb-conns must be between 1 and 100000, got %d", c.ttfbConns)
 	case c.memGroupSize < 0:
 		return nil, fmt.Errorf("-mem-group-size must not be negative, got %d", c.memGroupSize)
-	case c.dataReadBuffer < 0:
-		return nil, fmt.Errorf("-data-read-buffer must not be negative, got %d", c.dataReadBuffer)
+	case c.dataReadBuffer < 0 || c.dataReadBuffer > benchconfig.MaxDataReadBuffer:
+		return nil, fmt.Errorf("-data-read-buffer must be 0 to %d bytes, got %d", benchconfig.MaxDataReadBuffer, c.dataReadBuffer)
 	case c.memParallel < 1:
 		return nil, fmt.Errorf("-mem-parallel must be positive, got %d", c.memParallel)
 	case c.memProto != "http" && c.memProto != "tcp":

@@ -404,7 +404,12 @@ func (d *daemon) reload(next *config.Client) []string {
 	}
 	applied := &config.Client{}
 	*applied = *next
-	applied.Server, applied.Servers = prev.Server, prev.Servers // not applied: the session keeps its edges
+	// Not applied (restartDiff says so): the session keeps its edges, token, TLS settings,
+	// drain timeout and data connections' buffer, and the control socket stays where it is.
+	// What runs is kept, so that the next reload compares with it.
+	applied.Server, applied.Servers = prev.Server, prev.Servers
+	applied.AuthToken, applied.TLS, applied.DrainTimeout = prev.AuthToken, prev.TLS, prev.DrainTimeout
+	applied.DataReadBuffer, applied.ControlSocket = prev.DataReadBuffer, prev.ControlSocket
 	applied.Tunnels = nil
 	keep := func(t config.Tunnel) { applied.Tunnels = append(applied.Tunnels, t) }
 

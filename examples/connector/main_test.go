@@ -416,12 +416,22 @@ func TestSIGHUPReload(t *testing.T) {
 	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
 	require.Eventually(t, func() bool { return strings.Contains(c.stderr.String(), c.config+":3: tunnels.x.proto") }, 5*time.Second, 10*time.Millisecond)
 	require.Len(t, c.status(t).Tunnels, 3)
-	writeConfig(t, c.config, e, "auth_token: other-token-0123456789\ntunnels:\n"+
+	writeConfig(t, c.config, e, "auth_token: other-token-0123456789\ndata_read_buffer: 65536\ntunnels:\n"+
 		tunnelYAML("keep", keep.port, "    subdomain: keep\n")+
 		tunnelYAML("chg", newB.port, poolYAML("pool")+slowHealth)+
 		tunnelYAML("added", added.port, "    subdomain: added\n"))
+	notApplied := func(n int) func() bool {
+		return func() bool {
+			out := c.stderr.String()
+			return strings.Count(out, "not applied: auth_token") == n && strings.Count(out, "not applied: data_read_buffer (0 -> 65536)") == n
+		}
+	}
 	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
-	require.Eventually(t, func() bool { return strings.Contains(c.stderr.String(), "not applied: auth_token") }, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, notApplied(1), 5*time.Second, 10*time.Millisecond)
+	// Not applied means the running values stay what the next reload compares with: the same
+	// file again is still not applied, and says so again.
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
+	require.Eventually(t, notApplied(2), 5*time.Second, 10*time.Millisecond)
 }
 
 // TestControlSocket: the socket is 0600; a second connector on it is refused with a clear

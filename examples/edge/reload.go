@@ -207,7 +207,7 @@ func fileDiff(start, next *config.Server) []string {
 		{"server.admin_port", s.AdminPort, n.AdminPort, listener},
 		{"server.region_id", s.RegionID, n.RegionID, "alerts and metrics name the edge with it"},
 		{"server.state_dir", s.StateDir, n.StateDir, "the route store stays open where it is"},
-		{"server.data_read_buffer", s.DataReadBuffer, n.DataReadBuffer, "data connections take it when they are accepted"},
+		{"server.data_read_buffer", s.DataReadBuffer, n.DataReadBuffer, "data connections are accepted with the value the edge started with"},
 		{"tls", start.TLS.Enabled(), next.TLS.Enabled(), "TLS on the control listener is on or off for good (changed files are loaded again while it stays on)"},
 		{"auth.require_auth", start.Auth.RequireAuth, next.Auth.RequireAuth, "authentication is on or off for good"},
 	} {

@@ -85,21 +85,26 @@ func closeWrite(c net.Conn) {
 	_ = c.Close()
 }
 
-// SetDataReadBuffer fixes the receive buffer of data connection c at n bytes (SO_RCVBUF;
-// the kernel caps it at net.core.rmem_max and doubles it for its bookkeeping), when n > 0
-// and c is TCP or TLS over TCP. It is for long links: the kernel's autotuning grows the
-// buffer of a data connection that sat idle since it was opened slowly, over several round
-// trips of its first transfer, while a fixed buffer lets the sender fill the link at once.
-// A fixed buffer turns that autotuning off for c, and may hold up to n bytes of a transfer
-// whose reader is slower than its writer.
-func SetDataReadBuffer(c net.Conn, n int) {
+// SetDataReadBuffer fixes the receive buffer of data connection c at n bytes when n > 0 and
+// c is TCP or TLS over TCP, and returns the buffer the kernel granted (what it reports, halved
+// for its bookkeeping: n, or less when net.core.rmem_max caps it), or 0 when it did nothing.
+// It is for long links: the kernel's autotuning grows the buffer of a data connection that
+// sat idle since it was opened slowly, over several round trips of its first transfer, while
+// a fixed buffer lets the sender fill the link at once. The connection is already up, so on
+// Linux the window limit it set up with (from the default buffer) is raised to n as well
+// (TCP_WINDOW_CLAMP); without that, kernels that only grow it by autotuning would keep a
+// 64 KiB window. A fixed buffer turns autotuning off for c, and may hold up to n bytes of a
+// transfer whose reader is slower than its writer.
+func SetDataReadBuffer(c net.Conn, n int) int {
 	if n <= 0 {
-		return
+		return 0
 	}
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetReadBuffer(n)
+	tc, ok := c.(*net.TCPConn)
+	if !ok || tc.SetReadBuffer(n) != nil {
+		return 0
 	}
+	return clampWindow(tc, n)
 }
