@@ -21,25 +21,8 @@ func quickAckOn(t *testing.T, c *net.TCPConn) bool {
 // connector's acknowledgement of an envelope) is put in delayed-ack mode by the kernel;
 // QuickAck takes it out, so that the bulk data that follows is acknowledged promptly.
 func TestQuickAckLeavesPingPongMode(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	edge, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	defer edge.Close()
-	conn, ok := <-accepted
-	require.True(t, ok)
-	defer conn.Close()
-	connector := conn.(*net.TCPConn)
+	edge, connector := tcpPair(t)
+	var err error
 
 	// An envelope arrives and is answered at once, until the kernel takes the answering side
 	// for an interactive one (one exchange on current kernels; a stall of the test longer than
