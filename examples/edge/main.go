@@ -20,7 +20,7 @@
 //
 // With a [cluster] table the edge joins a cluster: it connects to NATS before it listens
 // (when it cannot reach NATS it does not start, and exits 2), listens for the other edges on
-// cluster.peer_addr as well, and leaves the cluster gracefully when it shuts down. -check
+// cluster.peer_addr (or peer_port) as well, and leaves the cluster gracefully when it shuts down. -check
 // does not connect to NATS.
 //
 // Exit codes: 0 after a signal, 1 when a listener fails, 2 for bad flags or a bad

@@ -85,6 +85,30 @@ ca_path = "ca.pem"
 	require.True(t, c.Cluster.TLS.Enabled())
 }
 
+// TestClusterPeerPort: peer_port = N listens on every interface on port N, as
+// peer_addr = ":N" does; it is checked like peer_addr and cannot be given with it.
+func TestClusterPeerPort(t *testing.T) {
+	base := "[cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\nadvertise = \"10.0.0.5:7443\"\ntoken = \"" + clusterToken + "\"\n"
+	c, err := config.ParseServer("server.toml", []byte(serverDoc(base+"peer_port = 7444\n")))
+	require.NoError(t, err)
+	require.Equal(t, ":7444", c.Cluster.PeerAddr)
+	require.Equal(t, 7444, c.Cluster.PeerPort)
+
+	const head = "[server]\ndomain = \"localhost\"\n" // lines 1-2; [cluster] on 3, peer_port on 7
+	for _, tc := range []struct {
+		extra string
+		want  want
+	}{
+		{"peer_port = 4040\n", want{7, "cluster.peer_port", config.ErrInvalid, "port 4040 is already used by server.control_port"}},
+		{"peer_port = 70000\n", want{7, "cluster.peer_port", config.ErrInvalid, "70000 is out of range 1-65535"}},
+		{"peer_port = 0\n", want{7, "cluster.peer_port", config.ErrInvalid, "port 0 is out of range 1-65535"}},
+		{"peer_port = 7444\npeer_addr = \"10.0.0.5:7445\"\n", want{7, "cluster.peer_port", config.ErrInvalid, "cannot be combined with cluster.peer_addr (line 8): give one of them"}},
+	} {
+		_, err := config.ParseServer("server.toml", []byte(head+base+tc.extra))
+		requireProblems(t, err, "server.toml", tc.want)
+	}
+}
+
 // TestClusterErrors: each bad [cluster] value is refused with its file, line and key.
 func TestClusterErrors(t *testing.T) {
 	const head = "[server]\ndomain = \"localhost\"\n" // lines 1-2

@@ -68,8 +68,11 @@ type Cluster struct {
 	// Advertise is the host:port the other edges dial to reach this edge. Required.
 	Advertise string `toml:"advertise"`
 	// PeerAddr is the address this edge listens on for the other edges ("host:port" or
-	// ":port"). Default: Advertise.
+	// ":port"). Default: ":PeerPort" with PeerPort, else Advertise.
 	PeerAddr string `toml:"peer_addr"`
+	// PeerPort is the port this edge listens on for the other edges, on every interface
+	// (peer_port = 7443 is peer_addr = ":7443"). Give one of PeerAddr and PeerPort.
+	PeerPort int `toml:"peer_port"`
 	// Token authenticates the edges to each other; the same on every edge, at least
 	// MinTokenLength characters, distinct from every token of [auth]. Required.
 	Token string `toml:"token"`
@@ -406,7 +409,13 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 		if d := cf.Timeout; d != nil {
 			r.duration("cluster.timeout_secs", float64(*d), &cl.Timeout)
 		}
-		if cl.PeerAddr == "" {
+		if cl.PeerPort == 0 && !r.missing("cluster.peer_port") {
+			r.add("cluster.peer_port", ErrInvalid, "port 0 is out of range 1-65535")
+		}
+		switch {
+		case cl.PeerAddr == "" && cl.PeerPort != 0:
+			cl.PeerAddr = ":" + strconv.Itoa(cl.PeerPort)
+		case cl.PeerAddr == "":
 			cl.PeerAddr = cl.Advertise
 		}
 		cl.TLS.CertPath = resolvePath(dir, cl.TLS.CertPath)
@@ -655,8 +664,13 @@ func (c *Server) validateCluster(r *reporter) {
 	default:
 		r.invalid("cluster.advertise", hostPortProblem(cl.Advertise))
 	}
-	if cl.PeerAddr != "" {
-		c.checkPeerAddr(r, cl.PeerAddr)
+	switch {
+	case cl.PeerPort != 0 && cl.PeerAddr != ":"+strconv.Itoa(cl.PeerPort):
+		r.add("cluster.peer_port", ErrInvalid, "cannot be combined with cluster.peer_addr%s: give one of them", r.lineNote("cluster.peer_addr"))
+	case cl.PeerPort != 0:
+		c.checkPeerAddr(r, "cluster.peer_port", cl.PeerAddr)
+	case cl.PeerAddr != "":
+		c.checkPeerAddr(r, "cluster.peer_addr", cl.PeerAddr)
 	}
 	if cl.Token == "" { // validateAuth checks a token given: its length, that it is unique
 		r.add("cluster.token", ErrRequired, "required: the secret every edge of the cluster presents to the others (e.g. the output of `openssl rand -hex 32`)")
@@ -685,23 +699,23 @@ func (c *Server) validateCluster(r *reporter) {
 	r.invalid("cluster.tls.ca_path", checkFile(t.CAPath))
 }
 
-// checkPeerAddr checks cluster.peer_addr: "host:port" or ":port", on a port no other
-// listener of the edge uses.
-func (c *Server) checkPeerAddr(r *reporter, addr string) {
+// checkPeerAddr checks the address given by key (cluster.peer_addr or cluster.peer_port):
+// "host:port" or ":port", on a port no other listener of the edge uses.
+func (c *Server) checkPeerAddr(r *reporter, key, addr string) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		r.invalid("cluster.peer_addr", hostPortProblem(addr))
+		r.invalid(key, hostPortProblem(addr))
 		return
 	}
 	if host != "" {
 		if p := hostProblem(host); p != "" {
-			r.add("cluster.peer_addr", ErrInvalid, "host %s", p)
+			r.add(key, ErrInvalid, "host %s", p)
 			return
 		}
 	}
 	n, err := parsePort(port)
 	if err != nil {
-		r.add("cluster.peer_addr", ErrInvalid, "port %v", err)
+		r.add(key, ErrInvalid, "port %v", err)
 		return
 	}
 	s := c.Server
@@ -710,12 +724,12 @@ func (c *Server) checkPeerAddr(r *reporter, addr string) {
 		port int
 	}{{"server.http_port", s.HTTPPort}, {"server.https_port", s.HTTPSPort}, {"server.control_port", s.ControlPort}, {"server.admin_port", s.AdminPort}} {
 		if p.port == n {
-			r.add("cluster.peer_addr", ErrInvalid, "port %d is already used by %s%s", n, p.key, r.lineNote(p.key))
+			r.add(key, ErrInvalid, "port %d is already used by %s%s", n, p.key, r.lineNote(p.key))
 			return
 		}
 	}
 	if pr := c.Limits.TCPPortRange; pr.Contains(n) {
-		r.add("cluster.peer_addr", ErrInvalid, "port %d lies inside limits.tcp_port_range %d-%d, which is reserved for TCP tunnels", n, pr.Low, pr.High)
+		r.add(key, ErrInvalid, "port %d lies inside limits.tcp_port_range %d-%d, which is reserved for TCP tunnels", n, pr.Low, pr.High)
 	}
 }
 
