@@ -179,8 +179,9 @@ type ClusterEdge struct {
 	// Self marks the edge that answered.
 	Self bool `json:"self,omitempty"`
 	// Lease is "held" while the edge renews its lease, "expired" once it stopped (its
-	// members have left this edge's view), "unreachable" while its lease holds but this
-	// edge cannot open its edge-to-edge link.
+	// members have left this edge's view), "unreachable" while its lease holds and it has
+	// members but this edge cannot open its edge-to-edge link (an edge with no member is not
+	// linked to: its lease alone says "held").
 	Lease string `json:"lease"`
 	// LastRenewal is when this edge last saw the lease renewed (zero for Self).
 	LastRenewal time.Time `json:"last_renewal,omitzero"`

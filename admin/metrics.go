@@ -19,10 +19,11 @@ import (
 // subdomains, TCP pools with different keys) are summed into one series. Solo tunnels are
 // not pools and appear only in warren_active_tunnels and warren_requests_total.
 type collector struct {
-	cfg                                      Config
-	members, dispatches, failures            *prometheus.Desc
-	activeTunnels, requests, webhookDelivery *prometheus.Desc
-	retries, ejections                       *prometheus.Desc
+	cfg                                       Config
+	members, dispatches, failures             *prometheus.Desc
+	activeTunnels, requests, webhookDelivery  *prometheus.Desc
+	retries, ejections                        *prometheus.Desc
+	clusterMembers, clusterEdges, clusterNATS *prometheus.Desc // only in a cluster
 
 	mu      sync.Mutex
 	failed  map[failureKey]uint64 // unhealthy transitions reported by probes
@@ -59,6 +60,15 @@ func newCollector(cfg Config) *collector {
 		ejections: prometheus.NewDesc("warren_member_ejections_total",
 			"Members of the groups with this name ejected by passive outlier detection (streams failing in a row).",
 			[]string{"group"}, region),
+		clusterMembers: prometheus.NewDesc("warren_cluster_members",
+			"In a cluster: members of the groups with this name by the edge their connector is attached to (edge_id), by health bit.",
+			[]string{"group", "edge_id", "healthy"}, region),
+		clusterEdges: prometheus.NewDesc("warren_cluster_edges",
+			"In a cluster: the edges this edge knows of (itself included), by lease state (held, expired, unreachable, not renewed).",
+			[]string{"lease"}, nil),
+		clusterNATS: prometheus.NewDesc("warren_cluster_nats_connected",
+			"In a cluster: 1 while this edge is connected to NATS, else 0 (it then serves the routes it knows and refuses new ones).",
+			nil, nil),
 		failed:  map[failureKey]uint64{},
 		ejected: map[string]uint64{},
 	}
@@ -92,6 +102,11 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.members, c.dispatches, c.failures, c.activeTunnels, c.requests, c.webhookDelivery, c.retries, c.ejections} {
 		ch <- d
 	}
+	if c.cfg.Cluster != nil {
+		ch <- c.clusterMembers
+		ch <- c.clusterEdges
+		ch <- c.clusterNATS
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -101,6 +116,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	tunnels := map[group.Proto]int{group.ProtoHTTP: 0, group.ProtoHTTPS: 0, group.ProtoTCP: 0}
 	type healthSplit struct{ healthy, unhealthy int }
 	members := map[string]healthSplit{}
+	type edgeKey struct{ group, edge string }
+	byEdge := map[edgeKey]healthSplit{}
+	var cluster ClusterInfo
+	if c.cfg.Cluster != nil {
+		cluster = c.cfg.Cluster()
+	}
 	c.mu.Lock()
 	failures := maps.Clone(c.failed)
 	ejected := maps.Clone(c.ejected)
@@ -112,11 +133,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		hs := members[g.Name]
 		for _, m := range g.Members {
+			ek := edgeKey{g.Name, m.Edge}
+			if m.Edge == "" {
+				ek.edge = cluster.Self
+			}
+			es := byEdge[ek]
 			if m.Healthy {
 				hs.healthy++
+				es.healthy++
 			} else {
 				hs.unhealthy++
+				es.unhealthy++
 			}
+			byEdge[ek] = es
 			if k := (failureKey{g.Name, healthKindLabel(m.HealthKind)}); !hasKey(failures, k) {
 				failures[k] = 0 // every probe type in a pool has a series from the start
 			}
@@ -134,6 +163,24 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	for name, hs := range members {
 		ch <- prometheus.MustNewConstMetric(c.members, prometheus.GaugeValue, float64(hs.healthy), name, "true")
 		ch <- prometheus.MustNewConstMetric(c.members, prometheus.GaugeValue, float64(hs.unhealthy), name, "false")
+	}
+	if c.cfg.Cluster != nil {
+		for k, es := range byEdge {
+			ch <- prometheus.MustNewConstMetric(c.clusterMembers, prometheus.GaugeValue, float64(es.healthy), k.group, k.edge, "true")
+			ch <- prometheus.MustNewConstMetric(c.clusterMembers, prometheus.GaugeValue, float64(es.unhealthy), k.group, k.edge, "false")
+		}
+		leases := map[string]int{"held": 0, "expired": 0}
+		for _, e := range cluster.Edges {
+			leases[e.Lease]++
+		}
+		for lease, n := range leases {
+			ch <- prometheus.MustNewConstMetric(c.clusterEdges, prometheus.GaugeValue, float64(n), lease)
+		}
+		nats := 0.0
+		if cluster.NATS {
+			nats = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.clusterNATS, prometheus.GaugeValue, nats)
 	}
 	for name, n := range dispatches {
 		ch <- prometheus.MustNewConstMetric(c.dispatches, prometheus.CounterValue, float64(n), name)

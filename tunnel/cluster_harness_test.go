@@ -244,3 +244,27 @@ func (c *counter) get() map[string]int {
 }
 
 var errStatus = errors.New("unexpected status")
+
+// onNode places edge i of a three-edge test cluster: on host 127.0.0.(i+1), connected to
+// NATS node i (and node i+1 as its second URL, for failover), buckets with 3 replicas;
+// edit, if any, is applied after.
+func onNode(nodes []*server.Server, i int, edit func(*ServerConfig)) clusterOpts {
+	return clusterOpts{host: fmt.Sprintf("127.0.0.%d", i+1), replicas: 3, edit: func(c *ServerConfig) {
+		c.Cluster.NATSURLs = []string{nodes[i].ClientURL(), nodes[(i+1)%len(nodes)].ClientURL()}
+		if edit != nil {
+			edit(c)
+		}
+	}}
+}
+
+// startThreeEdges starts a 3-node NATS cluster and edges a, b and c, each on its own node
+// and host (onNode).
+func startThreeEdges(t testing.TB, edit func(*ServerConfig)) ([]*server.Server, []*clusterEdge) {
+	t.Helper()
+	nodes := startNATSCluster(t, 3)
+	var edges []*clusterEdge
+	for i, id := range []string{"a", "b", "c"} {
+		edges = append(edges, startClusterEdge(t, nodes, id, onNode(nodes, i, edit)))
+	}
+	return nodes, edges
+}

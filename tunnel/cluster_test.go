@@ -24,22 +24,23 @@ func clusterPool(key string) TunnelSpec {
 	return TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: key}
 }
 
-// A pool whose members are attached to two edges is one pool on both: each edge dispatches
-// to both members, the other edge's over the edge-to-edge link, and lists both with their
-// edge ids.
+// A pool whose members are attached to two edges of three is one pool on all three: each
+// edge dispatches to both members, another edge's over the edge-to-edge link, and lists both
+// with their edge ids (three edges, each on its own node of a 3-node NATS cluster).
 func TestClusterPoolSpansEdges(t *testing.T) {
-	nodes := startNATSCluster(t, 1)
-	a := startClusterEdge(t, nodes, "a", clusterOpts{})
-	b := startClusterEdge(t, nodes, "b", clusterOpts{})
+	_, edges := startThreeEdges(t, nil)
+	a, b := edges[0], edges[1]
 	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(slowBackend(t, "A").URL))
 	require.NoError(t, err)
 	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(slowBackend(t, "B").URL))
 	require.NoError(t, err)
 	both := map[string]int{"a": 1, "b": 1}
-	a.waitMembers(t, "pool", both)
-	b.waitMembers(t, "pool", both)
+	for _, e := range edges {
+		e.waitMembers(t, "pool", both)
+	}
 
-	for _, e := range []*clusterEdge{a, b} {
+	// Edge c has no member of its own: every request it takes crosses a link.
+	for _, e := range edges {
 		// Concurrent requests load the local member: least streams sends the others over.
 		var seen counter
 		var wg sync.WaitGroup
@@ -67,20 +68,22 @@ func TestClusterPoolSpansEdges(t *testing.T) {
 		require.ElementsMatch(t, []string{"a", "b"}, edges)
 
 		// The metrics count the pool cluster-wide too.
-		resp, err := http.Get("http://" + e.adminAddr + "/metrics")
-		require.NoError(t, err)
-		metrics, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.Contains(t, string(metrics), `warren_group_members{group="web",healthy="true",region="local"} 2`)
+		metrics := scrape(t, e)
+		require.Contains(t, metrics, `warren_group_members{group="web",healthy="true",region="local"} 2`)
+		for _, id := range []string{"a", "b"} {
+			require.Contains(t, metrics, `warren_cluster_members{edge_id="`+id+`",group="web",healthy="true",region="local"} 1`)
+		}
+		require.Contains(t, metrics, `warren_cluster_edges{lease="held"} 3`)
+		require.Contains(t, metrics, "warren_cluster_nats_connected 1")
 
 		var ci admin.ClusterInfo
 		e.adminJSON(t, "/api/cluster", &ci)
 		require.True(t, ci.Enabled)
 		require.Equal(t, e.id, ci.Self)
-		require.Len(t, ci.Edges, 2)
+		require.Len(t, ci.Edges, 3)
 		for _, ce := range ci.Edges {
 			require.Equal(t, "held", ce.Lease, "%+v", ce)
-			require.Equal(t, 1, ce.Members, "%+v", ce)
+			require.Equal(t, map[string]int{"a": 1, "b": 1, "c": 0}[ce.ID], ce.Members, "%+v", ce)
 		}
 	}
 }
@@ -108,15 +111,7 @@ func TestClusterTiesPreferLocal(t *testing.T) {
 // every edge.
 func TestClusterConflictingFirstRegistrations(t *testing.T) {
 	// Three edges, each on its own node of a 3-node NATS cluster, buckets with 3 replicas.
-	nodes := startNATSCluster(t, 3)
-	on := func(i int) clusterOpts {
-		return clusterOpts{replicas: 3, edit: func(c *ServerConfig) { c.Cluster.NATSURLs = []string{nodes[i].ClientURL()} }}
-	}
-	edges := []*clusterEdge{
-		startClusterEdge(t, nodes, "a", on(0)),
-		startClusterEdge(t, nodes, "b", on(1)),
-		startClusterEdge(t, nodes, "c", on(2)),
-	}
+	_, edges := startThreeEdges(t, nil)
 	for round := range 5 {
 		sub := fmt.Sprintf("race%d", round)
 		sessions := make([]*Session, len(edges))
@@ -206,15 +201,8 @@ func readTCP(addr string) (string, error) {
 // A TCP pool has one public port on every edge, so that DNS can name all of them; two pools
 // created at once on two edges get two different ports.
 func TestClusterTCPPortOnEveryEdge(t *testing.T) {
-	nodes := startNATSCluster(t, 3) // each edge on its own NATS node, 3 replicas
-	on := func(i int, host string) clusterOpts {
-		return clusterOpts{host: host, replicas: 3, edit: func(c *ServerConfig) { c.Cluster.NATSURLs = []string{nodes[i].ClientURL()} }}
-	}
-	edges := []*clusterEdge{
-		startClusterEdge(t, nodes, "a", on(0, "127.0.0.1")),
-		startClusterEdge(t, nodes, "b", on(1, "127.0.0.2")),
-		startClusterEdge(t, nodes, "c", on(2, "127.0.0.3")),
-	}
+	// Edges on 127.0.0.1, .2 and .3, each on its own NATS node, 3 replicas.
+	_, edges := startThreeEdges(t, nil)
 	var wg sync.WaitGroup
 	tunnels := make([]*Tunnel, 2)
 	errs := make([]error, 2)
@@ -242,14 +230,13 @@ func TestClusterTCPPortOnEveryEdge(t *testing.T) {
 	require.Equal(t, tunnels[0].Port(), t2.Port())
 }
 
-// An edge killed under load: requests arriving at the surviving edge keep succeeding (the
-// dead edge's members leave at once, as its link drops); its connector reconnects to the
-// surviving edge and registers again without "already in use"; the members leave every
-// view within the lease even without the link.
+// An edge killed under load (three edges on a 3-node NATS cluster): requests arriving at the
+// surviving edges keep succeeding (the dead edge's members leave at once, as its link drops);
+// its connector reconnects to a surviving edge and registers again without "already in use";
+// both surviving edges then see the pool on that edge.
 func TestClusterEdgeKilledUnderLoad(t *testing.T) {
-	nodes := startNATSCluster(t, 1)
-	a := startClusterEdge(t, nodes, "a", clusterOpts{})
-	b := startClusterEdge(t, nodes, "b", clusterOpts{})
+	_, edges := startThreeEdges(t, nil)
+	a, b, c := edges[0], edges[1], edges[2]
 	// The connector on a fails over to b, as with `servers: [a, b]`.
 	var dials atomic.Int32
 	failover := WithDialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -265,15 +252,16 @@ func TestClusterEdgeKilledUnderLoad(t *testing.T) {
 	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
 	require.NoError(t, err)
 	b.waitMembers(t, "pool", map[string]int{"a": 1, "b": 1})
+	c.waitMembers(t, "pool", map[string]int{"a": 1, "b": 1})
 
 	var ok, failed atomic.Int64
 	var lastErr atomic.Value
 	ctx, stop := context.WithCancel(context.Background())
 	var load sync.WaitGroup
-	for range 4 {
+	for _, e := range []*clusterEdge{b, b, c, c} { // c has no member: its requests all cross a link
 		load.Go(func() {
 			for ctx.Err() == nil {
-				resp, err := b.client.Get(b.url("pool", "/"))
+				resp, err := e.client.Get(e.url("pool", "/"))
 				if err == nil {
 					_, _ = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
@@ -290,17 +278,22 @@ func TestClusterEdgeKilledUnderLoad(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return ok.Load() > 50 }, 10*time.Second, 5*time.Millisecond)
 	a.kill()
-	// The connector's tunnel comes back on b.
-	require.Eventually(t, func() bool { return b.members("pool")["b"] == 2 }, 10*time.Second, 10*time.Millisecond,
-		"b sees %v", b.members("pool"))
+	// The connector's tunnel comes back on b, as every surviving edge sees.
+	for _, e := range []*clusterEdge{b, c} {
+		require.Eventually(t, func() bool { return e.members("pool")["b"] == 2 }, 10*time.Second, 10*time.Millisecond,
+			"%s sees %v", e.id, e.members("pool"))
+	}
 	before := ok.Load()
 	require.Eventually(t, func() bool { return ok.Load() > before+50 }, 10*time.Second, 5*time.Millisecond)
 	stop()
 	load.Wait()
-	// Requests in flight on the dead edge's member when it died may fail; nothing else.
+	// Requests in flight on the dead edge's member when it died may fail (at most one per
+	// client); nothing else.
 	require.LessOrEqual(t, failed.Load(), int64(4), "failed %d of %d; last: %v", failed.Load(), ok.Load(), lastErr.Load())
+	t.Logf("%d requests succeeded, %d failed", ok.Load(), failed.Load())
 	require.NoError(t, ta.Err())
 	require.Equal(t, map[string]int{"b": 2}, b.members("pool"))
+	require.Equal(t, map[string]int{"b": 2}, c.members("pool"))
 }
 
 // A member whose edge keeps its links but stops renewing its lease (it lost NATS) leaves
@@ -325,6 +318,8 @@ func TestClusterLeaseLapseRemovesMembers(t *testing.T) {
 		b.adminJSON(t, "/api/cluster", &ci)
 		return ci.Edges[1].Lease == "expired"
 	}, 5*time.Second, 10*time.Millisecond, "%+v", ci.Edges)
+	require.Contains(t, scrape(t, b), `warren_cluster_edges{lease="expired"} 1`)
+	require.Contains(t, scrape(t, a), "warren_cluster_nats_connected 0")
 	// a keeps serving what it knows without NATS, and refuses to claim new routes.
 	code, body := a.get("pool", "/")
 	require.Equal(t, 200, code, body)
@@ -379,68 +374,85 @@ func TestClusterOneAlertPerPool(t *testing.T) {
 	require.Equal(t, "group_recovered", got[1].Event)
 }
 
-// Every edge restarted (one after the other, and then all at once): route ownership, key
-// hashes and TCP ports are kept in NATS; another tenant still cannot take the routes.
+// Every edge of three restarted (one after the other, and then all at once): route
+// ownership, key hashes and TCP ports are kept in NATS (3 replicas on a 3-node cluster);
+// another tenant still cannot take the routes.
 func TestClusterRestartKeepsOwnershipAndPorts(t *testing.T) {
-	nodes := startNATSCluster(t, 1)
 	tenants := func(c *ServerConfig) {
 		c.Auth = tenantAuth()
 	}
-	a := startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1", edit: tenants})
-	b := startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2", edit: tenants})
-	ta, err := a.connect(WithToken(acmeToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
+	nodes, edges := startThreeEdges(t, tenants)
+	ta, err := edges[0].connect(WithToken(acmeToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
 	require.NoError(t, err)
 	port := ta.Port()
-	_, err = b.connect(WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	_, err = edges[1].connect(WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
 	require.NoError(t, err)
-	a.close()
-	b.close()
-	a = startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1", edit: tenants})
-	b = startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2", edit: tenants})
-	for _, e := range []*clusterEdge{a, b} {
+	restart := func(i int) {
+		edges[i].close()
+		edges[i] = startClusterEdge(t, nodes, edges[i].id, onNode(nodes, i, tenants))
+	}
+	// One after the other, then all at once.
+	for i := range edges {
+		restart(i)
+	}
+	for _, e := range edges {
+		e.close()
+	}
+	for i := range edges {
+		edges[i] = startClusterEdge(t, nodes, edges[i].id, onNode(nodes, i, tenants))
+	}
+	for _, e := range edges {
 		_, err = e.connect(WithToken(globexToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
 		require.ErrorIs(t, err, ErrOwned)
 		_, err = e.connect(WithToken(globexToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "x"))
 		require.ErrorIs(t, err, ErrOwned)
 	}
-	ta, err = b.connect(WithToken(acmeToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
+	ta, err = edges[1].connect(WithToken(acmeToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
 	require.NoError(t, err)
 	require.Equal(t, port, ta.Port())
-	a.waitMembers(t, "db", map[string]int{"b": 1})
-	got, err := readTCP(net.JoinHostPort(a.host, fmt.Sprint(port)))
-	require.NoError(t, err)
-	require.Equal(t, "db", got)
+	for _, e := range edges {
+		e.waitMembers(t, "db", map[string]int{"b": 1})
+		got, err := readTCP(net.JoinHostPort(e.host, fmt.Sprint(port)))
+		require.NoError(t, err)
+		require.Equal(t, "db", got, "edge %s", e.id)
+	}
 	// The owner may come back with its key, on any edge.
-	_, err = a.connect(WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	_, err = edges[0].connect(WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
 	require.NoError(t, err)
 }
 
-// One NATS node of three lost: the edges (connected to different nodes) keep serving, and
-// new routes are still claimed (the buckets have three replicas).
+// One NATS node of three lost: the three edges (each on its own node) keep serving, the
+// edge whose node went moves to its second URL and keeps its members in every view, and new
+// routes are still claimed (the buckets have three replicas).
 func TestClusterSurvivesANATSNodeLoss(t *testing.T) {
-	nodes := startNATSCluster(t, 3)
-	on := func(i int) clusterOpts {
-		return clusterOpts{replicas: 3, edit: func(c *ServerConfig) {
-			c.Cluster.NATSURLs = []string{nodes[i].ClientURL(), nodes[(i+1)%3].ClientURL()}
-		}}
-	}
-	a := startClusterEdge(t, nodes, "a", on(0))
-	b := startClusterEdge(t, nodes, "b", on(1))
+	nodes, edges := startThreeEdges(t, nil)
+	a, b, c := edges[0], edges[1], edges[2]
 	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
 	require.NoError(t, err)
-	b.waitMembers(t, "pool", map[string]int{"a": 1})
+	for _, e := range edges {
+		e.waitMembers(t, "pool", map[string]int{"a": 1})
+	}
 	nodes[0].Shutdown() // a's node: a moves to its second URL
 	nodes[0].WaitForShutdown()
-	code, _ := b.get("pool", "/")
-	require.Equal(t, 200, code)
+	for _, e := range edges {
+		code, _ := e.get("pool", "/")
+		require.Equal(t, 200, code, "edge %s", e.id)
+	}
 	require.Eventually(t, func() bool {
 		_, err := b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "later", Group: "g", GroupKey: "k"}, hostPort(backend(t, "L").URL))
 		return err == nil
 	}, 20*time.Second, 200*time.Millisecond)
-	a.waitMembers(t, "later", map[string]int{"b": 1})
-	code, body := a.get("later", "/")
-	require.Equal(t, 200, code)
-	require.Equal(t, "L /", body)
+	for _, e := range []*clusterEdge{a, c} {
+		e.waitMembers(t, "later", map[string]int{"b": 1})
+		code, body := e.get("later", "/")
+		require.Equal(t, 200, code)
+		require.Equal(t, "L /", body)
+	}
+	// a's member is still renewed through a's second node: it stays in every view.
+	time.Sleep(2 * a.cfg.Cluster.LeaseTTL)
+	for _, e := range edges {
+		e.waitMembers(t, "pool", map[string]int{"a": 1})
+	}
 }
 
 // NATS lost altogether: an edge serves what it knows and refuses new routes; when NATS
@@ -504,6 +516,17 @@ func TestClusterDispatchCountsPublishedLoad(t *testing.T) {
 		require.Equal(t, "B /", body)
 	}
 	unhold() // before the connectors close (their drain would wait for the held requests)
+}
+
+// scrape returns the edge's /metrics.
+func scrape(t testing.TB, e *clusterEdge) string {
+	t.Helper()
+	resp, err := http.Get("http://" + e.adminAddr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
 }
 
 // activeOn is the load edge e sees on the member of label attached to edge id ("" for e's own).

@@ -448,7 +448,7 @@ func (c *cluster) info() admin.ClusterInfo {
 		switch {
 		case e.expired:
 			ce.Lease = "expired"
-		case e.link == nil:
+		case e.link == nil && len(e.records) > 0: // an edge with no member is not linked to
 			ce.Lease = "unreachable"
 		default:
 			ce.Lease = "held"

@@ -163,6 +163,12 @@ warren_requests_total{proto="tcp"} 3
 		return testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(wantAfterFailures), afterFailureNames...) == nil
 	})
 	require.NoError(t, testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(wantAfterFailures), afterFailureNames...))
+	// A single edge has no cluster series.
+	families, err := e.admin.Gatherer().Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		require.False(t, strings.HasPrefix(f.GetName(), "warren_cluster_"), f.GetName())
+	}
 
 	// Leaves: alt goes away, then pool (its last healthy member B leaving is alert 3). A new
 	// pool "pool" then takes one request: web's dispatches go on from 10, never down.
