@@ -18,6 +18,7 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/proxy"
+	"github.com/warren-tunnel/warren/internal/throttle"
 	"github.com/warren-tunnel/warren/store"
 )
 
@@ -84,6 +85,8 @@ type cluster struct {
 
 	remote remoteView
 	peers  peerSet
+	// preAuth caps the incoming edge-to-edge connections whose handshake is under way.
+	preAuth *throttle.Conns
 	// live is the set of route keys with members on other edges (liveAnywhere).
 	live atomic.Pointer[map[string]bool]
 }
@@ -126,6 +129,12 @@ func startCluster(s *Server, cfg ClusterConfig) (*cluster, error) {
 	c.remote.edges = map[string]*remoteEdge{}
 	c.watchers = map[jetstream.KeyWatcher]struct{}{}
 	c.peers.links = map[*peerLink]struct{}{}
+	c.preAuth = throttle.NewConns(throttle.ConnsConfig{
+		Max:       s.cfg.MaxPreAuthConns,
+		MaxPerKey: s.cfg.MaxPreAuthConnsPerIP,
+		What:      "edge links waiting to authenticate",
+		Logger:    s.log.Named("throttle"),
+	})
 	c.nc = cfg.NATSConn
 	if c.nc == nil {
 		opts := append([]nats.Option{

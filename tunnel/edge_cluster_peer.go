@@ -17,6 +17,7 @@ import (
 
 	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/proxy"
+	"github.com/warren-tunnel/warren/internal/throttle"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -182,41 +183,32 @@ func (s *Server) ServePeers(l net.Listener) error {
 			}
 			return err
 		}
-		if !s.spawn(func() { s.cluster.servePeer(conn) }) {
+		slot := s.cluster.preAuth.Acquire(throttle.KeyOf(conn.RemoteAddr()))
+		if slot == nil { // over MaxPreAuthConns or MaxPreAuthConnsPerIP: counted and logged
+			_ = conn.Close()
+			continue
+		}
+		if !s.spawn(func() { s.cluster.servePeer(conn, slot) }) {
+			slot.Release()
 			_ = conn.Close()
 			return ErrServerClosed
 		}
 	}
 }
 
-// servePeer checks an incoming link's handshake and serves its streams.
-func (c *cluster) servePeer(conn net.Conn) {
-	_ = conn.SetDeadline(time.Now().Add(peerHandshakeTimeout))
-	var head [len(peerMagic) + 1]byte
-	if _, err := io.ReadFull(conn, head[:]); err != nil || string(head[:len(peerMagic)]) != peerMagic || head[len(peerMagic)] == 0 ||
-		int(head[len(peerMagic)]) > maxEdgeIDLen {
-		c.log.Warn("edge link refused: not a warren edge", zap.Stringer("remote", conn.RemoteAddr()))
+// servePeer checks an incoming link's handshake and serves its streams. Until the
+// handshake is over the connection holds slot (the peer port's pre-authentication cap), and
+// a wrong token counts as a failed authentication of its address, as on the control and
+// admin listeners: delayed, then the address is refused for a while (ServerConfig's
+// MaxAuthFailuresPerIP, AuthBlockDuration).
+func (c *cluster) servePeer(conn net.Conn, slot *throttle.Slot) {
+	defer slot.Release() // idempotent: released at the end of the handshake
+	from, ok := c.peerHandshake(conn)
+	slot.Release()
+	if !ok {
 		_ = conn.Close()
 		return
 	}
-	rest := make([]byte, int(head[len(peerMagic)])+sha256.Size)
-	if _, err := io.ReadFull(conn, rest); err != nil {
-		_ = conn.Close()
-		return
-	}
-	from := string(rest[:len(rest)-sha256.Size])
-	want := c.tokenHash()
-	if subtle.ConstantTimeCompare(rest[len(rest)-sha256.Size:], want[:]) != 1 {
-		c.log.Warn("edge link refused: wrong cluster token", zap.Stringer("remote", conn.RemoteAddr()))
-		_, _ = conn.Write([]byte{peerRefused})
-		_ = conn.Close()
-		return
-	}
-	if _, err := conn.Write([]byte{peerOK}); err != nil {
-		_ = conn.Close()
-		return
-	}
-	_ = conn.SetDeadline(time.Time{})
 	sess, err := mux.Client(conn, c.log)
 	if err != nil {
 		_ = conn.Close()
@@ -240,6 +232,42 @@ func (c *cluster) servePeer(conn net.Conn) {
 		}
 		wg.Go(func() { c.forward(l.ctx, st) })
 	}
+}
+
+// peerHandshake reads and checks an incoming link's hello within peerHandshakeTimeout and
+// answers it; it returns the dialling edge's id and whether the link is in.
+func (c *cluster) peerHandshake(conn net.Conn) (string, bool) {
+	_ = conn.SetDeadline(time.Now().Add(peerHandshakeTimeout))
+	attempt, err := c.srv.authLimit.Begin(throttle.KeyOf(conn.RemoteAddr()))
+	if err != nil { // blocked after failed attempts: no answer, the link is closed
+		return "", false
+	}
+	defer attempt.Done() // no-op after Fail
+	var head [len(peerMagic) + 1]byte
+	if _, err := io.ReadFull(conn, head[:]); err != nil || string(head[:len(peerMagic)]) != peerMagic || head[len(peerMagic)] == 0 ||
+		int(head[len(peerMagic)]) > maxEdgeIDLen {
+		c.log.Warn("edge link refused: not a warren edge", zap.Stringer("remote", conn.RemoteAddr()))
+		return "", false
+	}
+	rest := make([]byte, int(head[len(peerMagic)])+sha256.Size)
+	if _, err := io.ReadFull(conn, rest); err != nil {
+		return "", false
+	}
+	if err := attempt.Wait(c.ctx); err != nil {
+		return "", false
+	}
+	want := c.tokenHash()
+	if subtle.ConstantTimeCompare(rest[len(rest)-sha256.Size:], want[:]) != 1 {
+		attempt.Fail()
+		c.log.Warn("edge link refused: wrong cluster token", zap.Stringer("remote", conn.RemoteAddr()))
+		_, _ = conn.Write([]byte{peerRefused})
+		return "", false
+	}
+	if _, err := conn.Write([]byte{peerOK}); err != nil {
+		return "", false
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return string(rest[:len(rest)-sha256.Size]), true
 }
 
 // forward carries one stream another edge forwarded to the local member its envelope names.

@@ -72,12 +72,13 @@ type ServerConfig struct {
 	// MaxPreAuthConns and MaxPreAuthConnsPerIP cap the control connections whose Hello has not
 	// been accepted yet (TLS handshake, control stream, Hello, token check), in all and per
 	// source address (an IPv4 address, or an IPv6 /64); a connection over either cap is closed
-	// at once, before anything is read from it. A connection whose remote address is not an IP
+	// at once, before anything is read from it. In a cluster the peer port has caps of its
+	// own with the same values, for the edge links whose handshake is under way. A connection whose remote address is not an IP
 	// address (net.Pipe, DialContext) counts toward MaxPreAuthConns only. Defaults 256 and 16.
 	MaxPreAuthConns, MaxPreAuthConnsPerIP int
 	// MaxAuthFailuresPerIP, AuthFailureWindow and AuthBlockDuration throttle token guessing
 	// per source address (an IPv4 address, or an IPv6 /64), on the control and admin listeners
-	// together: an address with MaxAuthFailuresPerIP failed authentications within
+	// (and a cluster's peer port) together: an address with MaxAuthFailuresPerIP failed authentications within
 	// AuthFailureWindow is refused for AuthBlockDuration (from that failure) without its token
 	// being checked: a connector gets an "unavailable" error it retries after its backoff, the
 	// admin API answers 429 with Retry-After. Tokens still being checked count as failures

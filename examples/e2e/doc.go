@@ -5,8 +5,9 @@
 // lines the connectors print, requests and TCP connections shared by the members of a
 // group, a rejected group key, and clean exits on SIGTERM. It also runs the load-balancing
 // policies (weights, a backup tier, idempotent retry and outlier ejection when a backend
-// dies, a rolling group key rotation) through the mains, tenants against each other, and the
-// edge's status page in headless Chromium (browser_test.go; skipped without Chromium unless
+// dies, a rolling group key rotation) through the mains, tenants against each other, a
+// cluster of two edge processes on an embedded NATS server with one of them killed by SIGKILL
+// under load (cluster_test.go), and the edge's status page in headless Chromium (browser_test.go; skipped without Chromium unless
 // WARREN_REQUIRE_BROWSER is set).
 //
 // The package holds only tests; run them with
