@@ -198,6 +198,9 @@ type ClusterInfo struct {
 	NATS bool   `json:"nats_connected"`
 	// Edges lists the edges this edge knows of, itself first, then by id.
 	Edges []ClusterEdge `json:"edges"`
+	// Warnings are problems of the cluster's set-up this edge sees now, e.g. another edge
+	// with its edge_id.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // apiCluster lists the cluster's edges. Tenants see it too: it names edges, not routes.

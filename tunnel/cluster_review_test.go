@@ -3,14 +3,14 @@ package tunnel
 import (
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/warren-tunnel/warren/group"
-
 	"github.com/warren-tunnel/warren/admin"
+	"github.com/warren-tunnel/warren/group"
 )
 
 // edgeLease is the lease state edge e shows for edge id in /api/cluster ("" when unlisted).
@@ -167,4 +167,30 @@ func TestClusterReviewSoloAndPoolOnOneSubdomain(t *testing.T) {
 	// subdomain between a pool on a and a solo tunnel on b.
 	require.ErrorIs(t, err, group.ErrInUse, "a solo tunnel took a subdomain whose pool lives on another edge")
 	require.Empty(t, b.members("pool"))
+}
+
+// Two live edges started with one edge_id each report it (an error in the log and a warning
+// in /api/cluster), while an edge restarted with its own edge_id does not.
+func TestClusterDuplicateEdgeIDIsReported(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	lease := 600 * time.Millisecond
+	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
+	require.Eventually(t, a.cluster.ownSeen.Load, 5*time.Second, 10*time.Millisecond)
+	// A restart with the same edge_id: no warning.
+	a.close()
+	a = startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
+	require.Eventually(t, a.cluster.ownSeen.Load, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(3 * lease) // renewals of the restarted edge only
+	var ci admin.ClusterInfo
+	a.adminJSON(t, "/api/cluster", &ci)
+	require.Empty(t, ci.Warnings)
+
+	twin := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease, host: "127.0.0.2"})
+	for _, e := range []*clusterEdge{a, twin} {
+		require.Eventually(t, func() bool {
+			var ci admin.ClusterInfo
+			e.adminJSON(t, "/api/cluster", &ci)
+			return len(ci.Warnings) == 1 && strings.Contains(ci.Warnings[0], "two edges share one edge_id")
+		}, 5*time.Second, 20*time.Millisecond, "edge at %s", e.host)
+	}
 }

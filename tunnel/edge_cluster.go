@@ -82,6 +82,11 @@ type cluster struct {
 	watchers map[jetstream.KeyWatcher]struct{}
 	// leaseOK is whether the last lease renewal was written.
 	leaseOK atomic.Bool
+	// ownSeen: the leases watch delivered this incarnation's own renewal; dupSeen and
+	// dupLogged: when another edge's renewal of this edge's lease was last seen and logged
+	// (unix nanoseconds; checkOwnLease).
+	ownSeen            atomic.Bool
+	dupSeen, dupLogged atomic.Int64
 
 	remote remoteView
 	peers  peerSet

@@ -61,6 +61,7 @@ func (c *cluster) watchLeases() {
 		if key == c.cfg.EdgeID {
 			if !deleted {
 				c.selfSeen.Store(time.Now().UnixNano())
+				c.checkOwnLease(value)
 			}
 			return
 		}
@@ -95,6 +96,42 @@ func (c *cluster) watchLeases() {
 		}
 		c.reconcileLocked(e)
 	})
+}
+
+// checkOwnLease tells a second edge with this edge's edge_id: once this edge has seen its
+// own renewal, a renewal of its key by another incarnation (another start time) can only
+// come from a live edge sharing its edge_id. The two would take each other's members for
+// their own records; the edge logs an error (at most once a minute) and /api/cluster
+// carries a warning until the other edge stops renewing.
+func (c *cluster) checkOwnLease(value []byte) {
+	var rec leaseRecord
+	if json.Unmarshal(value, &rec) != nil {
+		return
+	}
+	if rec.Started.Equal(c.started) && rec.Advertise == c.cfg.Advertise {
+		c.ownSeen.Store(true)
+		return
+	}
+	if !c.ownSeen.Load() {
+		return // this edge's previous incarnation, before the first renewal
+	}
+	now := time.Now()
+	c.dupSeen.Store(now.UnixNano())
+	if last := c.dupLogged.Load(); last == 0 || now.Sub(time.Unix(0, last)) >= time.Minute {
+		c.dupLogged.Store(now.UnixNano())
+		c.log.Error("another edge renews this edge's lease: two edges share one edge_id; give each edge its own",
+			zap.String("other_advertise", rec.Advertise), zap.Time("other_started", rec.Started))
+	}
+}
+
+// duplicateWarning is /api/cluster's warning while another edge renewed this edge's lease
+// within the last two lease periods, or "".
+func (c *cluster) duplicateWarning() string {
+	at := c.dupSeen.Load()
+	if at == 0 || time.Since(time.Unix(0, at)) > 2*c.cfg.LeaseTTL {
+		return ""
+	}
+	return "another edge renews the lease of edge_id " + c.cfg.EdgeID + ": two edges share one edge_id; give each edge its own"
 }
 
 // watchMembers follows the members bucket: every other edge's member records.
@@ -424,6 +461,9 @@ func (c *cluster) watchLink(e *remoteEdge, l *peerLink) {
 // info describes the cluster for GET /api/cluster.
 func (c *cluster) info() admin.ClusterInfo {
 	out := admin.ClusterInfo{Enabled: true, Self: c.cfg.EdgeID, NATS: c.nc.IsConnected()}
+	if w := c.duplicateWarning(); w != "" {
+		out.Warnings = append(out.Warnings, w)
+	}
 	local := 0
 	for _, g := range c.srv.registry.Groups() {
 		for _, m := range g.Members() {
