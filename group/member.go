@@ -35,6 +35,8 @@ type Member struct {
 	// Edge is the cluster edge the member's connector is attached to, "" when it is this
 	// edge (JoinRequest.Edge).
 	Edge string
+	// Session is the connector session that registered the member (JoinRequest.Session).
+	Session string
 	// Weight is the member's declared share of new work relative to the others (1–100).
 	Weight int
 	// Priority is the member's tier: only the lowest-numbered tier with a selectable member
@@ -53,9 +55,10 @@ type Member struct {
 	limit   uint64      // cap on active streams; 0 = none
 	healthy atomic.Bool // the probe's verdict (see Healthy for the member's health)
 
-	key   KeyHash // the group key the member presented
-	hash  uint64  // dispatch.HashString(ID): the member's place in consistent hashing
-	token string  // the opaque, signed affinity token naming the member
+	key   KeyHash   // the group key the member presented
+	prev  []KeyHash // the keys it held before (JoinRequest.PrevKeyHashes)
+	hash  uint64    // dispatch.HashString(ID): the member's place in consistent hashing
+	token string    // the opaque, signed affinity token naming the member
 	// rampFrom is when the member last turned selectable (nanoseconds on the package's
 	// monotonic clock) while it still ramps up; 0 when it is at its full weight.
 	rampFrom atomic.Int64

@@ -223,6 +223,9 @@ type JoinRequest struct {
 	// of a cluster (a remote member, reached through that edge); "" for a member of this
 	// edge. Dispatch prefers a local member when loads tie.
 	Edge string
+	// Session is an opaque name of the connector session registering the member (the
+	// edge's session id), kept as Member.Session; "" for none.
+	Session string
 	// Value is the caller's payload, returned by Member.Value.
 	Value any
 }
@@ -288,12 +291,19 @@ func (r *Registry) LookupHTTP(subdomain string) *Group {
 	return v.(*Group)
 }
 
-// Groups returns every live group, in no particular order.
+// Groups returns every live group, once each (a TCP pool in the middle of a key rotation
+// is stored under both keys), in no particular order.
 func (r *Registry) Groups() []*Group {
 	var out []*Group
-	collect := func(_, v any) bool { out = append(out, v.(*Group)); return true }
-	r.http.Range(collect)
-	r.tcp.Range(collect)
+	r.http.Range(func(_, v any) bool { out = append(out, v.(*Group)); return true })
+	seen := map[*Group]bool{}
+	r.tcp.Range(func(_, v any) bool {
+		if g := v.(*Group); !seen[g] {
+			seen[g] = true
+			out = append(out, g)
+		}
+		return true
+	})
 	return out
 }
 
@@ -361,8 +371,14 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 
 	var g *Group
 	v, ok := routes.Load(key)
+	adopt := false // a remote member's old key, stored as a route of the pool it rotated to
 	if !ok && kind == KindTCP && grouped {
 		v, ok = rotatingTCP(routes, req)
+		if !ok {
+			if rg, found := rotatedFromTCP(routes, req); found {
+				v, ok, adopt = rg, true, true
+			}
+		}
 	}
 	if ok {
 		g = v.(*Group)
@@ -392,7 +408,9 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 		group:        g,
 		drained:      make(chan struct{}),
 		limit:        uint64(max(r.cfg.MaxActivePerMember, 0)),
+		Session:      req.Session,
 		key:          req.KeyHash,
+		prev:         slices.Clone(req.PrevKeyHashes),
 		hash:         dispatch.HashString(req.ID),
 		token:        r.affinityToken(req.ID),
 	}
@@ -409,6 +427,12 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 	g.members = append(g.members, m)
 	if grouped {
 		rotate(g, req, routes)
+	}
+	if adopt {
+		routes.Store(key, g)
+		if !slices.Contains(g.routeKeys, key) {
+			g.routeKeys = append(g.routeKeys, key)
+		}
 	}
 	m.record(Transition{At: m.Joined, Healthy: m.Healthy(), Reason: reason})
 	g.publishLocked()

@@ -12,6 +12,11 @@ import (
 // key), or whose key some member of the pool still holds (a connector that has not rotated
 // yet, reconnecting). Once no member holds an old key, that key is refused (HTTP) or names
 // another pool (TCP, where the key is part of the route).
+//
+// A remote member (JoinRequest.Edge set: a cluster edge joins another edge's member, which
+// that edge's pool has admitted) is also admitted with a key some member of the pool rotated
+// from: the edges learn members in no set order, and a member that has not rotated may
+// arrive after the one that moved the pool on.
 
 func tcpKey(name string, k KeyHash) string { return name + "\x00" + string(k[:]) }
 
@@ -26,6 +31,32 @@ func rotatingTCP(routes *sync.Map, req JoinRequest) (any, bool) {
 		}
 	}
 	return nil, false
+}
+
+// rotatedFromTCP finds, for a remote member (req.Edge set), the TCP pool of its name that
+// rotated from its key: one of whose members declared req.KeyHash a previous key (see the
+// top of this file). The caller holds the pool name's shard lock.
+func rotatedFromTCP(routes *sync.Map, req JoinRequest) (*Group, bool) {
+	if req.Edge == "" {
+		return nil, false
+	}
+	var found *Group
+	routes.Range(func(_, v any) bool {
+		g := v.(*Group)
+		if g.Kind != KindTCP || g.Name != req.Group {
+			return true
+		}
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		for _, m := range g.members {
+			if slices.ContainsFunc(m.prev, func(p KeyHash) bool { return sameKey(p, req.KeyHash) }) {
+				found = g
+				return false
+			}
+		}
+		return true
+	})
+	return found, found != nil
 }
 
 // keyAdmits reports whether req's keys let it join g; the caller holds the route's lock.
@@ -43,6 +74,9 @@ func (g *Group) keyAdmits(req JoinRequest) bool {
 	defer g.mu.Unlock()
 	for _, m := range g.members {
 		if sameKey(m.key, req.KeyHash) {
+			return true
+		}
+		if req.Edge != "" && slices.ContainsFunc(m.prev, func(p KeyHash) bool { return sameKey(p, req.KeyHash) }) {
 			return true
 		}
 	}
@@ -87,3 +121,11 @@ func (g *Group) HoldsKey(k KeyHash) bool {
 	defer g.mu.Unlock()
 	return slices.ContainsFunc(g.members, func(m *Member) bool { return sameKey(m.key, k) })
 }
+
+// KeyHash is the group key hash the member presented (JoinRequest.KeyHash; during a
+// rotation it may differ from its pool's).
+func (m *Member) KeyHash() KeyHash { return m.key }
+
+// PrevKeyHashes are the key hashes the member declared it held before its key
+// (JoinRequest.PrevKeyHashes). The slice is the member's own: do not modify it.
+func (m *Member) PrevKeyHashes() []KeyHash { return m.prev }

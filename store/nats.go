@@ -103,6 +103,10 @@ type NATSConfig struct {
 // subject filter such as "tcp.*" selects every TCP route, and "tcp.web" one. A 128-byte
 // group name (the wire's limit) makes a NATS key of at most 176 characters.
 //
+// A bucket that vanished under an open store (its NATS store was wiped, or it was deleted)
+// is created again, empty, by the first request that finds it missing, with the
+// configuration OpenNATS would give it; the routes it held are lost, as they were already.
+//
 // Open it with OpenNATS; it is safe for concurrent use. Close releases it but leaves the
 // connection, which belongs to the caller, open.
 type NATS struct {
@@ -114,6 +118,11 @@ type NATS struct {
 	kv      jetstream.KeyValue
 	bucket  string
 	timeout time.Duration
+	// js and create make the bucket again when it vanished (recreate); remu serialises that.
+	// kv stays: a handle names the bucket, so it works on the bucket made again.
+	js     jetstream.JetStream
+	create jetstream.KeyValueConfig
+	remu   sync.Mutex
 
 	// ctx is cancelled by Close, ending the requests of calls in flight.
 	ctx    context.Context
@@ -165,20 +174,14 @@ func OpenNATS(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATS, error)
 	}
 	octx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	kv, err := js.KeyValue(octx, cfg.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(octx, jetstream.KeyValueConfig{
-			Bucket:      cfg.Bucket,
-			Description: "warren routes: owner, pool and public ports of every route",
-			History:     1,
-			Storage:     jetstream.FileStorage,
-			Replicas:    cfg.Replicas,
-		})
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			// Another edge created it first (with another configuration): use it.
-			kv, err = js.KeyValue(octx, cfg.Bucket)
-		}
+	create := jetstream.KeyValueConfig{
+		Bucket:      cfg.Bucket,
+		Description: "warren routes: owner, pool and public ports of every route",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
 	}
+	kv, _, err := openOrCreate(octx, js, create)
 	if err != nil {
 		return nil, fmt.Errorf("store: open NATS bucket %s: %w", cfg.Bucket, err)
 	}
@@ -191,7 +194,7 @@ func OpenNATS(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATS, error)
 	}
 	sctx, scancel := context.WithCancel(context.Background())
 	return &NATS{
-		kv: kv, bucket: cfg.Bucket, timeout: cfg.Timeout,
+		kv: kv, js: js, create: create, bucket: cfg.Bucket, timeout: cfg.Timeout,
 		ctx: sctx, cancel: scancel,
 		keys:     map[string]*keyLock{},
 		maxTries: natsMaxTries, maxBackoff: natsMaxBackoff,
@@ -334,6 +337,9 @@ func (s *NATS) List() ([]*Route, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
 	defer cancel()
 	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil && s.recreate(ctx, err) {
+		w, err = s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	}
 	if err != nil {
 		return nil, s.opError("list", "", err)
 	}
@@ -396,11 +402,62 @@ func (s *NATS) Close() error {
 	return nil
 }
 
-// do runs one request to NATS under the store's timeout, cancelled by Close.
+// do runs one request to NATS under the store's timeout, cancelled by Close; a request that
+// failed because the bucket is gone is made again once the bucket is (recreate).
 func (s *NATS) do(op func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
 	defer cancel()
-	return op(ctx)
+	err := op(ctx)
+	if err != nil && s.recreate(ctx, err) {
+		err = op(ctx)
+	}
+	return err
+}
+
+// recreate creates the bucket again, empty, as OpenNATS would, when err says it does not
+// exist (its NATS store was wiped, or it was deleted): the routes it held are lost either
+// way, and without it no route could be written again until every edge restarted. It reports
+// whether the bucket exists now, created by this call or another writer.
+func (s *NATS) recreate(ctx context.Context, err error) bool {
+	if !natsBucketMissing(err) {
+		return false
+	}
+	s.remu.Lock()
+	defer s.remu.Unlock()
+	_, _, err = openOrCreate(ctx, s.js, s.create)
+	return err == nil
+}
+
+// openOrCreate opens the bucket of cfg, creating it when it does not exist (or using the one
+// another writer created at the same moment); created tells whether this call created it.
+func openOrCreate(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (kv jetstream.KeyValue, created bool, err error) {
+	kv, err = js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		created = err == nil
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			// Another edge created it first (with another configuration): use it.
+			kv, err = js.KeyValue(ctx, cfg.Bucket)
+		}
+	}
+	return kv, created, err
+}
+
+// natsBucketMissing reports whether err, from a request on the bucket, may mean that the
+// bucket does not exist: JetStream's "stream not found" in any wrapping, or no stream
+// answering a write to its subjects (recreate checks before it creates anything).
+func natsBucketMissing(err error) bool {
+	for _, target := range []error{jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound, jetstream.ErrNoStreamResponse,
+		nats.ErrBucketNotFound, nats.ErrStreamNotFound, nats.ErrNoResponders} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	var jerr *jetstream.APIError
+	if errors.As(err, &jerr) && jerr.ErrorCode == jetstream.JSErrCodeStreamNotFound {
+		return true
+	}
+	return err != nil && strings.Contains(err.Error(), "stream not found")
 }
 
 // lockKey takes the in-process lock of the NATS key nk, waiting until it is free or the

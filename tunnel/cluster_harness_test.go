@@ -25,9 +25,44 @@ import (
 const clusterToken = "cluster-secret"
 
 // startNATSCluster starts n embedded NATS servers with JetStream on 127.0.0.1 (one alone,
-// or a cluster of n routed to the first) and waits until JetStream answers; they stop at
-// the end of the test.
+// or a cluster of n routed to each other) and waits until JetStream answers; they stop at
+// the end of the test. The route ports are picked free and closed before the servers bind
+// them: when another socket took one meanwhile (the servers then never get ready), the
+// cluster is started again on new ports.
 func startNATSCluster(t testing.TB, n int) []*server.Server {
+	t.Helper()
+	var nodes []*server.Server
+	for attempt := 1; ; attempt++ {
+		var ready bool
+		nodes, ready = tryNATSCluster(t, n)
+		if ready {
+			break
+		}
+		for _, ns := range nodes {
+			ns.Shutdown()
+			ns.WaitForShutdown()
+		}
+		require.Less(t, attempt, 3, "NATS servers not ready")
+		t.Logf("NATS servers not ready (attempt %d): starting them again on other ports", attempt)
+	}
+	// JetStream is ready once a replicated bucket can be made.
+	nc, err := nats.Connect(nodes[0].ClientURL())
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "ready", Replicas: n, Storage: jetstream.MemoryStorage})
+		return err == nil
+	}, 30*time.Second, 100*time.Millisecond, "JetStream not ready")
+	return nodes
+}
+
+// tryNATSCluster starts n NATS servers (stopped at the end of the test) and reports whether
+// all of them got ready within 10 s.
+func tryNATSCluster(t testing.TB, n int) ([]*server.Server, bool) {
 	t.Helper()
 	var nodes []*server.Server
 	// Route ports chosen up front, so that every node lists every other.
@@ -54,21 +89,11 @@ func startNATSCluster(t testing.TB, n int) []*server.Server {
 		nodes = append(nodes, ns)
 	}
 	for _, ns := range nodes {
-		require.True(t, ns.ReadyForConnections(20*time.Second), "NATS server not ready")
+		if !ns.ReadyForConnections(10 * time.Second) {
+			return nodes, false
+		}
 	}
-	// JetStream is ready once a replicated bucket can be made.
-	nc, err := nats.Connect(nodes[0].ClientURL())
-	require.NoError(t, err)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "ready", Replicas: n, Storage: jetstream.MemoryStorage})
-		return err == nil
-	}, 30*time.Second, 100*time.Millisecond, "JetStream not ready")
-	return nodes
+	return nodes, true
 }
 
 func natsURLs(nodes []*server.Server) []string {

@@ -48,6 +48,11 @@ type cluster struct {
 	members jetstream.KeyValue
 	leases  jetstream.KeyValue
 	alerts  jetstream.KeyValue
+	// bmu serialises ensureBuckets; bucketsSeen is when it last found all three buckets;
+	// bucketsGen counts the times this edge found a bucket created anew.
+	bmu         sync.Mutex
+	bucketsSeen time.Time
+	bucketsGen  atomic.Uint64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -97,25 +102,42 @@ type cluster struct {
 }
 
 // memberRecord is a member as the other edges learn it.
+//
+// KeyHash is the group key hash the member presented and PrevKeyHashes the ones it declared
+// it held before (key rotation): the other edges join it with both, so that a pool in the
+// middle of a rolling rotation admits on every edge what it admits on the member's own.
+//
+// Session is the member's connector session on its edge and ResumeHash the hex SHA-256 of
+// that session's resume token: a connector that moves to another edge and proves, with the
+// token, that it held the session, is not refused by its own old registrations there
+// (remoteConflict). The token is 128 random bits: its hash does not give it away. Resumes
+// and ResumesProof are that claim, when the member's session made one: the session its
+// connector resumed and the SHA-256 of the token it presented. The edge holding that session
+// ends it when the proof matches (the connector has left it; endMovedSession).
 type memberRecord struct {
-	Edge            string        `json:"edge"`
-	Tunnel          string        `json:"tunnel"`
-	Proto           group.Proto   `json:"proto"`
-	Label           string        `json:"label"`
-	Group           string        `json:"group,omitempty"`
-	KeyHash         group.KeyHash `json:"key_hash"`
-	Tenant          string        `json:"tenant,omitempty"`
-	HealthKind      string        `json:"health_kind"`
-	Healthy         bool          `json:"healthy"`
-	Draining        bool          `json:"draining,omitempty"`
-	Port            int           `json:"port,omitempty"`
-	Weight          int           `json:"weight,omitempty"`
-	Priority        int           `json:"priority,omitempty"`
-	SlowStart       time.Duration `json:"slow_start,omitempty"`
-	Affinity        string        `json:"affinity,omitempty"`
-	RetryIdempotent bool          `json:"retry_idempotent,omitempty"`
-	AlertWebhook    string        `json:"alert_webhook,omitempty"`
-	BackendProtocol string        `json:"backend_protocol,omitempty"`
+	Edge            string          `json:"edge"`
+	Tunnel          string          `json:"tunnel"`
+	Proto           group.Proto     `json:"proto"`
+	Label           string          `json:"label"`
+	Group           string          `json:"group,omitempty"`
+	KeyHash         group.KeyHash   `json:"key_hash"`
+	PrevKeyHashes   []group.KeyHash `json:"prev_key_hashes,omitempty"`
+	Session         string          `json:"session,omitempty"`
+	ResumeHash      string          `json:"resume_hash,omitempty"`
+	Resumes         string          `json:"resumes,omitempty"`
+	ResumesProof    string          `json:"resumes_proof,omitempty"`
+	Tenant          string          `json:"tenant,omitempty"`
+	HealthKind      string          `json:"health_kind"`
+	Healthy         bool            `json:"healthy"`
+	Draining        bool            `json:"draining,omitempty"`
+	Port            int             `json:"port,omitempty"`
+	Weight          int             `json:"weight,omitempty"`
+	Priority        int             `json:"priority,omitempty"`
+	SlowStart       time.Duration   `json:"slow_start,omitempty"`
+	Affinity        string          `json:"affinity,omitempty"`
+	RetryIdempotent bool            `json:"retry_idempotent,omitempty"`
+	AlertWebhook    string          `json:"alert_webhook,omitempty"`
+	BackendProtocol string          `json:"backend_protocol,omitempty"`
 }
 
 // leaseRecord is an edge's lease value.
@@ -175,29 +197,16 @@ func (c *cluster) openBuckets() error {
 	if err != nil {
 		return fmt.Errorf("tunnel: cluster: %w", err)
 	}
-	open := func(name, what string, ttl time.Duration) (jetstream.KeyValue, error) {
-		kv, err := js.KeyValue(ctx, name)
-		if errors.Is(err, jetstream.ErrBucketNotFound) {
-			kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: name, Description: what,
-				History: 1, TTL: ttl, Storage: jetstream.MemoryStorage, Replicas: c.cfg.Replicas})
-			if errors.Is(err, jetstream.ErrBucketExists) {
-				kv, err = js.KeyValue(ctx, name)
-			}
-		}
+	kvs := make([]jetstream.KeyValue, 0, 3)
+	for _, cfg := range c.bucketConfigs() {
+		kv, _, err := openKV(ctx, js, cfg)
 		if err != nil {
-			return nil, fmt.Errorf("tunnel: cluster: open NATS bucket %s: %w", name, err)
+			return fmt.Errorf("tunnel: cluster: %w", err)
 		}
-		return kv, nil
+		kvs = append(kvs, kv)
 	}
-	if c.members, err = open(c.cfg.Bucket+"_members", "warren members: every edge's live members", 0); err != nil {
-		return err
-	}
-	if c.leases, err = open(c.cfg.Bucket+"_leases", "warren edge leases", c.cfg.LeaseTTL); err != nil {
-		return err
-	}
-	if c.alerts, err = open(c.cfg.Bucket+"_alerts", "warren alerts: the last alert sent per pool", 0); err != nil {
-		return err
-	}
+	c.members, c.leases, c.alerts = kvs[0], kvs[1], kvs[2]
+	c.bucketsSeen = time.Now()
 	return nil
 }
 
@@ -213,6 +222,9 @@ func (c *cluster) run() error {
 		c.log.Info("NATS connection back: reconciling")
 		c.restartWatches() // their consumers may have lived on the node that went away
 		c.markAllDirty()
+		// A NATS that restarted lost the buckets in memory storage: create them again (in a
+		// goroutine: this handler runs on the connection's dispatcher).
+		c.spawn(func() { c.reviveBuckets() })
 	})
 	c.selfSeen.Store(time.Now().UnixNano())
 	// A previous incarnation of this edge id may have left member records behind.
@@ -268,6 +280,7 @@ func (c *cluster) heartbeat() {
 	every := min(c.cfg.LeaseTTL/3, time.Second)
 	t := time.NewTicker(every)
 	defer t.Stop()
+	gen := c.bucketsGen.Load()
 	for {
 		select {
 		case <-c.ctx.Done():
@@ -286,6 +299,12 @@ func (c *cluster) heartbeat() {
 			// records: write them all again.
 			c.log.Info("lease renewed again")
 			c.markAllDirty()
+		}
+		if g := c.bucketsGen.Load(); g != gen {
+			// The buckets were created anew, their revisions from 1: the members stream's
+			// last sequence seen before says nothing of the new one.
+			gen = g
+			c.membersPrev = 0
 		}
 		c.checkMembersWatch()
 	}
@@ -323,6 +342,9 @@ func (c *cluster) renewLease() error {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
 	_, err = c.leases.Put(ctx, c.cfg.EdgeID, b)
+	if err != nil && c.recoverBuckets(err) {
+		_, err = c.leases.Put(ctx, c.cfg.EdgeID, b) // into the bucket just created again
+	}
 	return err
 }
 
@@ -441,6 +463,18 @@ func (c *cluster) recordOf(m *group.Member) memberRecord {
 		KeyHash: g.KeyHash(), Tenant: m.Tenant, HealthKind: m.HealthKind, Healthy: m.Healthy(),
 		Draining: m.Draining(), Weight: m.Weight, Priority: m.Priority, SlowStart: m.SlowStart,
 		Affinity: g.Affinity, RetryIdempotent: g.RetryIdempotent, AlertWebhook: m.AlertWebhook}
+	if !g.Solo() {
+		// The member's own keys: mid-rotation its pool's key may be another (newer) one.
+		rec.KeyHash, rec.PrevKeyHashes = m.KeyHash(), m.PrevKeyHashes()
+	}
+	if m.Session != "" {
+		if h, resumed, proof, ok := c.srv.sessionResume(m.Session); ok {
+			rec.Session, rec.ResumeHash = m.Session, hex.EncodeToString(h[:])
+			if resumed != "" {
+				rec.Resumes, rec.ResumesProof = resumed, hex.EncodeToString(proof[:])
+			}
+		}
+	}
 	if g.Kind == group.KindTCP {
 		rec.Port = g.Port
 	}
@@ -568,4 +602,132 @@ func (c *cluster) announceDraining() {
 			}
 		}
 	}
+}
+
+// bucketCheckEvery is how often at most ensureBuckets asks NATS whether the buckets exist
+// once it found them all: several workers may report a missing bucket at once.
+const bucketCheckEvery = 250 * time.Millisecond
+
+// bucketConfigs are the members, leases and alerts buckets, in that order, as this edge
+// creates them.
+//
+// They are in memory storage on purpose: what they hold is true only while the edges keep
+// renewing it. After a restart of NATS (all of its nodes; with Replicas > 1 a single node
+// restarting loses nothing) they are gone, and every edge writes its lease and its members
+// again within a heartbeat of finding them missing (ensureBuckets), so the others learn only
+// live state. File storage would bring back, after a long outage, the member records of
+// edges and tunnels that ended while NATS was down (member records have no TTL), which the
+// other edges would take for real until they proved otherwise. The routes (store.NATS) are
+// in file storage: route ownership must outlive a restart of NATS.
+func (c *cluster) bucketConfigs() []jetstream.KeyValueConfig {
+	kv := func(suffix, what string, ttl time.Duration) jetstream.KeyValueConfig {
+		return jetstream.KeyValueConfig{Bucket: c.cfg.Bucket + suffix, Description: what, History: 1, TTL: ttl,
+			Storage: jetstream.MemoryStorage, Replicas: c.cfg.Replicas}
+	}
+	return []jetstream.KeyValueConfig{
+		kv("_members", "warren members: every edge's live members", 0),
+		kv("_leases", "warren edge leases", c.cfg.LeaseTTL),
+		kv("_alerts", "warren alerts: the last alert sent per pool", 0),
+	}
+}
+
+// openKV opens the bucket of cfg, creating it when it does not exist; created tells whether
+// this call created it. Another edge may create it at the same moment: then that bucket is
+// used.
+func openKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (kv jetstream.KeyValue, created bool, err error) {
+	kv, err = js.KeyValue(ctx, cfg.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = js.CreateKeyValue(ctx, cfg)
+		created = err == nil
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = js.KeyValue(ctx, cfg.Bucket)
+		}
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("open NATS bucket %s: %w", cfg.Bucket, err)
+	}
+	return kv, created, nil
+}
+
+// ensureBuckets creates again those of the members, leases and alerts buckets that do not
+// exist (a NATS restart lost them), and reports whether it created any.
+//
+// The handles c.members, c.leases and c.alerts stay as they are: a jetstream.KeyValue names
+// its bucket's stream and subjects, nothing of one incarnation of the stream, so a handle
+// opened before works on the bucket created again with the same configuration.
+func (c *cluster) ensureBuckets() (bool, error) {
+	c.bmu.Lock()
+	defer c.bmu.Unlock()
+	if time.Since(c.bucketsSeen) < bucketCheckEvery {
+		return false, nil
+	}
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return false, fmt.Errorf("tunnel: cluster: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	defer cancel()
+	var created []string
+	for _, cfg := range c.bucketConfigs() {
+		_, made, err := openKV(ctx, js, cfg)
+		if err != nil {
+			return len(created) > 0, fmt.Errorf("tunnel: cluster: %w", err)
+		}
+		if made {
+			created = append(created, cfg.Bucket)
+		}
+	}
+	c.bucketsSeen = time.Now()
+	if len(created) > 0 {
+		c.log.Warn("NATS had lost the cluster's buckets (a restart of NATS loses them: they are in memory): created them again",
+			zap.Strings("buckets", created))
+	}
+	return len(created) > 0, nil
+}
+
+// reviveBuckets creates the missing buckets again and, when it did, restarts the watches
+// and writes every local member's record again (the lease follows at the next heartbeat).
+// It reports whether it created any.
+func (c *cluster) reviveBuckets() bool {
+	created, err := c.ensureBuckets()
+	if err != nil {
+		c.log.Debug("cannot check the cluster's NATS buckets", zap.Error(err))
+	}
+	if created {
+		c.restartWatches() // they find the buckets new (watch)
+		c.markAllDirty()
+	}
+	return created
+}
+
+// recoverBuckets is called with the error of an operation on one of the buckets: when it
+// says the bucket does not exist, the missing buckets are created again (reviveBuckets). It
+// reports whether any was.
+func (c *cluster) recoverBuckets(err error) bool {
+	return isBucketMissing(err) && c.reviveBuckets()
+}
+
+// isBucketMissing reports whether err, from an operation on a key-value bucket, may mean that
+// the bucket does not exist: JetStream's "stream not found" (code 10059) in any wrapping, or
+// no stream answering a write to its subjects. ensureBuckets checks before it creates
+// anything, so a false alarm costs a request.
+func isBucketMissing(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, target := range []error{jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound, jetstream.ErrNoStreamResponse,
+		nats.ErrBucketNotFound, nats.ErrStreamNotFound, nats.ErrNoResponders} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	var jerr *jetstream.APIError
+	if errors.As(err, &jerr) && jerr.ErrorCode == jetstream.JSErrCodeStreamNotFound {
+		return true
+	}
+	var nerr *nats.APIError
+	if errors.As(err, &nerr) && nerr.ErrorCode == nats.JSErrCodeStreamNotFound {
+		return true
+	}
+	return strings.Contains(err.Error(), "stream not found")
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -42,6 +43,33 @@ const (
 )
 
 var errPeerRefused = errors.New("the edge refused the cluster token")
+
+// Bounds on the streams one edge-to-edge link may cost the edge that accepted it. The other
+// edge holds the token, but a buggy or compromised one must not be able to exhaust this one:
+// every stream it opens costs a goroutine here while it is forwarded, and a yamux stream
+// until both ends closed it.
+const (
+	// maxPeerStreams caps the streams of one link being forwarded at once. A link carries
+	// every request and connection the other edge forwards to this edge's members (all its
+	// public traffic for pools whose members are here, websockets and TCP connections
+	// included), so the cap is in the thousands: a stream costs a goroutine and a few KiB
+	// while it is idle, so 4096 of them are affordable, and more concurrent forwarded
+	// streams than that from one edge to another means either a deployment that should run
+	// more edges or a peer gone wrong. A stream over the cap is refused at once (AckRefused:
+	// no byte reached an application, so the other edge may retry on another member).
+	maxPeerStreams = 4096
+	// maxPeerPending caps, within maxPeerStreams, the streams whose envelope has not arrived
+	// yet. An edge writes the envelope as it opens the stream, so on a sound link these are
+	// the few just accepted; a peer opening streams and sending nothing would otherwise hold
+	// a goroutine each until OpenTimeout. Over it, a stream is refused at once, as above.
+	maxPeerPending = 256
+	// maxPeerHeld caps every stream yamux holds for one link: the forwarded ones, the ones
+	// queued for accept (AcceptBacklog), and the refused or finished ones whose peer has not
+	// closed its side yet (held up to yamux's StreamCloseTimeout, as yamux cannot reset a
+	// stream). A sound peer closes a refused stream when it reads the refusal, so more than
+	// this means the peer is broken: the link is closed, which frees them all.
+	maxPeerHeld = 2 * maxPeerStreams
+)
 
 // peerLink is one edge-to-edge link, from either end.
 type peerLink struct {
@@ -225,12 +253,62 @@ func (c *cluster) servePeer(conn net.Conn, slot *throttle.Slot) {
 	c.log.Debug("edge linked", zap.String("edge", from), zap.Stringer("remote", conn.RemoteAddr()))
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	var lim peerLimits
+	defer lim.report(c.log, from)
 	for {
 		st, err := sess.AcceptStreamWithContext(l.ctx)
 		if err != nil {
 			return
 		}
-		wg.Go(func() { c.forward(l.ctx, st) })
+		if n := sess.NumStreams(); n > maxPeerHeld {
+			c.log.Warn("edge link closed: the other edge keeps more streams open on it than any real traffic needs",
+				zap.String("edge", from), zap.Int("streams", n), zap.Int("max", maxPeerHeld))
+			_ = st.Close()
+			return // the deferred close frees every stream of the link
+		}
+		if !lim.admit() {
+			lim.refused(c.log, from)
+			refuse(st, wire.AckRefused) // bounded: the write by a second, the close by connWriteTimeout
+			continue
+		}
+		wg.Go(func() {
+			defer lim.active.Add(-1)
+			c.forward(l.ctx, st, &lim.pending)
+		})
+	}
+}
+
+// peerLimits counts one accepted link's streams against maxPeerStreams and maxPeerPending.
+type peerLimits struct {
+	active   atomic.Int64 // streams in forward
+	pending  atomic.Int64 // of those, the ones whose envelope was not read yet
+	nRefused int64        // streams refused over a cap (the accept loop's alone)
+}
+
+// admit counts a stream in, pending its envelope, unless the link is at one of its caps.
+func (p *peerLimits) admit() bool {
+	if p.active.Load() >= maxPeerStreams || p.pending.Load() >= maxPeerPending {
+		return false
+	}
+	p.active.Add(1)
+	p.pending.Add(1)
+	return true
+}
+
+// refused counts a refusal and logs the first one of the link.
+func (p *peerLimits) refused(log *zap.Logger, from string) {
+	p.nRefused++
+	if p.nRefused == 1 {
+		log.Warn("edge link over its stream caps: refusing streams",
+			zap.String("edge", from), zap.Int64("forwarded", p.active.Load()), zap.Int64("awaiting_envelope", p.pending.Load()),
+			zap.Int("max_streams", maxPeerStreams), zap.Int("max_awaiting_envelope", maxPeerPending))
+	}
+}
+
+// report logs, when the link ends, how many streams it had refused.
+func (p *peerLimits) report(log *zap.Logger, from string) {
+	if p.nRefused > 0 {
+		log.Warn("edge link ended; streams refused over its caps", zap.String("edge", from), zap.Int64("refused", p.nRefused))
 	}
 }
 
@@ -270,10 +348,13 @@ func (c *cluster) peerHandshake(conn net.Conn) (string, bool) {
 	return string(rest[:len(rest)-sha256.Size]), true
 }
 
-// forward carries one stream another edge forwarded to the local member its envelope names.
-func (c *cluster) forward(ctx context.Context, st *yamux.Stream) {
+// forward carries one stream another edge forwarded to the local member its envelope names;
+// pending, counting the link's streams awaiting their envelope, is decremented once it is read
+// (or is not, in OpenTimeout).
+func (c *cluster) forward(ctx context.Context, st *yamux.Stream, pending *atomic.Int64) {
 	_ = st.SetReadDeadline(time.Now().Add(c.srv.cfg.OpenTimeout))
 	env, err := wire.ReadEnvelope(st)
+	pending.Add(-1)
 	if err != nil {
 		refuse(st, wire.AckMalformed)
 		return

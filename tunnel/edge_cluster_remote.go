@@ -2,6 +2,8 @@ package tunnel
 
 import (
 	"context"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"maps"
@@ -43,13 +45,16 @@ type remoteEdge struct {
 	refused   map[string]string        // records the registry refused, and why (logged once)
 	link      *peerLink                // nil while there is no link
 	dialing   bool
+	// moved are the records whose connector has moved to this edge (movedHere): not joined,
+	// though the record stays until its edge deletes it or its lease lapses.
+	moved map[string]bool
 }
 
 func (v *remoteView) edge(id string) *remoteEdge {
 	e := v.edges[id]
 	if e == nil {
 		e = &remoteEdge{id: id, records: map[string]memberRecord{}, joined: map[string]*group.Member{},
-			refused: map[string]string{}, expired: true}
+			refused: map[string]string{}, moved: map[string]bool{}, expired: true}
 		v.edges[id] = e
 	}
 	return e
@@ -149,6 +154,12 @@ func (c *cluster) watchMembers() {
 			}
 			return
 		}
+		var moved memberRecord // runs after the unlock below
+		defer func() {
+			if p, ok := proofOf(moved.ResumesProof); ok && moved.Resumes != "" {
+				c.srv.endMovedSession(moved.Resumes, moved.Tenant, p, moved.Edge)
+			}
+		}()
 		c.remote.mu.Lock()
 		defer c.remote.mu.Unlock()
 		e := c.remote.edge(edgeID)
@@ -165,6 +176,7 @@ func (c *cluster) watchMembers() {
 				return
 			}
 			e.records[tunnelID] = rec
+			moved = rec
 		}
 		c.reconcileLocked(e)
 		c.settleRoutes(gone)
@@ -173,11 +185,18 @@ func (c *cluster) watchMembers() {
 
 // watch runs fn for every value of kv, the current ones first, until the cluster stops;
 // a watch that ends (NATS lost, or restartWatches) is started again. rev, when set, keeps
-// the highest revision delivered.
+// the highest revision delivered. A watch that cannot start because its bucket does not
+// exist (NATS restarted and lost it) creates the missing buckets again (recoverBuckets); one
+// that starts on a bucket created anew since it last started (by any edge) has every local
+// member's record written again, as the bucket lost them.
 func (c *cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key string, value []byte, deleted bool)) {
+	var born time.Time // when kv's stream was created, as this watch last found it
 	for c.ctx.Err() == nil {
 		w, err := kv.WatchAll(c.ctx)
 		if err != nil {
+			if c.recoverBuckets(err) {
+				continue
+			}
 			select {
 			case <-c.ctx.Done():
 				return
@@ -188,6 +207,14 @@ func (c *cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key s
 		c.wmu.Lock()
 		c.watchers[w] = struct{}{}
 		c.wmu.Unlock()
+		if c.bucketReborn(kv, &born) {
+			c.log.Warn("the NATS bucket was created anew: writing this edge's records again", zap.String("bucket", kv.Bucket()))
+			c.bucketsGen.Add(1) // first: heartbeat then forgets the old bucket's last sequence
+			if rev != nil {
+				rev.Store(0) // the new bucket's revisions start again from 1
+			}
+			c.markAllDirty()
+		}
 		for entry := range w.Updates() {
 			if entry == nil {
 				continue // the current values have all been delivered
@@ -202,6 +229,25 @@ func (c *cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key s
 		c.wmu.Unlock()
 		_ = w.Stop()
 	}
+}
+
+// bucketReborn reports whether kv's stream was created after *born, the creation time found
+// before, and records the one found now; it reports false when it cannot tell.
+func (c *cluster) bucketReborn(kv jetstream.KeyValue, born *time.Time) bool {
+	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
+	defer cancel()
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return false
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil {
+		return false
+	}
+	created := bs.StreamInfo().Created
+	reborn := !born.IsZero() && !created.Equal(*born)
+	*born = created
+	return reborn
 }
 
 // restartWatches stops the running watches; watch starts each again at once, with the
@@ -289,7 +335,7 @@ func (c *cluster) reconcileLocked(e *remoteEdge) {
 	up := !e.expired && e.link != nil
 	for id, m := range e.joined {
 		rec, ok := e.records[id]
-		if up && ok && sameMember(rec, m) {
+		if up && ok && !e.moved[id] && sameMember(rec, m) {
 			continue
 		}
 		delete(e.joined, id)
@@ -305,6 +351,9 @@ func (c *cluster) reconcileLocked(e *remoteEdge) {
 		return
 	}
 	for id, rec := range e.records {
+		if e.moved[id] {
+			continue
+		}
 		m := e.joined[id]
 		if m == nil {
 			var err error
@@ -334,6 +383,11 @@ func (c *cluster) reconcileLocked(e *remoteEdge) {
 			delete(e.refused, id)
 		}
 	}
+	for id := range e.moved {
+		if _, ok := e.records[id]; !ok {
+			delete(e.moved, id)
+		}
+	}
 }
 
 func remoteReason(edge string, healthy bool) string {
@@ -350,12 +404,14 @@ func sameMember(rec memberRecord, m *group.Member) bool {
 		m.Weight == max(rec.Weight, 1) && m.Priority == rec.Priority
 }
 
-// joinRemote joins one remote member to the registry, reached over e's link.
+// joinRemote joins one remote member to the registry, reached over e's link, with the keys
+// its connector presented (its key and, mid-rotation, its previous ones): the pool here
+// admits it, and rotates, as the pool on its own edge did.
 func (c *cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, error) {
 	t := proxy.NewTunnel(e.link.ctx, rec.Tunnel, streamProto(rec.Proto), e.link.sess, nil)
 	t.SetBackendProtocol(rec.BackendProtocol)
 	req := group.JoinRequest{ID: rec.Tunnel, Proto: rec.Proto, Label: rec.Label, Group: rec.Group,
-		KeyHash: rec.KeyHash, HealthKind: rec.HealthKind, AlertWebhook: rec.AlertWebhook, Tenant: rec.Tenant,
+		KeyHash: rec.KeyHash, PrevKeyHashes: rec.PrevKeyHashes, HealthKind: rec.HealthKind, AlertWebhook: rec.AlertWebhook, Tenant: rec.Tenant,
 		Port: rec.Port, Weight: rec.Weight, Priority: rec.Priority, SlowStart: rec.SlowStart,
 		Affinity: rec.Affinity, RetryIdempotent: rec.RetryIdempotent, Edge: e.id, Value: t}
 	m, err := c.srv.registry.Join(req)
@@ -370,6 +426,73 @@ func (c *cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, er
 		return nil, errors.New("the pool has another public port on this edge")
 	}
 	return m, nil
+}
+
+// movedHere takes out of this edge's pools the members of other edges whose connector is
+// the one registering here: it resumed their session with its token (heldBy). That
+// connector has left them; they stay out (their records stay, counting the route as live)
+// until their edge deletes them (it ends the session on seeing this edge's record that
+// proves the move: endMovedSession) or its lease lapses. Without it a moved connector would
+// find its own old registration, joined here over a link that is still up, in the way.
+func (c *cluster) movedHere(session, tenant string, proof [32]byte) {
+	c.remote.mu.Lock()
+	defer c.remote.mu.Unlock()
+	for _, e := range c.remote.edges {
+		n := 0
+		for id, rec := range e.records {
+			if !e.moved[id] && rec.heldBy(session, tenant, proof) {
+				e.moved[id] = true
+				n++
+			}
+		}
+		if n > 0 {
+			c.log.Info("a connector moved here from another edge: its members there leave this edge's pools",
+				zap.String("edge", e.id), zap.String("session", session), zap.Int("members", n))
+			c.reconcileLocked(e)
+		}
+	}
+}
+
+// proofOf decodes a record's hex SHA-256 (ResumeHash, ResumesProof).
+func proofOf(s string) (p [32]byte, ok bool) {
+	if hex.DecodedLen(len(s)) != len(p) {
+		return p, false
+	}
+	_, err := hex.Decode(p[:], []byte(s))
+	return p, err == nil
+}
+
+// heldBy reports whether rec's member belongs to connector session session, of tenant, and
+// proof is the SHA-256 of that session's resume token: the connector presenting it is the
+// one that held the session (memberRecord).
+func (rec memberRecord) heldBy(session, tenant string, proof [32]byte) bool {
+	if rec.Session == "" || rec.Session != session || rec.Tenant != tenant {
+		return false
+	}
+	h, ok := proofOf(rec.ResumeHash)
+	return ok && subtle.ConstantTimeCompare(h[:], proof[:]) == 1
+}
+
+// poolAdmits reports whether req's keys let it join the pool whose members on other edges
+// are recs, by the rule of one edge (group/rotate.go): its key is one a member holds, or one
+// of its previous keys is the pool's key. The pool's key is the newest its members hold: one
+// that no member declares it rotated from.
+func poolAdmits(recs []memberRecord, req *group.JoinRequest) bool {
+	older := map[group.KeyHash]bool{}
+	for _, rec := range recs {
+		if rec.KeyHash == req.KeyHash {
+			return true
+		}
+		for _, p := range rec.PrevKeyHashes {
+			older[p] = true
+		}
+	}
+	for _, rec := range recs {
+		if !older[rec.KeyHash] && slices.Contains(req.PrevKeyHashes, rec.KeyHash) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *cluster) leaveRemote(m *group.Member) {

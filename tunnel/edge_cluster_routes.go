@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -45,17 +46,76 @@ func keyMismatch(kind, label string) error {
 }
 
 // keyHeld reports whether cur's key hash keeps req (of cur's own tenant) out: see above.
+// Mid-rotation the route records the pool's newest key while members still hold older ones:
+// as on one edge, a key a live member of the pool holds is admitted, whether that member is
+// this edge's own or another edge's joined here (remoteConflict answers for the members of
+// other edges when the pool has none here).
 func (b *routeBook) keyHeld(cur *store.Route, req *group.JoinRequest, grouped bool, now time.Time) bool {
 	var zero group.KeyHash
 	if cur.Kind != store.KindHTTP || cur.Reserved || !grouped || cur.KeyHash == zero || cur.KeyHash == req.KeyHash ||
 		slices.Contains(req.PrevKeyHashes, cur.KeyHash) {
 		return false
 	}
+	if g := b.reg.LookupHTTP(cur.Label); g != nil && !g.Solo() && g.HoldsKey(req.KeyHash) {
+		return false // a member not yet rotated: the registry admits it (Join decides)
+	}
 	if b.live(cur.Kind, cur.Label) {
 		return true
 	}
 	recent := func(t time.Time) bool { return !t.IsZero() && now.Sub(t) < b.lease }
 	return recent(cur.Claimed) || recent(cur.EmptySince) || now.Sub(b.startedAt) < b.lease
+}
+
+// reshape decides, in a cluster, a registration of the route owner's tenant on an HTTP
+// route whose record says another thing: a pool with another key, a solo tunnel where a
+// pool was, a pool where a solo tunnel was, or another solo tunnel. keyHeld has refused the
+// keys the route's live pool holds. What is left is a route nobody serves that changes
+// shape, or a first registration racing another on another edge: the record is rewritten
+// with the new shape and Claimed (reshape true), so that the store orders the two and the
+// second sees the first's claim and is refused, as on one edge. A change within the lease
+// of the record's last claim (or of its emptiness, or of this edge's start) is refused:
+// that claim's member may be on its way. Two solo claims are told apart by their tunnel id
+// (Holder) and refused only within the lease of the claim: a solo tunnel that registers
+// again later, on any edge, is not (remoteConflict answers for live ones).
+func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bool, now time.Time) (bool, error) {
+	var zero group.KeyHash
+	kind, label := cur.Kind, cur.Label
+	if b.live(kind, label) {
+		// Served now, here or on another edge: the registry, remoteConflict and keyHeld
+		// answer as the members would.
+		return false, nil
+	}
+	recent := func(t time.Time) bool { return !t.IsZero() && now.Sub(t) < b.lease }
+	held := recent(cur.Claimed) || recent(cur.EmptySince) || now.Sub(b.startedAt) < b.lease
+	solo := cur.KeyHash == zero && cur.Group == ""
+	switch {
+	case grouped && solo:
+		if held {
+			return false, keyMismatch(kind, label)
+		}
+	case grouped:
+		if cur.KeyHash == req.KeyHash || slices.Contains(req.PrevKeyHashes, cur.KeyHash) {
+			return false, nil // the same pool
+		}
+	case !solo:
+		if held {
+			return false, &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
+		}
+	default: // another solo tunnel's claim
+		if cur.Holder == req.ID {
+			return false, nil
+		}
+		if cur.Holder != "" && recent(cur.Claimed) {
+			return false, &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
+		}
+	}
+	if grouped {
+		cur.KeyHash, cur.Group, cur.Holder = req.KeyHash, req.Group, ""
+	} else {
+		cur.KeyHash, cur.Group, cur.Holder = zero, "", req.ID
+	}
+	cur.Claimed = now
+	return true, nil
 }
 
 // clusterPort picks the port of a new TCP pool of tk's route and reserves it for every edge;
@@ -110,10 +170,10 @@ func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error)
 }
 
 // clusterSoloPort picks and reserves, for the whole cluster, the port of a new solo TCP
-// tunnel, under "solo/<tunnel id>": no pool of another edge can take it, and the tunnel's
-// copies on the other edges bind the same port.
+// tunnel, under "solo/<edge id>/<tunnel id>": no pool of another edge can take it, and the
+// tunnel's copies on the other edges bind the same port.
 func (b *routeBook) clusterSoloPort(tk *ticket, req *group.JoinRequest) error {
-	tk.solo = "solo/" + req.ID
+	tk.solo = "solo/" + b.edgeID + "/" + req.ID
 	res := &ticket{key: tk.solo, tenant: tk.tenant}
 	skip := map[int]bool{}
 	for range 256 {
@@ -160,7 +220,7 @@ func (b *routeBook) reservePort(p int, tk *ticket) error {
 			return nil, errPortTaken
 		}
 		return &store.Route{Kind: kindPort, Label: strconv.Itoa(p), Tenant: tk.tenant, Group: tk.key,
-			Reserved: true, Ports: map[string]int{"": p}}, nil
+			Reserved: true, Ports: map[string]int{"": p}, Claimed: b.now()}, nil
 	})
 	if errors.Is(err, errUnchanged) {
 		return nil
@@ -181,6 +241,37 @@ func (b *routeBook) unreservePort(p int, route string) {
 	}
 }
 
+// sweepSoloPort deletes the reservation r ("port/<n>") of a solo TCP tunnel that no edge has
+// any more: its edge ("solo/<edge>/<tunnel id>") is gone (its lease lapsed, or was never
+// seen by an edge that has run for two leases), or is this edge and the tunnel is not one of
+// its own (a previous incarnation's). Only the edge holding a solo tunnel releases its
+// reservation otherwise, so without this every edge that died would keep its solo tunnels'
+// ports from the cluster for ever. A reservation younger than the lease is left alone: its
+// tunnel may be joining.
+func (b *routeBook) sweepSoloPort(r *store.Route, now time.Time) {
+	edge, _, ok := strings.Cut(strings.TrimPrefix(r.Group, "solo/"), "/")
+	if !ok || !strings.HasPrefix(r.Group, "solo/") || now.Sub(r.Claimed) < b.lease {
+		return
+	}
+	port, err := strconv.Atoi(r.Label)
+	if err != nil {
+		return
+	}
+	switch {
+	case edge == b.edgeID:
+		b.mu.Lock()
+		mine := b.soloPorts[port] == r.Group
+		b.mu.Unlock()
+		if mine {
+			return
+		}
+	case b.edgeGone == nil || !b.edgeGone(edge):
+		return
+	}
+	b.log.Info("releasing the port of a solo TCP tunnel whose edge is gone", zap.Int("port", port), zap.String("edge", edge))
+	b.unreservePort(port, r.Group)
+}
+
 // dropPortKeys deletes the port reservations of a route whose claim lapsed.
 func (b *routeBook) dropPortKeys(r *store.Route) {
 	if b.lease == 0 || r.Kind != store.KindTCP {
@@ -189,6 +280,22 @@ func (b *routeBook) dropPortKeys(r *store.Route) {
 	for _, p := range r.Ports {
 		b.unreservePort(p, r.Key())
 	}
+}
+
+// edgeGone reports whether edge id is gone from the cluster as far as this edge can tell:
+// its lease lapsed (or was deleted) more than a lease ago, or this edge, running for two
+// leases, never saw it.
+func (c *cluster) edgeGone(id string) bool {
+	if id == c.cfg.EdgeID {
+		return false
+	}
+	c.remote.mu.Lock()
+	defer c.remote.mu.Unlock()
+	e := c.remote.edges[id]
+	if e == nil || e.lastSeen.IsZero() {
+		return time.Since(c.started) > 2*c.cfg.LeaseTTL
+	}
+	return e.expired && time.Since(e.lastSeen) > c.cfg.LeaseTTL
 }
 
 // liveAnywhere reports whether the route kind/label has a member on another edge whose
@@ -304,10 +411,18 @@ func (c *cluster) settleRoute(kind, label string) {
 
 // remoteConflict is the refusal the members of subdomain label on other edges (whose leases
 // hold) would give req, as the registry gives it when they are joined: a solo tunnel on a
-// route that has members, a pool member on a solo tunnel's route, or another key.
+// route that has members, a pool member on a solo tunnel's route, or a key the pool does not
+// admit (poolAdmits: the rule of one edge, rotation included).
+//
+// The registering connector's own old registrations are no conflict: a session whose Hello
+// resumed session X with a token whose SHA-256 is the one X's records carry is the connector
+// that held X, moved here (its edge died, or it lost that connection): X is dead to it, and
+// its records go when X's edge notices or its lease lapses. A wrong token gets no such pass.
 func (c *cluster) remoteConflict(label string, req *group.JoinRequest, grouped bool) error {
+	resumed, proof, resuming := c.srv.resumeClaim(req.Session)
 	c.remote.mu.Lock()
 	defer c.remote.mu.Unlock()
+	var recs []memberRecord
 	for _, e := range c.remote.edges {
 		if e.expired {
 			continue
@@ -316,13 +431,20 @@ func (c *cluster) remoteConflict(label string, req *group.JoinRequest, grouped b
 			if !rec.Proto.BySubdomain() || rec.Label != label {
 				continue
 			}
-			switch {
-			case !grouped:
+			if resuming && rec.heldBy(resumed, req.Tenant, proof) {
+				continue // this connector's own, from before it moved
+			}
+			if !grouped {
 				return &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
-			case rec.Group == "", rec.KeyHash != req.KeyHash && !slices.Contains(req.PrevKeyHashes, rec.KeyHash):
+			}
+			if rec.Group == "" {
 				return keyMismatch(store.KindHTTP, label)
 			}
+			recs = append(recs, rec)
 		}
+	}
+	if len(recs) > 0 && !poolAdmits(recs, req) {
+		return keyMismatch(store.KindHTTP, label)
 	}
 	return nil
 }

@@ -51,7 +51,14 @@ type routeBook struct {
 	// remoteConflict refuses an HTTP registration that the members of its route on other
 	// edges would refuse (a solo tunnel on a pool, another key).
 	remoteConflict func(label string, req *group.JoinRequest, grouped bool) error
-	// soloPorts are the cluster reservations ("solo/<tunnel id>") of this edge's solo TCP
+	// edgeID is this edge's id in a cluster; edgeGone reports whether another edge is gone
+	// from the cluster (sweepSoloPort).
+	edgeID   string
+	edgeGone func(id string) bool
+	// settleLater records, in a cluster, that a route is empty once no claim can be in
+	// flight for it any more, if no edge serves it by then (cluster.settleRoute).
+	settleLater func(kind, label string)
+	// soloPorts are the cluster reservations ("solo/<edge id>/<tunnel id>") of this edge's solo TCP
 	// tunnels, by port: released when the tunnel's group goes.
 	soloPorts map[int]string
 }
@@ -201,10 +208,17 @@ func (b *routeBook) tenantPorts(tenant string) int {
 
 // lapsed reports whether r's claim has lapsed at now: RouteTTL after its last member left,
 // and never within RouteTTL of this edge's start. live reports whether the route has members
-// now; it is asked only about a route recorded with members (no EmptySince), which lost them
-// if the edge restarted since.
+// now; on a single edge it is asked only about a route recorded with members (no
+// EmptySince), which lost them if the edge restarted since; in a cluster a live route never
+// lapses, whatever its record says.
 func (b *routeBook) lapsed(r *store.Route, now time.Time, live func() bool) bool {
 	if r.Reserved {
+		return false
+	}
+	if b.lease > 0 && live() {
+		// In a cluster a route may be recorded empty while it has members: an edge cut off
+		// from NATS for longer than the lease, or an emptiness written as another edge's
+		// first member joined. A live route never lapses; the sweep clears the record.
 		return false
 	}
 	since := r.EmptySince
@@ -230,6 +244,7 @@ type ticket struct {
 	solo        string       // in a cluster: the reservation of a solo TCP tunnel's port
 	portSlot    bool         // a max_tcp_ports slot reserved for a new port
 	port        int          // in a cluster: the port the TCP pool must have on this edge
+	holder      string       // in a cluster: the solo HTTP tunnel's id (store.Route.Holder)
 }
 
 // claim checks, before a Join, that tenant may register req's route, and records a first
@@ -275,6 +290,17 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 			if b.lease > 0 && b.keyHeld(cur, req, grouped, now) {
 				return nil, keyMismatch(kind, label)
 			}
+			if b.lease > 0 && kind == store.KindHTTP && !cur.Reserved {
+				switch reshape, err := b.reshape(cur, req, grouped, now); {
+				case err != nil:
+					return nil, err
+				case reshape:
+					if b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
+						cur.EmptySince = now
+					}
+					return cur, nil
+				}
+			}
 			if b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
 				// The owner is back just as its claim lapses: it holds again, for a full
 				// TTL, so that no sweep or other tenant takes it before joined runs.
@@ -294,6 +320,9 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		if kind == store.KindHTTP && grouped {
 			tk.created.KeyHash = req.KeyHash
 		}
+		if b.lease > 0 && kind == store.KindHTTP && !grouped {
+			tk.created.Holder = req.ID
+		}
 		return tk.created, nil
 	})
 	switch {
@@ -308,6 +337,9 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 	if taken != nil {
 		b.log.Info("route claim lapsed; a new tenant claims it", zap.String("route", tk.key))
 		b.releasePorts(taken)
+	}
+	if b.lease > 0 && kind == store.KindHTTP && !grouped {
+		tk.holder = req.ID
 	}
 	req.Port = port
 	if kind == store.KindTCP && port == 0 && maxPorts > 0 {
@@ -454,8 +486,8 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 			if cur.Group == "" {
 				cur.Group = g.Name
 			}
-		} else if k := g.KeyHash(); !cur.Reserved && (cur.KeyHash != k || cur.Group != g.Name) {
-			cur.KeyHash, cur.Group, changed = k, g.Name, true
+		} else if k := g.KeyHash(); !cur.Reserved && (cur.KeyHash != k || cur.Group != g.Name || cur.Holder != tk.holder) {
+			cur.KeyHash, cur.Group, cur.Holder, changed = k, g.Name, tk.holder, true
 		}
 		if !changed {
 			return nil, errUnchanged
@@ -481,7 +513,11 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 }
 
 // emptied records that g's last member left; it runs under the route's lock, so that it is
-// ordered with the next first member's joined.
+// ordered with the next first member's joined. In a cluster the route is empty only if no
+// edge serves it: not while another edge's member is known, and not within the lease of the
+// route's last claim (a member may have joined elsewhere whose record is on its way; the
+// emptiness is then recorded later, by settleLater). An emptiness recorded earlier (by an
+// edge that took the route for empty while this edge served it) is moved to now.
 func (b *routeBook) emptied(g *group.Group) {
 	kind := store.KindHTTP
 	if g.Kind == group.KindTCP {
@@ -492,8 +528,20 @@ func (b *routeBook) emptied(g *group.Group) {
 		kind = store.KindTCP
 	}
 	now := b.now()
+	later := false
 	_, err := b.st.Update(store.Key(kind, g.Label), func(cur *store.Route) (*store.Route, error) {
-		if cur == nil || !cur.EmptySince.IsZero() || b.liveAnywhere != nil && b.liveAnywhere(kind, g.Label) {
+		later = false
+		if cur == nil || b.lease == 0 && !cur.EmptySince.IsZero() || b.liveAnywhere != nil && b.liveAnywhere(kind, g.Label) {
+			return nil, errUnchanged
+		}
+		if b.lease > 0 && now.Sub(cur.Claimed) < b.lease {
+			// Claimed or joined on some edge a moment ago: that member's record may not
+			// have reached this edge yet. settleRoute records the emptiness once it must
+			// have, if no edge serves the route by then.
+			later = true
+			return nil, errUnchanged
+		}
+		if b.lease > 0 && !cur.EmptySince.IsZero() && !cur.EmptySince.Before(now) {
 			return nil, errUnchanged
 		}
 		if kind == store.KindTCP && g.KeyHash().String() != "" {
@@ -511,6 +559,9 @@ func (b *routeBook) emptied(g *group.Group) {
 	if err != nil && !errors.Is(err, errUnchanged) {
 		b.log.Error("cannot record that a route is empty; its claim will not lapse", zap.String("route", g.Label), zap.Error(err))
 	}
+	if later && b.settleLater != nil {
+		b.settleLater(kind, g.Label)
+	}
 }
 
 // sweep deletes the claims that lapsed and gives their ports back.
@@ -522,6 +573,10 @@ func (b *routeBook) sweep() {
 	now := b.now()
 	var tcpLive map[string]bool // TCP names with members, listed once if needed
 	for _, r := range routes {
+		if b.lease > 0 && r.Kind == kindPort {
+			b.sweepSoloPort(r, now)
+			continue
+		}
 		live := func() bool {
 			if b.liveAnywhere != nil && b.liveAnywhere(r.Kind, r.Label) {
 				return true
@@ -542,6 +597,10 @@ func (b *routeBook) sweep() {
 		if b.lease > 0 && r.EmptySince.IsZero() && !r.Reserved && (r.Kind == store.KindHTTP || r.Kind == store.KindTCP) &&
 			!live() && now.Sub(r.Claimed) >= b.lease {
 			b.markEmpty(r.Key(), r.Kind, r.Label)
+			continue
+		}
+		if b.lease > 0 && !r.EmptySince.IsZero() && live() {
+			b.markLive(r.Key(), r.Kind, r.Label)
 			continue
 		}
 		if !b.lapsed(r, now, live) {
@@ -635,6 +694,26 @@ func (b *routeBook) idleEndpoints() []admin.Endpoint {
 		}
 	}
 	return out
+}
+
+// markLive clears, in a cluster, the emptiness recorded for a route that some edge serves:
+// an edge cut off from NATS for longer than the lease kept serving it while the others
+// recorded it empty, or an emptiness was written as another edge's first member joined.
+// Without it the claim would lapse a TTL after the route's next member left, without its
+// grace period.
+func (b *routeBook) markLive(key, kind, label string) {
+	_, err := b.st.Update(key, func(cur *store.Route) (*store.Route, error) {
+		if cur == nil || cur.EmptySince.IsZero() || !b.live(kind, label) {
+			return nil, errUnchanged
+		}
+		cur.EmptySince, cur.Claimed = time.Time{}, b.now()
+		return cur, nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) {
+		b.log.Warn("cannot record that a route has members", zap.String("route", key), zap.Error(err))
+	} else if err == nil {
+		b.log.Info("a route recorded empty has members: recorded again", zap.String("route", key))
+	}
 }
 
 // markEmpty records, in a cluster, that a route no edge serves is empty from now on (its

@@ -67,6 +67,12 @@ type edgeSession struct {
 	// the session's cleanup is done.
 	resumeHash [32]byte
 	endedCh    chan struct{}
+	// resumed and resumedProof are the connector's claim, in its Hello, to be the one that
+	// held session resumed (on this edge or another of its cluster): resumedProof is the
+	// SHA-256 of the resume token it presented. These and resumeHash are written under
+	// srv.mu before the Welcome, then only read.
+	resumed      string
+	resumedProof [32]byte
 
 	mu      sync.Mutex
 	tunnels map[string]*edgeTunnel
@@ -139,12 +145,16 @@ func (e *edgeSession) serve() error {
 func (s *Server) replaceSession(id, token string, by *edgeSession) {
 	s.mu.Lock()
 	old := s.sessionByID[id]
+	var oldHash [32]byte
+	if old != nil {
+		oldHash = old.resumeHash
+	}
 	s.mu.Unlock()
 	if old == nil || old == by {
 		return
 	}
 	h := sha256.Sum256([]byte(token))
-	if subtle.ConstantTimeCompare(h[:], old.resumeHash[:]) != 1 {
+	if subtle.ConstantTimeCompare(h[:], oldHash[:]) != 1 {
 		by.log.Info("ignoring a resume with a wrong token", zap.String("old_session", id))
 		return
 	}
@@ -158,6 +168,47 @@ func (s *Server) replaceSession(id, token string, by *edgeSession) {
 	case <-old.endedCh:
 	case <-t.C:
 	}
+}
+
+// sessionResume is what session id's members' records say of it (memberRecord): the
+// SHA-256 of the resume token it was welcomed with and, when its Hello resumed a session,
+// that session's id and the SHA-256 of the token presented. False when no such session
+// lives on this edge.
+func (s *Server) sessionResume(id string) (hash [32]byte, resumed string, proof [32]byte, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.sessionByID[id]; e != nil {
+		return e.resumeHash, e.resumed, e.resumedProof, true
+	}
+	return hash, "", proof, false
+}
+
+// resumeClaim is the resume claim of session id's Hello (see edgeSession.resumed): the
+// session it claims to continue and the SHA-256 of the token it presented; false when it
+// claimed none (or no such session lives on this edge).
+func (s *Server) resumeClaim(id string) (resumed string, proof [32]byte, ok bool) {
+	_, resumed, proof, ok = s.sessionResume(id)
+	return resumed, proof, ok && resumed != ""
+}
+
+// endMovedSession ends session id when proof is the SHA-256 of its resume token: its
+// connector has proved, on another edge of the cluster, that it held this session, and
+// registered there (replaceSession's check, made by this edge on that edge's record). The
+// connector has left this session's connection, which this edge may not have noticed yet.
+func (s *Server) endMovedSession(id, tenant string, proof [32]byte, to string) {
+	s.mu.Lock()
+	old := s.sessionByID[id]
+	var h [32]byte
+	if old != nil {
+		h = old.resumeHash
+	}
+	s.mu.Unlock()
+	// A zero hash: not welcomed yet (its tenant is read only once the hash shows it was set).
+	if old == nil || h == [32]byte{} || old.tenant != tenant || subtle.ConstantTimeCompare(h[:], proof[:]) != 1 {
+		return
+	}
+	old.log.Info("connector moved to another edge: ending its session here", zap.String("edge", to))
+	_ = old.mux.Close() // end() removes its tunnels, and their records
 }
 
 func (e *edgeSession) run() error {
@@ -207,6 +258,9 @@ func (e *edgeSession) run() error {
 	e.preAuth.Release()
 	e.welcomed = true
 	if hello.ResumeSession != "" {
+		e.srv.mu.Lock()
+		e.resumed, e.resumedProof = hello.ResumeSession, sha256.Sum256([]byte(hello.ResumeToken))
+		e.srv.mu.Unlock()
 		e.srv.replaceSession(hello.ResumeSession, hello.ResumeToken, e)
 	}
 	if lim := e.srv.limits.Load().of(e.tenant); !e.srv.routes.take(e.srv.routes.sessions, e.tenant, lim.MaxSessions) {
@@ -215,7 +269,9 @@ func (e *edgeSession) run() error {
 	}
 	e.counted.Store(true)
 	token := e.welcomeToken(newID() + newID())
+	e.srv.mu.Lock()
 	e.resumeHash = sha256.Sum256([]byte(token))
+	e.srv.mu.Unlock()
 	e.noticeKey = wire.NoticeKey(token)
 	_ = ctrl.SetReadDeadline(time.Time{})
 	if err := e.send(&wire.Welcome{Version: wire.Version, SessionID: e.id, RegionID: e.srv.cfg.RegionID, ResumeToken: token}); err != nil {
@@ -495,11 +551,12 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 		return nil, fmt.Errorf("%w: registering faster than %g tunnels per second", ErrLimit, float64(e.registrations.Limit()))
 	}
 	req := group.JoinRequest{
-		ID:     newID(),
-		Proto:  m.Proto,
-		Label:  strings.ToLower(m.Label),
-		Group:  m.Group,
-		Tenant: e.tenant,
+		ID:      newID(),
+		Proto:   m.Proto,
+		Label:   strings.ToLower(m.Label),
+		Group:   m.Group,
+		Tenant:  e.tenant,
+		Session: e.id,
 	}
 	if err := s.checkRoute(m.Proto, req.Label); err != nil {
 		return nil, err
@@ -526,6 +583,11 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 		return nil, fmt.Errorf("%w: this tenant already has %d tunnels (max_tunnels)", ErrLimit, lim.MaxTunnels)
 	}
 	grouped := m.Group != "" && s.cfg.LoadBalancing
+	if s.cluster != nil && e.resumed != "" {
+		// A connector that moved here from another edge: its registrations there are not
+		// in the way of this one (remoteConflict too lets them be).
+		s.cluster.movedHere(e.resumed, e.tenant, e.resumedProof)
+	}
 	tk, err := s.routes.claim(e.tenant, &req, grouped, lim.MaxTCPPorts)
 	if err != nil {
 		s.routes.give(s.routes.tunnels, e.tenant)

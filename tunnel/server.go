@@ -159,6 +159,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if s.cluster != nil {
 		routes.lease, routes.liveAnywhere = s.cluster.cfg.LeaseTTL, s.cluster.liveAnywhere
 		routes.remoteConflict = s.cluster.remoteConflict
+		routes.settleLater = func(kind, label string) { s.cluster.settleRoutes([][2]string{{kind, label}}) }
+		routes.edgeID, routes.edgeGone = s.cluster.cfg.EdgeID, s.cluster.edgeGone
 	}
 	if err := s.newAdmin(); err != nil {
 		_ = routes.st.Close()
