@@ -61,9 +61,9 @@ type Route struct {
 	// Claimed is when a registration last claimed or joined the route (set by edges in a
 	// cluster, which judge by it whether a claim may still be in flight elsewhere).
 	Claimed time.Time `json:"claimed,omitzero"`
-	// Holder is, in a cluster, the tunnel id of the solo HTTP tunnel that last claimed the
-	// route: two solo tunnels claiming one subdomain at once on two edges tell each other
-	// apart by it. Empty for a pool.
+	// Holder is, in a cluster, the connector session of the solo HTTP tunnel that last
+	// claimed the route: two solo tunnels claiming one subdomain at once on two edges tell
+	// each other apart by it. Empty for a pool.
 	Holder string `json:"holder,omitempty"`
 }
 

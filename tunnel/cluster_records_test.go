@@ -233,3 +233,23 @@ func TestClusterRecordsTCPRotationAcrossEdges(t *testing.T) {
 		require.Equal(t, "db", got, "edge %s", e.id)
 	}
 }
+
+// A solo tunnel's connector moving to another edge right after it registered (its edge
+// stopped gracefully, so no record of it is left) gets its subdomain back at once: the
+// route's solo claim is recent, but its holder is the session the connector resumed.
+func TestClusterRecordsSoloMovesRightAfterItsClaim(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	lease := 5 * time.Second
+	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
+	_, err := a.connect(failoverDialer(a, b)).Forward(ctxT(t), TunnelSpec{Subdomain: "moving"}, hostPort(backend(t, "M").URL))
+	require.NoError(t, err)
+	claimed := time.Now()
+	a.close()
+	require.Eventually(t, func() bool { return b.members("moving")["b"] == 1 }, lease-time.Second, 10*time.Millisecond,
+		"the tunnel is not back on b within the lease of its claim")
+	require.Less(t, time.Since(claimed), lease)
+	code, body := b.get("moving", "/")
+	require.Equal(t, 200, code)
+	require.Equal(t, "M /", body)
+}

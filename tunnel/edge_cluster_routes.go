@@ -74,10 +74,12 @@ func (b *routeBook) keyHeld(cur *store.Route, req *group.JoinRequest, grouped bo
 // with the new shape and Claimed (reshape true), so that the store orders the two and the
 // second sees the first's claim and is refused, as on one edge. A change within the lease
 // of the record's last claim (or of its emptiness, or of this edge's start) is refused:
-// that claim's member may be on its way. Two solo claims are told apart by their tunnel id
-// (Holder) and refused only within the lease of the claim: a solo tunnel that registers
-// again later, on any edge, is not (remoteConflict answers for live ones).
-func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bool, now time.Time) (bool, error) {
+// that claim's member may be on its way. Two solo claims are told apart by their connector
+// session (Holder) and refused only within the lease of the claim: a solo tunnel that registers
+// again later, on any edge, is not (remoteConflict answers for live ones); nor is the same
+// connector at once (its session, or resumed, the session its Hello resumed, holds the
+// claim).
+func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bool, resumed string, now time.Time) (bool, error) {
 	var zero group.KeyHash
 	kind, label := cur.Kind, cur.Label
 	if b.live(kind, label) {
@@ -101,18 +103,18 @@ func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bo
 		if held {
 			return false, &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
 		}
-	default: // another solo tunnel's claim
-		if cur.Holder == req.ID {
+	default: // a solo tunnel's claim
+		if cur.Holder == req.Session {
 			return false, nil
 		}
-		if cur.Holder != "" && recent(cur.Claimed) {
+		if cur.Holder != "" && recent(cur.Claimed) && cur.Holder != resumed {
 			return false, &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
 		}
 	}
 	if grouped {
 		cur.KeyHash, cur.Group, cur.Holder = req.KeyHash, req.Group, ""
 	} else {
-		cur.KeyHash, cur.Group, cur.Holder = zero, "", req.ID
+		cur.KeyHash, cur.Group, cur.Holder = zero, "", req.Session
 	}
 	cur.Claimed = now
 	return true, nil

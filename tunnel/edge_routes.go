@@ -55,6 +55,9 @@ type routeBook struct {
 	// from the cluster (sweepSoloPort).
 	edgeID   string
 	edgeGone func(id string) bool
+	// resumedFrom is, in a cluster, the session the connector session id continues (its
+	// Hello resumed it), or "".
+	resumedFrom func(session string) string
 	// settleLater records, in a cluster, that a route is empty once no claim can be in
 	// flight for it any more, if no edge serves it by then (cluster.settleRoute).
 	settleLater func(kind, label string)
@@ -244,7 +247,7 @@ type ticket struct {
 	solo        string       // in a cluster: the reservation of a solo TCP tunnel's port
 	portSlot    bool         // a max_tcp_ports slot reserved for a new port
 	port        int          // in a cluster: the port the TCP pool must have on this edge
-	holder      string       // in a cluster: the solo HTTP tunnel's id (store.Route.Holder)
+	holder      string       // in a cluster: the solo HTTP tunnel's session (store.Route.Holder)
 }
 
 // claim checks, before a Join, that tenant may register req's route, and records a first
@@ -273,6 +276,10 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 	}
 	var taken *store.Route // a lapsed claim of another tenant, replaced
 	var port int
+	resumed := "" // read before the store's lock is taken
+	if b.resumedFrom != nil && kind == store.KindHTTP && !grouped {
+		resumed = b.resumedFrom(req.Session)
+	}
 	_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
 		// fn may run more than once: it only computes; what it decides is read after.
 		taken, tk.created, port = nil, nil, 0
@@ -291,7 +298,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 				return nil, keyMismatch(kind, label)
 			}
 			if b.lease > 0 && kind == store.KindHTTP && !cur.Reserved {
-				switch reshape, err := b.reshape(cur, req, grouped, now); {
+				switch reshape, err := b.reshape(cur, req, grouped, resumed, now); {
 				case err != nil:
 					return nil, err
 				case reshape:
@@ -321,7 +328,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 			tk.created.KeyHash = req.KeyHash
 		}
 		if b.lease > 0 && kind == store.KindHTTP && !grouped {
-			tk.created.Holder = req.ID
+			tk.created.Holder = req.Session
 		}
 		return tk.created, nil
 	})
@@ -339,7 +346,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		b.releasePorts(taken)
 	}
 	if b.lease > 0 && kind == store.KindHTTP && !grouped {
-		tk.holder = req.ID
+		tk.holder = req.Session
 	}
 	req.Port = port
 	if kind == store.KindTCP && port == 0 && maxPorts > 0 {

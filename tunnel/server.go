@@ -161,6 +161,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		routes.remoteConflict = s.cluster.remoteConflict
 		routes.settleLater = func(kind, label string) { s.cluster.settleRoutes([][2]string{{kind, label}}) }
 		routes.edgeID, routes.edgeGone = s.cluster.cfg.EdgeID, s.cluster.edgeGone
+		routes.resumedFrom = func(id string) string {
+			resumed, _, _ := s.resumeClaim(id)
+			return resumed
+		}
 	}
 	if err := s.newAdmin(); err != nil {
 		_ = routes.st.Close()
