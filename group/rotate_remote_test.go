@@ -76,3 +76,31 @@ func TestRemoteTCPMemberWithTheKeyThePoolRotatedFrom(t *testing.T) {
 	other.Edge = "a"
 	require.NotSame(t, g, join(t, r, other).Group())
 }
+
+// After a TCP pool rotated from k1 to k2, a connector with k1 alone makes a pool of its own on
+// its own port (README "Rotating a group key"). Another edge learns that member with the
+// pool's port: it is not adopted into the k2 pool (whose port differs) but makes the k1 pool
+// on that port, which this edge then serves too. A member of the k1 key on the k2 pool's port
+// (one that has not rotated yet) is still adopted into the k2 pool.
+func TestRemoteTCPMemberOfAnOldKeyOnItsOwnPort(t *testing.T) {
+	r := lb()
+	moved := rotating(tcpReq("db", "new"), "old")
+	moved.Edge, moved.Port = "a", 20003
+	rotated := join(t, r, moved).Group()
+	require.Equal(t, 20003, rotated.Port)
+
+	own := tcpReq("db", "old")
+	own.Edge, own.Port = "a", 20005
+	m := join(t, r, own)
+	require.NotSame(t, rotated, m.Group(), "the old key's own pool is not the rotated pool")
+	require.Equal(t, 20005, m.Group().Port, "the old key's pool is served on its own port")
+	require.Equal(t, key("old"), m.Group().KeyHash())
+	require.Equal(t, key("new"), rotated.KeyHash(), "the rotated pool keeps its key")
+
+	r2 := lb()
+	moved.Port = 20003
+	rotated2 := join(t, r2, moved).Group()
+	notYet := tcpReq("db", "old")
+	notYet.Edge, notYet.Port = "b", 20003
+	require.Same(t, rotated2, join(t, r2, notYet).Group(), "a member on the rotated pool's port is adopted")
+}

@@ -65,6 +65,12 @@ type Route struct {
 	// claimed the route: two solo tunnels claiming one subdomain at once on two edges tell
 	// each other apart by it. Empty for a pool.
 	Holder string `json:"holder,omitempty"`
+	// LiveKey is, in a cluster, the key hash of the pool that last claimed a reserved HTTP
+	// endpoint that sets no key of its own (KeyHash zero).
+	LiveKey group.KeyHash `json:"live_key,omitzero"`
+	// HolderHash is the hex SHA-256 of the Holder session's resume token: a connector that
+	// resumes that session with the token is the same connector.
+	HolderHash string `json:"holder_hash,omitempty"`
 }
 
 // Key is the route's key in a store: "http/<subdomain>" or "tcp/<name>".

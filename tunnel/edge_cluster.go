@@ -79,9 +79,11 @@ type cluster struct {
 	// that went away) shows as renewals written but not seen (edge_cluster_remote.go).
 	selfSeen atomic.Int64
 	// membersRev is the last revision the members watch delivered; membersPrev is the
-	// members stream's last sequence at the previous heartbeat (heartbeat's own).
+	// members stream's last sequence at the previous heartbeat, and membersBorn its creation
+	// time then (both heartbeat's own).
 	membersRev  atomic.Uint64
 	membersPrev uint64
+	membersBorn time.Time
 	// wmu guards watchers, the watches running now, stopped to restart them.
 	wmu      sync.Mutex
 	watchers map[jetstream.KeyWatcher]struct{}
@@ -97,8 +99,9 @@ type cluster struct {
 	peers  peerSet
 	// preAuth caps the incoming edge-to-edge connections whose handshake is under way.
 	preAuth *throttle.Conns
-	// live is the set of route keys with members on other edges (liveAnywhere).
-	live atomic.Pointer[map[string]bool]
+	// live is the set of route keys with members on other edges, with their tenant
+	// (liveAnywhere, liveTenant).
+	live atomic.Pointer[map[string]string] // route key -> the tenant of its members
 }
 
 // memberRecord is a member as the other edges learn it.
@@ -225,6 +228,8 @@ func (c *cluster) run() error {
 		// A NATS that restarted lost the buckets in memory storage: create them again (in a
 		// goroutine: this handler runs on the connection's dispatcher).
 		c.spawn(func() { c.reviveBuckets() })
+		// The others may have given away this edge's solo TCP ports meanwhile.
+		c.spawn(c.reclaimSoloPorts)
 	})
 	c.selfSeen.Store(time.Now().UnixNano())
 	// A previous incarnation of this edge id may have left member records behind.
@@ -299,6 +304,7 @@ func (c *cluster) heartbeat() {
 			// records: write them all again.
 			c.log.Info("lease renewed again")
 			c.markAllDirty()
+			c.spawn(c.reclaimSoloPorts)
 		}
 		if g := c.bucketsGen.Load(); g != gen {
 			// The buckets were created anew, their revisions from 1: the members stream's
@@ -313,18 +319,42 @@ func (c *cluster) heartbeat() {
 // checkMembersWatch restarts the watches when the members watch has not delivered what the
 // members stream held a heartbeat ago: its consumer was on a NATS node that went away, and
 // the client would notice only after many seconds, while the other edges' members changed.
+// It restarts them too when the members stream is not the one the watch follows: it was
+// created anew (by this edge, another edge or the operator), which shows as another
+// creation time or as a last sequence below the revision the watch delivered (the old
+// stream's); the counters then start again from the new stream. A members bucket found
+// missing is created again (recoverBuckets).
 func (c *cluster) checkMembersWatch() {
+	// Read before the stream's last sequence, which is then at least this revision of the
+	// same stream, whatever the watch delivers meanwhile.
+	delivered := c.membersRev.Load()
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
 	st, err := c.members.Status(ctx)
 	if err != nil {
+		if c.recoverBuckets(err) {
+			c.membersPrev, c.membersBorn = 0, time.Time{}
+		}
 		return
 	}
 	bs, ok := st.(*jetstream.KeyValueBucketStatus)
 	if !ok || bs.StreamInfo() == nil {
 		return
 	}
-	last := bs.StreamInfo().State.LastSeq
+	last, born := bs.StreamInfo().State.LastSeq, bs.StreamInfo().Created
+	reborn := !c.membersBorn.IsZero() && !born.Equal(c.membersBorn)
+	c.membersBorn = born
+	if reborn || last < delivered {
+		c.log.Warn("the members bucket was created anew under the members watch: restarting the watches",
+			zap.Uint64("delivered", delivered), zap.Uint64("last", last), zap.Bool("created_anew", reborn))
+		// The watch, started again, finds the new stream (bucketReborn), starts its revision
+		// from 0 and has this edge's records written again; the counter is reset here too so
+		// that the next heartbeat does not judge the new stream by the old one's revision.
+		c.membersRev.Store(0)
+		c.membersPrev = 0
+		c.restartWatches()
+		return
+	}
 	if prev := c.membersPrev; prev > 0 && c.membersRev.Load() < prev {
 		c.log.Warn("the members watch is behind the members bucket: restarting the watches",
 			zap.Uint64("delivered", c.membersRev.Load()), zap.Uint64("written", prev))
@@ -444,6 +474,9 @@ func (c *cluster) publish(id string) error {
 	if m == nil || m.Edge != "" {
 		c.forwarded.Delete(id) // no stream can be forwarded to a member that left
 		err := c.members.Delete(ctx, key)
+		if err != nil && c.recoverBuckets(err) {
+			err = nil // the bucket created again holds no record to delete
+		}
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			err = nil
 		}
@@ -454,6 +487,9 @@ func (c *cluster) publish(id string) error {
 		return err
 	}
 	_, err = c.members.Put(ctx, key, b)
+	if err != nil && c.recoverBuckets(err) {
+		_, err = c.members.Put(ctx, key, b) // into the bucket just created again
+	}
 	return err
 }
 

@@ -1,8 +1,12 @@
 package tunnel
 
 import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,6 +70,27 @@ func (b *routeBook) keyHeld(cur *store.Route, req *group.JoinRequest, grouped bo
 	return recent(cur.Claimed) || recent(cur.EmptySince) || now.Sub(b.startedAt) < b.lease
 }
 
+// soloClaim is what a solo HTTP registration's session says of itself for reshape: its id,
+// the SHA-256 of the resume token it was welcomed with, and, when its Hello resumed a
+// session, that session's id and the SHA-256 of the token it presented.
+type soloClaim struct {
+	session, resumed string
+	own, proof       [32]byte
+}
+
+// holds reports whether the route's solo claim is this connector's: made by its session, or
+// by the session it resumed with that session's token.
+func (sc soloClaim) holds(cur *store.Route) bool {
+	if cur.Holder == sc.session {
+		return true
+	}
+	if sc.resumed == "" || cur.Holder != sc.resumed || len(cur.HolderHash) != 2*sha256.Size {
+		return false
+	}
+	want, err := hex.DecodeString(cur.HolderHash)
+	return err == nil && subtle.ConstantTimeCompare(want, sc.proof[:]) == 1
+}
+
 // reshape decides, in a cluster, a registration of the route owner's tenant on an HTTP
 // route whose record says another thing: a pool with another key, a solo tunnel where a
 // pool was, a pool where a solo tunnel was, or another solo tunnel. keyHeld has refused the
@@ -74,22 +99,21 @@ func (b *routeBook) keyHeld(cur *store.Route, req *group.JoinRequest, grouped bo
 // with the new shape and Claimed (reshape true), so that the store orders the two and the
 // second sees the first's claim and is refused, as on one edge. A change within the lease
 // of the record's last claim (or of its emptiness, or of this edge's start) is refused:
-// that claim's member may be on its way. Two solo claims are told apart by their connector
-// session (Holder) and refused only within the lease of the claim: a solo tunnel that registers
-// again later, on any edge, is not (remoteConflict answers for live ones); nor is the same
-// connector at once (its session, or resumed, the session its Hello resumed, holds the
-// claim).
-func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bool, resumed string, now time.Time) (bool, error) {
+// that claim's member may be on its way. A live route (served here or on another edge) is
+// not reshaped: the registry, remoteConflict and keyHeld answer as its members would.
+//
+// Two solo claims are told apart by their connector session (Holder, with the SHA-256 of
+// its resume token): another session's claim is refused within the lease of the claim or of
+// this edge's start (its record may not have arrived yet), unless the registering
+// connector resumed that session with its token (the same connector, moved or back).
+func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bool, sc soloClaim, now time.Time) (bool, error) {
 	var zero group.KeyHash
 	kind, label := cur.Kind, cur.Label
-	if b.live(kind, label) {
-		// Served now, here or on another edge: the registry, remoteConflict and keyHeld
-		// answer as the members would.
-		return false, nil
-	}
 	recent := func(t time.Time) bool { return !t.IsZero() && now.Sub(t) < b.lease }
-	held := recent(cur.Claimed) || recent(cur.EmptySince) || now.Sub(b.startedAt) < b.lease
+	fresh := now.Sub(b.startedAt) < b.lease
+	held := recent(cur.Claimed) || recent(cur.EmptySince) || fresh
 	solo := cur.KeyHash == zero && cur.Group == ""
+	inUse := &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
 	switch {
 	case grouped && solo:
 		if held {
@@ -97,26 +121,65 @@ func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bo
 		}
 	case grouped:
 		if cur.KeyHash == req.KeyHash || slices.Contains(req.PrevKeyHashes, cur.KeyHash) {
-			return false, nil // the same pool
+			// The same pool. Coming back to a route nobody serves, it claims it afresh,
+			// so that a change racing on another edge sees the claim and is refused.
+			if recent(cur.Claimed) || b.live(kind, label) {
+				return false, nil
+			}
+			cur.Claimed = now
+			return true, nil
 		}
 	case !solo:
 		if held {
-			return false, &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
+			return false, inUse
 		}
-	default: // a solo tunnel's claim
-		if cur.Holder == req.Session {
+	default: // a solo tunnel's claim on a solo record
+		if cur.Holder == sc.session {
 			return false, nil
 		}
-		if cur.Holder != "" && recent(cur.Claimed) && cur.Holder != resumed {
-			return false, &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
+		if cur.Holder != "" && (recent(cur.Claimed) || fresh) && !sc.holds(cur) {
+			return false, inUse
 		}
 	}
+	if b.live(kind, label) {
+		return false, nil
+	}
 	if grouped {
-		cur.KeyHash, cur.Group, cur.Holder = req.KeyHash, req.Group, ""
+		cur.KeyHash, cur.Group, cur.Holder, cur.HolderHash = req.KeyHash, req.Group, "", ""
 	} else {
-		cur.KeyHash, cur.Group, cur.Holder = zero, "", req.Session
+		cur.KeyHash, cur.Group, cur.Holder, cur.HolderHash = zero, "", sc.session, hex.EncodeToString(sc.own[:])
 	}
 	cur.Claimed = now
+	return true, nil
+}
+
+// claimEndpointKey orders, in a cluster, the pools on a reserved HTTP endpoint that sets no
+// key: the pool's key is recorded (LiveKey) with the claim, and a registration with another
+// key within the lease of that claim is refused, as keyHeld does for other routes (the
+// live pool's members refuse other keys themselves, on their edge and through
+// remoteConflict). It reports whether cur was changed.
+func (b *routeBook) claimEndpointKey(cur *store.Route, req *group.JoinRequest, now time.Time) (bool, error) {
+	var zero group.KeyHash
+	if cur.LiveKey == req.KeyHash || slices.Contains(req.PrevKeyHashes, cur.LiveKey) {
+		if now.Sub(cur.Claimed) < b.lease || b.live(cur.Kind, cur.Label) {
+			return false, nil
+		}
+		cur.Claimed = now
+		return true, nil
+	}
+	live := b.live(cur.Kind, cur.Label)
+	if cur.LiveKey != zero {
+		if g := b.reg.LookupHTTP(cur.Label); g != nil && g.HoldsKey(req.KeyHash) {
+			return false, nil // a member not yet rotated holds it: the pool admits it
+		}
+		if live || now.Sub(cur.Claimed) < b.lease || now.Sub(b.startedAt) < b.lease {
+			return false, keyMismatch(cur.Kind, cur.Label)
+		}
+	}
+	if live {
+		return false, nil // the registry and remoteConflict answer as its members would
+	}
+	cur.LiveKey, cur.Claimed = req.KeyHash, now
 	return true, nil
 }
 
@@ -132,7 +195,7 @@ func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error)
 		}
 		skip[p] = true
 		if err := b.reservePort(p, tk); errors.Is(err, errPortTaken) {
-			b.reg.HoldPorts(p) // another route's: not offered here again
+			b.holdElsewhere(p) // another route's: not offered here again while it holds it
 			continue
 		} else if err != nil {
 			return 0, fmt.Errorf("%w: cannot reserve a port: %v", ErrUnavailable, err)
@@ -187,7 +250,7 @@ func (b *routeBook) clusterSoloPort(tk *ticket, req *group.JoinRequest) error {
 		skip[p] = true
 		switch err := b.reservePort(p, res); {
 		case errors.Is(err, errPortTaken):
-			b.reg.HoldPorts(p)
+			b.holdElsewhere(p)
 			continue
 		case err != nil:
 			tk.solo = ""
@@ -200,6 +263,48 @@ func (b *routeBook) clusterSoloPort(tk *ticket, req *group.JoinRequest) error {
 	return &group.Error{Err: group.ErrNoPorts, Msg: "no TCP ports available"}
 }
 
+// reclaimSoloPorts runs when this edge's NATS connection comes back, and when its lease is
+// renewed after it lapsed (it was cut off from NATS): the other edges may have given the ports of its solo TCP tunnels to new
+// tunnels meanwhile (sweepSoloPort, once RouteTTL passed). Each port is reserved again; a
+// port another tunnel holds now is that tunnel's, and the sessions of this edge's tunnel on
+// it are ended: their connectors register again and get another port, rather than one
+// public port leading to two tunnels.
+func (c *cluster) reclaimSoloPorts() {
+	b := c.srv.routes
+	b.mu.Lock()
+	held := maps.Clone(b.soloPorts)
+	b.mu.Unlock()
+	for port, key := range held {
+		var g *group.Group
+		for _, x := range c.srv.registry.Groups() {
+			if x.Kind == group.KindTCP && x.Solo() && x.Port == port {
+				g = x
+			}
+		}
+		if g == nil {
+			continue
+		}
+		members := g.Members()
+		if len(members) == 0 {
+			continue
+		}
+		err := b.reservePort(port, &ticket{key: key, tenant: members[0].Tenant})
+		if !errors.Is(err, errPortTaken) {
+			continue
+		}
+		b.mu.Lock()
+		if b.soloPorts[port] == key {
+			delete(b.soloPorts, port)
+		}
+		b.mu.Unlock()
+		c.log.Error("the port of a solo TCP tunnel went to another tunnel while this edge was cut off from NATS: ending its connector's session, which registers again on another port",
+			zap.Int("port", port))
+		for _, m := range members {
+			c.srv.endSession(m.Session, "its solo TCP tunnel's port went to another tunnel while this edge was cut off from NATS")
+		}
+	}
+}
+
 // releaseSoloPort deletes the reservation of a solo TCP tunnel of this edge whose group
 // went (its copies on other edges hold none).
 func (b *routeBook) releaseSoloPort(port int) {
@@ -210,6 +315,38 @@ func (b *routeBook) releaseSoloPort(port int) {
 	if ok {
 		b.unreservePort(port, key)
 	}
+}
+
+// holdElsewhere keeps port p, reserved by a route of another edge, from being offered to
+// this edge's new pools; the sweep gives it back once no reservation holds it
+// (releaseElsewhere).
+func (b *routeBook) holdElsewhere(p int) {
+	b.mu.Lock()
+	b.elsewhere[p] = true
+	b.mu.Unlock()
+	b.reg.HoldPorts(p)
+}
+
+// releaseElsewhere gives back the ports held by holdElsewhere whose reservations are gone
+// (reserved lists the ports reserved now), unless a route this edge knows holds them.
+func (b *routeBook) releaseElsewhere(reserved map[int]bool) {
+	var free []int
+	b.mu.Lock()
+	for p := range b.elsewhere {
+		if reserved[p] {
+			continue
+		}
+		delete(b.elsewhere, p)
+		held := false
+		for _, ports := range b.ports {
+			held = held || ports[p]
+		}
+		if !held {
+			free = append(free, p)
+		}
+	}
+	b.mu.Unlock()
+	b.reg.ReleasePorts(free...)
 }
 
 // reservePort reserves port p for tk's route, or fails with errPortTaken.
@@ -230,8 +367,9 @@ func (b *routeBook) reservePort(p int, tk *ticket) error {
 	return err
 }
 
-// unreservePort deletes port p's reservation if route still holds it.
-func (b *routeBook) unreservePort(p int, route string) {
+// unreservePort deletes port p's reservation if route still holds it, and reports whether
+// it did.
+func (b *routeBook) unreservePort(p int, route string) bool {
 	_, err := b.st.Update(store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.Group != route {
 			return nil, errUnchanged
@@ -241,23 +379,25 @@ func (b *routeBook) unreservePort(p int, route string) {
 	if err != nil && !errors.Is(err, errUnchanged) {
 		b.log.Warn("cannot delete a port reservation", zap.Int("port", p), zap.Error(err))
 	}
+	return err == nil
 }
 
 // sweepSoloPort deletes the reservation r ("port/<n>") of a solo TCP tunnel that no edge has
-// any more: its edge ("solo/<edge>/<tunnel id>") is gone (its lease lapsed, or was never
-// seen by an edge that has run for two leases), or is this edge and the tunnel is not one of
-// its own (a previous incarnation's). Only the edge holding a solo tunnel releases its
+// any more: its edge ("solo/<edge>/<tunnel id>") is gone (its lease lapsed RouteTTL ago, as
+// a dead edge's routes stay their tenants' that long: an edge only cut off from NATS may
+// still serve the tunnel), or is this edge and the tunnel is not one of its own (a previous
+// incarnation's). Only the edge holding a solo tunnel releases its
 // reservation otherwise, so without this every edge that died would keep its solo tunnels'
 // ports from the cluster for ever. A reservation younger than the lease is left alone: its
-// tunnel may be joining.
-func (b *routeBook) sweepSoloPort(r *store.Route, now time.Time) {
+// tunnel may be joining. It reports whether it deleted the reservation.
+func (b *routeBook) sweepSoloPort(r *store.Route, now time.Time) bool {
 	edge, _, ok := strings.Cut(strings.TrimPrefix(r.Group, "solo/"), "/")
 	if !ok || !strings.HasPrefix(r.Group, "solo/") || now.Sub(r.Claimed) < b.lease {
-		return
+		return false
 	}
 	port, err := strconv.Atoi(r.Label)
 	if err != nil {
-		return
+		return false
 	}
 	switch {
 	case edge == b.edgeID:
@@ -265,13 +405,13 @@ func (b *routeBook) sweepSoloPort(r *store.Route, now time.Time) {
 		mine := b.soloPorts[port] == r.Group
 		b.mu.Unlock()
 		if mine {
-			return
+			return false
 		}
-	case b.edgeGone == nil || !b.edgeGone(edge):
-		return
+	case b.edgeGone == nil || !b.edgeGone(edge, max(b.lease, b.ttl)):
+		return false
 	}
 	b.log.Info("releasing the port of a solo TCP tunnel whose edge is gone", zap.Int("port", port), zap.String("edge", edge))
-	b.unreservePort(port, r.Group)
+	return b.unreservePort(port, r.Group)
 }
 
 // dropPortKeys deletes the port reservations of a route whose claim lapsed.
@@ -285,9 +425,9 @@ func (b *routeBook) dropPortKeys(r *store.Route) {
 }
 
 // edgeGone reports whether edge id is gone from the cluster as far as this edge can tell:
-// its lease lapsed (or was deleted) more than a lease ago, or this edge, running for two
-// leases, never saw it.
-func (c *cluster) edgeGone(id string) bool {
+// its lease lapsed (or was deleted) more than after ago, or this edge, running for after
+// and a lease, never saw it.
+func (c *cluster) edgeGone(id string, after time.Duration) bool {
 	if id == c.cfg.EdgeID {
 		return false
 	}
@@ -295,23 +435,34 @@ func (c *cluster) edgeGone(id string) bool {
 	defer c.remote.mu.Unlock()
 	e := c.remote.edges[id]
 	if e == nil || e.lastSeen.IsZero() {
-		return time.Since(c.started) > 2*c.cfg.LeaseTTL
+		return time.Since(c.started) > after+c.cfg.LeaseTTL
 	}
-	return e.expired && time.Since(e.lastSeen) > c.cfg.LeaseTTL
+	return e.expired && time.Since(e.lastSeen) > after
 }
 
 // liveAnywhere reports whether the route kind/label has a member on another edge whose
 // lease holds, whether or not this edge can reach it now. It reads a snapshot (the registry
 // calls it, through the route book, while the remote view is locked).
 func (c *cluster) liveAnywhere(kind, label string) bool {
+	_, ok := c.liveTenant(kind, label)
+	return ok
+}
+
+// liveTenant returns the tenant of the members of route kind/label on other edges whose
+// leases hold, and whether there are any. It reads the snapshot liveAnywhere reads.
+func (c *cluster) liveTenant(kind, label string) (string, bool) {
 	live := c.live.Load()
-	return live != nil && (*live)[store.Key(kind, label)]
+	if live == nil {
+		return "", false
+	}
+	tenant, ok := (*live)[store.Key(kind, label)]
+	return tenant, ok
 }
 
 // rebuildLiveLocked recomputes the routes with members on other edges; the caller holds
 // c.remote.mu.
 func (c *cluster) rebuildLiveLocked() {
-	live := map[string]bool{}
+	live := map[string]string{}
 	for _, e := range c.remote.edges {
 		if e.expired {
 			continue
@@ -319,9 +470,9 @@ func (c *cluster) rebuildLiveLocked() {
 		for _, rec := range e.records {
 			switch {
 			case rec.Proto.BySubdomain():
-				live[store.Key(store.KindHTTP, rec.Label)] = true
+				live[store.Key(store.KindHTTP, rec.Label)] = rec.Tenant
 			case rec.Group != "":
-				live[store.Key(store.KindTCP, rec.Group)] = true
+				live[store.Key(store.KindTCP, rec.Group)] = rec.Tenant
 			}
 		}
 	}

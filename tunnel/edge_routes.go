@@ -1,8 +1,11 @@
 package tunnel
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,13 +57,26 @@ type routeBook struct {
 	// edgeID is this edge's id in a cluster; edgeGone reports whether another edge is gone
 	// from the cluster (sweepSoloPort).
 	edgeID   string
-	edgeGone func(id string) bool
-	// resumedFrom is, in a cluster, the session the connector session id continues (its
-	// Hello resumed it), or "".
-	resumedFrom func(session string) string
+	edgeGone func(id string, after time.Duration) bool
+	// liveTenant is, in a cluster, the tenant of a route's members on other edges, and
+	// whether it has any there (cluster.liveTenant).
+	liveTenant func(kind, label string) (string, bool)
+	// stopping is set when the edge begins to stop: its solo tunnels leave then without
+	// giving up their claims, which their connectors take back on another edge.
+	stopping atomic.Bool
+	// soloHolders are, in a cluster, the sessions holding the solo claims of this edge's
+	// solo HTTP tunnels, by subdomain: emptied clears the route's Holder when they leave.
+	soloHolders map[string]string
+	// resumeOf is, in a cluster, what connector session id says of itself: the SHA-256 of
+	// its resume token and, when its Hello resumed a session, that session and the SHA-256
+	// of the token it presented (Server.sessionResume).
+	resumeOf func(session string) (own [32]byte, resumed string, proof [32]byte, ok bool)
 	// settleLater records, in a cluster, that a route is empty once no claim can be in
 	// flight for it any more, if no edge serves it by then (cluster.settleRoute).
 	settleLater func(kind, label string)
+	// elsewhere are the ports this edge holds back because a route of another edge
+	// reserved them (holdElsewhere), given back by the sweep once that reservation is gone.
+	elsewhere map[int]bool
 	// soloPorts are the cluster reservations ("solo/<edge id>/<tunnel id>") of this edge's solo TCP
 	// tunnels, by port: released when the tunnel's group goes.
 	soloPorts map[int]string
@@ -110,7 +126,8 @@ func ownedError(kind, label string) error {
 func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoints []Endpoint, log *zap.Logger) (*routeBook, error) {
 	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log,
 		ports: map[string]map[int]bool{}, tunnels: map[string]int{}, sessions: map[string]int{},
-		pendingPorts: map[string]int{}, soloPorts: map[int]string{}}
+		pendingPorts: map[string]int{}, soloPorts: map[int]string{}, elsewhere: map[int]bool{},
+		soloHolders: map[string]string{}}
 	reservedEps := map[string]*Endpoint{}
 	for i := range endpoints {
 		ep := endpoints[i].own()
@@ -243,11 +260,13 @@ func (b *routeBook) lapsed(r *store.Route, now time.Time, live func() bool) bool
 type ticket struct {
 	key, tenant string
 	kind, label string
-	created     *store.Route // the first claim this registration wrote, if any
-	solo        string       // in a cluster: the reservation of a solo TCP tunnel's port
-	portSlot    bool         // a max_tcp_ports slot reserved for a new port
-	port        int          // in a cluster: the port the TCP pool must have on this edge
-	holder      string       // in a cluster: the solo HTTP tunnel's session (store.Route.Holder)
+	created     *store.Route    // the first claim this registration wrote, if any
+	solo        string          // in a cluster: the reservation of a solo TCP tunnel's port
+	portSlot    bool            // a max_tcp_ports slot reserved for a new port
+	port        int             // in a cluster: the port the TCP pool must have on this edge
+	holder      string          // in a cluster: the solo HTTP tunnel's session (store.Route.Holder)
+	holderHash  string          // and the hex SHA-256 of its resume token (HolderHash)
+	prevKeys    []group.KeyHash // the keys the registration held before (a rotation)
 }
 
 // claim checks, before a Join, that tenant may register req's route, and records a first
@@ -276,9 +295,9 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 	}
 	var taken *store.Route // a lapsed claim of another tenant, replaced
 	var port int
-	resumed := "" // read before the store's lock is taken
-	if b.resumedFrom != nil && kind == store.KindHTTP && !grouped {
-		resumed = b.resumedFrom(req.Session)
+	sc := soloClaim{session: req.Session} // read before the store's lock is taken
+	if b.resumeOf != nil && kind == store.KindHTTP && !grouped {
+		sc.own, sc.resumed, sc.proof, _ = b.resumeOf(req.Session)
 	}
 	_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
 		// fn may run more than once: it only computes; what it decides is read after.
@@ -297,8 +316,18 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 			if b.lease > 0 && b.keyHeld(cur, req, grouped, now) {
 				return nil, keyMismatch(kind, label)
 			}
+			if b.lease > 0 && kind == store.KindHTTP && cur.Reserved && grouped && cur.KeyHash == (group.KeyHash{}) {
+				// An endpoint that sets no key: its pool's key is whoever comes first, and
+				// the store orders first registrations racing on two edges.
+				switch claimed, err := b.claimEndpointKey(cur, req, now); {
+				case err != nil:
+					return nil, err
+				case claimed:
+					return cur, nil
+				}
+			}
 			if b.lease > 0 && kind == store.KindHTTP && !cur.Reserved {
-				switch reshape, err := b.reshape(cur, req, grouped, resumed, now); {
+				switch reshape, err := b.reshape(cur, req, grouped, sc, now); {
 				case err != nil:
 					return nil, err
 				case reshape:
@@ -319,6 +348,11 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		if cur != nil && !b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
 			return nil, ownedError(kind, label)
 		}
+		if other, ok := b.membersTenant(kind, label); ok && other != tenant {
+			// No record (a wiped store) or a lapsed one, but another tenant's members
+			// serve the route: it is theirs.
+			return nil, ownedError(kind, label)
+		}
 		taken = cur
 		tk.created = &store.Route{Kind: kind, Label: label, Tenant: tenant, Group: req.Group, EmptySince: now}
 		if b.lease > 0 {
@@ -328,7 +362,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 			tk.created.KeyHash = req.KeyHash
 		}
 		if b.lease > 0 && kind == store.KindHTTP && !grouped {
-			tk.created.Holder = req.Session
+			tk.created.Holder, tk.created.HolderHash = req.Session, hex.EncodeToString(sc.own[:])
 		}
 		return tk.created, nil
 	})
@@ -346,8 +380,9 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		b.releasePorts(taken)
 	}
 	if b.lease > 0 && kind == store.KindHTTP && !grouped {
-		tk.holder = req.Session
+		tk.holder, tk.holderHash = req.Session, hex.EncodeToString(sc.own[:])
 	}
+	tk.prevKeys = req.PrevKeyHashes
 	req.Port = port
 	if kind == store.KindTCP && port == 0 && maxPorts > 0 {
 		if !b.reservePortSlot(tenant, maxPorts) {
@@ -414,6 +449,32 @@ func (b *routeBook) abandon(tk *ticket) {
 	})
 }
 
+// membersTenant returns the tenant of the members serving route kind/label now, on this
+// edge or (in a cluster) another, and whether any does.
+func (b *routeBook) membersTenant(kind, label string) (string, bool) {
+	var groups []*group.Group
+	if kind == store.KindHTTP {
+		if g := b.reg.LookupHTTP(label); g != nil {
+			groups = append(groups, g)
+		}
+	} else {
+		for _, g := range b.reg.Groups() {
+			if g.Kind == group.KindTCP && g.Label == label && !g.Solo() {
+				groups = append(groups, g)
+			}
+		}
+	}
+	for _, g := range groups {
+		for _, m := range g.Members() {
+			return m.Tenant, true
+		}
+	}
+	if b.liveTenant != nil {
+		return b.liveTenant(kind, label)
+	}
+	return "", false
+}
+
 // live reports whether the route has a pool with members in the registry now.
 func (b *routeBook) live(kind, label string) bool {
 	if b.liveAnywhere != nil && b.liveAnywhere(kind, label) {
@@ -466,6 +527,11 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 	if tk.kind == "" {
 		return nil
 	}
+	if tk.holder != "" {
+		b.mu.Lock()
+		b.soloHolders[tk.label] = tk.holder
+		b.mu.Unlock()
+	}
 	var oldPort int
 	r, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
 		oldPort = 0
@@ -476,6 +542,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		if cur.Tenant != tk.tenant {
 			return nil, ownedError(tk.kind, tk.label)
 		}
+		lastClaim := cur.Claimed
 		changed := !cur.EmptySince.IsZero() || cur.Group == "" && g.Name != ""
 		cur.EmptySince = time.Time{}
 		if b.lease > 0 {
@@ -493,8 +560,22 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 			if cur.Group == "" {
 				cur.Group = g.Name
 			}
-		} else if k := g.KeyHash(); !cur.Reserved && (cur.KeyHash != k || cur.Group != g.Name || cur.Holder != tk.holder) {
-			cur.KeyHash, cur.Group, cur.Holder, changed = k, g.Name, tk.holder, true
+		} else if k, zero := g.KeyHash(), (group.KeyHash{}); cur.Reserved && b.lease > 0 && cur.KeyHash == zero && g.Name != "" {
+			// An endpoint that sets no key (claimEndpointKey): a pool with another key
+			// that joined on another edge within the lease keeps it.
+			if cur.LiveKey != k {
+				if cur.LiveKey != zero && !g.HoldsKey(cur.LiveKey) && b.now().Sub(lastClaim) < b.lease {
+					return nil, keyMismatch(tk.kind, tk.label)
+				}
+				cur.LiveKey, changed = k, true
+			}
+		} else if b.lease > 0 && !cur.Reserved && !g.Solo() && cur.KeyHash != zero && cur.KeyHash != k && !g.HoldsKey(cur.KeyHash) &&
+			!slices.Contains(tk.prevKeys, cur.KeyHash) {
+			// Another key claimed the route after this registration's claim (a race between
+			// edges the claim did not see): it lost.
+			return nil, keyMismatch(tk.kind, tk.label)
+		} else if !cur.Reserved && (cur.KeyHash != k || cur.Group != g.Name || cur.Holder != tk.holder) {
+			cur.KeyHash, cur.Group, cur.Holder, cur.HolderHash, changed = k, g.Name, tk.holder, tk.holderHash, true
 		}
 		if !changed {
 			return nil, errUnchanged
@@ -536,27 +617,48 @@ func (b *routeBook) emptied(g *group.Group) {
 	}
 	now := b.now()
 	later := false
+	var holder string // the session of this edge's solo claim on the route, if any
+	if kind == store.KindHTTP && g.Solo() && !b.stopping.Load() {
+		b.mu.Lock()
+		holder = b.soloHolders[g.Label]
+		delete(b.soloHolders, g.Label)
+		b.mu.Unlock()
+	}
 	_, err := b.st.Update(store.Key(kind, g.Label), func(cur *store.Route) (*store.Route, error) {
 		later = false
-		if cur == nil || b.lease == 0 && !cur.EmptySince.IsZero() || b.liveAnywhere != nil && b.liveAnywhere(kind, g.Label) {
+		if cur == nil {
 			return nil, errUnchanged
+		}
+		// The solo tunnel that held the claim left: another session may claim at once.
+		clear := holder != "" && cur.Holder == holder
+		if clear {
+			cur.Holder, cur.HolderHash = "", ""
+		}
+		unchanged := func() (*store.Route, error) {
+			if clear {
+				return cur, nil
+			}
+			return nil, errUnchanged
+		}
+		if b.lease == 0 && !cur.EmptySince.IsZero() || b.liveAnywhere != nil && b.liveAnywhere(kind, g.Label) {
+			return unchanged()
 		}
 		if b.lease > 0 && now.Sub(cur.Claimed) < b.lease {
 			// Claimed or joined on some edge a moment ago: that member's record may not
 			// have reached this edge yet. settleRoute records the emptiness once it must
 			// have, if no edge serves the route by then.
 			later = true
-			return nil, errUnchanged
+			return unchanged()
 		}
 		if b.lease > 0 && !cur.EmptySince.IsZero() && !cur.EmptySince.Before(now) {
-			return nil, errUnchanged
+			return unchanged()
 		}
 		if kind == store.KindTCP && g.KeyHash().String() != "" {
 			// Another pool of this name may still have members; the route is empty only
 			// when none does (the registry removes pools one at a time).
 			for _, other := range b.reg.View().Groups() {
 				if other.Kind == group.KindTCP && other.Label == g.Label && other.ID != g.ID && len(other.Members) > 0 {
-					return nil, errUnchanged
+					return unchanged()
 				}
 			}
 		}
@@ -579,9 +681,15 @@ func (b *routeBook) sweep() {
 	}
 	now := b.now()
 	var tcpLive map[string]bool // TCP names with members, listed once if needed
+	reserved := map[int]bool{}  // in a cluster: the ports reserved now
+	if b.lease > 0 {
+		defer b.releaseElsewhere(reserved)
+	}
 	for _, r := range routes {
 		if b.lease > 0 && r.Kind == kindPort {
-			b.sweepSoloPort(r, now)
+			if p, err := strconv.Atoi(r.Label); err == nil && !b.sweepSoloPort(r, now) {
+				reserved[p] = true
+			}
 			continue
 		}
 		live := func() bool {

@@ -170,6 +170,19 @@ func (s *Server) replaceSession(id, token string, by *edgeSession) {
 	}
 }
 
+// endSession closes connector session id, if it lives on this edge, without a goodbye: its
+// connector reconnects and registers its tunnels again.
+func (s *Server) endSession(id, why string) {
+	s.mu.Lock()
+	e := s.sessionByID[id]
+	s.mu.Unlock()
+	if e == nil {
+		return
+	}
+	e.log.Warn("ending the session", zap.String("why", why))
+	_ = e.mux.Close()
+}
+
 // sessionResume is what session id's members' records say of it (memberRecord): the
 // SHA-256 of the resume token it was welcomed with and, when its Hello resumed a session,
 // that session's id and the SHA-256 of the token presented. False when no such session

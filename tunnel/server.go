@@ -161,10 +161,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		routes.remoteConflict = s.cluster.remoteConflict
 		routes.settleLater = func(kind, label string) { s.cluster.settleRoutes([][2]string{{kind, label}}) }
 		routes.edgeID, routes.edgeGone = s.cluster.cfg.EdgeID, s.cluster.edgeGone
-		routes.resumedFrom = func(id string) string {
-			resumed, _, _ := s.resumeClaim(id)
-			return resumed
-		}
+		routes.resumeOf = s.sessionResume
+		routes.liveTenant = s.cluster.liveTenant
 	}
 	if err := s.newAdmin(); err != nil {
 		_ = routes.st.Close()
@@ -474,6 +472,7 @@ func (s *Server) Close() error {
 
 func (s *Server) beginClose() ([]net.Listener, []*http.Server) {
 	s.closeOnce.Do(func() { close(s.done) })
+	s.routes.stopping.Store(true)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closing = true

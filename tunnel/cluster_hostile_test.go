@@ -23,34 +23,39 @@ import (
 	"github.com/warren-tunnel/warren/group"
 )
 
-// Adversarial tests of the cluster (several edges sharing pools through NATS JetStream).
-// Every TestAdv test in this file FAILS NOW: each shows one bug (see its comment). They are
-// left for the fixes; run them with go test -race -count=1 -run 'TestAdv' ./tunnel.
+// Hostile timings and failures of the cluster (several edges sharing pools through NATS
+// JetStream): NATS stopped and started again, or cut off from one edge, for longer than the
+// lease; an edge killed while its tunnels move elsewhere; registrations racing on two edges
+// for one route; members leaving one edge as others join on another; a key rotation rolling
+// across the edges; and another edge flooding a peer link with silent streams. Each test
+// states the promise it holds the cluster to and how it provokes the hostile case.
 
-// advNATS is one embedded NATS server with JetStream on a fixed port and store directory,
-// so that it can be stopped and started again as an operator restarting it would.
-type advNATS struct {
+// restartableNATS is one embedded NATS server with JetStream on a fixed port and store
+// directory, so that it can be stopped and started again as an operator restarting it
+// would.
+type restartableNATS struct {
 	t    testing.TB
 	port int
 	dir  string
 	ns   *server.Server
 }
 
-func startAdvNATS(t testing.TB) *advNATS {
+// startRestartableNATS starts a restartableNATS on a free port, stopped at the end of the test.
+func startRestartableNATS(t testing.TB) *restartableNATS {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	port := l.Addr().(*net.TCPAddr).Port
 	require.NoError(t, l.Close())
-	n := &advNATS{t: t, port: port, dir: t.TempDir()}
+	n := &restartableNATS{t: t, port: port, dir: t.TempDir()}
 	n.start()
 	t.Cleanup(n.stop)
 	return n
 }
 
-func (n *advNATS) start() {
+func (n *restartableNATS) start() {
 	n.t.Helper()
-	opts := &server.Options{ServerName: "adv", Host: "127.0.0.1", Port: n.port,
+	opts := &server.Options{ServerName: "restartable", Host: "127.0.0.1", Port: n.port,
 		JetStream: true, StoreDir: n.dir, NoLog: true, NoSigs: true}
 	ns, err := server.NewServer(opts)
 	require.NoError(n.t, err)
@@ -70,7 +75,7 @@ func (n *advNATS) start() {
 	}, 20*time.Second, 50*time.Millisecond, "JetStream not ready")
 }
 
-func (n *advNATS) stop() {
+func (n *restartableNATS) stop() {
 	if n.ns != nil {
 		n.ns.Shutdown()
 		n.ns.WaitForShutdown()
@@ -78,15 +83,16 @@ func (n *advNATS) stop() {
 	}
 }
 
-func (n *advNATS) nodes() []*server.Server { return []*server.Server{n.ns} }
+func (n *restartableNATS) nodes() []*server.Server { return []*server.Server{n.ns} }
 
-// FAILS NOW. NATS down for longer than the lease, then started again on the same port and
-// store directory (an operator restarting it): the edges must see each other's members
-// again, and new routes must be claimable again. The members, leases and alerts buckets are
-// in memory storage: they are gone after the restart and nothing creates them again, so
-// every lease renewal and member write fails for ever.
-func TestAdvLongNATSOutageRestart(t *testing.T) {
-	n := startAdvNATS(t)
+// NATS stopped for longer than the lease, then started again on the same port and store
+// directory (an operator restarting it): the edges renew their leases, see each other's
+// members again, and new routes can be claimed again, within seconds. The members, leases and
+// alerts buckets are in memory storage, so the restart loses them and the edges must create
+// them again (before the fix nothing did, and every lease renewal and member write failed for
+// ever).
+func TestClusterRecoversFromANATSRestart(t *testing.T) {
+	n := startRestartableNATS(t)
 	lease := 900 * time.Millisecond
 	a := startClusterEdge(t, n.nodes(), "a", clusterOpts{lease: lease})
 	b := startClusterEdge(t, n.nodes(), "b", clusterOpts{lease: lease})
@@ -99,7 +105,9 @@ func TestAdvLongNATSOutageRestart(t *testing.T) {
 	b.waitMembers(t, "pool", both)
 
 	n.stop()
-	time.Sleep(3 * lease) // longer than the lease
+	// NATS stays down for three leases: the edges cannot reach it, so the only way to
+	// have the outage outlast the lease is to let the time pass.
+	time.Sleep(3 * lease)
 	n.start()
 
 	// Each edge renews its lease again...
@@ -147,12 +155,12 @@ func failoverDialer(from, to *clusterEdge) Option {
 	})
 }
 
-// FAILS NOW. Promise 5 for a solo HTTP tunnel (no group): its edge is killed, the connector
-// moves to another edge and registers its subdomain again. That edge still holds the dead
-// edge's member record (the lease has not lapsed) and refuses the registration with
-// "subdomain 'solo' is already in use" (remoteConflict), although the dead edge's link is
-// down and no member of that record is reachable: the tunnel is lost.
-func TestAdvSoloTunnelMovesEdgeAfterKill(t *testing.T) {
+// Promise 5 for a solo HTTP tunnel (no group): its edge is killed, the connector moves to
+// another edge and registers its subdomain again, and that edge takes it at once, well
+// within the dead edge's lease, whose member record it still holds. Before the fix the other
+// edge refused the registration "already in use" until the dead edge's lease lapsed, and the
+// tunnel was lost meanwhile.
+func TestClusterSoloTunnelMovesEdgeAfterKill(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 3 * time.Second // long enough that the connector's retry is within it
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
@@ -175,14 +183,14 @@ func TestAdvSoloTunnelMovesEdgeAfterKill(t *testing.T) {
 	require.NoError(t, ta.Err())
 }
 
-// FAILS NOW (a race, hit within 60 rounds here, usually far fewer). A route's last
-// member leaves edge a just as a member of the same route registers on edge c, before c's
-// member record reaches a: a's emptied writes EmptySince over the claim c's joined has just
-// written (emptied does not look at Claimed, unlike settleRoute and markEmpty, and lapsed
-// does not ask whether a route recorded empty is live). The route is then recorded empty
-// while it has a live member; RouteTTL later its claim lapses and another tenant takes the
-// live route (with the same key it even joins the owner's pool on c).
-func TestAdvEmptiedRacesJoinOnAnotherEdge(t *testing.T) {
+// A route served on some edge never lapses, however its members move between edges: a
+// route's last member leaves edge a just as a member of the same route registers on edge c,
+// before c's member record reaches a (up to 60 rounds of that race). RouteTTL later every
+// route, live with the owner's member on c all along, is still the owner's: another tenant
+// registering it is refused ErrOwned. Before the fix a's emptiness could overwrite c's
+// fresh claim, and the live route lapsed a RouteTTL later (another tenant with the same key
+// even joined the owner's pool on c).
+func TestClusterLiveRouteNeverLapsesAsMembersMoveEdges(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	const ttl = 1500 * time.Millisecond
 	tenants := func(c *ServerConfig) {
@@ -206,7 +214,10 @@ func TestAdvEmptiedRacesJoinOnAnotherEdge(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, ta.Close()) // a's last member leaves as c's joins
 		a.waitMembers(t, sub, map[string]int{"c": 1})
-		time.Sleep(50 * time.Millisecond) // let a's emptied write land
+		// a's emptiness, if it wrote one, is written as its member leaves, after a's view
+		// has lost it; it must not land over c's claim, and nothing observable marks that it
+		// did not: give it a moment before reading the route.
+		time.Sleep(50 * time.Millisecond)
 		r, err := a.routes.st.Get("http/" + sub)
 		require.NoError(t, err)
 		require.NotNil(t, r)
@@ -215,7 +226,8 @@ func TestAdvEmptiedRacesJoinOnAnotherEdge(t *testing.T) {
 			break // the race is hit: enough rounds
 		}
 	}
-	// Every route has had a live member on c all along: none is another tenant's to take.
+	// Every route has had a live member on c all along: none is another tenant's to take,
+	// even once RouteTTL has run out (a claim recorded empty would lapse by then).
 	time.Sleep(ttl + 200*time.Millisecond)
 	for _, sub := range subs {
 		require.Equal(t, map[string]int{"c": 1}, a.members(sub), "the owner's member is still live")
@@ -312,13 +324,13 @@ func viaProxy(p *cutProxy, edit func(*ServerConfig)) func(*ServerConfig) {
 	}
 }
 
-// FAILS NOW. Edge a is cut off from NATS for longer than the lease, while it keeps its
-// members (its connector stays attached) and serves them. Edge b takes a's lease for lapsed
-// and, as no other edge has a member of a's route, records the route empty (settleRoutes).
-// When a's NATS connection returns, a writes its members again and b serves them again, but
-// nothing clears the route's EmptySince: RouteTTL later the live route's claim lapses and
-// another tenant takes it (the sweep would delete it too).
-func TestAdvNATSCutLongerThanLeaseKeepsOwner(t *testing.T) {
+// A route stays its owner's through an edge's NATS cut longer than the lease: edge a is cut
+// off from NATS (through a proxy) while it keeps its members and serves them; edge b takes
+// a's lease for lapsed, drops a's members and records the route empty. When a's NATS
+// connection returns, b serves a's members again, and RouteTTL later the route is still
+// there, no longer recorded empty, and another tenant registering it is refused ErrOwned.
+// Before the fix nothing cleared the emptiness, and the live route's claim lapsed.
+func TestClusterLiveRouteNeverLapsesThroughANATSCut(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	p := newCutProxy(t, strings.TrimPrefix(nodes[0].ClientURL(), "nats://"))
 	const ttl = 2 * time.Second
@@ -335,14 +347,20 @@ func TestAdvNATSCutLongerThanLeaseKeepsOwner(t *testing.T) {
 
 	p.cut()
 	require.Eventually(t, func() bool { return edgeLease(b, "a") == "expired" }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(lease)
+	// The cut lasts until b has dropped a's members and recorded the route empty.
+	b.waitMembers(t, "pool", map[string]int{})
+	require.Eventually(t, func() bool {
+		r, err := b.routes.st.Get("http/pool")
+		return err == nil && r != nil && !r.EmptySince.IsZero()
+	}, 5*time.Second, 10*time.Millisecond, "b never recorded the route empty while a was cut off")
 	p.restore()
 	// a is back: b sees its member again, and a serves it all along.
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
 	code, body := b.get("pool", "/")
 	require.Equal(t, 200, code, body)
 
-	// The route has had a live member all along: it is acme's, however long we wait.
+	// The route has had a live member all along: it is acme's, however long we wait. Let
+	// RouteTTL run out (a claim still recorded empty would lapse by then), with a sweep.
 	time.Sleep(ttl + 500*time.Millisecond)
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
 	r, err := b.routes.st.Get("http/pool")
@@ -353,15 +371,12 @@ func TestAdvNATSCutLongerThanLeaseKeepsOwner(t *testing.T) {
 	require.ErrorIs(t, err, ErrOwned, "globex took acme's live route")
 }
 
-// FAILS NOW. A rolling key rotation across edges, as it works on one edge: members of pool
-// "pool" with key k1 on a and b; a new member on a rotates the pool to k2 (previous key k1).
-// On one edge the rotated member joins the pool, and a member with the old key may still
-// join while old-key members remain. In the cluster, b refuses a's rotated member (its
-// record carries no previous keys, so b's pool at k1 does not admit k2): the pool is split
-// by edge; and a connector with the old key registering on b is refused "group key does
-// not match" (the route's key hash is k2 now, and keyHeld ignores that b's pool still has
-// old-key members).
-func TestAdvRollingKeyRotationAcrossEdges(t *testing.T) {
+// A rolling key rotation works across edges as on one edge: members of pool "pool" with key
+// k1 on a and b; a new member on a rotates the pool to k2 (previous key k1). Every edge's
+// pool takes the rotated member, and a connector still on the old key may join on the other
+// edge while old-key members remain. Before the fix b refused a's rotated member (its record
+// carried no previous keys), splitting the pool by edge, and refused the old key on b.
+func TestClusterRollingKeyRotation(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	a := startClusterEdge(t, nodes, "a", clusterOpts{})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{})
@@ -387,15 +402,20 @@ func TestAdvRollingKeyRotationAcrossEdges(t *testing.T) {
 	require.True(t, spread && err == nil)
 }
 
-// FAILS NOW. A solo TCP tunnel's port is reserved cluster-wide under "port/<n>" for
-// "solo/<tunnel id>", and only the edge that holds the tunnel ever deletes it (when the
-// tunnel's group goes). Its edge killed, the reservation stays in NATS for ever: the sweep
-// never drops a Reserved key, and no edge knows the dead edge's solo tunnels. Every edge
-// that dies leaks its solo tunnels' ports for the cluster; here, with a one-port range, no
-// solo TCP tunnel can ever be registered again.
-func TestAdvSoloTCPPortLeakedByDeadEdge(t *testing.T) {
+// soloTCPPort is TestClusterDeadEdgeReleasesSoloTCPPorts' one-port range: inside the cluster
+// harness's range (below the ephemeral ports, so no client socket holds it), and no other
+// test in the package configures a range of this port alone (none runs in parallel).
+const soloTCPPort = 31377
+
+// A solo TCP tunnel's port, reserved cluster-wide under "port/<n>", is released when its
+// edge dies: with a one-port range, a solo TCP tunnel on the dead edge's port, then the
+// edge killed, another edge drops the reservation within 2 s of the dead edge's lease
+// lapsing (a lease later, and a sweep) and gives the port to a new solo TCP tunnel. Before
+// the fix only the holding edge ever deleted the reservation, so every edge that died
+// leaked its solo tunnels' ports for good.
+func TestClusterDeadEdgeReleasesSoloTCPPorts(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
-	const port = 31377
+	const port = soloTCPPort
 	lease := 600 * time.Millisecond
 	one := func(c *ServerConfig) {
 		c.TCPPorts = group.PortRange{Lo: port, Hi: port}
@@ -406,17 +426,25 @@ func TestAdvSoloTCPPortLeakedByDeadEdge(t *testing.T) {
 	ta, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "solo"}, tcpNamed(t, "solo"))
 	require.NoError(t, err)
 	require.Equal(t, port, ta.Port())
+	// While a holds it, b has no port to give: the registration is refused, and b holds
+	// the port back (until the reservation goes).
+	_, err = b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "early"}, tcpNamed(t, "early"))
+	require.ErrorIs(t, err, group.ErrNoPorts)
 	a.kill()
 	require.Eventually(t, func() bool { return edgeLease(b, "a") == "expired" }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(2 * time.Second) // past the lease and RouteTTL, and a sweep
-	r, err := b.routes.st.Get(fmt.Sprintf("port/%d", port))
-	require.NoError(t, err)
-	var holder string
-	if r != nil {
-		holder = r.Group
-	}
-	_, err = b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "again"}, tcpNamed(t, "again"))
-	require.NoError(t, err, "port %d is still reserved for %q, a tunnel of the dead edge", port, holder)
+	// The dead edge's reservation goes within 2 s (a lease after the lapse, and a sweep)...
+	require.Eventually(t, func() bool {
+		r, err := b.routes.st.Get(fmt.Sprintf("port/%d", port))
+		return err == nil && r == nil
+	}, 2*time.Second, 20*time.Millisecond, "port %d is still reserved for a tunnel of the dead edge", port)
+	// ...and the port is b's again to give to a new solo TCP tunnel (the sweep that deleted
+	// the reservation gives back the port b held back).
+	var tb *Tunnel
+	require.Eventually(t, func() bool {
+		tb, err = b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "again"}, tcpNamed(t, "again"))
+		return err == nil
+	}, 3*time.Second, 100*time.Millisecond, "b never offers port %d again: %v", port, err)
+	require.Equal(t, port, tb.Port())
 }
 
 // peerDial links to e's peer port as another edge would, with token.
@@ -438,12 +466,11 @@ func peerDial(t testing.TB, e *clusterEdge, token string) (net.Conn, byte) {
 	return conn, ans[0]
 }
 
-// FAILS NOW. Bounded resources on the peer port: an edge (holding the token; a compromised
-// or buggy one) opens thousands of streams on its link and never sends an envelope. Each
-// stream costs the accepting edge a goroutine (cluster.forward) until OpenTimeout, and the
-// stream itself until yamux's close timeout (5 minutes) since the peer never closes its
-// side: nothing caps the streams of one link.
-func TestAdvPeerStreamFloodIsBounded(t *testing.T) {
+// Bounded resources on the peer port: an edge holding the token (a compromised or buggy
+// one) opens 3,000 streams on its link and never sends an envelope; the accepting edge
+// spends fewer than 750 goroutines on them (its caps on a link's streams refuse the rest at
+// once). Before the fix each such stream cost the edge a goroutine until OpenTimeout.
+func TestClusterPeerLinkBoundsAStreamFlood(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	b := startClusterEdge(t, nodes, "b", clusterOpts{})
 	conn, ans := peerDial(t, b, clusterToken)
@@ -461,22 +488,28 @@ func TestAdvPeerStreamFloodIsBounded(t *testing.T) {
 		}
 		opened = append(opened, st)
 	}
-	time.Sleep(500 * time.Millisecond) // the edge accepts them
+	// The edge accepts a link's streams one at a time, in the order they were opened: once
+	// it answers one more stream opened after the flood (refused, the link being at its cap
+	// of streams awaiting their envelope), it has taken every stream of the flood and
+	// started a goroutine for each it forwards.
+	probe, err := sess.OpenStream()
+	require.NoError(t, err)
+	_ = probe.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var ack [1]byte
+	_, err = io.ReadFull(probe, ack[:])
+	require.NoError(t, err, "the edge never answered a stream opened after %d silent ones", len(opened))
 	grew := runtime.NumGoroutine() - before
-	for _, st := range opened {
+	for _, st := range append(opened, probe) {
 		_ = st.Close()
 	}
 	require.Less(t, grew, streams/4, "%d streams opened on one link, none sending an envelope: the edge holds %d more goroutines", len(opened), grew)
 }
 
-// FAILS NOW (a race; most rounds). Invariant 1 for a route that exists but has been empty
-// for a while (a pool redeployed with a new key before its claim lapsed): two registrations
-// with two keys race on two edges. claim leaves such a route unchanged (same tenant, key not
-// held: not live, not claimed or emptied within the lease), so neither claim serialises
-// them, and joined overwrites the route's key hash without checking it: both win, the
-// route's pool has key k1 on one edge and k2 on the other, and each edge refuses the
-// other's member.
-func TestAdvConflictingKeysOnAnExistingRoute(t *testing.T) {
+// Invariant 1 for a route that exists but has been empty for longer than the lease (a pool
+// redeployed with a new key before its claim lapsed): two registrations with two keys racing
+// on two edges, at most one wins (5 routes, one race each). Before the fix both usually won,
+// the route's pool having one key on one edge and the other on the other.
+func TestClusterTwoKeysRaceOnAnExistingRoute(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 400 * time.Millisecond
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
@@ -488,7 +521,17 @@ func TestAdvConflictingKeysOnAnExistingRoute(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, first.Close())
 	}
-	time.Sleep(2 * lease) // every route empty for longer than the lease
+	// Every route recorded empty, then the lease left to run out since: a claim or emptiness
+	// within the lease would serialise the registrations below by itself.
+	require.Eventually(t, func() bool {
+		for round := range rounds {
+			r, err := a.routes.st.Get(fmt.Sprintf("http/old%d", round))
+			if err != nil || r == nil || r.EmptySince.IsZero() || time.Since(r.EmptySince) <= lease {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "the routes were not recorded empty for longer than the lease")
 	var both []string
 	for round := range rounds {
 		sub := fmt.Sprintf("old%d", round)
@@ -512,12 +555,11 @@ func TestAdvConflictingKeysOnAnExistingRoute(t *testing.T) {
 	require.Empty(t, both, "routes where both keys won, one on each edge")
 }
 
-// FAILS NOW (a race; a few rounds of 20). Two solo HTTP tunnels (no group) of one tenant
-// registering one new subdomain at once on two edges: on one edge the second is refused
-// "already in use"; in the cluster both win, each edge serving its own tunnel for the
-// subdomain and refusing the other's record. claim lets the second through (same tenant:
-// errUnchanged; keyHeld is only for pools) and remoteConflict sees no record yet.
-func TestAdvRacingSoloTunnelsOnTwoEdges(t *testing.T) {
+// Two solo HTTP tunnels (no group) of one tenant registering one new subdomain at once on
+// two edges: at most one wins, as on one edge where the second is refused "already in use"
+// (20 subdomains, one race each). Before the fix both sometimes won, each edge serving its
+// own tunnel for the subdomain.
+func TestClusterTwoSoloTunnelsRace(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	a := startClusterEdge(t, nodes, "a", clusterOpts{})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{})
