@@ -419,7 +419,7 @@ func (s *NATS) do(op func(ctx context.Context) error) error {
 // way, and without it no route could be written again until every edge restarted. It reports
 // whether the bucket exists now, created by this call or another writer.
 func (s *NATS) recreate(ctx context.Context, err error) bool {
-	if !natsBucketMissing(err) {
+	if !NATSBucketMissing(err) {
 		return false
 	}
 	s.remu.Lock()
@@ -443,10 +443,14 @@ func openOrCreate(ctx context.Context, js jetstream.JetStream, cfg jetstream.Key
 	return kv, created, err
 }
 
-// natsBucketMissing reports whether err, from a request on the bucket, may mean that the
-// bucket does not exist: JetStream's "stream not found" in any wrapping, or no stream
-// answering a write to its subjects (recreate checks before it creates anything).
-func natsBucketMissing(err error) bool {
+// NATSBucketMissing reports whether err, from a request on a JetStream key-value bucket, may
+// mean that the bucket does not exist: JetStream's "stream not found" (code 10059) in any
+// wrapping, or no stream answering a write to its subjects. Callers that create the bucket
+// again on it should check first: a false alarm then costs a request.
+func NATSBucketMissing(err error) bool {
+	if err == nil {
+		return false
+	}
 	for _, target := range []error{jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound, jetstream.ErrNoStreamResponse,
 		nats.ErrBucketNotFound, nats.ErrStreamNotFound, nats.ErrNoResponders} {
 		if errors.Is(err, target) {
@@ -457,7 +461,11 @@ func natsBucketMissing(err error) bool {
 	if errors.As(err, &jerr) && jerr.ErrorCode == jetstream.JSErrCodeStreamNotFound {
 		return true
 	}
-	return err != nil && strings.Contains(err.Error(), "stream not found")
+	var nerr *nats.APIError
+	if errors.As(err, &nerr) && nerr.ErrorCode == nats.JSErrCodeStreamNotFound {
+		return true
+	}
+	return strings.Contains(err.Error(), "stream not found")
 }
 
 // lockKey takes the in-process lock of the NATS key nk, waiting until it is free or the

@@ -744,26 +744,6 @@ func (c *cluster) recoverBuckets(err error) bool {
 }
 
 // isBucketMissing reports whether err, from an operation on a key-value bucket, may mean that
-// the bucket does not exist: JetStream's "stream not found" (code 10059) in any wrapping, or
-// no stream answering a write to its subjects. ensureBuckets checks before it creates
+// the bucket does not exist (store.NATSBucketMissing). ensureBuckets checks before it creates
 // anything, so a false alarm costs a request.
-func isBucketMissing(err error) bool {
-	if err == nil {
-		return false
-	}
-	for _, target := range []error{jetstream.ErrBucketNotFound, jetstream.ErrStreamNotFound, jetstream.ErrNoStreamResponse,
-		nats.ErrBucketNotFound, nats.ErrStreamNotFound, nats.ErrNoResponders} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	var jerr *jetstream.APIError
-	if errors.As(err, &jerr) && jerr.ErrorCode == jetstream.JSErrCodeStreamNotFound {
-		return true
-	}
-	var nerr *nats.APIError
-	if errors.As(err, &nerr) && nerr.ErrorCode == nats.JSErrCodeStreamNotFound {
-		return true
-	}
-	return strings.Contains(err.Error(), "stream not found")
-}
+func isBucketMissing(err error) bool { return store.NATSBucketMissing(err) }
