@@ -1,11 +1,15 @@
 package tunnel
 
-// Third review of the cluster (several edges sharing pools through NATS JetStream): what the
-// fixes of the second round (resume claims, reshape, rotation across edges, bucket
-// recreation, peer caps) broke or left open. Every test marked FAILS NOW fails on the tree it
-// was written on and states the promise it holds the cluster to; the report names the root
-// cause of each. TestR3SoloClaimTakenWithAWrongResumeToken failed at d881263 and passes
-// with the lead's uncommitted HolderHash change.
+// Races and recoveries of a cluster (several edges sharing pools through NATS JetStream)
+// that a user relies on without seeing them: two registrations racing on two edges for one
+// route (a reserved endpoint without a key, a pool coming back to its route while another
+// shape claims it) end with one winner; a solo tunnel's claim goes with its tunnel, is taken
+// back only by its own connector (its resume token), and survives the connector moving
+// edges; a wiped routes bucket or a vanished members bucket leaves live routes with their
+// tenants and members visible on every edge; a TCP pool of an old key and a solo TCP
+// tunnel's port keep one tunnel per public port on every edge, also after a NATS cut. Each
+// test provokes the situation directly (deleting buckets, cutting NATS through a proxy,
+// racing registrations over several rounds) and names, in its comment, what used to go wrong.
 
 import (
 	"context"
@@ -26,14 +30,14 @@ import (
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
-// FAILS NOW. A NATS whose store was wiped loses the routes bucket; RELIABILITY.md promises
-// that a live route is then still protected by its members ("a registration another edge's
-// members would refuse is refused"). On the edge where the owner's pool is local, another
-// tenant's registration is refused by the registry (solo on a pool), but its claim has
-// already written a fresh route record naming that tenant (claim: cur == nil), and abandon
-// keeps it because the route is live. The owner is then refused its own live route
-// ("belongs to another tenant"), and once its members leave the route is the other tenant's.
-func TestR3WipedRoutesBucketLetsAnotherTenantTakeALiveRoute(t *testing.T) {
+// A NATS whose store was wiped loses the routes bucket; a live route is then still its
+// tenant's, protected by its members (RELIABILITY.md: "a registration another edge's members
+// would refuse is refused"). The test deletes the bucket under acme's live pool and has
+// globex register a solo tunnel on it: it is refused, leaves no route record naming globex,
+// and acme's next member is admitted. (Once, the refused claim wrote a fresh record naming
+// globex, which abandon kept because the route was live: the owner was then refused its own
+// route, and the route became globex's once acme's members left.)
+func TestClusterWipedRoutesBucketKeepsALiveRouteItsTenants(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: func(c *ServerConfig) {
 		c.Auth, c.RouteTTL = tenantAuth(), time.Hour
@@ -65,18 +69,17 @@ func TestR3WipedRoutesBucketLetsAnotherTenantTakeALiveRoute(t *testing.T) {
 	require.NoError(t, ownerErr, "the owner is refused a second member of its own live pool")
 }
 
-// FAILS at d881263 (HEAD when written); passes with the uncommitted HolderHash change in
-// the working tree (store.Route.HolderHash, soloClaim.holds): keep it as that change's
-// regression test. A solo tunnel's claim is held, within the lease, by its connector session
-// (store.Route.Holder); reshape also let through the session that the registering
-// connector's Hello claims to resume, without checking the token (resumeClaim returned the
-// claim, not a proven one). So on another edge a connector that names the holder's session
-// with a WRONG token took the subdomain while the claim was recent (remoteConflict and
-// movedHere do check the proof: here the old edge stopped, so no record is left to check),
-// and the real connector, moving there with the right token a moment later, was refused
-// "already in use". README: "Another connector, or one presenting a wrong token, is still
-// refused."
-func TestR3SoloClaimTakenWithAWrongResumeToken(t *testing.T) {
+// A solo tunnel's claim is held, within the lease, by its connector session
+// (store.Route.Holder, with the SHA-256 of its resume token in HolderHash): only that
+// connector, resuming its session with its token, takes the subdomain on another edge.
+// README: "Another connector, or one presenting a wrong token, is still refused." The test
+// stops the holder's edge gracefully (so no member record is left for remoteConflict to
+// check the proof against) and, within the claim's lease, registers on another edge first a
+// connector naming the holder's session with a wrong token, then the real one: the first is
+// refused, the second admitted. (Once, reshape let through any session the Hello named
+// without checking its token: the impostor took the subdomain and the real connector was
+// refused "already in use".)
+func TestClusterSoloClaimNotTakenWithAWrongResumeToken(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 5 * time.Second // the test runs within the lease of the solo claim
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
@@ -104,15 +107,15 @@ func TestR3SoloClaimTakenWithAWrongResumeToken(t *testing.T) {
 	require.IsType(t, &wire.Registered{}, real, "the connector that held the session, with its token, was refused")
 }
 
-// FAILS NOW. A TCP pool's key is part of its route: after a rotation, a connector presenting
-// only the old key makes another pool on another port (README "Rotating a group key"), and
-// in a cluster a TCP pool has the same port on every edge. Here pool db is at k2 with a
-// member that still lists k1 as a previous key (the README's step 3: it is removed "at your
-// next change"), and a connector with k1 alone makes pool db/k1 on its own port on edge a.
-// Edge b joins that member through rotatedFromTCP (a remote member whose key some member of
-// the k2 pool rotated from is adopted into the k2 pool), then drops it because the ports
-// differ: b never serves the k1 pool's port.
-func TestR3TCPPoolOfAnOldKeyNotServedOnOtherEdges(t *testing.T) {
+// A TCP pool's key is part of its route: after a rotation, a connector presenting only the
+// old key makes another pool on another port (README "Rotating a group key"), and in a
+// cluster a TCP pool has the same port on every edge. Here pool db is at k2 with a member
+// that still lists k1 as a previous key (the README's step 3: it is removed "at your next
+// change"), and a connector with k1 alone makes pool db/k1 on its own port on edge a: edge b
+// serves both pools, each on its own port. (Once, edge b adopted the k1 member into the k2
+// pool, as a member whose key the pool rotated from, then dropped it because the ports
+// differed: b never served the k1 pool's port.)
+func TestClusterTCPPoolOfAnOldKeyServedOnEveryEdge(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	a := startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1"})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2"})
@@ -137,14 +140,14 @@ func TestR3TCPPoolOfAnOldKeyNotServedOnOtherEdges(t *testing.T) {
 	}, 5*time.Second, 50*time.Millisecond, "edge b never serves the k1 pool's port (its member: %v)", b.members("db"))
 }
 
-// FAILS NOW (a race; most rounds). Invariant 1 for a reserved endpoint ([[endpoints]]) with no
-// key_sha256, in a cluster: the endpoint reserves the route for its tenant and pool name, any
-// key may start the pool, and the pool has one key. Two registrations with two keys racing on
-// two edges: claim skips keyHeld and reshape for a reserved route and joined does not write
-// its key, so nothing serialises them: both win, the pool has k1 on one edge and k2 on the
-// other, and each edge refuses the other's member (as TestClusterTwoKeysRaceOnAnExistingRoute,
-// which the fix of reshape closed for ordinary routes only).
-func TestR3TwoKeysRaceOnAReservedEndpoint(t *testing.T) {
+// Invariant 1 for a reserved endpoint ([[endpoints]]) with no key_sha256, in a cluster: the
+// endpoint reserves the route for its tenant and pool name, any key may start the pool, and
+// the pool has one key. The test races two first registrations with two keys on two edges,
+// for six endpoints: on each, at most one wins (the pool's key is recorded with
+// compare-and-set, as TestClusterTwoKeysRaceOnAnExistingRoute checks for other routes).
+// (Once, nothing ordered them: both won, the pool had k1 on one edge and k2 on the other, and
+// each edge refused the other's member.)
+func TestClusterTwoKeysRaceOnAReservedEndpoint(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	const rounds = 6
 	var eps []Endpoint
@@ -177,9 +180,9 @@ func TestR3TwoKeysRaceOnAReservedEndpoint(t *testing.T) {
 	require.Empty(t, both, "reserved routes where both keys won, one on each edge")
 }
 
-// r3Dialer makes a connector dial the control ports of edges in turn: its first dial goes
+// dialEdgesInTurn makes a connector dial the control ports of edges in turn: its first dial goes
 // to edges[0], its second to edges[1], and so on (the last one after that).
-func r3Dialer(edges ...*clusterEdge) Option {
+func dialEdgesInTurn(edges ...*clusterEdge) Option {
 	var dials atomic.Int32
 	return WithDialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
 		i := min(int(dials.Add(1))-1, len(edges)-1)
@@ -191,15 +194,17 @@ func r3Dialer(edges ...*clusterEdge) Option {
 // A solo tunnel's connector that moves twice within one lease (edge a killed, it moves to
 // b; b killed, it moves to c) comes back by itself, at the latest once the first dead edge's
 // lease lapses: c's pass for a resumed session covers the session the connector resumed
-// (b's), not a's before it, so until a's lease lapses c still counts a's record. A known
-// limit (RELIABILITY.md): one lease of downtime, not a lost tunnel.
-func TestR3SoloTunnelMovesTwiceWithinALease(t *testing.T) {
+// (b's), not a's before it, so until a's lease lapses c still counts a's record and refuses
+// it "already in use". A known limit (RELIABILITY.md): one lease of downtime, not a lost
+// tunnel. The connector dials a, b and c in turn; the test kills a, then b once the tunnel is
+// on b, and requires it on c within three leases, serving requests there.
+func TestClusterSoloTunnelMovedTwiceWithinALeaseComesBack(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 2 * time.Second
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
 	c := startClusterEdge(t, nodes, "c", clusterOpts{lease: lease})
-	_, err := a.connect(r3Dialer(a, b, c)).Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "S").URL))
+	_, err := a.connect(dialEdgesInTurn(a, b, c)).Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "S").URL))
 	require.NoError(t, err)
 	c.waitMembers(t, "solo", map[string]int{"a": 1})
 	a.kill()
@@ -213,14 +218,14 @@ func TestR3SoloTunnelMovesTwiceWithinALease(t *testing.T) {
 	require.Equal(t, "S /", body)
 }
 
-// FAILS NOW (a race; most rounds). Invariant 1 for a route that has been empty for longer
-// than the lease, recorded as pool g with key k0 (a pool redeployed before its claim
-// lapsed). On edge a its old pool comes back (key k0) while on edge b the route is
-// registered anew: with another key (k1), or as a solo tunnel. reshape serialises a
-// registration that changes the record (it rewrites the record with Claimed), but takes one
-// with the recorded key for "the same pool" and writes nothing, so the other edge's
-// change does not see it: both win, and the subdomain has two shapes, one per edge.
-func TestR3RecordedKeyRacesAChangeOnAnExistingRoute(t *testing.T) {
+// Invariant 1 for a route that has been empty for longer than the lease, recorded as pool g
+// with key k0 (a pool redeployed before its claim lapsed): the subdomain has one shape on
+// every edge. On edge a its old pool comes back (key k0) while on edge b the route is
+// registered anew, with another key (k1) or as a solo tunnel, b's registration landing at
+// various points of a's (30 rounds): at most one of the two wins. (Once, a registration with
+// the recorded key wrote nothing, so the change on the other edge did not see it: both won,
+// one shape per edge.)
+func TestClusterReturningPoolRacesAChangeOnItsRoute(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 400 * time.Millisecond
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
@@ -276,7 +281,7 @@ func TestR3RecordedKeyRacesAChangeOnAnExistingRoute(t *testing.T) {
 // hand): the edges create it again and write their members again, and a member registered
 // afterwards is seen by the other edge, as when all three buckets vanish
 // (TestClusterRecreatesMissingBuckets).
-func TestR3MembersBucketAloneRecreated(t *testing.T) {
+func TestClusterMembersBucketAloneRecreated(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 900 * time.Millisecond
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
@@ -315,7 +320,7 @@ func TestR3MembersBucketAloneRecreated(t *testing.T) {
 // The members bucket vanishes and another writer (an edge, or the operator) creates it again
 // at once, with the edges' configuration: edge b's members watch, whose revision counter is
 // the old bucket's, must still learn the members written to the new bucket.
-func TestR3MembersBucketRecreatedByAnotherWriter(t *testing.T) {
+func TestClusterMembersBucketRecreatedByAnotherWriter(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 900 * time.Millisecond
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
@@ -353,14 +358,14 @@ func TestR3MembersBucketRecreatedByAnotherWriter(t *testing.T) {
 	b.waitMembers(t, "fresh", map[string]int{"a": 1})
 }
 
-// FAILS NOW. A solo tunnel's subdomain, once its tunnel has closed, is the tenant's to
-// register again at once, by any connector of the tenant: on one edge (control below) a
-// connector process restarted (a new session, no resume token) gets its subdomain back
-// immediately. In a cluster, even of one edge, the route's solo claim keeps the old session
-// as its Holder and reshape refuses any other session "already in use" for a lease after the
-// claim, though no edge serves the subdomain: a connector restarted within LeaseTTL of its
-// registration (a crash loop, a quick redeploy) loses its subdomain for that long.
-func TestR3SoloSubdomainBackAtOnceAfterItsTunnelClosed(t *testing.T) {
+// A solo tunnel's subdomain, once its tunnel has closed, is the tenant's to register again
+// at once, by any connector of the tenant: a connector process restarted (a new session, no
+// resume token) gets its subdomain back immediately, on one edge (the control) as on an edge
+// of a cluster, well within the lease of its first claim. (Once, the route's solo claim kept
+// the closed tunnel's session as its Holder and refused any other session "already in use"
+// for a lease, though no edge served the subdomain: a crash loop or a quick redeploy lost
+// its subdomain for that long.)
+func TestClusterSoloSubdomainFreeOnceItsTunnelClosed(t *testing.T) {
 	again := func(t *testing.T, e *testEdge) error {
 		first, err := e.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "1").URL))
 		require.NoError(t, err)
@@ -375,21 +380,22 @@ func TestR3SoloSubdomainBackAtOnceAfterItsTunnelClosed(t *testing.T) {
 	require.NoError(t, again(t, a.testEdge), "an edge of a cluster")
 }
 
-// r3SoloPort is TestR3SoloTCPPortKeptThroughANATSCut's one-port range (inside the harness's
-// range; no other test configures this port alone).
-const r3SoloPort = 31378
+// natsCutSoloPort is TestClusterSoloTCPPortLeadsToOneTunnelAfterANATSCut's one-port range
+// (inside the harness's range; no other test configures this port alone).
+const natsCutSoloPort = 31378
 
-// FAILS NOW. A solo TCP tunnel's port is reserved cluster-wide ("port/<n>") so that its
-// copies on every edge answer on one port. Its edge cut off from NATS for a couple of leases
-// (it lives and serves the tunnel all along) looks dead to the others, and sweepSoloPort
-// deletes the reservation (edgeGone); another edge gives the port to a new tunnel. When the
-// cut edge's NATS returns, nothing reserves its port again or settles the clash: edge a
-// answers the port with its tunnel, edge b with its own, for good (the route analog was
-// fixed by markLive: a live route never lapses).
-func TestR3SoloTCPPortKeptThroughANATSCut(t *testing.T) {
+// A solo TCP tunnel's port is reserved cluster-wide ("port/<n>") so that its copies on every
+// edge answer on one port: a public port leads to one tunnel, whichever edge a client
+// reaches. The test cuts edge a off from NATS (through a proxy) for longer than
+// route_ttl_secs (it lives and serves its tunnel all along); edge b takes it for dead,
+// releases the reservation and gives the port to a new tunnel of its own. When a's NATS
+// returns, a reserves its solo ports again, finds this one taken and ends its own tunnel's
+// session: both edges then answer the port with the same tunnel. (Once, nothing settled the
+// clash: a answered the port with its tunnel and b with its own, for good.)
+func TestClusterSoloTCPPortLeadsToOneTunnelAfterANATSCut(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	p := newCutProxy(t, strings.TrimPrefix(nodes[0].ClientURL(), "nats://"))
-	const port = r3SoloPort
+	const port = natsCutSoloPort
 	lease := 600 * time.Millisecond
 	one := func(c *ServerConfig) {
 		c.TCPPorts = group.PortRange{Lo: port, Hi: port}
