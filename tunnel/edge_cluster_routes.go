@@ -123,7 +123,7 @@ func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bo
 		if cur.KeyHash == req.KeyHash || slices.Contains(req.PrevKeyHashes, cur.KeyHash) {
 			// The same pool. Coming back to a route nobody serves, it claims it afresh,
 			// so that a change racing on another edge sees the claim and is refused.
-			if recent(cur.Claimed) || b.live(kind, label) {
+			if recent(cur.Claimed) {
 				return false, nil
 			}
 			cur.Claimed = now
@@ -142,7 +142,11 @@ func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bo
 		}
 	}
 	if b.live(kind, label) {
-		return false, nil
+		// The registry and remoteConflict answer as the members would; the claim is still
+		// written, so that a record read before the members appeared fails the store's
+		// compare-and-set and is read again (then held, and refused above).
+		cur.Claimed = now
+		return true, nil
 	}
 	if grouped {
 		cur.KeyHash, cur.Group, cur.Holder, cur.HolderHash = req.KeyHash, req.Group, "", ""
@@ -177,7 +181,10 @@ func (b *routeBook) claimEndpointKey(cur *store.Route, req *group.JoinRequest, n
 		}
 	}
 	if live {
-		return false, nil // the registry and remoteConflict answer as its members would
+		// The registry and remoteConflict answer as its members would; the claim is still
+		// written, so that a record read before the members appeared is read again.
+		cur.Claimed = now
+		return true, nil
 	}
 	cur.LiveKey, cur.Claimed = req.KeyHash, now
 	return true, nil
@@ -275,16 +282,17 @@ func (c *cluster) reclaimSoloPorts() {
 	held := maps.Clone(b.soloPorts)
 	b.mu.Unlock()
 	for port, key := range held {
-		var g *group.Group
+		var members []*group.Member // this edge's own solo tunnel on the port
 		for _, x := range c.srv.registry.Groups() {
-			if x.Kind == group.KindTCP && x.Solo() && x.Port == port {
-				g = x
+			if x.Kind != group.KindTCP || !x.Solo() || x.Port != port {
+				continue
+			}
+			for _, m := range x.Members() {
+				if m.Edge == "" {
+					members = append(members, m)
+				}
 			}
 		}
-		if g == nil {
-			continue
-		}
-		members := g.Members()
 		if len(members) == 0 {
 			continue
 		}
@@ -293,10 +301,14 @@ func (c *cluster) reclaimSoloPorts() {
 			continue
 		}
 		b.mu.Lock()
-		if b.soloPorts[port] == key {
+		still := b.soloPorts[port] == key // not a tunnel that took the port since
+		if still {
 			delete(b.soloPorts, port)
 		}
 		b.mu.Unlock()
+		if !still {
+			continue
+		}
 		c.log.Error("the port of a solo TCP tunnel went to another tunnel while this edge was cut off from NATS: ending its connector's session, which registers again on another port",
 			zap.Int("port", port))
 		for _, m := range members {

@@ -267,6 +267,7 @@ type ticket struct {
 	holder      string          // in a cluster: the solo HTTP tunnel's session (store.Route.Holder)
 	holderHash  string          // and the hex SHA-256 of its resume token (HolderHash)
 	prevKeys    []group.KeyHash // the keys the registration held before (a rotation)
+	seenKey     group.KeyHash   // in a cluster: the route's key as the claim left it
 }
 
 // claim checks, before a Join, that tenant may register req's route, and records a first
@@ -299,7 +300,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 	if b.resumeOf != nil && kind == store.KindHTTP && !grouped {
 		sc.own, sc.resumed, sc.proof, _ = b.resumeOf(req.Session)
 	}
-	_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+	decide := func(cur *store.Route) (*store.Route, error) {
 		// fn may run more than once: it only computes; what it decides is read after.
 		taken, tk.created, port = nil, nil, 0
 		now := b.now()
@@ -365,6 +366,16 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 			tk.created.Holder, tk.created.HolderHash = req.Session, hex.EncodeToString(sc.own[:])
 		}
 		return tk.created, nil
+	}
+	_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+		r, err := decide(cur)
+		switch {
+		case err == nil && r != nil:
+			tk.seenKey = r.KeyHash
+		case errors.Is(err, errUnchanged) && cur != nil:
+			tk.seenKey = cur.KeyHash
+		}
+		return r, err
 	})
 	switch {
 	case errors.Is(err, errUnchanged):
@@ -564,15 +575,17 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 			// An endpoint that sets no key (claimEndpointKey): a pool with another key
 			// that joined on another edge within the lease keeps it.
 			if cur.LiveKey != k {
-				if cur.LiveKey != zero && !g.HoldsKey(cur.LiveKey) && b.now().Sub(lastClaim) < b.lease {
+				if cur.LiveKey != zero && !g.HoldsKey(cur.LiveKey) && !slices.Contains(tk.prevKeys, cur.LiveKey) &&
+					b.now().Sub(lastClaim) < b.lease {
 					return nil, keyMismatch(tk.kind, tk.label)
 				}
 				cur.LiveKey, changed = k, true
 			}
 		} else if b.lease > 0 && !cur.Reserved && !g.Solo() && cur.KeyHash != zero && cur.KeyHash != k && !g.HoldsKey(cur.KeyHash) &&
-			!slices.Contains(tk.prevKeys, cur.KeyHash) {
+			!slices.Contains(tk.prevKeys, cur.KeyHash) && cur.KeyHash != tk.seenKey {
 			// Another key claimed the route after this registration's claim (a race between
-			// edges the claim did not see): it lost.
+			// edges the claim did not see): it lost. A key the route already had at the claim
+			// is no race (the claim admitted this key beside it: a rotation in progress).
 			return nil, keyMismatch(tk.kind, tk.label)
 		} else if !cur.Reserved && (cur.KeyHash != k || cur.Group != g.Name || cur.Holder != tk.holder) {
 			cur.KeyHash, cur.Group, cur.Holder, cur.HolderHash, changed = k, g.Name, tk.holder, tk.holderHash, true
