@@ -337,7 +337,7 @@ func (s *NATS) List() ([]*Route, error) {
 	ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
 	defer cancel()
 	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil && s.recreate(ctx, err) {
+	for try := 0; err != nil && try < maxRecreates && s.recreate(ctx, try, err); try++ {
 		w, err = s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	}
 	if err != nil {
@@ -408,19 +408,32 @@ func (s *NATS) do(op func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
 	defer cancel()
 	err := op(ctx)
-	if err != nil && s.recreate(ctx, err) {
+	for try := 0; err != nil && try < maxRecreates && s.recreate(ctx, try, err); try++ {
 		err = op(ctx)
 	}
 	return err
 }
 
+// maxRecreates bounds the times one request creates its vanished bucket again and retries:
+// right after a bucket is deleted, JetStream may still answer that it exists, so the first
+// retry can find it gone again.
+const maxRecreates = 3
+
 // recreate creates the bucket again, empty, as OpenNATS would, when err says it does not
 // exist (its NATS store was wiped, or it was deleted): the routes it held are lost either
 // way, and without it no route could be written again until every edge restarted. It reports
-// whether the bucket exists now, created by this call or another writer.
-func (s *NATS) recreate(ctx context.Context, err error) bool {
+// whether the bucket exists now, created by this call or another writer; try counts the
+// earlier attempts of the same request.
+func (s *NATS) recreate(ctx context.Context, try int, err error) bool {
 	if !NATSBucketMissing(err) {
 		return false
+	}
+	if try > 0 { // the bucket still seemed to exist a moment ago: give its deletion time
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(time.Duration(try) * 25 * time.Millisecond):
+		}
 	}
 	s.remu.Lock()
 	defer s.remu.Unlock()

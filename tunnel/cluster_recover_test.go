@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"context"
+	"errors"
 	"io"
 	"testing"
 	"time"
@@ -205,17 +206,27 @@ func TestRouteStoreRecreatesMissingBucket(t *testing.T) {
 	require.NoError(t, err)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	require.NoError(t, js.DeleteKeyValue(ctx, "r_routes"))
+	// wipe deletes the bucket and waits until JetStream no longer finds it (a read right
+	// after the delete may still be answered from the old stream).
+	wipe := func() {
+		t.Helper()
+		require.NoError(t, js.DeleteKeyValue(ctx, "r_routes"))
+		require.Eventually(t, func() bool {
+			_, err := js.KeyValue(ctx, "r_routes")
+			return errors.Is(err, jetstream.ErrBucketNotFound)
+		}, 5*time.Second, 5*time.Millisecond)
+	}
+	wipe()
 
 	r, err := s.Get("http/a")
 	require.NoError(t, err, "a read of the vanished bucket")
 	require.Nil(t, r, "the routes were lost with the bucket")
 	_, err = s.Update("http/b", set(&store.Route{Kind: store.KindHTTP, Label: "b", Tenant: "t2"}))
 	require.NoError(t, err)
-	require.NoError(t, js.DeleteKeyValue(ctx, "r_routes"))
+	wipe()
 	_, err = s.Update("http/c", set(&store.Route{Kind: store.KindHTTP, Label: "c", Tenant: "t3"}))
 	require.NoError(t, err, "a write to the vanished bucket")
-	require.NoError(t, js.DeleteKeyValue(ctx, "r_routes"))
+	wipe()
 	all, err := s.List()
 	require.NoError(t, err, "a list of the vanished bucket")
 	require.Empty(t, all)
