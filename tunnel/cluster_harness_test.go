@@ -293,3 +293,26 @@ func startThreeEdges(t testing.TB, edit func(*ServerConfig)) ([]*server.Server, 
 	}
 	return nodes, edges
 }
+
+// raceKeys registers a member of pool sub on each of edges at once, each with its own key
+// (k1, k2, ...) and a new session, and returns the registrations' errors.
+func raceKeys(t testing.TB, sub string, edges ...*clusterEdge) []error {
+	t.Helper()
+	sessions := make([]*Session, len(edges))
+	for i, e := range edges {
+		sessions[i] = e.connect(WithReconnect(false))
+	}
+	errs := make([]error, len(edges))
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range sessions {
+		wg.Go(func() {
+			<-start
+			_, errs[i] = sessions[i].Forward(ctxT(t), TunnelSpec{Subdomain: sub, Group: "g", GroupKey: fmt.Sprintf("k%d", i+1)},
+				hostPort(backend(t, fmt.Sprint(i)).URL))
+		})
+	}
+	close(start)
+	wg.Wait()
+	return errs
+}

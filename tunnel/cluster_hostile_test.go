@@ -535,19 +535,7 @@ func TestClusterTwoKeysRaceOnAnExistingRoute(t *testing.T) {
 	var both []string
 	for round := range rounds {
 		sub := fmt.Sprintf("old%d", round)
-		sessions := []*Session{a.connect(WithReconnect(false)), b.connect(WithReconnect(false))}
-		errs := make([]error, 2)
-		start := make(chan struct{})
-		var wg sync.WaitGroup
-		for i := range sessions {
-			wg.Go(func() {
-				<-start
-				_, errs[i] = sessions[i].Forward(ctxT(t), TunnelSpec{Subdomain: sub, Group: "g", GroupKey: fmt.Sprintf("k%d", i+1)},
-					hostPort(backend(t, fmt.Sprint(i)).URL))
-			})
-		}
-		close(start)
-		wg.Wait()
+		errs := raceKeys(t, sub, a, b)
 		if errs[0] == nil && errs[1] == nil {
 			both = append(both, sub)
 		}
