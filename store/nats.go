@@ -181,7 +181,7 @@ func OpenNATS(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATS, error)
 		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
 	}
-	kv, _, err := openOrCreate(octx, js, create)
+	kv, _, err := OpenOrCreateKV(octx, js, create)
 	if err != nil {
 		return nil, fmt.Errorf("store: open NATS bucket %s: %w", cfg.Bucket, err)
 	}
@@ -437,13 +437,14 @@ func (s *NATS) recreate(ctx context.Context, try int, err error) bool {
 	}
 	s.remu.Lock()
 	defer s.remu.Unlock()
-	_, _, err = openOrCreate(ctx, s.js, s.create)
+	_, _, err = OpenOrCreateKV(ctx, s.js, s.create)
 	return err == nil
 }
 
-// openOrCreate opens the bucket of cfg, creating it when it does not exist (or using the one
-// another writer created at the same moment); created tells whether this call created it.
-func openOrCreate(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (kv jetstream.KeyValue, created bool, err error) {
+// OpenOrCreateKV opens the JetStream key-value bucket of cfg, creating it when it does not
+// exist (or using the one another writer created at the same moment); created tells whether
+// this call created it.
+func OpenOrCreateKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (kv jetstream.KeyValue, created bool, err error) {
 	kv, err = js.KeyValue(ctx, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, cfg)

@@ -316,3 +316,57 @@ func raceKeys(t testing.TB, sub string, edges ...*clusterEdge) []error {
 	wg.Wait()
 	return errs
 }
+
+// twoEdgesWithAMemberEach starts edges a and b (lease lease) with one member each of pool
+// "pool", and waits until both edges see both members.
+func twoEdgesWithAMemberEach(t testing.TB, nodes []*server.Server, lease time.Duration) (a, b *clusterEdge) {
+	t.Helper()
+	a = startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
+	b = startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
+	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
+	require.NoError(t, err)
+	both := map[string]int{"a": 1, "b": 1}
+	a.waitMembers(t, "pool", both)
+	b.waitMembers(t, "pool", both)
+	return a, b
+}
+
+// jetStreamOn connects a JetStream client of its own to node (closed at the end of the
+// test), for a test that acts on the buckets behind the edges' backs, and returns it with a
+// context bounding its requests to 5 s.
+func jetStreamOn(t testing.TB, node *server.Server) (jetstream.JetStream, context.Context) {
+	t.Helper()
+	nc, err := nats.Connect(node.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	return js, ctx
+}
+
+// staleRoutes registers on e, and closes at once, a pool member (key k0) of the subdomains
+// old0 to old<n-1>, then waits until each route is recorded empty and both its emptiness and
+// its last claim are older than lease: a claim or emptiness within the lease would by itself
+// serialise registrations racing on the route, which the caller means to race.
+func staleRoutes(t testing.TB, e *clusterEdge, n int, lease time.Duration) {
+	t.Helper()
+	for i := range n {
+		first, err := e.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: fmt.Sprintf("old%d", i), Group: "g", GroupKey: "k0"},
+			hostPort(backend(t, "0").URL))
+		require.NoError(t, err)
+		require.NoError(t, first.Close())
+	}
+	require.Eventually(t, func() bool {
+		for i := range n {
+			r, err := e.routes.st.Get(fmt.Sprintf("http/old%d", i))
+			if err != nil || r == nil || r.EmptySince.IsZero() || time.Since(r.EmptySince) <= lease || time.Since(r.Claimed) <= lease {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "the routes were not recorded empty for longer than the lease")
+}

@@ -515,23 +515,7 @@ func TestClusterTwoKeysRaceOnAnExistingRoute(t *testing.T) {
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
 	const rounds = 5
-	for round := range rounds {
-		sub := fmt.Sprintf("old%d", round)
-		first, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: sub, Group: "g", GroupKey: "k0"}, hostPort(backend(t, "0").URL))
-		require.NoError(t, err)
-		require.NoError(t, first.Close())
-	}
-	// Every route recorded empty, then the lease left to run out since: a claim or emptiness
-	// within the lease would serialise the registrations below by itself.
-	require.Eventually(t, func() bool {
-		for round := range rounds {
-			r, err := a.routes.st.Get(fmt.Sprintf("http/old%d", round))
-			if err != nil || r == nil || r.EmptySince.IsZero() || time.Since(r.EmptySince) <= lease {
-				return false
-			}
-		}
-		return true
-	}, 10*time.Second, 20*time.Millisecond, "the routes were not recorded empty for longer than the lease")
+	staleRoutes(t, a, rounds, lease)
 	var both []string
 	for round := range rounds {
 		sub := fmt.Sprintf("old%d", round)

@@ -21,8 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -46,13 +44,7 @@ func TestClusterWipedRoutesBucketKeepsALiveRouteItsTenants(t *testing.T) {
 	_, err := acme.Forward(ctxT(t), clusterPool("acme-key"), hostPort(backend(t, "acme").URL))
 	require.NoError(t, err)
 
-	nc, err := nats.Connect(nodes[0].ClientURL())
-	require.NoError(t, err)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	js, ctx := jetStreamOn(t, nodes[0])
 	require.NoError(t, js.DeleteKeyValue(ctx, "warren_routes"), "the routes bucket wiped")
 
 	globex := a.connect(WithToken(globexToken), WithReconnect(false))
@@ -219,21 +211,7 @@ func TestClusterReturningPoolRacesAChangeOnItsRoute(t *testing.T) {
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
 	const rounds = 30
-	for round := range rounds {
-		sub := fmt.Sprintf("old%d", round)
-		first, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: sub, Group: "g", GroupKey: "k0"}, hostPort(backend(t, "0").URL))
-		require.NoError(t, err)
-		require.NoError(t, first.Close())
-	}
-	require.Eventually(t, func() bool {
-		for round := range rounds {
-			r, err := a.routes.st.Get(fmt.Sprintf("http/old%d", round))
-			if err != nil || r == nil || r.EmptySince.IsZero() || time.Since(r.EmptySince) <= lease || time.Since(r.Claimed) <= lease {
-				return false
-			}
-		}
-		return true
-	}, 10*time.Second, 20*time.Millisecond, "the routes were not recorded empty for longer than the lease")
+	staleRoutes(t, a, rounds, lease)
 	var both []string
 	for round := range rounds {
 		sub := fmt.Sprintf("old%d", round)
@@ -272,26 +250,12 @@ func TestClusterReturningPoolRacesAChangeOnItsRoute(t *testing.T) {
 func TestClusterMembersBucketAloneRecreated(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 900 * time.Millisecond
-	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
-	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
-	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
-	require.NoError(t, err)
-	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
-	require.NoError(t, err)
-	both := map[string]int{"a": 1, "b": 1}
-	a.waitMembers(t, "pool", both)
-	b.waitMembers(t, "pool", both)
+	a, b := twoEdgesWithAMemberEach(t, nodes, lease)
 
-	nc, err := nats.Connect(nodes[0].ClientURL())
-	require.NoError(t, err)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	js, ctx := jetStreamOn(t, nodes[0])
 	require.NoError(t, js.DeleteKeyValue(ctx, "warren_members"))
 
-	_, err = a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
+	_, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
 		hostPort(backend(t, "F").URL))
 	require.NoError(t, err)
 	b.waitMembers(t, "fresh", map[string]int{"a": 1})
@@ -323,15 +287,9 @@ func TestClusterMembersBucketRecreatedByAnotherWriter(t *testing.T) {
 		b.waitMembers(t, sub, map[string]int{})
 	}
 
-	nc, err := nats.Connect(nodes[0].ClientURL())
-	require.NoError(t, err)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	js, ctx := jetStreamOn(t, nodes[0])
 	require.NoError(t, js.DeleteKeyValue(ctx, "warren_members"))
-	_, err = js.CreateKeyValue(ctx, a.cluster.bucketConfigs()[0])
+	_, err := js.CreateKeyValue(ctx, a.cluster.bucketConfigs()[0])
 	require.NoError(t, err)
 
 	fresh, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},

@@ -23,23 +23,10 @@ import (
 func TestClusterRecreatesMissingBuckets(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 900 * time.Millisecond
-	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
-	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
-	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
-	require.NoError(t, err)
-	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
-	require.NoError(t, err)
+	a, b := twoEdgesWithAMemberEach(t, nodes, lease)
 	both := map[string]int{"a": 1, "b": 1}
-	a.waitMembers(t, "pool", both)
-	b.waitMembers(t, "pool", both)
 
-	nc, err := nats.Connect(nodes[0].ClientURL())
-	require.NoError(t, err)
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	js, ctx := jetStreamOn(t, nodes[0])
 	for _, name := range []string{"warren_members", "warren_leases", "warren_alerts"} {
 		require.NoError(t, js.DeleteKeyValue(ctx, name))
 	}

@@ -667,18 +667,10 @@ func (c *cluster) bucketConfigs() []jetstream.KeyValueConfig {
 	}
 }
 
-// openKV opens the bucket of cfg, creating it when it does not exist; created tells whether
-// this call created it. Another edge may create it at the same moment: then that bucket is
-// used.
+// openKV opens the bucket of cfg, creating it when it does not exist (store.OpenOrCreateKV);
+// created tells whether this call created it.
 func openKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (kv jetstream.KeyValue, created bool, err error) {
-	kv, err = js.KeyValue(ctx, cfg.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, cfg)
-		created = err == nil
-		if errors.Is(err, jetstream.ErrBucketExists) {
-			kv, err = js.KeyValue(ctx, cfg.Bucket)
-		}
-	}
+	kv, created, err = store.OpenOrCreateKV(ctx, js, cfg)
 	if err != nil {
 		return nil, false, fmt.Errorf("open NATS bucket %s: %w", cfg.Bucket, err)
 	}
