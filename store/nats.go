@@ -414,10 +414,10 @@ func (s *NATS) do(op func(ctx context.Context) error) error {
 	return err
 }
 
-// maxRecreates bounds the times one request creates its vanished bucket again and retries:
+// maxRecreates bounds the times one request creates its vanished bucket again and retries (up to 0.75 s in all):
 // right after a bucket is deleted, JetStream may still answer that it exists, so the first
 // retry can find it gone again.
-const maxRecreates = 3
+const maxRecreates = 6
 
 // recreate creates the bucket again, empty, as OpenNATS would, when err says it does not
 // exist (its NATS store was wiped, or it was deleted): the routes it held are lost either
@@ -432,7 +432,7 @@ func (s *NATS) recreate(ctx context.Context, try int, err error) bool {
 		select {
 		case <-ctx.Done():
 			return false
-		case <-time.After(time.Duration(try) * 25 * time.Millisecond):
+		case <-time.After(time.Duration(try) * 50 * time.Millisecond):
 		}
 	}
 	s.remu.Lock()
