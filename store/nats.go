@@ -414,9 +414,9 @@ func (s *NATS) do(op func(ctx context.Context) error) error {
 	return err
 }
 
-// maxRecreates bounds the times one request creates its vanished bucket again and retries (up to 0.75 s in all):
-// right after a bucket is deleted, JetStream may still answer that it exists, so the first
-// retry can find it gone again.
+// maxRecreates bounds the times one request creates its vanished bucket again and retries,
+// waiting a little longer each time (0.75 s in all): right after a bucket is deleted,
+// JetStream may still answer that it exists, and one just created may not answer at once.
 const maxRecreates = 6
 
 // recreate creates the bucket again, empty, as OpenNATS would, when err says it does not
