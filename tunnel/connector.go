@@ -132,7 +132,7 @@ func (s *Session) connect(ctx context.Context, cand candidate) (*clientConn, err
 	// token) and closed before yamux confirmed our write, so read its answer regardless.
 	s.mu.Lock()
 	hello := &wire.Hello{Version: wire.Version, Token: s.opts.token, Client: s.opts.client,
-		ResumeSession: s.resumeID, ResumeToken: s.resumeToken}
+		ResumeSession: s.resumeID, ResumeToken: s.resumeToken, Features: []string{wire.FeatureStreamReset}}
 	s.mu.Unlock()
 	werr := wire.WriteFrame(ctrl, hello)
 	msg, err := wire.ReadFrame(ctrl)

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
 
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -35,6 +36,10 @@ type clientConn struct {
 	// noticeKey tags unread notices on this connection's HTTP streams (nil: the edge gave
 	// no resume token, and the connector sends no notices).
 	noticeKey *[32]byte
+
+	// resets ends the data streams the edge resets (wire.Reset): their public client went
+	// away, and the backend's answer must stop at once instead of filling the edge's window.
+	resets mux.Resets
 }
 
 // send writes one control frame on c.
@@ -79,6 +84,8 @@ func (c *clientConn) readControl() {
 			if t != nil {
 				t.deregistered(c, m.Reason)
 			}
+		case *wire.Reset:
+			c.resets.Reset(m.Streams)
 		case *wire.Error:
 			c.mu.Lock()
 			c.fatal = &sessionError{code: m.Code, msg: m.Message}
@@ -130,26 +137,39 @@ func (c *clientConn) acceptStreams() {
 		if err != nil {
 			return
 		}
-		c.s.wg.Go(func() { c.serveStream(st) })
+		// Tracked here, in the order of the streams' IDs, for a reset that overtakes the
+		// stream to find it (mux.Resets).
+		ctx, untrack := c.resets.Track(c.ctx, st.StreamID())
+		c.s.wg.Go(func() { c.serveStream(ctx, st, untrack) })
 	}
 }
 
 // serveStream reads a data stream's envelope, connects it to the tunnel's target and
-// acknowledges, or refuses.
-func (c *clientConn) serveStream(st *yamux.Stream) {
+// acknowledges, or refuses. ctx ends when the connection is lost or the edge resets the
+// stream; untrack is called once the stream is done with.
+func (c *clientConn) serveStream(ctx context.Context, st *yamux.Stream, untrack func()) {
+	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(pastTime) })
 	_ = st.SetReadDeadline(time.Now().Add(10 * time.Second))
 	env, err := wire.ReadEnvelope(st)
-	if err != nil {
+	switch {
+	case !stop():
+		// Reset (or the connection lost) before it was served: nobody waits for an answer.
+		_ = st.Close()
+		untrack()
+		return
+	case err != nil:
 		refuse(st, wire.AckMalformed)
+		untrack()
 		return
 	}
 	_ = st.SetReadDeadline(time.Time{})
 	t := c.route(env.TunnelID)
 	if t == nil {
 		refuse(st, wire.AckUnknownTunnel)
+		untrack()
 		return
 	}
-	t.serve(c, st, env)
+	t.serve(ctx, c, st, env, untrack)
 }
 
 // routeWait bounds how long a stream for an unknown tunnel waits for a registration in

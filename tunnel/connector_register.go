@@ -225,11 +225,17 @@ func truncateReason(r string) string {
 	return r[:cut]
 }
 
-// serve carries one data stream of connection c to the tunnel's target.
-func (t *clientTunnel) serve(c *clientConn, st *yamux.Stream, env wire.Envelope) {
+// serve carries one data stream of connection c to the tunnel's target. ctx ends when the
+// connection is lost or the edge resets the stream: the stream and its backend connection
+// (or the application's end of it) are cut then. untrack is called once the stream is done
+// with.
+func (t *clientTunnel) serve(ctx context.Context, c *clientConn, st *yamux.Stream, env wire.Envelope, untrack func()) {
 	s := t.s
 	if t.accept != nil {
-		sc := &streamConn{Stream: st, local: t.addr(), remote: remoteAddr(env.RemoteAddr)}
+		sc := &streamConn{Stream: st, local: t.addr(), remote: remoteAddr(env.RemoteAddr), untrack: untrack}
+		// A reset cuts the stream under the application: its reads and writes fail at once
+		// instead of waiting on an edge that no longer reads.
+		sc.stopReset = context.AfterFunc(ctx, sc.abort)
 		timer := time.NewTimer(s.opts.acceptTimeout)
 		defer timer.Stop()
 		// Counted before the hand-over, so that an application closing it at once cannot
@@ -246,14 +252,15 @@ func (t *clientTunnel) serve(c *clientConn, st *yamux.Stream, env wire.Envelope)
 			refuse(st, wire.AckUnknownTunnel)
 		case <-t.done:
 			refuse(st, wire.AckUnknownTunnel)
-		case <-s.ctx.Done():
+		case <-ctx.Done():
 			refuse(st, wire.AckUnknownTunnel)
 		}
 		sc.release()
 		return
 	}
+	defer untrack()
 	d := net.Dialer{Timeout: s.opts.localTimeout}
-	local, err := d.DialContext(s.ctx, "tcp", t.target)
+	local, err := d.DialContext(ctx, "tcp", t.target)
 	if err != nil {
 		s.log.Debug("local target refused a stream", zap.String("target", t.target), zap.Error(err))
 		refuse(st, wire.AckRefused)
@@ -269,7 +276,7 @@ func (t *clientTunnel) serve(c *clientConn, st *yamux.Stream, env wire.Envelope)
 	if env.Proto.IsHTTP() && c.noticeKey != nil { // tcp and tls streams are raw bytes
 		local = mux.NewUnreadConn(local, st, c.noticeKey)
 	}
-	mux.Join(c.ctx, local, st)
+	mux.Join(ctx, local, st)
 }
 
 // lost is called when the connection t was registered on is gone.

@@ -179,13 +179,25 @@ type streamConn struct {
 	// serve, when the stream is refused before Accept took it).
 	active *atomic.Int64
 	closed atomic.Bool
+	// untrack takes the stream out of its connection's reset table; stopReset stops the
+	// watch for a reset (see clientTunnel.serve).
+	untrack   func()
+	stopReset func() bool
 }
 
-// release takes the stream out of its tunnel's count, once.
+// release takes the stream out of its tunnel's count and its connection's reset table, once.
 func (c *streamConn) release() {
 	if c.closed.CompareAndSwap(false, true) {
 		c.active.Add(-1)
+		c.stopReset()
+		c.untrack()
 	}
+}
+
+// abort cuts the stream at once, on both sides: the edge reset it.
+func (c *streamConn) abort() {
+	_ = c.Stream.SetDeadline(pastTime)
+	_ = c.Stream.Close()
 }
 
 func (c *streamConn) ack() error {

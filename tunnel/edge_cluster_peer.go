@@ -78,6 +78,15 @@ type peerLink struct {
 	ctx    context.Context // ends with the link: remote members' tunnels over it end too
 	cancel context.CancelFunc
 	once   sync.Once
+	// resets, on the dialling end, tells the other edge of the forwarded streams this edge
+	// abandoned (the public client went away), over the link's reset channel, so that it
+	// resets its member's stream in turn; nil when the other edge has no reset channel.
+	resets *mux.ResetSender
+	// forwarded, on the accepting end, routes the other edge's resets to the streams it
+	// forwarded here.
+	forwarded mux.Resets
+	// hasResetChannel, on the accepting end: the link's reset channel is open (one per link).
+	hasResetChannel atomic.Bool
 }
 
 func (l *peerLink) close() {
@@ -180,7 +189,68 @@ func (c *cluster) dialPeer(addr, id string) (*peerLink, error) {
 		return nil, ErrServerClosed
 	}
 	context.AfterFunc(l.ctx, func() { c.peers.remove(l) })
+	if err := c.openResetChannel(l); err != nil {
+		c.log.Debug("the other edge takes no stream resets: an abandoned forwarded stream waits for yamux's close timeout there",
+			zap.String("edge", id), zap.Error(err))
+	}
 	return l, nil
+}
+
+// openResetChannel opens the stream on which the dialling end of link l sends the other edge
+// its stream resets (wire.Reset frames), and sets l.resets. An edge that does not know the
+// channel refuses it as a malformed envelope.
+func (c *cluster) openResetChannel(l *peerLink) error {
+	st, err := l.sess.OpenStream()
+	if err != nil {
+		return err
+	}
+	_ = st.SetDeadline(time.Now().Add(c.srv.cfg.OpenTimeout))
+	var ack [1]byte
+	if _, err := st.Write(wire.ResetChannel[:]); err != nil {
+		_ = st.Close()
+		return err
+	}
+	if _, err := io.ReadFull(st, ack[:]); err != nil {
+		_ = st.Close()
+		return err
+	}
+	if a := wire.Ack(ack[0]); a != wire.AckOK {
+		_ = st.Close()
+		return errors.New(a.String())
+	}
+	_ = st.SetDeadline(time.Time{})
+	l.resets = &mux.ResetSender{
+		// One goroutine at a time sends (the sender's flush): no lock around the writes.
+		Send: func(ids []uint32) error {
+			_ = st.SetWriteDeadline(time.Now().Add(controlWriteTimeout))
+			return wire.WriteFrame(st, &wire.Reset{Streams: ids})
+		},
+		Go: c.spawn,
+	}
+	return nil
+}
+
+// serveResetChannel reads the other edge's stream resets on link l's reset channel st until
+// the link ends, and ends the forwarded streams they name.
+func (c *cluster) serveResetChannel(l *peerLink, st *yamux.Stream) {
+	if !l.hasResetChannel.CompareAndSwap(false, true) {
+		refuse(st, wire.AckMalformed) // one per link
+		return
+	}
+	defer st.Close()
+	_ = st.SetDeadline(time.Time{})
+	if _, err := st.Write([]byte{byte(wire.AckOK)}); err != nil {
+		return
+	}
+	for {
+		m, err := wire.ReadFrame(st)
+		if err != nil {
+			return
+		}
+		if r, ok := m.(*wire.Reset); ok {
+			l.forwarded.Reset(r.Streams)
+		}
+	}
 }
 
 // ServePeers accepts the links of the other edges of the cluster on l until Shutdown or
@@ -271,9 +341,13 @@ func (c *cluster) servePeer(conn net.Conn, slot *throttle.Slot) {
 			refuse(st, wire.AckRefused) // bounded: the write by a second, the close by connWriteTimeout
 			continue
 		}
+		// Tracked here, in the order of the streams' IDs, for a reset that overtakes the
+		// stream to find it (mux.Resets).
+		ctx, untrack := l.forwarded.Track(l.ctx, st.StreamID())
 		wg.Go(func() {
 			defer lim.active.Add(-1)
-			c.forward(l.ctx, st, &lim.pending)
+			defer untrack()
+			c.forward(ctx, l, st, &lim.pending)
 		})
 	}
 }
@@ -348,13 +422,18 @@ func (c *cluster) peerHandshake(conn net.Conn) (string, bool) {
 	return string(rest[:len(rest)-sha256.Size]), true
 }
 
-// forward carries one stream another edge forwarded to the local member its envelope names;
-// pending, counting the link's streams awaiting their envelope, is decremented once it is read
-// (or is not, in OpenTimeout).
-func (c *cluster) forward(ctx context.Context, st *yamux.Stream, pending *atomic.Int64) {
+// forward carries one stream another edge forwarded over link l to the local member its
+// envelope names; pending, counting the link's streams awaiting their envelope, is
+// decremented once it is read (or is not, in OpenTimeout). ctx ends with the link, or when
+// the other edge resets the stream: the member's stream is reset then too.
+func (c *cluster) forward(ctx context.Context, l *peerLink, st *yamux.Stream, pending *atomic.Int64) {
 	_ = st.SetReadDeadline(time.Now().Add(c.srv.cfg.OpenTimeout))
 	env, err := wire.ReadEnvelope(st)
 	pending.Add(-1)
+	if errors.Is(err, wire.ErrResetChannel) {
+		c.serveResetChannel(l, st)
+		return
+	}
 	if err != nil {
 		refuse(st, wire.AckMalformed)
 		return
@@ -382,9 +461,9 @@ func (c *cluster) forward(ctx context.Context, st *yamux.Stream, pending *atomic
 		return
 	}
 	if _, err := st.Write([]byte{byte(wire.AckOK)}); err != nil {
-		_ = member.Close()
+		t.Abandon(member)
 		_ = st.Close()
 		return
 	}
-	mux.Join(ctx, st, member)
+	mux.Join(ctx, st, t.Joinable(member))
 }

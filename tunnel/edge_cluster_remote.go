@@ -410,6 +410,9 @@ func sameMember(rec memberRecord, m *group.Member) bool {
 func (c *cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, error) {
 	t := proxy.NewTunnel(e.link.ctx, rec.Tunnel, streamProto(rec.Proto), e.link.sess, nil)
 	t.SetBackendProtocol(rec.BackendProtocol)
+	if e.link.resets != nil {
+		t.SetStreamReset(e.link.resets.Reset)
+	}
 	req := group.JoinRequest{ID: rec.Tunnel, Proto: rec.Proto, Label: rec.Label, Group: rec.Group,
 		KeyHash: rec.KeyHash, PrevKeyHashes: rec.PrevKeyHashes, HealthKind: rec.HealthKind, AlertWebhook: rec.AlertWebhook, Tenant: rec.Tenant,
 		Port: rec.Port, Weight: rec.Weight, Priority: rec.Priority, SlowStart: rec.SlowStart,

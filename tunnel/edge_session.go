@@ -80,6 +80,10 @@ type edgeSession struct {
 
 	registrations *rate.Limiter // used only by the control goroutine
 
+	// resets, when the connector handles them (wire.FeatureStreamReset; set before the
+	// Welcome, then only read), tells it of the data streams the edge abandoned.
+	resets *mux.ResetSender
+
 	data *sessionData // data connections (edge_data.go)
 }
 
@@ -270,6 +274,12 @@ func (e *edgeSession) run() error {
 	}
 	e.preAuth.Release()
 	e.welcomed = true
+	if hello.HasFeature(wire.FeatureStreamReset) {
+		e.resets = &mux.ResetSender{
+			Send: func(ids []uint32) error { return e.send(&wire.Reset{Streams: ids}) },
+			Go:   e.srv.spawn,
+		}
+	}
 	if hello.ResumeSession != "" {
 		e.srv.mu.Lock()
 		e.resumed, e.resumedProof = hello.ResumeSession, sha256.Sum256([]byte(hello.ResumeToken))
@@ -608,6 +618,9 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	}
 	t := &edgeTunnel{id: req.ID, tenant: e.tenant, data: proxy.NewTunnel(e.ctx, req.ID, streamProto(m.Proto), e.mux, &e.noticeKey)}
 	t.data.SetBackendProtocol(m.BackendProtocol)
+	if e.resets != nil {
+		t.data.SetStreamReset(e.resets.Reset)
+	}
 	e.attachData(t, m.Proto)
 	req.Value = t.data
 	member, err := s.registry.Join(req)

@@ -200,6 +200,12 @@ type edge struct {
 // [load_balancing] table.
 func startEdge(t *testing.T, httpOff bool, lbExtra ...string) *edge {
 	t.Helper()
+	return startEdgeWith(t, nil, httpOff, lbExtra...)
+}
+
+// startEdgeWith is startEdge with serverExtra, more lines of the [server] table.
+func startEdgeWith(t *testing.T, serverExtra []string, httpOff bool, lbExtra ...string) *edge {
+	t.Helper()
 	ports := freePorts(t, 4)
 	e := &edge{control: ports[0], http: ports[1], admin: ports[2], tcp: ports[3]}
 	if httpOff {
@@ -213,6 +219,7 @@ bind = "127.0.0.1"
 http_port = %d
 control_port = %d
 admin_port = %d
+%s
 
 [auth]
 require_auth = true
@@ -226,7 +233,7 @@ drain_timeout_secs = 5
 [load_balancing]
 enabled = true
 %s
-`, e.http, e.control, e.admin, token, adminToken, e.tcp, e.tcp, strings.Join(lbExtra, "\n")), 0o600))
+`, e.http, e.control, e.admin, strings.Join(serverExtra, "\n"), token, adminToken, e.tcp, e.tcp, strings.Join(lbExtra, "\n")), 0o600))
 	e.proc = start(t, "edge", "edge", "-config", path)
 
 	waitAdmin(t, e.proc, fmt.Sprintf("http://127.0.0.1:%d/healthz", e.admin))

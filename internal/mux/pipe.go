@@ -55,6 +55,9 @@ func StreamEOF(st *yamux.Stream, err error) error {
 	return err
 }
 
+// sessionStream is a yamux stream, or a wrapper that embeds one: it knows its session.
+type sessionStream interface{ Session() *yamux.Session }
+
 // shrinker is a yamux stream: Shrink frees its receive buffer while it is empty.
 type shrinker interface{ Shrink() }
 
@@ -92,8 +95,8 @@ func copyConn(dst io.Writer, src io.Reader) error {
 			}
 		}
 		if rerr != nil {
-			if st, ok := src.(*yamux.Stream); ok {
-				rerr = StreamEOF(st, rerr)
+			if st, ok := src.(sessionStream); ok && rerr == io.EOF && st.Session().IsClosed() {
+				rerr = ErrSessionEnded // as StreamEOF, for a stream or a wrapper of one
 			}
 			if rerr == io.EOF {
 				return nil

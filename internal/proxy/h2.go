@@ -308,13 +308,14 @@ func closeAll(cs []*h2Conn) {
 // cut when the tunnel is removed.
 type h2StreamConn struct {
 	*yamux.Stream
+	t        *Tunnel
 	unhook   func() bool
 	once     sync.Once
 	settings h2Settings // the backend's stream limit, as its frames are read
 }
 
 func newH2StreamConn(t *Tunnel, st *yamux.Stream) *h2StreamConn {
-	c := &h2StreamConn{Stream: st}
+	c := &h2StreamConn{Stream: st, t: t}
 	c.settings.settled = make(chan struct{})
 	c.settings.limit.Store(-1)
 	c.unhook = context.AfterFunc(t.ctx, c.abort)
@@ -435,7 +436,8 @@ func (s *h2Settings) apply(p []byte) {
 	}
 }
 
-// Close aborts the stream: pending reads and writes return at once.
+// Close aborts the stream: pending reads and writes return at once, and the connector resets
+// its backend connection (the HTTP/2 connection is over, whatever was in flight on it).
 func (c *h2StreamConn) Close() error {
 	c.unhook()
 	c.abort()
@@ -443,10 +445,7 @@ func (c *h2StreamConn) Close() error {
 }
 
 func (c *h2StreamConn) abort() {
-	c.once.Do(func() {
-		_ = c.Stream.SetDeadline(pastTime)
-		_ = c.Stream.Close()
-	})
+	c.once.Do(func() { c.t.abandon(c.Stream) })
 }
 
 // h2Exchange is one request to an h2c member, on a connection slot reserved for it.

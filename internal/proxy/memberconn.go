@@ -134,12 +134,22 @@ func (pc *memberConn) close() {
 	pc.abort()
 }
 
+// abort abandons the stream mid-exchange (Tunnel.abandon): the connector resets it and its
+// backend connection.
 func (pc *memberConn) abort() {
 	pc.aborted.Store(true)
 	if g := pc.gate.Load(); g != nil {
 		g.decide(false)
 	}
 	pc.hold.Load().decide(false)
+	pc.t.abandon(pc.st)
+}
+
+// closeIdle closes an idle stream (between exchanges, nothing in flight) with a plain
+// half-close: its connector closes the backend's keep-alive connection in turn.
+func (pc *memberConn) closeIdle() {
+	pc.unhook()
+	pc.aborted.Store(true)
 	_ = pc.st.SetDeadline(pastTime)
 	_ = pc.st.Close()
 }
@@ -685,12 +695,18 @@ func (b *memberBody) Close() error {
 func (b *memberBody) finish(eof bool) {
 	b.once.Do(func() {
 		// stop fails when the client already went away and the stream was closed.
-		reuse := b.stop() && eof && b.reusable
+		stopped := b.stop()
+		reuse := stopped && eof && b.reusable
+		// complete: the exchange ended as it should, both ways; a stream that is not kept
+		// then needs no reset, only closing (Connection: close, say).
+		complete := stopped && eof
 		withheld := false
 		if b.wdone != nil {
+			complete = false
 			select {
 			case err := <-b.wdone:
 				reuse = reuse && err == nil
+				complete = stopped && eof && err == nil
 				withheld = err == errBodyWithheld
 				b.wdone = nil
 			default:
@@ -701,6 +717,7 @@ func (b *memberBody) finish(eof bool) {
 					// were lost to this race, and new ones opened).
 					if err, ok := waitWriter(b.wdone); ok {
 						reuse = err == nil
+						complete = reuse
 						b.wdone = nil
 						break
 					}
@@ -709,7 +726,11 @@ func (b *memberBody) finish(eof bool) {
 			}
 		}
 		if !reuse {
-			b.pc.close()
+			if complete {
+				b.pc.closeIdle()
+			} else {
+				b.pc.close()
+			}
 			if withheld {
 				// The client was never asked for its body, and nothing will read it now:
 				// end the public server's wait for it at once (the connection closes after

@@ -7,6 +7,10 @@ import (
 	"github.com/hashicorp/yamux"
 )
 
+// Abandon ends st, a data stream of t opened with OpenForward, before its exchange ended:
+// the connector is told to reset it.
+func (t *Tunnel) Abandon(st *yamux.Stream) { t.abandon(st) }
+
 // OpenForward opens a data stream to t's connector for a stream another edge of a cluster
 // forwarded: it writes the envelope and waits for the connector's acknowledgement, as
 // every dispatch does, so that the forwarding edge may still retry elsewhere when it fails.

@@ -32,7 +32,7 @@ func (p *connPool) get(maxIdle time.Duration) *memberConn {
 		if time.Since(pc.idleSince) < maxIdle && pc.alive() {
 			return pc
 		}
-		pc.close()
+		pc.closeIdle()
 	}
 }
 
@@ -41,7 +41,7 @@ func (p *connPool) put(pc *memberConn) {
 	p.mu.Lock()
 	if p.closed || len(p.idle) >= maxIdlePerMember {
 		p.mu.Unlock()
-		pc.close()
+		pc.closeIdle()
 		return
 	}
 	pc.idleSince = time.Now()
@@ -56,7 +56,7 @@ func (p *connPool) closeIdle() {
 	p.idle = nil
 	p.mu.Unlock()
 	for _, pc := range idle {
-		pc.close()
+		pc.closeIdle()
 	}
 }
 
@@ -88,6 +88,6 @@ func (p *connPool) sweep(cutoff time.Time) {
 	p.idle = keep
 	p.mu.Unlock()
 	for _, pc := range old {
-		pc.close()
+		pc.closeIdle()
 	}
 }

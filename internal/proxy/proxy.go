@@ -250,6 +250,9 @@ type Tunnel struct {
 	// data, when not nil, gives TCP connections the session's data connections
 	// (SetDataConns, datacon.go).
 	data *tunnelData
+	// reset, when not nil, tells the connector that the edge abandoned a data stream
+	// (SetStreamReset).
+	reset func(streamID uint32)
 }
 
 // NewTunnel returns the data path of tunnel id, served by the connector at the other end of
@@ -261,6 +264,54 @@ func NewTunnel(parent context.Context, id string, proto group.Proto, sess *yamux
 	t := &Tunnel{id: id, proto: proto, sess: sess, noticeKey: noticeKey}
 	t.ctx, t.cancel = context.WithCancel(parent)
 	return t
+}
+
+// SetStreamReset gives the tunnel the way to reset its data streams: reset(id) tells the
+// connector that the edge abandoned stream id (a wire.Reset), so that it ends the stream and
+// its backend connection at once. Without it, an abandoned stream is only half-closed (yamux
+// has no reset): its connector goes on writing the backend's answer until the edge's receive
+// window for it is full, and that window stays held (up to 4 MiB) until yamux's stream close
+// timeout. Call it before the tunnel is dispatched to.
+func (t *Tunnel) SetStreamReset(reset func(streamID uint32)) { t.reset = reset }
+
+// abandon ends st, a data stream of the tunnel that the edge gives up on before its exchange
+// ended (the public side went away or failed, the tunnel is removed): pending reads and
+// writes return at once, and the connector is told to reset it.
+func (t *Tunnel) abandon(st *yamux.Stream) {
+	_ = st.SetDeadline(pastTime)
+	_ = st.Close()
+	if t.reset != nil {
+		t.reset(st.StreamID())
+	}
+}
+
+// resettable is a data stream as mux.Join sees it: when Join aborts, it asks each end for a
+// reset (SetLinger(0), as of a TCP connection), and the stream's Close then abandons it
+// (Tunnel.abandon) instead of only half-closing it.
+type resettable struct {
+	*yamux.Stream
+	t     *Tunnel
+	reset atomic.Bool
+}
+
+// Joinable returns st, a data stream of the tunnel, for mux.Join.
+func (t *Tunnel) Joinable(st *yamux.Stream) net.Conn { return &resettable{Stream: st, t: t} }
+
+// SetLinger with 0 makes Close reset the stream.
+func (s *resettable) SetLinger(sec int) error {
+	if sec == 0 {
+		s.reset.Store(true)
+	}
+	return nil
+}
+
+// Close half-closes the stream, or abandons it after SetLinger(0).
+func (s *resettable) Close() error {
+	if s.reset.Load() {
+		s.t.abandon(s.Stream)
+		return nil
+	}
+	return s.Stream.Close()
 }
 
 // CloseIdle closes the tunnel's idle HTTP streams (it went unhealthy or is draining: they
@@ -316,7 +367,7 @@ func (t *Tunnel) open(ctx context.Context, remoteAddr string, timeout time.Durat
 	err = t.handshake(st, remoteAddr)
 	if !stop() {
 		if err == nil {
-			_ = st.Close()
+			t.abandon(st)
 		}
 		return nil, ctx.Err()
 	}
@@ -341,7 +392,9 @@ func (t *Tunnel) handshake(st *yamux.Stream, remoteAddr string) error {
 	}
 	ack := buf[:1]
 	if _, err := io.ReadFull(st, ack); err != nil {
-		_ = st.Close()
+		// The connector may still be connecting its backend (the open timed out, or the
+		// public side left): it is to give up.
+		t.abandon(st)
 		return &openError{tunnel: t.id, err: fmt.Errorf("waiting for the acknowledgement: %w", err)}
 	}
 	if a := wire.Ack(ack[0]); a != wire.AckOK {

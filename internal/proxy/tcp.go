@@ -188,7 +188,7 @@ func (t *TCP) serve(g *group.Group, c net.Conn) {
 		JoinData(tun.ctx, c, conn.data, func() bool { _, err := tun.sess.Ping(); return err == nil })
 		return
 	}
-	mux.Join(tun.ctx, c, conn.st)
+	mux.Join(tun.ctx, c, tun.Joinable(conn.st))
 }
 
 // tcpLink is one public TCP connection's way to its member: a data connection of the

@@ -266,12 +266,13 @@ func (l *PassthroughListener) carry(c net.Conn, hello []byte, g *group.Group, su
 	defer m.Release()
 	_ = c.SetReadDeadline(time.Time{})
 	// The ClientHello first (the stream's window takes it whole), then both ways.
+	tun := m.Value().(*Tunnel)
 	if _, err := st.Write(hello); err != nil {
-		_ = st.Close()
+		tun.abandon(st)
 		_ = c.Close()
 		return
 	}
-	mux.Join(m.Value().(*Tunnel).ctx, c, st)
+	mux.Join(tun.ctx, c, tun.Joinable(st))
 }
 
 // replayConn reads head before the connection's own bytes: the ClientHello that the

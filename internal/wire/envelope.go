@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"github.com/warren-tunnel/warren/group"
 	"io"
@@ -145,11 +146,24 @@ func AppendEnvelope(dst []byte, e Envelope) ([]byte, error) {
 	return append(dst, addr...), nil
 }
 
-// ReadEnvelope reads one envelope from r.
+// ResetChannel is what begins, in place of an envelope, the stream an edge opens first on an
+// edge-to-edge link to carry Reset frames for the link's other streams (the link has no
+// control stream otherwise). Its first byte is no envelope version: an edge that does not
+// know it answers AckMalformed, and the other edge then sends no resets on that link.
+var ResetChannel = [3]byte{0xf0, 'R', 'S'}
+
+// ErrResetChannel is what ReadEnvelope returns for a stream that begins with ResetChannel.
+var ErrResetChannel = errors.New("wire: the stream is a reset channel")
+
+// ReadEnvelope reads one envelope from r; a stream that begins with ResetChannel instead
+// returns ErrResetChannel.
 func ReadEnvelope(r io.Reader) (Envelope, error) {
 	var buf [MaxEnvelopeSize]byte
 	if _, err := io.ReadFull(r, buf[:3]); err != nil {
 		return Envelope{}, err
+	}
+	if [3]byte(buf[:3]) == ResetChannel {
+		return Envelope{}, ErrResetChannel
 	}
 	if buf[0] != envelopeVersion {
 		return Envelope{}, fmt.Errorf("%w: envelope version %d", ErrMalformed, buf[0])

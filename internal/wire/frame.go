@@ -106,6 +106,8 @@ func newMessage(t Type) Message {
 		return new(Deregister)
 	case TypeDeregistered:
 		return new(Deregistered)
+	case TypeReset:
+		return new(Reset)
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package wire
 import (
 	"encoding/hex"
 	"fmt"
+	"slices"
+
 	"github.com/warren-tunnel/warren/group"
 )
 
@@ -26,7 +28,23 @@ type Hello struct {
 	// that the connector's tunnels can register again at once.
 	ResumeSession string `json:"resume_session,omitempty"`
 	ResumeToken   string `json:"resume_token,omitempty"`
+	// Features names the optional parts of the protocol the connector speaks (Feature*);
+	// the edge uses none that the connector did not name, and ignores names it does not know.
+	Features []string `json:"features,omitempty"`
 }
+
+// Optional protocol features a connector names in Hello.Features.
+const (
+	// FeatureStreamReset: the connector handles Reset frames, ending the data streams they
+	// name and their backend connections at once.
+	FeatureStreamReset = "stream_reset"
+)
+
+// MaxFeatures bounds Hello.Features; each name is at most MaxLabelLen bytes.
+const MaxFeatures = 16
+
+// HasFeature reports whether the Hello names feature f.
+func (m *Hello) HasFeature(f string) bool { return slices.Contains(m.Features, f) }
 
 // Welcome accepts a Hello.
 type Welcome struct {
@@ -167,6 +185,22 @@ type Deregistered struct {
 	Reason   string `json:"reason,omitempty"`
 }
 
+// Reset tells the connector that the edge abandoned data streams: their public client went
+// away or failed mid-exchange. yamux has no per-stream reset, and a closed stream is only
+// half-closed: without this frame the connector would go on writing the backend's answer
+// into a stream nobody reads, until the edge's window for it is full, and keep its backend
+// connection open, for as long as yamux's stream close timeout. The connector ends each
+// named stream and resets (RST) its backend connection. Streams are named by their yamux
+// stream IDs; an ID the connector does not know (already ended) is ignored. Sent only to
+// connectors that named FeatureStreamReset in their Hello.
+type Reset struct {
+	Streams []uint32 `json:"streams"`
+}
+
+// MaxResetStreams bounds the stream IDs in one Reset frame (a frame of them stays far below
+// MaxFrameSize).
+const MaxResetStreams = 1024
+
 // Type implements Message.
 func (*Hello) Type() Type { return TypeHello }
 
@@ -197,6 +231,9 @@ func (*Deregister) Type() Type { return TypeDeregister }
 // Type implements Message.
 func (*Deregistered) Type() Type { return TypeDeregistered }
 
+// Type implements Message.
+func (*Reset) Type() Type { return TypeReset }
+
 func maxLen(field, s string, n int) error {
 	if len(s) > n {
 		return fmt.Errorf("%w: %s is %d bytes, the limit is %d", ErrMalformed, field, len(s), n)
@@ -222,6 +259,14 @@ func firstErr(errs ...error) error {
 
 // Validate implements Message.
 func (m *Hello) Validate() error {
+	if len(m.Features) > MaxFeatures {
+		return fmt.Errorf("%w: %d features, at most %d", ErrMalformed, len(m.Features), MaxFeatures)
+	}
+	for _, f := range m.Features {
+		if err := maxLen("feature", f, MaxLabelLen); err != nil {
+			return err
+		}
+	}
 	return firstErr(maxLen("token", m.Token, MaxTokenLen), maxLen("client", m.Client, MaxLabelLen),
 		maxLen("resume_session", m.ResumeSession, MaxTunnelIDLen), maxLen("resume_token", m.ResumeToken, MaxTunnelIDLen))
 }
@@ -330,6 +375,14 @@ func (m *Deregister) Validate() error {
 func (m *Deregistered) Validate() error {
 	return firstErr(nonEmpty("tunnel_id", m.TunnelID), maxLen("tunnel_id", m.TunnelID, MaxTunnelIDLen),
 		maxLen("reason", m.Reason, MaxReasonLen))
+}
+
+// Validate implements Message.
+func (m *Reset) Validate() error {
+	if len(m.Streams) == 0 || len(m.Streams) > MaxResetStreams {
+		return fmt.Errorf("%w: reset of %d streams, want 1 to %d", ErrMalformed, len(m.Streams), MaxResetStreams)
+	}
+	return nil
 }
 
 func truncate(s string, n int) string {

@@ -57,6 +57,7 @@ const (
 	TypeDrain        Type = 8  // C: stop selecting a tunnel, let its streams finish, then remove it
 	TypeDeregister   Type = 9  // C: remove a tunnel now
 	TypeDeregistered Type = 10 // E: a tunnel is gone (after Drain or Deregister, or removed by the edge)
+	TypeReset        Type = 11 // E: the edge abandoned these data streams: end them and their backend connections
 )
 
 // String names the frame type.
@@ -82,6 +83,8 @@ func (t Type) String() string {
 		return "deregister"
 	case TypeDeregistered:
 		return "deregistered"
+	case TypeReset:
+		return "reset"
 	}
 	return fmt.Sprintf("type(%d)", uint8(t))
 }

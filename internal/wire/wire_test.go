@@ -16,6 +16,7 @@ const hash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 func allMessages() []Message {
 	return []Message{
 		&Hello{Version: Version, Token: "tok", Client: "warren/test"},
+		&Hello{Version: Version, Token: "tok", Features: []string{FeatureStreamReset, "a-later-one"}},
 		&Welcome{Version: Version, SessionID: "s1", RegionID: "eu"},
 		&Error{Code: CodeUnauthorized, Message: "invalid auth token"},
 		&Register{Req: 7, Proto: group.ProtoHTTP, Label: "pool", Group: "web", KeyHash: hash,
@@ -28,6 +29,7 @@ func allMessages() []Message {
 		&Drain{TunnelID: "t1"},
 		&Deregister{TunnelID: "t1"},
 		&Deregistered{TunnelID: "t1", Reason: "drained"},
+		&Reset{Streams: []uint32{2, 4, 1 << 31}},
 	}
 }
 
@@ -72,6 +74,11 @@ func TestReadFrameRejectsBadInput(t *testing.T) {
 		{"label too long", frame(TypeRegister, `{"proto":"http","label":"`+strings.Repeat("a", MaxLabelLen+1)+`"}`), ErrMalformed},
 		{"health for no tunnel", frame(TypeHealth, `{"healthy":true}`), ErrMalformed},
 		{"negative interval", frame(TypeRegister, `{"proto":"tcp","label":"x","health":{"kind":"tcp","interval_ms":-1}}`), ErrMalformed},
+		{"reset of nothing", frame(TypeReset, `{"streams":[]}`), ErrMalformed},
+		{"reset of too many", frame(TypeReset, `{"streams":[`+strings.Repeat("2,", MaxResetStreams)+`2]}`), ErrMalformed},
+		{"reset of a negative id", frame(TypeReset, `{"streams":[-2]}`), ErrMalformed},
+		{"too many features", frame(TypeHello, `{"version":1,"features":[`+strings.Repeat(`"x",`, MaxFeatures)+`"x"]}`), ErrMalformed},
+		{"feature too long", frame(TypeHello, `{"version":1,"features":["`+strings.Repeat("a", MaxLabelLen+1)+`"]}`), ErrMalformed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
