@@ -77,7 +77,7 @@ func (s *Server) ServePublic(l net.Listener) error {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(s.cfg.PublicH2C)
-	return s.serveHTTPWith(l, s.Handler(), &p)
+	return s.serveHTTP(l, s.Handler(), &p, 0)
 }
 
 // ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig, offering HTTP/2 ("h2"
@@ -106,7 +106,7 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 		cfg = withALPN(cfg, "h2", "http/1.1")
 	}
 	pl := s.ingress.PassthroughListener(l, proxy.PassthroughOptions{HelloTimeout: s.cfg.ReadHeaderTimeout, Go: s.spawn})
-	return s.serveHTTPWith(tls.NewListener(pl, cfg), s.Handler(), &p)
+	return s.serveHTTP(tls.NewListener(pl, cfg), s.Handler(), &p, 0)
 }
 
 // withALPN returns the configuration to serve the embedder's cfg with, offering protos in
@@ -149,17 +149,16 @@ func withALPN(cfg *tls.Config, protos ...string) *tls.Config {
 }
 
 // serveHTTP serves h on l with the public listeners' limits (read-header and idle timeouts,
-// header size) until Shutdown or Close; Close waits for its connections' goroutines.
-func (s *Server) serveHTTP(l net.Listener, h http.Handler) error {
-	return s.serveHTTPWith(l, h, nil)
-}
-
-// serveHTTPWith is serveHTTP speaking protos (nil: net/http's default), with the public
-// HTTP/2 limits.
-func (s *Server) serveHTTPWith(l net.Listener, h http.Handler, protos *http.Protocols) error {
+// header size, HTTP/2 limits) until Shutdown or Close, speaking protos (nil: net/http's
+// default); Close waits for its connections' goroutines. readTimeout, when positive, bounds
+// each whole request, body included (the admin listener); a public upload is bounded by
+// the proxy's deadlines on each read instead. On every listener, an HTTP/1.x connection is
+// closed after an answer that left its request body unread (closeAfterAbandonedBody).
+func (s *Server) serveHTTP(l net.Listener, h http.Handler, protos *http.Protocols, readTimeout time.Duration) error {
 	hs := &http.Server{
-		Handler:           h,
+		Handler:           closeAfterAbandonedBody(h, s.cfg.unreadBodyLinger()),
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		ReadTimeout:       readTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		ErrorLog:          zap.NewStdLog(s.log.Named("http")),
