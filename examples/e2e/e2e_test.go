@@ -200,6 +200,12 @@ type edge struct {
 // [load_balancing] table.
 func startEdge(t *testing.T, httpOff bool, lbExtra ...string) *edge {
 	t.Helper()
+	return startEdgeLimits(t, httpOff, nil, lbExtra...)
+}
+
+// startEdgeLimits is startEdge with limitsExtra, more lines of the [limits] table.
+func startEdgeLimits(t *testing.T, httpOff bool, limitsExtra []string, lbExtra ...string) *edge {
+	t.Helper()
 	ports := freePorts(t, 4)
 	e := &edge{control: ports[0], http: ports[1], admin: ports[2], tcp: ports[3]}
 	if httpOff {
@@ -222,11 +228,12 @@ admin_token = %q
 [limits]
 tcp_port_range = [%d, %d]
 drain_timeout_secs = 5
+%s
 
 [load_balancing]
 enabled = true
 %s
-`, e.http, e.control, e.admin, token, adminToken, e.tcp, e.tcp, strings.Join(lbExtra, "\n")), 0o600))
+`, e.http, e.control, e.admin, token, adminToken, e.tcp, e.tcp, strings.Join(limitsExtra, "\n"), strings.Join(lbExtra, "\n")), 0o600))
 	e.proc = start(t, "edge", "edge", "-config", path)
 
 	waitAdmin(t, e.proc, fmt.Sprintf("http://127.0.0.1:%d/healthz", e.admin))
