@@ -44,7 +44,9 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 // Host header to a group and proxies it to one member. A request for a TLS passthrough
 // tunnel's host is answered 421 (Misdirected Request): those are reached only through
 // ServePublicTLS with the tunnel's name in the TLS ClientHello. Tests can serve it with
-// httptest.
+// httptest. A server of the embedder's own lacks what ServePublic adds around it: the
+// listener's limits, and the close of an HTTP/1.x connection after an answer that left its
+// request body unread (without which net/http waits for that body with no deadline).
 func (s *Server) Handler() http.Handler { return s.ingress.GuardTLSRoutes() }
 
 // HTTP/2 limits of the public listeners: what one client connection may hold of the edge.
