@@ -41,10 +41,11 @@ func (c *ServerConfig) adminReadTimeout() time.Duration {
 // After every handler, net/http closes the request body, and closing one with at most 256 KiB
 // left reads that rest, to reuse the connection (even when the answer says Connection:
 // close); a server without full duplex also reads it before it writes the answer's head. It
-// reads with whatever read deadline the connection has, and the edge's listeners have none
-// then (the public ones set an upload's deadlines per read, in the proxy, and clear them
-// after each): a client that declares a body and sends none would hold the connection and
-// its goroutine for good, and an answer behind that read would never come. A body the proxy
+// reads with whatever read deadline the connection has: none on the public listeners (an
+// upload's deadlines are set per read, in the proxy, and cleared after each), so a client
+// that declares a body and sends none would hold the connection and its goroutine for good,
+// and an answer behind that read would never come (on the admin listener, it would come
+// only at the limit on a whole request). A body the proxy
 // gave up on (its deadline set in the past, so that net/http's read fails at once) would
 // leave the connection to be reused with the rest of the body still to come, read then as
 // the next request.
