@@ -109,6 +109,10 @@ func (s *Server) onGroupEvent(ev group.Event) {
 //   - /api/ is APIHandler.
 //   - GET / is the live status page (its assets under /static/): the groups and members the
 //     token typed into it may see, updated from the event streams.
+//
+// ServeAdmin also bounds each request's reading and closes an HTTP/1.x connection after an
+// answer that left its request body unread; a server of the embedder's own needs a
+// ReadTimeout for that (no endpoint reads a body).
 func (s *Server) AdminHandler() http.Handler { return s.admin.Handler() }
 
 // MetricsHandler returns the Prometheus exposition of the edge's metrics (and of everything

@@ -147,7 +147,8 @@ type ServerConfig struct {
 	OutlierEjection *group.Ejection
 
 	// ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes protect the public HTTP listeners
-	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB.
+	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB. The admin listener has
+	// them too, and twice ReadHeaderTimeout for a whole request, body included.
 	ReadHeaderTimeout, IdleTimeout time.Duration
 	MaxHeaderBytes                 int
 	// PublicH2C makes the public HTTP listener (ServePublic) serve HTTP/2 over cleartext
@@ -178,7 +179,10 @@ type ServerConfig struct {
 	// the edge's first read of it (when it starts forwarding it). A body still incomplete
 	// then gets 408 Request Timeout if no response has started, and its exchange is
 	// aborted otherwise; either way the member's stream is closed. Default 60 s; negative
-	// means no limit.
+	// means no limit. On HTTP/1.x, an answer that leaves its request body unread (a 408, an
+	// edge's 404, a backend answering without reading the upload) closes the connection, and
+	// the edge reads what still comes of that body for RequestBodyTimeout, at most 5 s, before
+	// the close, on every listener, admin included.
 	RequestBodyTimeout time.Duration
 	// RequestBodyMinRate is the slowest average rate, in bytes per second since the edge's
 	// first read, at which a public request body may arrive once RequestBodyMinRateGrace

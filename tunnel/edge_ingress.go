@@ -44,7 +44,9 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 // Host header to a group and proxies it to one member. A request for a TLS passthrough
 // tunnel's host is answered 421 (Misdirected Request): those are reached only through
 // ServePublicTLS with the tunnel's name in the TLS ClientHello. Tests can serve it with
-// httptest.
+// httptest. A server of the embedder's own lacks what ServePublic adds around it: the
+// listener's limits, and the close of an HTTP/1.x connection after an answer that left its
+// request body unread (without which net/http waits for that body with no deadline).
 func (s *Server) Handler() http.Handler { return s.ingress.GuardTLSRoutes() }
 
 // HTTP/2 limits of the public listeners: what one client connection may hold of the edge.
@@ -77,7 +79,7 @@ func (s *Server) ServePublic(l net.Listener) error {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(s.cfg.PublicH2C)
-	return s.serveHTTPWith(l, s.Handler(), &p)
+	return s.serveHTTP(l, s.Handler(), &p, 0)
 }
 
 // ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig, offering HTTP/2 ("h2"
@@ -106,7 +108,7 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 		cfg = withALPN(cfg, "h2", "http/1.1")
 	}
 	pl := s.ingress.PassthroughListener(l, proxy.PassthroughOptions{HelloTimeout: s.cfg.ReadHeaderTimeout, Go: s.spawn})
-	return s.serveHTTPWith(tls.NewListener(pl, cfg), s.Handler(), &p)
+	return s.serveHTTP(tls.NewListener(pl, cfg), s.Handler(), &p, 0)
 }
 
 // withALPN returns the configuration to serve the embedder's cfg with, offering protos in
@@ -149,17 +151,16 @@ func withALPN(cfg *tls.Config, protos ...string) *tls.Config {
 }
 
 // serveHTTP serves h on l with the public listeners' limits (read-header and idle timeouts,
-// header size) until Shutdown or Close; Close waits for its connections' goroutines.
-func (s *Server) serveHTTP(l net.Listener, h http.Handler) error {
-	return s.serveHTTPWith(l, h, nil)
-}
-
-// serveHTTPWith is serveHTTP speaking protos (nil: net/http's default), with the public
-// HTTP/2 limits.
-func (s *Server) serveHTTPWith(l net.Listener, h http.Handler, protos *http.Protocols) error {
+// header size, HTTP/2 limits) until Shutdown or Close, speaking protos (nil: net/http's
+// default); Close waits for its connections' goroutines. readTimeout, when positive, bounds
+// each whole request, body included (the admin listener); a public upload is bounded by
+// the proxy's deadlines on each read instead. On every listener, an HTTP/1.x connection is
+// closed after an answer that left its request body unread (closeAfterAbandonedBody).
+func (s *Server) serveHTTP(l net.Listener, h http.Handler, protos *http.Protocols, readTimeout time.Duration) error {
 	hs := &http.Server{
-		Handler:           h,
+		Handler:           closeAfterAbandonedBody(h, s.cfg.unreadBodyLinger()),
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		ReadTimeout:       readTimeout,
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		ErrorLog:          zap.NewStdLog(s.log.Named("http")),

@@ -330,9 +330,10 @@ func (s *Server) DialContext(ctx context.Context, _, _ string) (net.Conn, error)
 }
 
 // ServeAdmin serves the admin API (AdminHandler: /healthz, /metrics and /api) on l until
-// Shutdown or Close.
+// Shutdown or Close. A request there has twice ServerConfig.ReadHeaderTimeout to arrive,
+// body included; an event stream is not cut by it.
 func (s *Server) ServeAdmin(l net.Listener) error {
-	return s.serveHTTP(l, s.AdminHandler())
+	return s.serveHTTP(l, s.AdminHandler(), nil, s.cfg.adminReadTimeout())
 }
 
 // ListenAndServe listens on the configured addresses (control, public HTTP, and HTTPS and

@@ -200,11 +200,16 @@ type edge struct {
 // [load_balancing] table.
 func startEdge(t *testing.T, httpOff bool, lbExtra ...string) *edge {
 	t.Helper()
-	return startEdgeWith(t, nil, httpOff, lbExtra...)
+	return startEdgeWith(t, edgeExtra{}, httpOff, lbExtra...)
 }
 
-// startEdgeWith is startEdge with serverExtra, more lines of the [server] table.
-func startEdgeWith(t *testing.T, serverExtra []string, httpOff bool, lbExtra ...string) *edge {
+// edgeExtra is more lines for tables of the server.toml startEdgeWith writes.
+type edgeExtra struct {
+	server, limits []string
+}
+
+// startEdgeWith is startEdge with more lines in its [server] and [limits] tables.
+func startEdgeWith(t *testing.T, extra edgeExtra, httpOff bool, lbExtra ...string) *edge {
 	t.Helper()
 	ports := freePorts(t, 4)
 	e := &edge{control: ports[0], http: ports[1], admin: ports[2], tcp: ports[3]}
@@ -229,11 +234,13 @@ admin_token = %q
 [limits]
 tcp_port_range = [%d, %d]
 drain_timeout_secs = 5
+%s
 
 [load_balancing]
 enabled = true
 %s
-`, e.http, e.control, e.admin, strings.Join(serverExtra, "\n"), token, adminToken, e.tcp, e.tcp, strings.Join(lbExtra, "\n")), 0o600))
+`, e.http, e.control, e.admin, strings.Join(extra.server, "\n"), token, adminToken, e.tcp, e.tcp,
+		strings.Join(extra.limits, "\n"), strings.Join(lbExtra, "\n")), 0o600))
 	e.proc = start(t, "edge", "edge", "-config", path)
 
 	waitAdmin(t, e.proc, fmt.Sprintf("http://127.0.0.1:%d/healthz", e.admin))
