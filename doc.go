@@ -16,8 +16,9 @@
 //   - health: the connector's probes of its local backend (TCP, HTTP, in-process), reporting
 //     only changes.
 //   - webhook: zero-healthy alerts: Debouncer, Payload and a bounded, SSRF-safe Sender.
-//   - admin: the edge's REST API, live event streams and Prometheus collector, over a
-//     read-only view of the routing table.
+//   - tunnel/admin: the edge's operator plane, built from its read-only Operator view: REST
+//     API, live event streams, Prometheus metrics and status page. The edge links none of it.
+//   - tunnel/tunneltest: edges and connectors on loopback for tests, in the style of httptest.
 //   - store: durable route ownership (route → tenant, pool, key hash, TCP ports): in memory,
 //     or an embedded bbolt file.
 //   - internal/wire: the protocol (see internal/wire/spec.md); internal/proxy: the edge's
@@ -37,7 +38,6 @@
 //		LoadBalancing: true,
 //		ControlAddr:   ":4040", // connectors dial this
 //		HTTPAddr:      ":8080", // public HTTP: <subdomain>.tunnel.example.com
-//		AdminAddr:     "127.0.0.1:9090",
 //		Auth:          auth,
 //	})
 //	if err != nil {

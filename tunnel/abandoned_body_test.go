@@ -85,33 +85,6 @@ func TestDeclaredBodyThatNeverComesIsClosedAfterThe408(t *testing.T) {
 	}
 }
 
-// TestAdminAnswersARequestWithABodyItDoesNotRead: an admin request declaring a body that
-// never comes (GET /healthz with Content-Length: 200000) gets its answer at once, not after
-// net/http waited for the body, and the connection is closed after it. A long answer (the
-// status page), whose head is written while the handler runs, comes at the latest when the
-// admin listener's limit on a whole request (twice ReadHeaderTimeout) ends the wait.
-func TestAdminAnswersARequestWithABodyItDoesNotRead(t *testing.T) {
-	e := startEdge(t, ServerConfig{ReadHeaderTimeout: 500 * time.Millisecond, RequestBodyTimeout: 300 * time.Millisecond})
-	for _, tc := range []struct {
-		name, path string
-		within     time.Duration
-	}{
-		{"short answer", "/healthz", 500 * time.Millisecond},
-		{"long answer", "/static/status.js", closeBound},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c, br := rawRequest(t, e.adminAddr, "GET "+tc.path+" HTTP/1.1\r\nHost: admin\r\nContent-Length: 200000\r\n\r\n", "")
-			start := time.Now()
-			resp, body := readAnswer(t, c, br, closeBound)
-			t.Logf("answered after %s (%d bytes)", time.Since(start).Round(time.Millisecond), len(body))
-			require.Equal(t, http.StatusOK, resp.StatusCode)
-			require.Less(t, time.Since(start), tc.within)
-			require.True(t, resp.Close, "the answer says Connection: close")
-			requireClosedByEdge(t, c, br)
-		})
-	}
-}
-
 // TestAnswerLeavingTheBodyUnreadClosesTheConnection: on HTTP/1.1, an answer given before the
 // request body was read to its end ends the connection, whether the body came (the edge does
 // not read and drop it to reuse the connection) or not: a backend that answered without
@@ -196,20 +169,4 @@ func TestH2AnswerLeavingTheBodyUnreadEndsOnlyItsStream(t *testing.T) {
 	}
 	require.Equal(t, "404", statuses[1])
 	require.Equal(t, "200", statuses[3])
-}
-
-// TestEventStreamOutlivesTheAdminReadTimeout: the admin listener's limit on reading a
-// request (twice ReadHeaderTimeout) does not end a live event stream that lasts longer
-// (net/http lifts the deadline when it starts watching the connection for the client's
-// leaving, once the request is read).
-func TestEventStreamOutlivesTheAdminReadTimeout(t *testing.T) {
-	const readHeader = 100 * time.Millisecond
-	e := startEdge(t, ServerConfig{LoadBalancing: true, ReadHeaderTimeout: readHeader, EventKeepAlive: readHeader})
-	rawMember(t, e, "", probedRegister("pool", "web", "k"))
-	st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
-	start := time.Now()
-	require.Equal(t, "group events of http/pool", st.next().comment)
-	for time.Since(start) < 4*adminReadTimeoutFactor*readHeader {
-		require.Equal(t, "keep-alive", st.next().comment)
-	}
 }

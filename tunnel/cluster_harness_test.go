@@ -2,11 +2,9 @@ package tunnel
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"sync"
 	"testing"
@@ -18,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/warren-tunnel/warren/admin"
 	"github.com/warren-tunnel/warren/group"
 )
 
@@ -144,7 +141,7 @@ func startClusterEdge(t testing.TB, nodes []*server.Server, id string, o cluster
 		return l
 	}
 	peer := listen(o.peerAddr)
-	ctl, pub, adm := listen(""), listen(o.public), listen("")
+	ctl, pub := listen(""), listen(o.public)
 	cfg := ServerConfig{
 		Domain:         testDomain,
 		Logger:         zaptest.NewLogger(t).Named(id),
@@ -162,11 +159,11 @@ func startClusterEdge(t testing.TB, nodes []*server.Server, id string, o cluster
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)
 	e := &testEdge{Server: srv, t: t}
-	e.controlAddr, e.publicAddr, e.adminAddr = ctl.Addr().String(), pub.Addr().String(), adm.Addr().String()
+	e.controlAddr, e.publicAddr = ctl.Addr().String(), pub.Addr().String()
 	for _, sv := range []struct {
 		l     net.Listener
 		serve func(net.Listener) error
-	}{{ctl, srv.Serve}, {pub, srv.ServePublic}, {adm, srv.ServeAdmin}, {peer, srv.ServePeers}} {
+	}{{ctl, srv.Serve}, {pub, srv.ServePublic}, {peer, srv.ServePeers}} {
 		e.served.Go(func() { _ = sv.serve(sv.l) })
 	}
 	e.client = publicClient(e.publicAddr)
@@ -189,21 +186,27 @@ func (e *clusterEdge) kill() {
 	e.close()
 }
 
-// groupsOf returns what the edge's admin API lists.
-func (e *clusterEdge) groups(t testing.TB) []admin.GroupInfo {
-	t.Helper()
-	var out []admin.GroupInfo
-	e.adminJSON(t, "/api/groups", &out)
-	return out
-}
+// info is the edge's view of its cluster: what its operator plane serves as GET /api/cluster
+// and renders as the warren_cluster_edges and warren_cluster_nats_connected series.
+func (e *clusterEdge) info() ClusterStatus { return e.cluster.info() }
 
-func (e *clusterEdge) adminJSON(t testing.TB, path string, v any) {
-	t.Helper()
-	resp, err := http.Get("http://" + e.adminAddr + path)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(v))
+// edgeIDs returns the edge id of each member of the group label the edge sees ("" stands for
+// the edge itself: its own id), in join order, as its operator plane lists them.
+func (e *clusterEdge) edgeIDs(label string) []string {
+	var out []string
+	for _, g := range e.Registry().Groups() {
+		if g.Label != label {
+			continue
+		}
+		for _, m := range g.Members {
+			id := m.Edge
+			if id == "" {
+				id = e.id
+			}
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // members returns the edge ids of the members of the group label the edge sees, healthy ones.

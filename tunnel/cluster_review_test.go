@@ -9,13 +9,12 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/warren-tunnel/warren/admin"
 	"github.com/warren-tunnel/warren/group"
 )
 
 // edgeLease is the lease state edge e shows for edge id in /api/cluster ("" when unlisted).
 func edgeLease(e *clusterEdge, id string) string {
-	var ci admin.ClusterInfo = e.cluster.info()
+	ci := e.info()
 	for _, ce := range ci.Edges {
 		if ce.ID == id {
 			return ce.Lease
@@ -181,15 +180,12 @@ func TestClusterDuplicateEdgeIDIsReported(t *testing.T) {
 	a = startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
 	require.Eventually(t, a.cluster.ownSeen.Load, 5*time.Second, 10*time.Millisecond)
 	time.Sleep(3 * lease) // renewals of the restarted edge only
-	var ci admin.ClusterInfo
-	a.adminJSON(t, "/api/cluster", &ci)
-	require.Empty(t, ci.Warnings)
+	require.Empty(t, a.info().Warnings)
 
 	twin := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease, host: "127.0.0.2"})
 	for _, e := range []*clusterEdge{a, twin} {
 		require.Eventually(t, func() bool {
-			var ci admin.ClusterInfo
-			e.adminJSON(t, "/api/cluster", &ci)
+			ci := e.info()
 			return len(ci.Warnings) == 1 && strings.Contains(ci.Warnings[0], "two edges share one edge_id")
 		}, 5*time.Second, 20*time.Millisecond, "edge at %s", e.host)
 	}

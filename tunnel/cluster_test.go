@@ -16,7 +16,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/warren-tunnel/warren/admin"
 	"github.com/warren-tunnel/warren/group"
 )
 
@@ -58,26 +57,20 @@ func TestClusterPoolSpansEdges(t *testing.T) {
 		require.Greater(t, got["A"], 3, "edge %s: %v", e.id, got)
 		require.Greater(t, got["B"], 3, "edge %s: %v", e.id, got)
 
-		gs := e.groups(t)
-		require.Len(t, gs, 1)
-		require.Equal(t, 2, gs[0].MemberCount)
-		var edges []string
-		for _, m := range gs[0].Members {
-			edges = append(edges, m.EdgeID)
-		}
-		require.ElementsMatch(t, []string{"a", "b"}, edges)
+		require.Len(t, e.Registry().Groups(), 1)
+		require.ElementsMatch(t, []string{"a", "b"}, e.edgeIDs("pool"))
 
-		// The metrics count the pool cluster-wide too.
-		metrics := scrape(t, e)
-		require.Contains(t, metrics, `warren_group_members{group="web",healthy="true",region="local"} 2`)
-		for _, id := range []string{"a", "b"} {
-			require.Contains(t, metrics, `warren_cluster_members{edge_id="`+id+`",group="web",healthy="true",region="local"} 1`)
-		}
-		require.Contains(t, metrics, `warren_cluster_edges{lease="held"} 3`)
-		require.Contains(t, metrics, "warren_cluster_nats_connected 1")
+		// The pool counts cluster-wide too: both healthy, one per edge (the metrics'
+		// warren_group_members and warren_cluster_members; tunnel/admin's
+		// TestClusterSeriesAndAPI renders them).
+		g, ok := e.Registry().LookupHTTP("pool")
+		require.True(t, ok)
+		_, healthy, _ := g.Counts()
+		require.Equal(t, 2, healthy)
+		require.Equal(t, map[string]int{"a": 1, "b": 1}, e.members("pool"))
 
-		var ci admin.ClusterInfo
-		e.adminJSON(t, "/api/cluster", &ci)
+		ci := e.info()
+		require.True(t, ci.NATS)
 		require.True(t, ci.Enabled)
 		require.Equal(t, e.id, ci.Self)
 		require.Len(t, ci.Edges, 3)
@@ -311,15 +304,20 @@ func TestClusterLeaseLapseRemovesMembers(t *testing.T) {
 	gone := time.Now()
 	require.Eventually(t, func() bool { return len(b.members("pool")) == 0 }, 5*time.Second, 10*time.Millisecond)
 	require.Less(t, time.Since(gone), lease+time.Second, "members left after %v (lease %v)", time.Since(gone), lease)
-	var ci admin.ClusterInfo
-	b.adminJSON(t, "/api/cluster", &ci)
+	ci := b.info()
 	require.Len(t, ci.Edges, 2)
 	require.Eventually(t, func() bool {
-		b.adminJSON(t, "/api/cluster", &ci)
+		ci = b.info()
 		return ci.Edges[1].Lease == "expired"
 	}, 5*time.Second, 10*time.Millisecond, "%+v", ci.Edges)
-	require.Contains(t, scrape(t, b), `warren_cluster_edges{lease="expired"} 1`)
-	require.Contains(t, scrape(t, a), "warren_cluster_nats_connected 0")
+	expired := 0
+	for _, ce := range b.info().Edges {
+		if ce.Lease == "expired" {
+			expired++
+		}
+	}
+	require.Equal(t, 1, expired, "warren_cluster_edges{lease=\"expired\"} 1")
+	require.False(t, a.info().NATS, "warren_cluster_nats_connected 0")
 	// a keeps serving what it knows without NATS, and refuses to claim new routes.
 	code, body := a.get("pool", "/")
 	require.Equal(t, 200, code, body)
@@ -516,17 +514,6 @@ func TestClusterDispatchCountsPublishedLoad(t *testing.T) {
 		require.Equal(t, "B /", body)
 	}
 	unhold() // before the connectors close (their drain would wait for the held requests)
-}
-
-// scrape returns the edge's /metrics.
-func scrape(t testing.TB, e *clusterEdge) string {
-	t.Helper()
-	resp, err := http.Get("http://" + e.adminAddr + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	return string(body)
 }
 
 // activeOn is the load edge e sees on the member of label attached to edge id ("" for e's own).

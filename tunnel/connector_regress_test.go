@@ -489,37 +489,6 @@ func TestLongNonASCIIProbeReasonKeepsTheSession(t *testing.T) {
 	require.NoError(t, sess.Err())
 }
 
-// A tenant's member whose first verdict is "unhealthy" was never counted as healthy: the
-// tenant's live event stream keeps the right healthy_count (and recovers to the right one).
-func TestTenantEventCountsAfterFirstUnhealthyVerdict(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, EventKeepAlive: time.Hour,
-		Auth: mustStaticTokens(t, nil, map[string]string{"acme": "acme-token-0123456789"})})
-	b := backend(t, "b")
-	var ok, late switchable
-	late.down.Store(true)
-	sess := e.connect(WithToken("acme-token-0123456789"))
-	spec := pool("pool")
-	spec.Health = ok.spec()
-	_, err := sess.Forward(ctxT(t), spec, hostPort(b.URL))
-	require.NoError(t, err)
-	require.Eventually(t, func() bool { return selectable(e, "pool")() == 1 }, 5*time.Second, 5*time.Millisecond)
-
-	st := openStream(t, e.adminAddr, "acme-token-0123456789", "/api/groups/http/pool/events", nil)
-	require.Equal(t, http.StatusOK, st.resp.StatusCode)
-	st.read()
-	spec.Health = late.spec()
-	_, err = sess.Forward(ctxT(t), spec, hostPort(b.URL)) // its first verdict: unhealthy
-	require.NoError(t, err)
-	ev := st.nextGroupEvent()
-	require.False(t, ev.Healthy)
-	require.Equal(t, 2, ev.MemberCount)
-	require.Equal(t, 1, ev.HealthyCount, "one member of two is healthy")
-	late.down.Store(false)
-	ev = st.nextGroupEvent()
-	require.True(t, ev.Healthy)
-	require.Equal(t, 2, ev.HealthyCount)
-}
-
 // A Forward whose context ends just as the edge's Registered arrives returns an error, and
 // leaves no registration on the edge: every tunnel id the edge handed out is deregistered
 // (or drained, for the calls that succeeded and were closed).

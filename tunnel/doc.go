@@ -4,7 +4,9 @@
 // The edge, created with NewServer, accepts connector sessions on its control listener
 // (Serve, or ServeConn for one connection, or DialContext for an in-process connector),
 // serves public HTTP(S) (ServePublic, ServePublicTLS, or Handler as an http.Handler) and a
-// public TCP port per TCP group, and an admin API (ServeAdmin, AdminHandler). Each public
+// public TCP port per TCP group. Its operator plane (admin API, metrics, status page) is
+// package tunnel/admin, built from the edge's read-only Operator view and served with
+// ServeAdmin; the edge itself links none of it. Each public
 // request (HTTP) or connection (TCP) goes to one healthy, non-draining member of the route's
 // pool, chosen by the pool's dispatch.Strategy; another member is tried only when no byte of
 // the request can have reached an application. A route belongs to one tenant (see
@@ -18,6 +20,7 @@
 //
 // Files: server.go and edge_*.go are the edge, connector*.go the connector; errors.go,
 // auth.go and the wire types they share are used by both. The data path is in
-// internal/proxy, the multiplexer plumbing in internal/mux, the admin plane in package
-// admin, the routing table in package group and route ownership in package store.
+// internal/proxy, the multiplexer plumbing in internal/mux, the operator plane in package
+// tunnel/admin (operator.go is what it reads), the routing table in package group and route
+// ownership in package store.
 package tunnel

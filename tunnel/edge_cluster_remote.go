@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap"
 
-	"github.com/warren-tunnel/warren/admin"
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/proxy"
 )
@@ -585,8 +584,8 @@ func (c *cluster) watchLink(e *remoteEdge, l *peerLink) {
 }
 
 // info describes the cluster for GET /api/cluster.
-func (c *cluster) info() admin.ClusterInfo {
-	out := admin.ClusterInfo{Enabled: true, Self: c.cfg.EdgeID, NATS: c.nc.IsConnected()}
+func (c *cluster) info() ClusterStatus {
+	out := ClusterStatus{Enabled: true, Self: c.cfg.EdgeID, NATS: c.nc.IsConnected()}
 	if w := c.duplicateWarning(); w != "" {
 		out.Warnings = append(out.Warnings, w)
 	}
@@ -602,15 +601,15 @@ func (c *cluster) info() admin.ClusterInfo {
 	if !c.leaseOK.Load() {
 		lease = "not renewed"
 	}
-	out.Edges = append(out.Edges, admin.ClusterEdge{ID: c.cfg.EdgeID, Advertise: c.cfg.Advertise, Self: true,
+	out.Edges = append(out.Edges, ClusterEdgeStatus{ID: c.cfg.EdgeID, Advertise: c.cfg.Advertise, Self: true,
 		Lease: lease, Members: local})
 	c.remote.mu.Lock()
-	var others []admin.ClusterEdge
+	var others []ClusterEdgeStatus
 	for _, e := range c.remote.edges {
 		if e.started.IsZero() && len(e.records) == 0 {
 			continue
 		}
-		ce := admin.ClusterEdge{ID: e.id, Advertise: e.advertise, LastRenewal: e.lastSeen, Members: len(e.joined)}
+		ce := ClusterEdgeStatus{ID: e.id, Advertise: e.advertise, LastRenewal: e.lastSeen, Members: len(e.joined)}
 		switch {
 		case e.expired:
 			ce.Lease = "expired"
@@ -622,7 +621,7 @@ func (c *cluster) info() admin.ClusterInfo {
 		others = append(others, ce)
 	}
 	c.remote.mu.Unlock()
-	slices.SortFunc(others, func(a, b admin.ClusterEdge) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(others, func(a, b ClusterEdgeStatus) int { return strings.Compare(a.ID, b.ID) })
 	out.Edges = append(out.Edges, others...)
 	return out
 }

@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/dispatch"
@@ -54,10 +53,11 @@ type ServerConfig struct {
 	// the port is taken, so the next port is tried.
 	ListenTCP func(port int) (net.Listener, error)
 
-	// ControlAddr, HTTPAddr, HTTPSAddr and AdminAddr are the listen addresses used by
-	// ListenAndServe. ControlAddr defaults to ":4040"; an empty HTTPAddr, HTTPSAddr or
-	// AdminAddr means that listener is off; HTTPSAddr needs TLSConfig.
-	ControlAddr, HTTPAddr, HTTPSAddr, AdminAddr string
+	// ControlAddr, HTTPAddr and HTTPSAddr are the listen addresses used by ListenAndServe.
+	// ControlAddr defaults to ":4040"; an empty HTTPAddr or HTTPSAddr means that listener is
+	// off; HTTPSAddr needs TLSConfig. The operator plane (package tunnel/admin) is served
+	// with ServeAdmin on a listener of the embedder's.
+	ControlAddr, HTTPAddr, HTTPSAddr string
 	// TLSConfig, when set, makes the control listener of ListenAndServe speak TLS and is
 	// used for the public HTTPS listener.
 	TLSConfig *tls.Config
@@ -211,7 +211,7 @@ type ServerConfig struct {
 
 	// OnEvent, when set, receives every group membership and health change (joins,
 	// leaves, health transitions, drains) in order per group, with no lock of the edge
-	// held: it may read the edge (Registry, the admin API). The event holds copies. It
+	// held: it may read the edge (Registry, Operator). The event holds copies. It
 	// holds up the next event of its group, so it should return quickly.
 	OnEvent func(group.Event)
 
@@ -237,23 +237,6 @@ type ServerConfig struct {
 	// session, registration or event stream, and a lowered one takes nothing back.
 	Limits       TenantLimits
 	TenantLimits map[string]TenantLimits
-
-	// AdminToken is the bearer token of the admin API: it sees every tunnel and group and
-	// may read /metrics. Tenant tokens (checked by Auth, the same tokens the tenant's
-	// connectors present) see only their own members. When AdminToken is empty and Auth is
-	// nil, the API and /metrics are open and every caller gets the admin view.
-	AdminToken string
-	// Metrics is where the edge registers its Prometheus collector; /metrics serves it when
-	// it is also a prometheus.Gatherer (a *prometheus.Registry is), and otherwise a private
-	// registry holding only the edge's metrics. Nil means a fresh private registry. One
-	// Registerer holds the metrics of one Server.
-	Metrics prometheus.Registerer
-	// EventKeepAlive is the interval of the keep-alive comment on a live group event stream.
-	// Default 30 s.
-	EventKeepAlive time.Duration
-	// EventBuffer is how many events one live event subscriber may have pending; past it, the
-	// subscriber misses events and is sent a "lagged" event. Default 64.
-	EventBuffer int
 }
 
 func (c *ServerConfig) setDefaults() error {
@@ -289,11 +272,6 @@ func (c *ServerConfig) setDefaults() error {
 	}
 	if c.AuthFailureDelay == 0 {
 		c.AuthFailureDelay = throttle.DefaultFailureDelay
-	}
-	if c.AdminToken != "" {
-		if err := checkTokenLength("AdminToken", c.AdminToken); err != nil {
-			return err
-		}
 	}
 	if c.OpenTimeout <= 0 {
 		c.OpenTimeout = 10 * time.Second
@@ -336,12 +314,6 @@ func (c *ServerConfig) setDefaults() error {
 	}
 	if c.AlertMinInterval <= 0 {
 		c.AlertMinInterval = webhook.DefaultMinInterval
-	}
-	if c.EventKeepAlive <= 0 {
-		c.EventKeepAlive = 30 * time.Second
-	}
-	if c.EventBuffer <= 0 {
-		c.EventBuffer = 64
 	}
 	if c.AlertWebhookURL != "" {
 		if err := webhook.ValidateURL(c.AlertWebhookURL); err != nil {

@@ -44,10 +44,9 @@ var reloadMu sync.Mutex
 //     taken, is left as it was (not reserved, or reserved as before) and named in notApplied.
 //
 // What it does not apply, and names in notApplied as "Field (old -> new): reason" (the
-// values left out for settings that are not plain values, and for AdminToken and
-// AlertWebhookURL, which may hold secrets): every other field of cfg that differs from
-// the running configuration (ports, listeners, Domain, RegionID, TLS, StateDir, AdminToken,
-// request body limits, timeouts, alerts, load balancing, …). Auth is compared only for
+// values left out for settings that are not plain values, and for AlertWebhookURL, which
+// may hold a secret): every other field of cfg that differs from the running configuration
+// (ports, listeners, Domain, RegionID, TLS, StateDir, request body limits, timeouts, alerts, load balancing, …). Auth is compared only for
 // nil: an Authenticator that reads its tokens live (examples/edge has one) changes them
 // itself.
 //
@@ -144,7 +143,7 @@ var liveFields = map[string]bool{"Endpoints": true, "Limits": true, "TenantLimit
 	"MaxTunnelsPerSession": true, "RegisterRate": true, "RegisterBurst": true}
 
 // secretFields are the fields whose values a "not applied" line leaves out.
-var secretFields = map[string]bool{"AdminToken": true, "AlertWebhookURL": true}
+var secretFields = map[string]bool{"AlertWebhookURL": true}
 
 // unchangedFields names the fields of next (defaults applied) that differ from the running
 // configuration and that Reload leaves as they are. The live fields are left out.

@@ -12,8 +12,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/warren-tunnel/warren/admin"
-
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/store"
 )
@@ -797,8 +795,8 @@ func (b *routeBook) sweeper(done <-chan struct{}) {
 
 // idleEndpoints are the reserved routes with no live pool, for the admin API to list with
 // zero members.
-func (b *routeBook) idleEndpoints() []admin.Endpoint {
-	var out []admin.Endpoint
+func (b *routeBook) idleEndpoints() []IdleEndpoint {
+	var out []IdleEndpoint
 	var groups []group.Info // listed once, if a TCP endpoint needs it
 	for _, ep := range b.eps.Load().byKey {
 		info := group.Info{Kind: group.KindHTTP, Proto: ep.Proto, Label: ep.label(), Name: ep.Group, KeyHash: ep.KeyHash}
@@ -818,7 +816,7 @@ func (b *routeBook) idleEndpoints() []admin.Endpoint {
 			live = b.reg.LookupHTTP(ep.Subdomain) != nil
 		}
 		if !live {
-			out = append(out, admin.Endpoint{Info: info, Tenant: ep.Tenant})
+			out = append(out, IdleEndpoint{Info: info, Tenant: ep.Tenant})
 		}
 	}
 	return out

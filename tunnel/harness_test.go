@@ -30,7 +30,6 @@ type testEdge struct {
 	t           testing.TB
 	controlAddr string
 	publicAddr  string
-	adminAddr   string
 	client      *http.Client
 	served      sync.WaitGroup
 }
@@ -50,7 +49,7 @@ func startEdge(t testing.TB, cfg ServerConfig) *testEdge {
 	if cfg.Logger == nil {
 		cfg.Logger = zaptest.NewLogger(t)
 	}
-	ctl, pub, adm := listenLoopback(t), listenLoopback(t), listenLoopback(t)
+	ctl, pub := listenLoopback(t), listenLoopback(t)
 	if cfg.PublicHTTPPort == 0 {
 		// Known before the first registration: a tunnel's URL does not change when the
 		// public listener starts serving (ServePublic runs in a goroutine below).
@@ -59,11 +58,11 @@ func startEdge(t testing.TB, cfg ServerConfig) *testEdge {
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)
 	e := &testEdge{Server: srv, t: t}
-	e.controlAddr, e.publicAddr, e.adminAddr = ctl.Addr().String(), pub.Addr().String(), adm.Addr().String()
+	e.controlAddr, e.publicAddr = ctl.Addr().String(), pub.Addr().String()
 	for _, sv := range []struct {
 		l     net.Listener
 		serve func(net.Listener) error
-	}{{ctl, srv.Serve}, {pub, srv.ServePublic}, {adm, srv.ServeAdmin}} {
+	}{{ctl, srv.Serve}, {pub, srv.ServePublic}} {
 		e.served.Go(func() {
 			err := sv.serve(sv.l)
 			if !errors.Is(err, ErrServerClosed) {

@@ -15,7 +15,16 @@ import (
 )
 
 // Load-balancing policies end to end: registrations carry the settings over the wire, the
-// edge applies them per request, the API shows them.
+// edge applies them per request, its registry shows them (and the operator plane's API:
+// tunnel/admin's edge_listing_test.go).
+
+// poolInfo is the edge's view of the HTTP pool on sub.
+func poolInfo(t *testing.T, e *testEdge, sub string) group.Info {
+	t.Helper()
+	g, ok := e.Registry().LookupHTTP(sub)
+	require.True(t, ok, "no group on %s", sub)
+	return g
+}
 
 func weighted(sub string, weight, priority int) TunnelSpec {
 	sp := pool(sub)
@@ -35,15 +44,13 @@ func TestWeightedPoolSplitsRequests(t *testing.T) {
 	t.Logf("weights 3:1 over 2000 sequential requests: %v", got)
 	require.InDelta(t, 0.75, float64(got["A"])/2000, 0.05)
 
-	api := newAPIClient(t, e.adminAddr)
-	groups := getJSON[[]GroupInfo](api, "", "/api/groups")
-	require.Len(t, groups, 1)
+	require.Len(t, e.Registry().Groups(), 1)
 	weights := map[int]bool{}
-	for _, m := range groups[0].Members {
+	for _, m := range poolInfo(t, e, "pool").Members {
 		weights[m.Weight] = true
 		require.Zero(t, m.Priority)
 	}
-	require.Equal(t, map[int]bool{1: true, 3: true}, weights, "the API shows each member's weight")
+	require.Equal(t, map[int]bool{1: true, 3: true}, weights, "the registry shows each member's weight")
 }
 
 func TestPriorityTierTakesOverAndGivesBack(t *testing.T) {
@@ -146,17 +153,15 @@ func TestOutlierEjectionEndToEnd(t *testing.T) {
 	}
 	require.Equal(t, 3, bad, "the member is ejected after 3 502s in a row, its probe notwithstanding")
 	require.Equal(t, int32(1), events.Load())
-	groups := getJSON[[]GroupInfo](newAPIClient(t, e.adminAddr), "", "/api/groups")
 	ejected := 0
-	for _, m := range groups[0].Members {
+	for _, m := range poolInfo(t, e, "pool").Members {
 		if m.Ejected {
 			ejected++
 			require.False(t, m.Healthy)
 		}
 	}
 	require.Equal(t, 1, ejected)
-	_, _, body := newAPIClient(t, e.adminAddr).get("", "/metrics")
-	require.Contains(t, string(body), `warren_member_ejections_total{group="web",region="local"} 1`)
+	// The API and warren_member_ejections_total: tunnel/admin's TestOutlierEjectionInTheAPIAndMetrics.
 }
 
 func TestKeyRotationWithLiveTraffic(t *testing.T) {
@@ -220,27 +225,5 @@ func TestKeyRotationWithLiveTraffic(t *testing.T) {
 	_, err := e.connect().Forward(ctxT(t), old(), hostPort(backend(t, "late").URL))
 	require.ErrorIs(t, err, ErrKeyMismatch)
 	want := group.HashKey("k2").Short()
-	groups := getJSON[[]GroupInfo](newAPIClient(t, e.adminAddr), "", "/api/groups")
-	require.Equal(t, want, groups[0].KeyHashShort)
-}
-
-func TestSlowStartVisibleInAPI(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
-	a := backend(t, "A")
-	_, err := e.connect().Forward(ctxT(t), pool("pool"), hostPort(a.URL))
-	require.NoError(t, err)
-	sp := pool("pool")
-	sp.SlowStart = time.Hour
-	_, err = e.connect().Forward(ctxT(t), sp, hostPort(backend(t, "S").URL))
-	require.NoError(t, err)
-	got := e.tally("pool", 200)
-	require.Less(t, got["S"], 10, "a member in its slow start takes a small share: %v", got)
-	groups := getJSON[[]GroupInfo](newAPIClient(t, e.adminAddr), "", "/api/groups")
-	ramping := 0
-	for _, m := range groups[0].Members {
-		if m.Ramping {
-			ramping++
-		}
-	}
-	require.Equal(t, 1, ramping)
+	require.Equal(t, want, poolInfo(t, e, "pool").KeyHash.Short())
 }

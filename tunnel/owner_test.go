@@ -2,7 +2,6 @@ package tunnel
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -248,11 +247,12 @@ func clientFrom(e *testEdge, local string) *http.Client {
 }
 
 // A reserved endpoint exists before any connector: 503 (not 404) while it has no member,
-// listed with zero members; only its tenant, with its group name, may register it; and its
-// policy applies to every public request: deny_cidrs (403), a per-client rate (429 with
-// Retry-After).
+// listed with zero members as its tenant's (the operator plane lists it to that tenant
+// only: tunnel/admin's TestReservedEndpointIsListedToItsTenant); only its tenant, with its
+// group name, may register it; and its policy applies to every public request: deny_cidrs
+// (403), a per-client rate (429 with Retry-After).
 func TestReservedEndpointAndPolicy(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(), AdminToken: "admin-token-0123456789",
+	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(),
 		Endpoints: []Endpoint{{Subdomain: "pool", Tenant: "acme", Group: "web", Policy: Policy{
 			DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")},
 			RateLimit: 1, RateBurst: 3,
@@ -261,13 +261,12 @@ func TestReservedEndpointAndPolicy(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code, body)
 	code, _ = e.get("other", "/")
 	require.Equal(t, http.StatusNotFound, code)
-	api := newAPIClient(t, e.adminAddr)
-	groups := getJSON[[]GroupInfo](api, "admin-token-0123456789", "/api/groups")
-	require.Len(t, groups, 1)
-	require.True(t, groups[0].Reserved)
-	require.Equal(t, "pool", groups[0].Label)
-	require.Zero(t, groups[0].MemberCount)
-	require.Empty(t, getJSON[[]GroupInfo](api, globexToken, "/api/groups"), "another tenant does not see it")
+	idle := e.Operator().IdleEndpoints()
+	require.Len(t, idle, 1)
+	require.Equal(t, "pool", idle[0].Info.Label)
+	require.Empty(t, idle[0].Info.Members)
+	require.Equal(t, "acme", idle[0].Tenant, "listed as acme's: another tenant does not see it")
+	require.Empty(t, e.Registry().Groups())
 
 	b := backend(t, "acme")
 	globex := e.connect(WithToken(globexToken))
@@ -337,66 +336,4 @@ func TestReservedTCPEndpointPortAndPolicy(t *testing.T) {
 	got, err = read("127.0.0.2")
 	require.Error(t, err, "a denied client is closed before any byte")
 	require.Empty(t, got)
-}
-
-// max_event_streams caps a tenant's open live event streams (429 past it); the admin token
-// is never capped, and closing a stream frees its place.
-func TestEventStreamQuota(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(), AdminToken: "admin-token-0123456789",
-		Limits: TenantLimits{MaxEventStreams: 2}})
-	rawMember(t, e, acmeToken, probedRegister("pool", "web", "k"))
-	path := "/api/groups/http/pool/events"
-	first := openStream(t, e.adminAddr, acmeToken, path, nil)
-	second := openStream(t, e.adminAddr, acmeToken, path, nil)
-	require.Equal(t, http.StatusOK, first.resp.StatusCode)
-	require.Equal(t, http.StatusOK, second.resp.StatusCode)
-	third := openStream(t, e.adminAddr, acmeToken, path, nil)
-	require.Equal(t, http.StatusTooManyRequests, third.resp.StatusCode)
-	require.NotEmpty(t, third.resp.Header.Get("Retry-After"))
-	for range 3 {
-		require.Equal(t, http.StatusOK, openStream(t, e.adminAddr, "admin-token-0123456789", path, nil).resp.StatusCode)
-	}
-	first.close()
-	require.Eventually(t, func() bool {
-		st := openStream(t, e.adminAddr, acmeToken, path, nil)
-		defer st.close()
-		return st.resp.StatusCode == http.StatusOK
-	}, 5*time.Second, 20*time.Millisecond, "a closed stream frees its place")
-}
-
-// /api/tunnels pages like /api/groups: every tunnel once, in order, whatever the page size.
-func TestTunnelListIsPaged(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
-	b := backend(t, "b")
-	s := e.connect()
-	for i := range 7 {
-		_, err := s.Forward(ctxT(t), TunnelSpec{Subdomain: fmt.Sprintf("app%d", i)}, hostPort(b.URL))
-		require.NoError(t, err)
-	}
-	api := newAPIClient(t, e.adminAddr)
-	all := getJSON[[]TunnelInfo](api, "", "/api/tunnels")
-	require.Len(t, all, 7)
-	var paged []TunnelInfo
-	cursor := ""
-	for pages := 0; ; pages++ {
-		require.Less(t, pages, 4)
-		code, h, body := api.get("", "/api/tunnels?limit=3&cursor="+cursor)
-		require.Equal(t, http.StatusOK, code)
-		var page []TunnelInfo
-		require.NoError(t, json.Unmarshal(body, &page))
-		require.LessOrEqual(t, len(page), 3)
-		paged = append(paged, page...)
-		if cursor = h.Get("X-Next-Cursor"); cursor == "" {
-			break
-		}
-	}
-	// The same tunnels in the same order (compared by id: a URL gains the public port once
-	// the test edge's public listener is up, which may happen between two pages).
-	ids := func(ts []TunnelInfo) (out []string) {
-		for _, t := range ts {
-			out = append(out, t.ID)
-		}
-		return out
-	}
-	require.Equal(t, ids(all), ids(paged))
 }

@@ -1,10 +1,7 @@
 package tunnel
 
 import (
-	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -181,46 +178,6 @@ func TestReservedTCPEndpointChecksTheKey(t *testing.T) {
 	m, err := b.register("acme", b.req(group.ProtoTCP, "db", "db", "right"), 0)
 	require.NoError(t, err)
 	require.Equal(t, 45145, m.Group().Port, "the endpoint's port")
-}
-
-// Two pools whose key hashes share their first 8 hex digits are both listed when a page
-// boundary falls between them.
-func TestGroupPagesNeverSkipPoolsThatShareAShortHash(t *testing.T) {
-	seen := map[string]string{}
-	var k1, k2 string
-	for i := 0; k2 == ""; i++ { // a birthday search: about 2^16 keys
-		k := fmt.Sprint("key", i)
-		s := group.HashKey(k).Short()
-		if o, ok := seen[s]; ok {
-			k1, k2 = o, k
-		}
-		seen[s] = k
-	}
-	e := startEdge(t, ServerConfig{LoadBalancing: true, AdminToken: "admin-token-0123456789",
-		TCPPorts: group.PortRange{Lo: 45200, Hi: 45209}, TCPBindHost: "127.0.0.1"})
-	echo := tcpBackend(t, func(net.Conn) {})
-	c := e.connect()
-	for _, k := range []string{k1, k2} {
-		_, err := c.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "db", Group: "db", GroupKey: k}, echo)
-		require.NoError(t, err)
-	}
-	api := newAPIClient(t, e.adminAddr)
-	code, h, body := api.get("admin-token-0123456789", "/api/groups?limit=1")
-	require.Equal(t, http.StatusOK, code)
-	var page1, page2 []GroupInfo
-	require.NoError(t, json.Unmarshal(body, &page1))
-	require.NotEmpty(t, h.Get("X-Next-Cursor"))
-	require.Contains(t, h.Get("Link"), `rel="next"`)
-	_, h, body = api.get("admin-token-0123456789", "/api/groups?limit=1&cursor="+h.Get("X-Next-Cursor"))
-	require.NoError(t, json.Unmarshal(body, &page2))
-	require.Len(t, page1, 1)
-	require.Len(t, page2, 1)
-	require.NotEqual(t, page1[0].Port, page2[0].Port, "two pools, each listed once")
-	require.Empty(t, h.Get("X-Next-Cursor"), "the last page names no next one")
-	code, _, _ = api.get("admin-token-0123456789", "/api/groups?cursor=!!")
-	require.Equal(t, http.StatusBadRequest, code)
-	code, _, _ = api.get("admin-token-0123456789", "/api/groups?limit=5000")
-	require.Equal(t, http.StatusBadRequest, code)
 }
 
 // countingStore counts the writes that reach a store.

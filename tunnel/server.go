@@ -14,7 +14,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/warren-tunnel/warren/admin"
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/policy"
 	"github.com/warren-tunnel/warren/internal/proxy"
@@ -35,7 +34,8 @@ type Server struct {
 	ingress  *proxy.HTTP // public HTTP (edge_ingress.go)
 	tcp      *proxy.TCP  // public TCP: a listener per TCP group
 	alerts   *alerter
-	admin    *admin.Plane // admin API, live event streams, metrics (edge_admin.go)
+	// events are the subscribers to every group event (Operator.Subscribe).
+	events eventSubscribers
 	// cluster is the edge's part in a cluster (edge_cluster*.go); nil for a single edge.
 	cluster *cluster
 	// authLimit throttles failed authentications per source address, on the control and
@@ -48,15 +48,14 @@ type Server struct {
 	// (edge_live.go).
 	limits atomic.Pointer[liveLimits]
 
-	mu           sync.Mutex
-	closing      bool
-	listeners    map[net.Listener]struct{}
-	sessions     map[*edgeSession]struct{}
-	sessionByID  map[string]*edgeSession // for resuming: a reconnect ends its previous session
-	httpSrvs     map[*http.Server]struct{}
-	done         chan struct{} // closed when Shutdown or Close starts
-	closeOnce    sync.Once
-	closeOnceObs sync.Once
+	mu          sync.Mutex
+	closing     bool
+	listeners   map[net.Listener]struct{}
+	sessions    map[*edgeSession]struct{}
+	sessionByID map[string]*edgeSession // for resuming: a reconnect ends its previous session
+	httpSrvs    map[*http.Server]struct{}
+	done        chan struct{} // closed when Shutdown or Close starts
+	closeOnce   sync.Once
 	// closeOnceStore closes the route store once every session is gone.
 	closeOnceStore sync.Once
 	clusterOnce    sync.Once
@@ -163,11 +162,6 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		routes.edgeID, routes.edgeGone = s.cluster.cfg.EdgeID, s.cluster.edgeGone
 		routes.resumeOf = s.sessionResume
 		routes.liveTenant = s.cluster.liveTenant
-	}
-	if err := s.newAdmin(); err != nil {
-		_ = routes.st.Close()
-		s.stopCluster(false)
-		return nil, err
 	}
 	pc.Registry = s.registry
 	s.ingress = proxy.NewHTTP(pc)
@@ -329,11 +323,13 @@ func (s *Server) DialContext(ctx context.Context, _, _ string) (net.Conn, error)
 	return client, nil
 }
 
-// ServeAdmin serves the admin API (AdminHandler: /healthz, /metrics and /api) on l until
-// Shutdown or Close. A request there has twice ServerConfig.ReadHeaderTimeout to arrive,
-// body included; an event stream is not cut by it.
-func (s *Server) ServeAdmin(l net.Listener) error {
-	return s.serveHTTP(l, s.AdminHandler(), nil, s.cfg.adminReadTimeout())
+// ServeAdmin serves h, an operator plane (the admin API of package tunnel/admin, say), on l
+// until Shutdown or Close, with the limits of an operator listener: a request there has
+// twice ServerConfig.ReadHeaderTimeout to arrive, body included (an event stream is not cut
+// by it), and an HTTP/1.x connection is closed after an answer that left its request body
+// unread.
+func (s *Server) ServeAdmin(l net.Listener, h http.Handler) error {
+	return s.serveHTTP(l, h, nil, s.cfg.adminReadTimeout())
 }
 
 // ListenAndServe listens on the configured addresses (control, public HTTP, and HTTPS and
@@ -354,9 +350,6 @@ func (s *Server) ListenAndServe() error {
 	}
 	if s.cfg.HTTPAddr != "" {
 		svcs = append(svcs, svc{name: "http", addr: s.cfg.HTTPAddr, serve: s.ServePublic})
-	}
-	if s.cfg.AdminAddr != "" {
-		svcs = append(svcs, svc{name: "admin", addr: s.cfg.AdminAddr, serve: s.ServeAdmin})
 	}
 	if s.cluster != nil {
 		svcs = append(svcs, svc{name: "peers", addr: s.cluster.cfg.PeerAddr, serve: s.ServePeers})
@@ -433,7 +426,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.cancel()
 		_ = s.alerts.close()
 		s.closeOnceStore.Do(func() { _ = s.routes.st.Close() })
-		s.closeOnceObs.Do(s.admin.Close)
 	case <-ctx.Done():
 		_ = s.Close()
 		return ctx.Err()
@@ -467,7 +459,6 @@ func (s *Server) Close() error {
 	<-s.publicConns.idle() // net/http's connection goroutines end within its 500 ms linger
 	_ = s.alerts.close()
 	s.closeOnceStore.Do(func() { _ = s.routes.st.Close() })
-	s.closeOnceObs.Do(s.admin.Close)
 	return nil
 }
 

@@ -48,6 +48,11 @@ func stoppableTCPBackend(t testing.TB, handle func(net.Conn)) (addr string, stop
 	return l.Addr().String(), stop
 }
 
+// echoBackend is a TCP echo server that the test can stop early; stop is idempotent.
+func echoBackend(t *testing.T) (addr string, stop func()) {
+	return stoppableTCPBackend(t, func(c net.Conn) { _, _ = io.Copy(c, c) })
+}
+
 // digestBackend reads until EOF, then answers with the byte count and SHA-256 of what it read.
 func digestBackend(c net.Conn) {
 	h := sha256.New()

@@ -93,17 +93,13 @@ func TestShortTokensAreRefused(t *testing.T) {
 	require.Error(t, err, "an empty token is a short one")
 	_, err = NewStaticTokens([]string{"0123456789abcdef"}, map[string]string{"acme": "ééééééééééééééée"})
 	require.NoError(t, err, "16 characters are enough, whatever their bytes")
-
-	_, err = NewServer(ServerConfig{AdminToken: "s3cret"})
-	require.EqualError(t, err, "tunnel: AdminToken is 6 characters long; tokens need at least 16")
-	srv, err := NewServer(ServerConfig{AdminToken: "0123456789abcdef"})
-	require.NoError(t, err)
-	require.NoError(t, srv.Close())
+	// The admin token's length is checked by admin.New (tunnel/admin's TestShortAdminTokenIsRefused).
 }
 
 // Guessing tokens on the control port: failures from one address are delayed, then refused
-// without their token being checked, on the admin API too; other addresses are not affected;
-// the log gets a line per address, not per try.
+// without their token being checked (on the admin API too: tunnel/admin's
+// TestControlTokenGuessingBlocksTheAdminAPI); other addresses are not affected; the log gets
+// a line per address, not per try.
 func TestControlTokenGuessingIsThrottled(t *testing.T) {
 	const good = "good-connector-token"
 	static := mustStaticTokens(t, []string{good}, nil)
@@ -113,7 +109,7 @@ func TestControlTokenGuessingIsThrottled(t *testing.T) {
 		return static.Authenticate(ctx, token)
 	})
 	core, logs := observer.New(zapcore.InfoLevel)
-	e := startEdge(t, ServerConfig{Auth: auth, AdminToken: "admin-token-0123456789", Logger: zap.New(core),
+	e := startEdge(t, ServerConfig{Auth: auth, Logger: zap.New(core),
 		MaxAuthFailuresPerIP: 3, AuthFailureDelay: 100 * time.Millisecond})
 
 	for i, wantDelay := range []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond} {
@@ -131,12 +127,6 @@ func TestControlTokenGuessingIsThrottled(t *testing.T) {
 	require.NotErrorIs(t, err, ErrUnauthorized, "a connector behind the same address retries later")
 	require.Equal(t, int32(3), checked.Load())
 
-	// The admin listener shares the count.
-	api := newAPIClient(t, e.adminAddr)
-	code, h, body := api.get("admin-token-0123456789", "/api/tunnels")
-	require.Equal(t, http.StatusTooManyRequests, code, string(body))
-	require.Equal(t, "900", h.Get("Retry-After"))
-
 	// Another address is served.
 	require.IsType(t, &wire.Welcome{}, helloFrom(t, "127.0.0.2", e.controlAddr, good))
 
@@ -152,20 +142,6 @@ func TestControlTokenGuessingIsThrottled(t *testing.T) {
 	}
 	require.Empty(t, perTry, "no line per failed or refused attempt")
 	require.Equal(t, []string{"failed authentications", "address blocked after too many failed authentications"}, aggregate)
-}
-
-// Guessing the admin token on the admin API blocks the address on the control port too.
-func TestAdminTokenGuessingBlocksTheControlPort(t *testing.T) {
-	const good = "good-connector-token"
-	e := startEdge(t, ServerConfig{Auth: mustStaticTokens(t, []string{good}, nil), AdminToken: "admin-token-0123456789",
-		MaxAuthFailuresPerIP: 2, AuthFailureDelay: -1})
-	api := newAPIClient(t, e.adminAddr)
-	for range 2 {
-		requireError(t, api, "admin-token-guess-00", "/api/groups", http.StatusUnauthorized)
-	}
-	requireError(t, api, "admin-token-0123456789", "/api/groups", http.StatusTooManyRequests)
-	requireErrorCode(t, helloFrom(t, "127.0.0.1", e.controlAddr, good), wire.CodeUnavailable)
-	require.IsType(t, &wire.Welcome{}, helloFrom(t, "127.0.0.3", e.controlAddr, good))
 }
 
 // Silent connections from one address cannot take the edge's file descriptors: past the

@@ -13,20 +13,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
-// requireRetries checks warren_dispatch_retries_total.
+// requireRetries checks the edge's retry counters (warren_dispatch_retries_total, rendered by
+// tunnel/admin: TestMetricsRenderTheEdgeCounters).
 func requireRetries(t *testing.T, e *testEdge, openFailed, resetUnread int64) {
 	t.Helper()
-	want := fmt.Sprintf(`# HELP warren_dispatch_retries_total Requests and connections sent to one other member, by reason: opening the stream to the first failed (open_failed), its backend reset the connection with the bodyless request unread (reset_unread), or an idempotent request's member failed before answering (idempotent; opt-in).
-# TYPE warren_dispatch_retries_total counter
-warren_dispatch_retries_total{reason="idempotent"} 0
-warren_dispatch_retries_total{reason="open_failed"} %d
-warren_dispatch_retries_total{reason="reset_unread"} %d
-`, openFailed, resetUnread)
-	require.NoError(t, testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(want), "warren_dispatch_retries_total"))
+	c := e.Operator().Counters()
+	require.Equal(t, [3]uint64{0, uint64(openFailed), uint64(resetUnread)},
+		[3]uint64{c.RetriesIdempotent, c.RetriesOpenFailed, c.RetriesResetUnread}, "idempotent, open_failed, reset_unread")
 }
 
 // resetAfterOneByte reads one byte of a request and closes: the rest is left unread, so the

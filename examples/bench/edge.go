@@ -24,7 +24,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
@@ -93,7 +92,6 @@ type groupInfo struct {
 // child process, or in this process with -edge inproc.
 type edgeServer struct {
 	srv   *tunnel.Server
-	reg   *prometheus.Registry // the edge's metrics (the bench reads its retry counter)
 	stats *http.Server
 	addrs edgeAddrs
 	prof  *os.File
@@ -106,7 +104,7 @@ type edgeServer struct {
 
 // startEdgeServer starts an edge with load balancing on and its listeners on loopback.
 func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) {
-	e := &edgeServer{reg: prometheus.NewRegistry()}
+	e := &edgeServer{}
 	if o.cpuprofile != "" {
 		if e.prof, err = os.Create(o.cpuprofile); err != nil {
 			return nil, err
@@ -122,7 +120,6 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		TCPPorts:      o.tcpPorts,
 		TCPBindHost:   "127.0.0.1",
 		Logger:        log,
-		Metrics:       e.reg,
 		// Off by default (a request is replayed only when no byte of it was written);
 		// on here so that the churn report shows
 		// what it saves.
@@ -211,7 +208,7 @@ func (e *edgeServer) statsHandler() http.Handler {
 	return mux
 }
 
-// retryCounts is the edge's warren_dispatch_retries_total, by reason.
+// retryCounts are the edge's dispatch retries by reason (warren_dispatch_retries_total).
 type retryCounts struct {
 	OpenFailed  uint64 `json:"open_failed"`
 	ResetUnread uint64 `json:"reset_unread"`
@@ -219,32 +216,8 @@ type retryCounts struct {
 }
 
 func (e *edgeServer) retries() (retryCounts, error) {
-	var r retryCounts
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		return r, err
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "warren_dispatch_retries_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() != "reason" {
-					continue
-				}
-				switch v := uint64(m.GetCounter().GetValue()); l.GetValue() {
-				case "open_failed":
-					r.OpenFailed = v
-				case "reset_unread":
-					r.ResetUnread = v
-				case "idempotent":
-					r.Idempotent = v
-				}
-			}
-		}
-	}
-	return r, nil
+	c := e.srv.Operator().Counters()
+	return retryCounts{OpenFailed: c.RetriesOpenFailed, ResetUnread: c.RetriesResetUnread, Idempotent: c.RetriesIdempotent}, nil
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

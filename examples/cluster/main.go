@@ -37,8 +37,8 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
-	"github.com/warren-tunnel/warren/admin"
 	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/admin"
 )
 
 const (
@@ -266,6 +266,7 @@ func startNATS() (*natsserver.Server, string, error) {
 type edge struct {
 	id                           string
 	srv                          *tunnel.Server
+	plane                        *admin.Plane
 	control, public, admin, peer string
 	serving                      sync.WaitGroup
 	client                       *http.Client // to the public listener, whatever the host
@@ -295,7 +296,6 @@ func startEdge(id, natsURL string) (*edge, error) {
 		Domain:         "localhost",
 		LoadBalancing:  true,
 		Auth:           auth,
-		AdminToken:     adminToken,
 		PublicHTTPPort: ls[1].Addr().(*net.TCPAddr).Port,
 		Cluster: &tunnel.ClusterConfig{
 			NATSURLs:  []string{natsURL},
@@ -308,9 +308,15 @@ func startEdge(id, natsURL string) (*edge, error) {
 	if err != nil {
 		return fail(err)
 	}
-	e := &edge{id: id, srv: srv, control: ls[0].Addr().String(), public: ls[1].Addr().String(),
+	plane, err := admin.New(srv, admin.Options{Token: adminToken})
+	if err != nil {
+		_ = srv.Close()
+		return fail(err)
+	}
+	e := &edge{id: id, srv: srv, plane: plane, control: ls[0].Addr().String(), public: ls[1].Addr().String(),
 		admin: ls[2].Addr().String(), peer: ls[3].Addr().String()}
-	for i, serve := range []func(net.Listener) error{srv.Serve, srv.ServePublic, srv.ServeAdmin, srv.ServePeers} {
+	serveAdmin := func(l net.Listener) error { return srv.ServeAdmin(l, plane.Handler()) }
+	for i, serve := range []func(net.Listener) error{srv.Serve, srv.ServePublic, serveAdmin, srv.ServePeers} {
 		e.serving.Go(func() { _ = serve(ls[i]) }) // each returns at Shutdown or Close
 	}
 	e.client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
@@ -327,6 +333,7 @@ func (e *edge) close() {
 		e.client.CloseIdleConnections()
 		_ = e.srv.Close()
 		e.serving.Wait()
+		e.plane.Close()
 	})
 }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/health"
 	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/admin"
 )
 
 func main() {
@@ -91,7 +92,12 @@ func run(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	serving.Go(func() { _ = edge.ServeAdmin(adminLn) })
+	plane, err := admin.New(edge, admin.Options{})
+	if err != nil {
+		return err
+	}
+	defer plane.Close()
+	serving.Go(func() { _ = edge.ServeAdmin(adminLn, plane.Handler()) })
 	statusURL := "http://" + adminLn.Addr().String() + "/"
 
 	// Two backends saying which one they are.

@@ -37,6 +37,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -48,6 +49,7 @@ import (
 	"github.com/warren-tunnel/warren/examples/internal/config"
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/admin"
 )
 
 func main() {
@@ -106,9 +108,10 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 		fmt.Fprintf(stderr, "%s: %v\n", cfg.File, err)
 		return 2
 	}
+	adminAddr := cfg.Server.Addr(cfg.Server.AdminPort)
 	log.Info("edge starting",
 		zap.String("control", sc.ControlAddr), zap.String("http", orOff(sc.HTTPAddr)),
-		zap.String("https", orOff(sc.HTTPSAddr)), zap.String("admin", orOff(sc.AdminAddr)),
+		zap.String("https", orOff(sc.HTTPSAddr)), zap.String("admin", orOff(adminAddr)),
 		zap.String("tcp_ports", fmt.Sprintf("%d-%d", sc.TCPPorts.Lo, sc.TCPPorts.Hi)),
 		zap.Bool("tls", sc.TLSConfig != nil), zap.Bool("load_balancing", sc.LoadBalancing),
 		zap.String("domain", sc.Domain), zap.String("region", sc.RegionID))
@@ -127,7 +130,17 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 	defer signal.Stop(hup)
 	rl := &reloader{path: cfg.File, log: log, srv: srv, start: cfg, sc: sc, live: live, last: cfg}
 
-	served := make(chan error, 1)
+	served, serving := make(chan error, 2), 1
+	if adminAddr != "" {
+		plane, err := serveAdmin(srv, adminAddr, cfg.Auth.AdminToken, log, served)
+		if err != nil {
+			_ = srv.Close()
+			log.Error("edge stopped", zap.Error(err))
+			return 1
+		}
+		defer plane.Close()
+		serving++
+	}
 	go func() { served <- srv.ListenAndServe() }()
 
 wait:
@@ -150,11 +163,30 @@ wait:
 	if err := shutdownCounting(sctx, srv, log); err != nil {
 		log.Warn("drain did not finish in time; connections were closed", zap.Error(err))
 	}
-	if err := <-served; !errors.Is(err, tunnel.ErrServerClosed) {
-		log.Warn("listener error during shutdown", zap.Error(err))
+	for range serving {
+		if err := <-served; !errors.Is(err, tunnel.ErrServerClosed) {
+			log.Warn("listener error during shutdown", zap.Error(err))
+		}
 	}
 	log.Info("edge stopped")
 	return 0
+}
+
+// serveAdmin serves the edge's operator plane (package tunnel/admin: /healthz, /metrics,
+// /api, the status page) on addr with token, sending the end of its serving to served.
+func serveAdmin(srv *tunnel.Server, addr, token string, log *zap.Logger, served chan<- error) (*admin.Plane, error) {
+	plane, err := admin.New(srv, admin.Options{Token: token, Logger: log.Named("admin")})
+	if err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		plane.Close()
+		return nil, fmt.Errorf("listen %s (admin): %w", addr, err)
+	}
+	log.Info("listening", zap.String("listener", "admin"), zap.Stringer("addr", l.Addr()), zap.Bool("tls", false))
+	go func() { served <- srv.ServeAdmin(l, plane.Handler()) }()
+	return plane, nil
 }
 
 // serverConfig turns the parsed file into the edge's configuration. Its error names the
@@ -180,7 +212,6 @@ func buildServerConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, 
 		ControlAddr:          s.Addr(s.ControlPort),
 		HTTPAddr:             s.Addr(s.HTTPPort),
 		HTTPSAddr:            s.Addr(s.HTTPSPort),
-		AdminAddr:            s.Addr(s.AdminPort),
 		PublicHTTPPort:       s.HTTPPort,
 		PublicHTTPSPort:      s.HTTPSPort,
 		PublicH2C:            s.H2C,
@@ -191,7 +222,6 @@ func buildServerConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, 
 		DrainTimeout:         c.Limits.DrainTimeout,
 
 		MaxConcurrentPerMember: c.Limits.MaxConcurrentPerMember,
-		AdminToken:             c.Auth.AdminToken,
 
 		RequestBodyTimeout:      orNoLimit(c.Limits.RequestBodyTimeout),
 		RequestBodyMinRate:      orNoLimit(c.Limits.RequestBodyMinRate),

@@ -2,11 +2,22 @@
 // (Server-Sent Events), the Prometheus collector and the live status page (GET /, plain
 // HTML, CSS and JavaScript embedded from static/).
 //
-// It reads the edge through narrow inputs only: a read-only group.View of the routing table,
-// the group events, a function for each group's public URL, an authenticator for tenant
-// tokens, and a few counters. It knows nothing of how dispatch, tunnels or the wire work.
-// tunnel.Server builds one Plane and serves it from ServeAdmin and AdminHandler; the JSON
-// types here are what those endpoints return.
+// New builds one from an edge's read-only Operator view, the way net/http/pprof or promhttp
+// are mounted: the edge itself links none of it (nor Prometheus). Serve its Handler with the
+// edge's ServeAdmin, which adds the limits of an operator listener, or mount it in a mux of
+// your own:
+//
+//	plane, err := admin.New(srv, admin.Options{Token: adminToken})
+//	if err != nil {
+//		return err
+//	}
+//	defer plane.Close()
+//	go srv.ServeAdmin(adminListener, plane.Handler())
+//
+// It reads the edge through narrow inputs only: the routing table's read-only view, the group
+// events, each group's public URL, the authenticator for tenant tokens and a few counters. It
+// knows nothing of how dispatch, tunnels or the wire work. The JSON types here are what its
+// endpoints return.
 package admin
 
 import (
@@ -18,7 +29,9 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -26,7 +39,7 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/throttle"
-	"github.com/warren-tunnel/warren/webhook"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // ErrInvalidToken is what Config.Authenticate returns (wrapped or not) for a token it does
@@ -34,22 +47,78 @@ import (
 var ErrInvalidToken = errors.New("invalid token")
 
 // Stats are the edge's counters that the registry does not hold, read at each scrape.
-type Stats struct {
-	// HTTPRequests and TCPConnections count the public requests and connections received.
-	HTTPRequests, TCPConnections uint64
-	// RetriesOpenFailed and RetriesResetUnread count the dispatches sent to one other
-	// member: after opening the stream to the first failed, and after its backend reset the
-	// connection with a bodyless request unread.
-	RetriesOpenFailed, RetriesResetUnread uint64
-	// RetriesIdempotent counts idempotent requests sent to one other member after their
-	// member failed before answering (the opt-in idempotent retry).
-	RetriesIdempotent uint64
-	// Deliveries counts alert deliveries by result.
-	Deliveries map[webhook.Result]uint64
+type Stats = tunnel.Counters
+
+// Options configure a Plane beyond what it reads of its edge.
+type Options struct {
+	// Token is the bearer token that sees every tunnel and group and may read /metrics; at
+	// least tunnel.MinTokenLength characters. Tenant tokens (checked by the edge's
+	// ServerConfig.Auth, the tokens the tenant's connectors present) see only their own
+	// members. When Token is empty and the edge has no Auth, the API and /metrics are open
+	// and every caller gets the operator's view: bind such a listener to loopback.
+	Token string
+	// Metrics is where the Plane registers its Prometheus collector; /metrics serves it when
+	// it is also a prometheus.Gatherer (a *prometheus.Registry is), and otherwise a private
+	// registry holding only the edge's metrics. Nil means a fresh private registry. One
+	// Registerer holds the metrics of one Plane.
+	Metrics prometheus.Registerer
+	// EventKeepAlive is the interval of the keep-alive comment on a live group event stream.
+	// Default 30 s.
+	EventKeepAlive time.Duration
+	// EventBuffer is how many events one live event subscriber may have pending; past it, the
+	// subscriber misses events and is sent a "lagged" event. Default 64.
+	EventBuffer int
+	// Logger receives the plane's logs; default none.
+	Logger *zap.Logger
 }
 
-// Config is what a Plane reads of its edge. View and URL are required.
-type Config struct {
+// New builds the operator plane of srv: it registers the metrics collector (Options.Metrics)
+// and follows the edge's group events until Close. Live event streams end when the edge
+// shuts down.
+func New(srv *tunnel.Server, o Options) (*Plane, error) {
+	if n := utf8.RuneCountInString(o.Token); o.Token != "" && n < tunnel.MinTokenLength {
+		return nil, fmt.Errorf("admin: the admin token is %d characters long; tokens need at least %d", n, tunnel.MinTokenLength)
+	}
+	op := srv.Operator()
+	cfg := config{
+		View:            op.Registry(),
+		URL:             op.URL,
+		AdminToken:      o.Token,
+		Throttle:        op.AuthThrottle(), // shared with the control listener
+		Endpoints:       op.IdleEndpoints,
+		MaxEventStreams: op.MaxEventStreams, // read as each stream opens: Reload changes it
+		Stats:           op.Counters,
+		ShuttingDown:    op.ShuttingDown,
+		Done:            op.Done(),
+		RegionID:        op.RegionID(),
+		Metrics:         o.Metrics,
+		EventKeepAlive:  o.EventKeepAlive,
+		EventBuffer:     o.EventBuffer,
+		Logger:          o.Logger,
+	}
+	if _, ok := op.Cluster(); ok {
+		cfg.EdgeID = op.EdgeID()
+		cfg.Cluster = func() ClusterInfo { info, _ := op.Cluster(); return info }
+	}
+	if auth := op.Authenticator(); auth != nil {
+		cfg.Authenticate = func(ctx context.Context, token string) (string, error) {
+			tenant, err := auth.Authenticate(ctx, token)
+			if errors.Is(err, tunnel.ErrUnauthorized) {
+				return "", ErrInvalidToken
+			}
+			return tenant, err
+		}
+	}
+	p, err := newPlane(cfg)
+	if err != nil {
+		return nil, err
+	}
+	p.unsubscribe = op.Subscribe(p.observe)
+	return p, nil
+}
+
+// config is what a Plane reads of its edge. View and URL are required.
+type config struct {
 	// View is the edge's routing table.
 	View group.View
 	// URL returns a group's public URL.
@@ -96,7 +165,7 @@ type Config struct {
 
 // Plane serves an edge's admin API, event streams and metrics. It is safe for concurrent use.
 type Plane struct {
-	cfg       Config
+	cfg       config
 	log       *zap.Logger
 	adminHash [sha256.Size]byte
 	hasAdmin  bool
@@ -106,10 +175,13 @@ type Plane struct {
 	// registeredOn is where the collector was registered; Close unregisters it so that an
 	// embedder can start a new edge on the same registry.
 	registeredOn prometheus.Registerer
+	// unsubscribe stops the edge's group events (New); nil for a plane on a bare config.
+	unsubscribe func()
+	closeOnce   sync.Once
 }
 
-// New registers the metrics collector and returns a Plane. Call Close to unregister it.
-func New(cfg Config) (*Plane, error) {
+// newPlane registers the metrics collector and returns a Plane. Call Close to unregister it.
+func newPlane(cfg config) (*Plane, error) {
 	if cfg.URL == nil {
 		return nil, errors.New("admin: Config.URL is required")
 	}
@@ -143,7 +215,7 @@ func New(cfg Config) (*Plane, error) {
 		reg = prometheus.NewRegistry()
 	}
 	if err := reg.Register(p.metrics); err != nil {
-		return nil, fmt.Errorf("registering the edge's metrics on ServerConfig.Metrics: %w", err)
+		return nil, fmt.Errorf("admin: registering the edge's metrics on Options.Metrics: %w", err)
 	}
 	p.registeredOn = reg
 	if g, ok := reg.(prometheus.Gatherer); ok {
@@ -152,23 +224,32 @@ func New(cfg Config) (*Plane, error) {
 		private := prometheus.NewRegistry()
 		if err := private.Register(p.metrics); err != nil {
 			reg.Unregister(p.metrics)
-			return nil, fmt.Errorf("registering the edge's metrics: %w", err)
+			return nil, fmt.Errorf("admin: registering the edge's metrics: %w", err)
 		}
 		p.gatherer = private
 	}
 	return p, nil
 }
 
-// Close unregisters the collector. It does not end open event streams: Config.Done does.
-func (p *Plane) Close() { p.registeredOn.Unregister(p.metrics) }
+// Close stops following the edge's events and unregisters the collector, so that another
+// Plane may register on the same Options.Metrics. It does not end open event streams: the
+// edge's shutdown does. It is idempotent.
+func (p *Plane) Close() {
+	p.closeOnce.Do(func() {
+		if p.unsubscribe != nil {
+			p.unsubscribe()
+		}
+		p.registeredOn.Unregister(p.metrics)
+	})
+}
 
 // Gatherer is where the metrics are gathered from: Config.Metrics when it is a Gatherer,
 // otherwise a private registry holding only the edge's metrics.
 func (p *Plane) Gatherer() prometheus.Gatherer { return p.gatherer }
 
-// Observe takes one group event: it feeds the health-failure counters and the live event
+// observe takes one group event: it feeds the health-failure counters and the live event
 // streams. It never blocks.
-func (p *Plane) Observe(ev group.Event) {
+func (p *Plane) observe(ev group.Event) {
 	p.metrics.observe(ev)
 	p.events.publish(ev)
 }

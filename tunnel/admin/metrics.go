@@ -19,7 +19,7 @@ import (
 // subdomains, TCP pools with different keys) are summed into one series. Solo tunnels are
 // not pools and appear only in warren_active_tunnels and warren_requests_total.
 type collector struct {
-	cfg                                       Config
+	cfg                                       config
 	members, dispatches, failures             *prometheus.Desc
 	activeTunnels, requests, webhookDelivery  *prometheus.Desc
 	retries, ejections                        *prometheus.Desc
@@ -32,7 +32,7 @@ type collector struct {
 
 type failureKey struct{ group, kind string }
 
-func newCollector(cfg Config) *collector {
+func newCollector(cfg config) *collector {
 	region := prometheus.Labels{"region": cfg.RegionID}
 	return &collector{
 		cfg: cfg,

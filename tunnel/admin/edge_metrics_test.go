@@ -1,4 +1,7 @@
-package tunnel
+package admin
+
+// The Prometheus metrics of a Plane over a live edge, and its registration on an embedder's
+// registry (moved from package tunnel's metrics_test.go).
 
 import (
 	"fmt"
@@ -17,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/warren-tunnel/warren/health"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 const (
@@ -68,12 +72,12 @@ func fastProbe(typ health.Type) *health.Spec {
 
 func TestMetricsAfterJoinsDispatchesFailuresAndLeaves(t *testing.T) {
 	op := newReceiver(t)
-	e := startEdge(t, ServerConfig{LoadBalancing: true, RegionID: "eu", AlertWebhookURL: op.URL,
-		TCPPorts: tcpRange(44100), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, RegionID: "eu", AlertWebhookURL: op.URL,
+		TCPPorts: tcpRange(44100), TCPBindHost: "127.0.0.1"}, Options{})
 	healthy := func(id string, want bool) func() bool {
 		return func() bool {
-			m := e.registry.Member(id)
-			return m != nil && m.Healthy() == want
+			m, _, ok := e.Registry().Member(id)
+			return ok && m.Healthy == want
 		}
 	}
 	wait := func(cond func() bool) {
@@ -92,13 +96,13 @@ func TestMetricsAfterJoinsDispatchesFailuresAndLeaves(t *testing.T) {
 	_, err = sessB.Forward(ctxT(t), pool("pool"), hostPort(backend(t, "B").URL))
 	require.NoError(t, err)
 	var hc switchable
-	tc, err := sessC.Forward(ctxT(t), TunnelSpec{Subdomain: "alt", Group: "web", GroupKey: "another key", Health: hc.spec()},
+	tc, err := sessC.Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "alt", Group: "web", GroupKey: "another key", Health: hc.spec()},
 		hostPort(backend(t, "C").URL))
 	require.NoError(t, err)
-	_, err = e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "S").URL))
+	_, err = e.connect().Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "S").URL))
 	require.NoError(t, err)
 	echo, stopEcho := echoBackend(t)
-	td, err := e.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k", Health: fastProbe(health.TypeTCP)}, echo)
+	td, err := e.connect().Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: "db", GroupKey: "k", Health: fastProbe(health.TypeTCP)}, echo)
 	require.NoError(t, err)
 	wait(healthy(ta.ID(), true))
 	wait(healthy(tc.ID(), true))
@@ -160,11 +164,11 @@ warren_requests_total{proto="tcp"} 3
 	afterFailureNames := []string{"warren_group_members", "warren_group_dispatches_total", "warren_group_health_failures_total",
 		"warren_active_tunnels", "warren_requests_total"}
 	wait(func() bool {
-		return testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(wantAfterFailures), afterFailureNames...) == nil
+		return testutil.GatherAndCompare(e.plane.Gatherer(), strings.NewReader(wantAfterFailures), afterFailureNames...) == nil
 	})
-	require.NoError(t, testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(wantAfterFailures), afterFailureNames...))
+	require.NoError(t, testutil.GatherAndCompare(e.plane.Gatherer(), strings.NewReader(wantAfterFailures), afterFailureNames...))
 	// A single edge has no cluster series.
-	families, err := e.admin.Gatherer().Gather()
+	families, err := e.plane.Gatherer().Gather()
 	require.NoError(t, err)
 	for _, f := range families {
 		require.False(t, strings.HasPrefix(f.GetName(), "warren_cluster_"), f.GetName())
@@ -175,8 +179,12 @@ warren_requests_total{proto="tcp"} 3
 	require.NoError(t, sessC.Close())
 	require.NoError(t, sessA.Close())
 	require.NoError(t, sessB.Close())
-	wait(func() bool { return e.registry.LookupHTTP("pool") == nil && e.registry.LookupHTTP("alt") == nil })
-	require.NoError(t, testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(helpDispatches+`
+	wait(func() bool {
+		_, pool := e.Registry().LookupHTTP("pool")
+		_, alt := e.Registry().LookupHTTP("alt")
+		return !pool && !alt
+	})
+	require.NoError(t, testutil.GatherAndCompare(e.plane.Gatherer(), strings.NewReader(helpDispatches+`
 warren_group_dispatches_total{group="db",region="eu"} 3
 warren_group_dispatches_total{group="web",region="eu"} 10
 `), "warren_group_dispatches_total"))
@@ -216,7 +224,7 @@ warren_webhook_deliveries_total{result="success"} 3
 		"warren_active_tunnels", "warren_requests_total", "warren_webhook_deliveries_total"}
 	// The webhook sender counts a delivery just after the receiver has answered.
 	wait(func() bool {
-		return testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(want), names...) == nil
+		return testutil.GatherAndCompare(e.plane.Gatherer(), strings.NewReader(want), names...) == nil
 	})
 
 	// The same through a real scrape of /metrics on the admin listener.
@@ -232,11 +240,11 @@ warren_webhook_deliveries_total{result="success"} 3
 }
 
 func TestMetricsCountersSurviveRemovalsAndNeverDuplicate(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
 	b := backend(t, "b")
 	dispatches := func() float64 {
 		t.Helper()
-		mfs, err := e.admin.Gatherer().Gather() // fails on duplicate series
+		mfs, err := e.plane.Gatherer().Gather() // fails on duplicate series
 		require.NoError(t, err)
 		for _, mf := range mfs {
 			if mf.GetName() == "warren_group_dispatches_total" {
@@ -251,7 +259,7 @@ func TestMetricsCountersSurviveRemovalsAndNeverDuplicate(t *testing.T) {
 	for round := range 5 {
 		sess := e.connect()
 		for i := range 3 {
-			spec := TunnelSpec{Subdomain: fmt.Sprintf("p%d", i), Group: "web", GroupKey: fmt.Sprintf("key %d %d", round, i)}
+			spec := tunnel.TunnelSpec{Subdomain: fmt.Sprintf("p%d", i), Group: "web", GroupKey: fmt.Sprintf("key %d %d", round, i)}
 			_, err := sess.Forward(ctxT(t), spec, hostPort(b.URL))
 			require.NoError(t, err)
 			code, _ := e.get(fmt.Sprintf("p%d", i), "/")
@@ -266,32 +274,45 @@ func TestMetricsCountersSurviveRemovalsAndNeverDuplicate(t *testing.T) {
 			require.GreaterOrEqual(t, now, last)
 			last = now
 		}
-		require.Eventually(t, func() bool { return len(e.registry.Groups()) == 0 }, 5*time.Second, 5*time.Millisecond)
+		require.Eventually(t, func() bool { return len(e.Registry().Groups()) == 0 }, 5*time.Second, 5*time.Millisecond)
 	}
 	require.Equal(t, float64(15), dispatches())
 }
 
+// newServer is an edge that serves nothing, closed at cleanup (Close is idempotent).
+func newServer(t *testing.T, cfg tunnel.ServerConfig) *tunnel.Server {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = zaptest.NewLogger(t)
+	}
+	srv, err := tunnel.NewServer(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, srv.Close()) })
+	return srv
+}
+
 func TestMetricsRegisterOnTheEmbeddersRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	srv, err := NewServer(ServerConfig{Metrics: reg, RegionID: "eu", Logger: zaptest.NewLogger(t)})
+	srv := newServer(t, tunnel.ServerConfig{RegionID: "eu"})
+	p, err := New(srv, Options{Metrics: reg})
 	require.NoError(t, err)
-	defer srv.Close()
+	defer p.Close()
 	n, err := testutil.GatherAndCount(reg, "warren_active_tunnels", "warren_webhook_deliveries_total")
 	require.NoError(t, err)
 	require.Equal(t, 3+4, n)
 
-	_, err = NewServer(ServerConfig{Metrics: reg})
-	require.ErrorContains(t, err, "registering the edge's metrics", "a second edge on one registry is refused")
+	_, err = New(newServer(t, tunnel.ServerConfig{}), Options{Metrics: reg})
+	require.ErrorContains(t, err, "registering the edge's metrics", "a second edge's plane on one registry is refused")
+	p.Close()
 	require.NoError(t, srv.Close())
-	again, err := NewServer(ServerConfig{Metrics: reg})
-	require.NoError(t, err, "Close unregisters, so a restarted edge can use the registry again")
-	require.NoError(t, again.Close())
+	again, err := New(newServer(t, tunnel.ServerConfig{}), Options{Metrics: reg})
+	require.NoError(t, err, "Close unregisters, so a restarted edge's plane can use the registry again")
+	again.Close()
 
 	// A Registerer that is not a Gatherer still gets the metrics; /metrics serves them from a
 	// private registry.
 	reg2 := prometheus.NewRegistry()
-	other, err := NewServer(ServerConfig{Metrics: prometheus.WrapRegistererWith(prometheus.Labels{"edge": "b"}, reg2),
-		Logger: zaptest.NewLogger(t)})
+	other, err := New(newServer(t, tunnel.ServerConfig{}), Options{Metrics: prometheus.WrapRegistererWith(prometheus.Labels{"edge": "b"}, reg2)})
 	require.NoError(t, err)
 	defer other.Close()
 	require.NoError(t, testutil.GatherAndCompare(reg2, strings.NewReader(helpTunnels+`
@@ -305,22 +326,81 @@ warren_active_tunnels{edge="b",proto="tcp"} 0
 	require.Contains(t, rec.Body.String(), `warren_active_tunnels{proto="tcp"} 0`)
 }
 
-// Several edges share one registry when each is wrapped with the same label names (the
-// README's advice); an unwrapped second edge is refused.
+// Several edges share one registry when each plane is wrapped with the same label names (the
+// README's advice); an unwrapped second edge's plane is refused. Closing the planes
+// unregisters them all.
 func TestSeveralEdgesOnOneRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	var edges []*Server
+	var planes []*Plane
 	for _, name := range []string{"a", "b"} {
-		srv, err := NewServer(ServerConfig{Metrics: prometheus.WrapRegistererWith(prometheus.Labels{"edge": name}, reg)})
+		p, err := New(newServer(t, tunnel.ServerConfig{}), Options{Metrics: prometheus.WrapRegistererWith(prometheus.Labels{"edge": name}, reg)})
 		require.NoError(t, err)
-		edges = append(edges, srv)
+		planes = append(planes, p)
 	}
-	_, err := NewServer(ServerConfig{Metrics: reg})
+	_, err := New(newServer(t, tunnel.ServerConfig{}), Options{Metrics: reg})
 	require.Error(t, err, "an unwrapped edge clashes with the wrapped ones")
 	n, err := testutil.GatherAndCount(reg, "warren_active_tunnels")
 	require.NoError(t, err)
 	require.Equal(t, 2*3, n, "both edges' series, told apart by the edge label")
-	for _, srv := range edges {
-		require.NoError(t, srv.Close())
+	for _, p := range planes {
+		p.Close()
 	}
+	n, err = testutil.GatherAndCount(reg, "warren_active_tunnels")
+	require.NoError(t, err)
+	require.Zero(t, n, "Close unregisters each plane")
+}
+
+// Plane.Close stops the plane following its edge: the group events after it reach neither
+// its event streams (which stay open until the edge shuts down) nor its counters. And it
+// unregisters the collector, so that another plane of the edge registers on the same
+// registry, and follows the edge from then on.
+func TestPlaneCloseUnsubscribesAndUnregisters(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{Metrics: reg})
+	id, ctrl := rawMember(t, e, "", probedRegister("pool", "web", "k"))
+	failures := func(p *Plane) uint64 { // the tcp probe's unhealthy transitions p counted
+		p.metrics.mu.Lock()
+		defer p.metrics.mu.Unlock()
+		return p.metrics.failed[failureKey{"web", "tcp"}]
+	}
+	first := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
+	require.Equal(t, "group events of http/pool", first.next().comment)
+	setHealth(t, ctrl, id, true, "up")
+	setHealth(t, ctrl, id, false, "down")
+	require.Equal(t, "up", first.nextGroupEvent().Reason)
+	require.Equal(t, "down", first.nextGroupEvent().Reason)
+	require.Equal(t, uint64(1), failures(e.plane))
+
+	_, err := New(e.Server, Options{Metrics: reg})
+	require.ErrorContains(t, err, "registering the edge's metrics", "one plane per registry while it is open")
+	e.plane.Close()
+	e.plane.Close() // idempotent
+	second, err := New(e.Server, Options{Metrics: reg})
+	require.NoError(t, err, "Close unregistered the first plane's collector")
+	defer second.Close()
+	st := openStream(t, e.ServeAdmin(second.Handler()), "", "/api/groups/http/pool/events", nil).read()
+	require.Equal(t, "group events of http/pool", st.next().comment)
+
+	setHealth(t, ctrl, id, true, "up again")
+	setHealth(t, ctrl, id, false, "down again")
+	require.Equal(t, "up again", st.nextGroupEvent().Reason)
+	require.Equal(t, "down again", st.nextGroupEvent().Reason)
+	require.Equal(t, uint64(1), failures(second), "the new plane counts from its start")
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(helpFailures+`
+warren_group_health_failures_total{group="web",kind="tcp",region="local"} 1
+`), "warren_group_health_failures_total"), "the registry serves the new plane's counters")
+
+	// The events published to the new plane were not published to the closed one: its
+	// stream, still open, has nothing more (its writer would have had them by now).
+	deadline := time.After(300 * time.Millisecond)
+	for done := false; !done; {
+		select {
+		case it, ok := <-first.items:
+			require.True(t, ok, "the closed plane's stream stays open until the edge shuts down")
+			require.Empty(t, it.name, "an event after Close: %s %s", it.name, it.data)
+		case <-deadline:
+			done = true
+		}
+	}
+	require.Equal(t, uint64(1), failures(e.plane), "the closed plane counts nothing more")
 }

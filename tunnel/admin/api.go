@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // TunnelInfo is one tunnel in the JSON of GET /api/tunnels and GET /api/tunnels/{id}.
@@ -172,36 +173,10 @@ func (p *Plane) edgeOf(m group.MemberInfo) string {
 }
 
 // ClusterEdge is one edge of a cluster in the JSON of GET /api/cluster.
-type ClusterEdge struct {
-	// ID is the edge's edge_id; Advertise the address other edges reach it on.
-	ID        string `json:"edge_id"`
-	Advertise string `json:"advertise"`
-	// Self marks the edge that answered.
-	Self bool `json:"self,omitempty"`
-	// Lease is "held" while the edge renews its lease, "expired" once it stopped (its
-	// members have left this edge's view), "unreachable" while its lease holds and it has
-	// members but this edge cannot open its edge-to-edge link (an edge with no member is not
-	// linked to: its lease alone says "held").
-	Lease string `json:"lease"`
-	// LastRenewal is when this edge last saw the lease renewed (zero for Self).
-	LastRenewal time.Time `json:"last_renewal,omitzero"`
-	// Members counts the members whose connectors are attached to it, as this edge sees them.
-	Members int `json:"members"`
-}
+type ClusterEdge = tunnel.ClusterEdgeStatus
 
 // ClusterInfo is the JSON of GET /api/cluster.
-type ClusterInfo struct {
-	// Enabled is false on an edge outside a cluster (Edges is then empty).
-	Enabled bool `json:"enabled"`
-	// Self is the answering edge's id; NATS says whether it is connected to NATS now.
-	Self string `json:"self,omitempty"`
-	NATS bool   `json:"nats_connected"`
-	// Edges lists the edges this edge knows of, itself first, then by id.
-	Edges []ClusterEdge `json:"edges"`
-	// Warnings are problems of the cluster's set-up this edge sees now, e.g. another edge
-	// with its edge_id.
-	Warnings []string `json:"warnings,omitempty"`
-}
+type ClusterInfo = tunnel.ClusterStatus
 
 // apiCluster lists the cluster's edges. Tenants see it too: it names edges, not routes.
 func (p *Plane) apiCluster(w http.ResponseWriter, _ *http.Request) {

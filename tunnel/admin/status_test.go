@@ -23,7 +23,7 @@ const hostileName = `<script>window.pwned=1</script>`
 // statusPlane is a Plane over a registry holding one HTTP pool "web" on subdomain pool with
 // two members (m1 of tenant acme, m2 of tenant hostile), m2 turned unhealthy. The pool's
 // display name is hostileName, the second tenant's name and the health reason are markup too.
-func statusPlane(t *testing.T, cfg Config) (*Plane, *group.Registry) {
+func statusPlane(t *testing.T, cfg config) (*Plane, *group.Registry) {
 	t.Helper()
 	reg := group.NewRegistry(group.Config{LoadBalancing: true})
 	var key group.KeyHash
@@ -38,7 +38,7 @@ func statusPlane(t *testing.T, cfg Config) (*Plane, *group.Registry) {
 	cfg.URL = func(g group.Info) string { return "http://" + g.Label + ".example.test" }
 	cfg.Metrics = prometheus.NewRegistry()
 	cfg.RegionID = `eu"><script>window.pwned=4</script>`
-	p, err := New(cfg)
+	p, err := newPlane(cfg)
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
 	return p, reg
@@ -57,7 +57,7 @@ func serve(p *Plane, method, path, token string) *httptest.ResponseRecorder {
 // GET / is the status page with a strict CSP; its assets are served under /static/; every
 // other route keeps working and an unknown path is still 404.
 func TestStatusPageRoutes(t *testing.T) {
-	p, _ := statusPlane(t, Config{})
+	p, _ := statusPlane(t, config{})
 
 	rec := serve(p, http.MethodGet, "/", "")
 	require.Equal(t, http.StatusOK, rec.Code)
@@ -107,7 +107,7 @@ func TestStatusPageRoutes(t *testing.T) {
 // With the API open, the page renders the groups itself (the no-JavaScript view), and every
 // value is escaped: no markup from a group name, tenant, reason or region survives.
 func TestStatusPageEscapesEverything(t *testing.T) {
-	p, _ := statusPlane(t, Config{})
+	p, _ := statusPlane(t, config{})
 	body := serve(p, http.MethodGet, "/", "").Body.String()
 
 	for _, raw := range []string{hostileName, `<img src=x`, `<b onmouseover`, `"><script>`} {
@@ -128,7 +128,7 @@ func TestStatusPageEscapesEverything(t *testing.T) {
 // When the API needs a token, a plain page load (no token: a browser sends none) shows no
 // group, only the note that a token is needed; the page's script asks for it.
 func TestStatusPageNeedsATokenWhenTheAPIDoes(t *testing.T) {
-	for name, cfg := range map[string]Config{
+	for name, cfg := range map[string]config{
 		"admin token": {AdminToken: "admin"},
 		"tenants only": {Authenticate: func(context.Context, string) (string, error) {
 			return "acme", nil
@@ -173,7 +173,7 @@ func TestStatusPageWeightColumns(t *testing.T) {
 // GET /api/groups carries the pool's dispatch counter (the page's rate) for a caller that
 // sees every member of the pool, and not for a tenant that sees only some of them.
 func TestGroupsListDispatches(t *testing.T) {
-	p, _ := statusPlane(t, Config{AdminToken: "admin", Authenticate: func(_ context.Context, token string) (string, error) {
+	p, _ := statusPlane(t, config{AdminToken: "admin", Authenticate: func(_ context.Context, token string) (string, error) {
 		if token == "acme-token" {
 			return "acme", nil
 		}

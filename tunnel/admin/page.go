@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // Listing limits: a page holds DefaultPageSize items unless ?limit= asks for another number,
@@ -24,12 +24,7 @@ const (
 
 // Endpoint is a route reserved by the edge's configuration, listed by GET /api/groups with
 // zero members while none is registered.
-type Endpoint struct {
-	// Info describes the route (no members).
-	Info group.Info
-	// Tenant owns it: only that tenant (and the admin) sees it.
-	Tenant string
-}
+type Endpoint = tunnel.IdleEndpoint
 
 // writePage sorts items by key, answers the page after ?cursor= of at most ?limit= items,
 // and names the next page in a Link header (rel="next") and X-Next-Cursor when there is one.

@@ -44,7 +44,7 @@ const (
 func throttledPlane(t *testing.T, th *throttle.Auth, done <-chan struct{}, checked *int) *Plane {
 	t.Helper()
 	var mu sync.Mutex
-	p, err := New(Config{
+	p, err := newPlane(config{
 		View:       group.NewRegistry(group.Config{}).View(),
 		URL:        func(g group.Info) string { return "http://" + g.Label + ".example.test" },
 		AdminToken: testAdminToken,

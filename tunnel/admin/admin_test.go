@@ -52,7 +52,7 @@ func TestPlaneOverAView(t *testing.T) {
 	_, err = reg.Join(group.JoinRequest{ID: "m2", Proto: group.ProtoHTTP, Label: "pool", Group: "web", KeyHash: key, Tenant: "globex"})
 	require.NoError(t, err)
 	down := false
-	p, err := New(Config{
+	p, err := newPlane(config{
 		View:       reg.View(),
 		URL:        func(g group.Info) string { return "http://" + g.Label + ".example.test" },
 		AdminToken: "admin",

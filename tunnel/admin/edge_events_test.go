@@ -1,4 +1,8 @@
-package tunnel
+package admin
+
+// The live group event streams of a Plane over a live edge (moved from package tunnel's
+// events_test.go, with the event stream tests of owner_test.go, reload_test.go and
+// connector_regress_test.go).
 
 import (
 	"bufio"
@@ -14,8 +18,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
-	"github.com/warren-tunnel/warren/internal/wire"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // sseRead is one item read from an event stream: an event (name and data) or a comment.
@@ -128,10 +133,10 @@ func (s *sseStream) nextGroupEvent() GroupEvent {
 }
 
 func TestGroupEventsStreamHealthTransitions(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, EventKeepAlive: 50 * time.Millisecond})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{EventKeepAlive: 50 * time.Millisecond})
 	b := backend(t, "b")
 	var ha, hb, ho switchable
-	add := func(h *switchable, spec TunnelSpec) *Tunnel {
+	add := func(h *switchable, spec tunnel.TunnelSpec) *tunnel.Tunnel {
 		spec.Health = h.spec()
 		tun, err := e.connect().Forward(ctxT(t), spec, hostPort(b.URL))
 		require.NoError(t, err)
@@ -152,10 +157,10 @@ func TestGroupEventsStreamHealthTransitions(t *testing.T) {
 
 	ha.down.Store(true)
 	ev := st.nextGroupEvent()
-	require.Equal(t, ProtoHTTP, ev.Protocol)
+	require.Equal(t, tunnel.ProtoHTTP, ev.Protocol)
 	require.Equal(t, "pool", ev.Label)
 	require.Equal(t, "web", ev.Group)
-	require.Equal(t, e.registry.LookupHTTP("pool").KeyHash().Short(), ev.KeyHashShort)
+	require.Equal(t, keyShort(t, e, "pool"), ev.KeyHashShort)
 	require.Equal(t, ta.ID(), ev.TunnelID)
 	require.False(t, ev.Healthy)
 	require.Contains(t, ev.Reason, "switched off")
@@ -232,11 +237,10 @@ func (s *sseStream) tallyUntil(n int) (got, missed int, order []string, lastReas
 }
 
 func TestGroupEventsSlowConsumerLagsAlone(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, EventBuffer: 4, Logger: zap.NewNop()})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, Logger: zap.NewNop()}, Options{EventBuffer: 4})
 	slowAdmin := smallWriteBuffers{listenLoopback(t)}
-	e.served.Go(func() { _ = e.ServeAdmin(slowAdmin) })
-	id, _ := rawMember(t, e, "", probedRegister("lag", "web", "k"))
-	m := memberByID(t, e, id)
+	e.serveAdminOn(slowAdmin)
+	id, ctrl := rawMember(t, e, "", probedRegister("lag", "web", "k"))
 
 	fast := openStream(t, e.adminAddr, "", "/api/groups/http/lag/events", nil).read()
 	require.Equal(t, "group events of http/lag", fast.next().comment)
@@ -244,10 +248,11 @@ func TestGroupEventsSlowConsumerLagsAlone(t *testing.T) {
 	require.Equal(t, http.StatusOK, slow.resp.StatusCode)
 
 	// Far more transitions than the slow client's socket buffers and its 4-event buffer
-	// hold. The edge makes them all without waiting for any consumer.
+	// hold. The edge makes them all, in order, without waiting for any consumer: each report
+	// flips the member (a probed member starts unhealthy), so each is one event.
 	const n = 5000
 	for i := range n {
-		require.True(t, e.registry.SetHealth(m, i%2 == 0, fmt.Sprintf("flip %d", i)))
+		setHealth(t, ctrl, id, i%2 == 0, fmt.Sprintf("flip %d", i))
 	}
 
 	// The fast consumer has everything accounted for while the slow one has read nothing.
@@ -272,7 +277,7 @@ func TestGroupEventsSlowConsumerLagsAlone(t *testing.T) {
 	}
 
 	// The next transition reaches both consumers, after the gap.
-	require.True(t, e.registry.SetHealth(m, n%2 == 0, "after the gap"))
+	setHealth(t, ctrl, id, n%2 == 0, "after the gap")
 	for _, s := range []*sseStream{fast, slow} {
 		ev := s.nextGroupEvent()
 		require.Equal(t, "after the gap", ev.Reason)
@@ -283,14 +288,12 @@ func TestGroupEventsSlowConsumerLagsAlone(t *testing.T) {
 
 func TestGroupEventsAreScopedToTheTenant(t *testing.T) {
 	auth := mustStaticTokens(t, nil, map[string]string{"acme": "acme-token-0123456789", "globex": "globex-token-0123456789"})
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: auth, AdminToken: "admin-token-0123456789"})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, Auth: auth}, Options{Token: "admin-token-0123456789"})
 	acmeID, acmeCtl := rawMember(t, e, "acme-token-0123456789", probedRegister("shared", "web", "k"))
 	rawMember(t, e, "acme-token-0123456789", probedRegister("shared", "web", "k")) // stays unhealthy
 	// A route belongs to one tenant: globex's pool is on its own subdomain.
 	globexID, globexCtl := rawMember(t, e, "globex-token-0123456789", probedRegister("gshared", "web", "k"))
-	flip := func(ctl net.Conn, id string, healthy bool) {
-		require.NoError(t, wire.WriteFrame(ctl, &wire.Health{TunnelID: id, Healthy: healthy, Reason: "reported"}))
-	}
+	flip := func(ctl net.Conn, id string, healthy bool) { setHealth(t, ctl, id, healthy, "reported") }
 
 	require.Equal(t, http.StatusUnauthorized, openStream(t, e.adminAddr, "", "/api/groups/http/shared/events", nil).resp.StatusCode)
 	require.Equal(t, http.StatusNotFound, openStream(t, e.adminAddr, "acme-token-0123456789", "/api/groups/http/gshared/events", nil).resp.StatusCode,
@@ -321,10 +324,10 @@ func TestGroupEventsAreScopedToTheTenant(t *testing.T) {
 
 func TestGroupEventsEndWithTheClientOrTheEdge(t *testing.T) {
 	subscribers := func(e *testEdge) int {
-		return e.admin.EventStreams()
+		return e.plane.EventStreams()
 	}
 	t.Run("client goes away", func(t *testing.T) {
-		e := startEdge(t, ServerConfig{LoadBalancing: true})
+		e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
 		rawMember(t, e, "", probedRegister("pool", "web", "k"))
 		st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
 		require.NotEmpty(t, st.next().comment)
@@ -333,7 +336,7 @@ func TestGroupEventsEndWithTheClientOrTheEdge(t *testing.T) {
 		require.Eventually(t, func() bool { return subscribers(e) == 0 }, 5*time.Second, 5*time.Millisecond)
 	})
 	t.Run("edge closes", func(t *testing.T) {
-		e := startEdge(t, ServerConfig{LoadBalancing: true})
+		e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
 		rawMember(t, e, "", probedRegister("pool", "web", "k"))
 		st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
 		require.NotEmpty(t, st.next().comment)
@@ -342,7 +345,7 @@ func TestGroupEventsEndWithTheClientOrTheEdge(t *testing.T) {
 		require.Zero(t, subscribers(e))
 	})
 	t.Run("edge shuts down", func(t *testing.T) {
-		e := startEdge(t, ServerConfig{LoadBalancing: true})
+		e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
 		rawMember(t, e, "", probedRegister("pool", "web", "k"))
 		st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
 		require.NotEmpty(t, st.next().comment)
@@ -367,4 +370,85 @@ func requireEnded(t *testing.T, st *sseStream) {
 			t.Fatal("the stream did not end")
 		}
 	}
+}
+
+// A tenant's member whose first verdict is "unhealthy" was never counted as healthy: the
+// tenant's live event stream keeps the right healthy_count (and recovers to the right one).
+func TestTenantEventCountsAfterFirstUnhealthyVerdict(t *testing.T) {
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true,
+		Auth: mustStaticTokens(t, nil, map[string]string{"acme": "acme-token-0123456789"})}, Options{EventKeepAlive: time.Hour})
+	b := backend(t, "b")
+	var ok, late switchable
+	late.down.Store(true)
+	sess := e.connect(tunnel.WithToken("acme-token-0123456789"))
+	spec := pool("pool")
+	spec.Health = ok.spec()
+	_, err := sess.Forward(ctxT(t), spec, hostPort(b.URL))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return selectable(e, "pool")() == 1 }, 5*time.Second, 5*time.Millisecond)
+
+	st := openStream(t, e.adminAddr, "acme-token-0123456789", "/api/groups/http/pool/events", nil)
+	require.Equal(t, http.StatusOK, st.resp.StatusCode)
+	st.read()
+	spec.Health = late.spec()
+	_, err = sess.Forward(ctxT(t), spec, hostPort(b.URL)) // its first verdict: unhealthy
+	require.NoError(t, err)
+	ev := st.nextGroupEvent()
+	require.False(t, ev.Healthy)
+	require.Equal(t, 2, ev.MemberCount)
+	require.Equal(t, 1, ev.HealthyCount, "one member of two is healthy")
+	late.down.Store(false)
+	ev = st.nextGroupEvent()
+	require.True(t, ev.Healthy)
+	require.Equal(t, 2, ev.HealthyCount)
+}
+
+// max_event_streams caps a tenant's open live event streams (429 past it); the admin token
+// is never capped, and closing a stream frees its place.
+func TestEventStreamQuota(t *testing.T) {
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, Auth: tenantAuth(t),
+		Limits: tunnel.TenantLimits{MaxEventStreams: 2}}, Options{Token: "admin-token-0123456789"})
+	rawMember(t, e, acmeToken, probedRegister("pool", "web", "k"))
+	path := "/api/groups/http/pool/events"
+	first := openStream(t, e.adminAddr, acmeToken, path, nil)
+	second := openStream(t, e.adminAddr, acmeToken, path, nil)
+	require.Equal(t, http.StatusOK, first.resp.StatusCode)
+	require.Equal(t, http.StatusOK, second.resp.StatusCode)
+	third := openStream(t, e.adminAddr, acmeToken, path, nil)
+	require.Equal(t, http.StatusTooManyRequests, third.resp.StatusCode)
+	require.NotEmpty(t, third.resp.Header.Get("Retry-After"))
+	for range 3 {
+		require.Equal(t, http.StatusOK, openStream(t, e.adminAddr, "admin-token-0123456789", path, nil).resp.StatusCode)
+	}
+	first.close()
+	require.Eventually(t, func() bool {
+		st := openStream(t, e.adminAddr, acmeToken, path, nil)
+		defer st.close()
+		return st.resp.StatusCode == http.StatusOK
+	}, 5*time.Second, 20*time.Millisecond, "a closed stream frees its place")
+}
+
+// TestReloadEventStreamQuota: max_event_streams applies to the next stream a reload lets
+// open; the streams open stay.
+func TestReloadEventStreamQuota(t *testing.T) {
+	cfg := tunnel.ServerConfig{Auth: tenantAuth(t), LoadBalancing: true, Domain: testDomain, Logger: zaptest.NewLogger(t)}
+	e := startEdge(t, cfg, Options{})
+	rawMember(t, e, acmeToken, probedRegister("pool", "web", "k"))
+	path := "/api/groups/http/pool/events"
+	first := openStream(t, e.adminAddr, acmeToken, path, nil)
+	require.Equal(t, http.StatusOK, first.resp.StatusCode)
+
+	next := cfg
+	next.TenantLimits = map[string]tunnel.TenantLimits{"acme": {MaxEventStreams: 1}}
+	_, err := e.Reload(next)
+	require.NoError(t, err)
+	second := openStream(t, e.adminAddr, acmeToken, path, nil)
+	require.Equal(t, http.StatusTooManyRequests, second.resp.StatusCode)
+
+	_, err = e.Reload(cfg)
+	require.NoError(t, err)
+	third := openStream(t, e.adminAddr, acmeToken, path, nil)
+	require.Equal(t, http.StatusOK, third.resp.StatusCode)
+	first.close()
+	third.close()
 }

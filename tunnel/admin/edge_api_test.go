@@ -1,14 +1,12 @@
-package tunnel
+package admin
+
+// The REST API of a Plane over a live edge (moved from package tunnel's api_test.go).
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -20,83 +18,19 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/wire"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
-// apiClient calls an edge's admin listener over loopback, one connection per request.
-type apiClient struct {
-	t    *testing.T
-	base string
-	hc   *http.Client
-}
-
-func newAPIClient(t *testing.T, addr string) *apiClient {
-	tr := &http.Transport{DisableKeepAlives: true}
-	t.Cleanup(tr.CloseIdleConnections)
-	return &apiClient{t: t, base: "http://" + addr, hc: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
-}
-
-// get sends GET path with token as bearer token ("" for none).
-func (c *apiClient) get(token, path string) (int, http.Header, []byte) {
-	c.t.Helper()
-	return c.do(http.MethodGet, token, path)
-}
-
-func (c *apiClient) do(method, token, path string) (int, http.Header, []byte) {
-	c.t.Helper()
-	req, err := http.NewRequest(method, c.base+path, nil)
-	require.NoError(c.t, err)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := c.hc.Do(req)
-	require.NoError(c.t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(c.t, err)
-	return resp.StatusCode, resp.Header, body
-}
-
-// getJSON fetches path, requires 200 and decodes the answer.
-func getJSON[T any](c *apiClient, token, path string) T {
-	c.t.Helper()
-	code, h, body := c.get(token, path)
-	require.Equal(c.t, http.StatusOK, code, "GET %s: %s", path, body)
-	require.Equal(c.t, "application/json", h.Get("Content-Type"))
-	var v T
-	require.NoError(c.t, json.Unmarshal(body, &v), "%s", body)
-	return v
-}
-
-// requireError checks an error answer: its status, and that it is JSON.
-func requireError(t *testing.T, c *apiClient, token, path string, status int) string {
+// keyShort is the short key hash of the HTTP pool on sub.
+func keyShort(t *testing.T, e *testEdge, sub string) string {
 	t.Helper()
-	code, h, body := c.get(token, path)
-	require.Equal(t, status, code, "GET %s: %s", path, body)
-	require.Equal(t, "application/json", h.Get("Content-Type"))
-	var e struct{ Error string }
-	require.NoError(t, json.Unmarshal(body, &e), "%s", body)
-	require.NotEmpty(t, e.Error)
-	return e.Error
-}
-
-func tunnelsByID(ts []TunnelInfo) map[string]TunnelInfo {
-	out := map[string]TunnelInfo{}
-	for _, t := range ts {
-		out[t.ID] = t
-	}
-	return out
-}
-
-func memberIDs(g GroupInfo) []string {
-	var ids []string
-	for _, m := range g.Members {
-		ids = append(ids, m.ID)
-	}
-	return ids
+	g, ok := e.Registry().LookupHTTP(sub)
+	require.True(t, ok, "no group on %s", sub)
+	return g.KeyHash.Short()
 }
 
 func TestAPIListsTunnelsAndGroups(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, TCPPorts: tcpRange(44000), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, TCPPorts: tcpRange(44000), TCPBindHost: "127.0.0.1"}, Options{})
 	hook := newReceiver(t) // on loopback: a tenant URL there is refused, never posted to
 	b := backend(t, "b")
 	withHook := pool("pool")
@@ -105,18 +39,18 @@ func TestAPIListsTunnelsAndGroups(t *testing.T) {
 	require.NoError(t, err)
 	tb, err := e.connect().Forward(ctxT(t), pool("pool"), hostPort(b.URL))
 	require.NoError(t, err)
-	solo, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(b.URL))
+	solo, err := e.connect().Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "solo"}, hostPort(b.URL))
 	require.NoError(t, err)
-	db, err := e.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, hostPort(b.URL))
+	db, err := e.connect().Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: "db", GroupKey: "k"}, hostPort(b.URL))
 	require.NoError(t, err)
 	api := newAPIClient(t, e.adminAddr)
 
 	tunnels := getJSON[[]TunnelInfo](api, "", "/api/tunnels")
 	require.Len(t, tunnels, 4)
 	byID := tunnelsByID(tunnels)
-	key := e.registry.LookupHTTP("pool").KeyHash().Short()
+	key := keyShort(t, e, "pool")
 	a := byID[ta.ID()]
-	require.Equal(t, ProtoHTTP, a.Proto)
+	require.Equal(t, tunnel.ProtoHTTP, a.Proto)
 	require.Equal(t, "pool", a.Label)
 	require.Equal(t, "web", a.Group)
 	require.Equal(t, key, a.KeyHashShort)
@@ -132,7 +66,7 @@ func TestAPIListsTunnelsAndGroups(t *testing.T) {
 	require.Empty(t, s.KeyHashShort)
 	require.Equal(t, solo.URL(), s.URL)
 	d := byID[db.ID()]
-	require.Equal(t, ProtoTCP, d.Proto)
+	require.Equal(t, tunnel.ProtoTCP, d.Proto)
 	require.Equal(t, "db", d.Label)
 	require.Equal(t, db.Port(), d.Port)
 	require.Equal(t, db.URL(), d.URL)
@@ -150,7 +84,7 @@ func TestAPIListsTunnelsAndGroups(t *testing.T) {
 	require.NoError(t, json.Unmarshal(raw, &groups))
 	require.Len(t, groups, 2, "solo tunnels are not groups")
 	web, tcp := groups[0], groups[1] // sorted by protocol
-	require.Equal(t, ProtoHTTP, web.Protocol)
+	require.Equal(t, tunnel.ProtoHTTP, web.Protocol)
 	require.Equal(t, "pool", web.Label)
 	require.Equal(t, "web", web.Name)
 	require.Equal(t, key, web.KeyHashShort)
@@ -162,7 +96,7 @@ func TestAPIListsTunnelsAndGroups(t *testing.T) {
 	require.False(t, web.Members[1].HasAlertWebhook)
 	require.True(t, web.Members[0].Healthy)
 	require.Zero(t, web.Members[0].ActiveStreams)
-	require.Equal(t, ProtoTCP, tcp.Protocol)
+	require.Equal(t, tunnel.ProtoTCP, tcp.Protocol)
 	require.Equal(t, "db", tcp.Label)
 	require.Equal(t, db.Port(), tcp.Port)
 	require.Equal(t, 1, tcp.MemberCount)
@@ -178,40 +112,8 @@ func TestAPIListsTunnelsAndGroups(t *testing.T) {
 	requireError(t, api, "", "/api/tunnels/"+tbID, http.StatusNotFound)
 }
 
-// rawMember registers one tunnel over a hand-made control stream, so that no prober runs
-// and the test alone decides the member's health. It returns the tunnel id and the stream.
-func rawMember(t *testing.T, e *testEdge, token string, reg *wire.Register) (string, net.Conn) {
-	t.Helper()
-	_, ctrl := rawControl(t, e.controlAddr)
-	require.NoError(t, wire.WriteFrame(ctrl, &wire.Hello{Version: wire.Version, Token: token}))
-	m, err := wire.ReadFrame(ctrl)
-	require.NoError(t, err)
-	require.IsType(t, &wire.Welcome{}, m)
-	require.NoError(t, wire.WriteFrame(ctrl, reg))
-	m, err = wire.ReadFrame(ctrl)
-	require.NoError(t, err)
-	r, ok := m.(*wire.Registered)
-	require.True(t, ok, "registration answered with %#v", m)
-	return r.TunnelID, ctrl
-}
-
-// probedRegister is a registration of an HTTP pool member with a TCP probe.
-func probedRegister(sub, groupName, key string) *wire.Register {
-	h := sha256.Sum256([]byte(key))
-	return &wire.Register{Req: 1, Proto: group.ProtoHTTP, Label: sub, Group: groupName, KeyHash: hex.EncodeToString(h[:]),
-		Health: &wire.HealthInfo{Kind: "tcp"}}
-}
-
-// memberByID finds a live member in the edge's registry.
-func memberByID(t *testing.T, e *testEdge, id string) *group.Member {
-	t.Helper()
-	m := e.registry.Member(id)
-	require.NotNil(t, m, "no member %s", id)
-	return m
-}
-
 func TestAPIHealthEventsKeepTheLast50OldestFirst(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
 	id, ctrl := rawMember(t, e, "", probedRegister("flappy", "web", "k"))
 	api := newAPIClient(t, e.adminAddr)
 
@@ -224,9 +126,9 @@ func TestAPIHealthEventsKeepTheLast50OldestFirst(t *testing.T) {
 	for i := range flips {
 		require.NoError(t, wire.WriteFrame(ctrl, &wire.Health{TunnelID: id, Healthy: i%2 == 0, Reason: fmt.Sprintf("flip %d", i)}))
 	}
-	m := memberByID(t, e, id)
 	require.Eventually(t, func() bool {
-		h := m.History()
+		h, ok := e.Registry().History(id)
+		require.True(t, ok, "no member %s", id)
 		return h[len(h)-1].Reason == fmt.Sprintf("flip %d", flips-1)
 	}, 5*time.Second, 5*time.Millisecond)
 
@@ -235,7 +137,7 @@ func TestAPIHealthEventsKeepTheLast50OldestFirst(t *testing.T) {
 	var fields []map[string]any
 	require.NoError(t, json.Unmarshal(raw, &fields))
 	require.Len(t, fields, group.HistoryLen)
-	require.ElementsMatch(t, []string{"at", "healthy", "reason"}, keys(fields[0]))
+	require.ElementsMatch(t, []string{"at", "healthy", "reason"}, keysOf(fields[0]))
 
 	require.NoError(t, json.Unmarshal(raw, &events))
 	first := flips - group.HistoryLen // the 61 transitions less the 11 oldest
@@ -249,30 +151,22 @@ func TestAPIHealthEventsKeepTheLast50OldestFirst(t *testing.T) {
 	}
 }
 
-func keys(m map[string]any) []string {
-	var ks []string
-	for k := range m {
-		ks = append(ks, k)
-	}
-	return ks
-}
-
 func TestAPIScopesEachTenantToItsOwnMembers(t *testing.T) {
 	auth := mustStaticTokens(t, []string{"plain-token-0123456789"}, map[string]string{"acme": "acme-token-0123456789", "globex": "globex-token-0123456789"})
 	// Wrong tokens are tried below: no delay (the throttle has tests of its own).
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: auth, AdminToken: "admin-token-0123456789", AuthFailureDelay: -1})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, Auth: auth, AuthFailureDelay: -1}, Options{Token: "admin-token-0123456789"})
 	b := backend(t, "b")
-	acme, globex := e.connect(WithToken("acme-token-0123456789")), e.connect(WithToken("globex-token-0123456789"))
+	acme, globex := e.connect(tunnel.WithToken("acme-token-0123456789")), e.connect(tunnel.WithToken("globex-token-0123456789"))
 	acmeShared, err := acme.Forward(ctxT(t), pool("shared"), hostPort(b.URL))
 	require.NoError(t, err)
-	acmeSolo, err := acme.Forward(ctxT(t), TunnelSpec{Subdomain: "acme-solo"}, hostPort(b.URL))
+	acmeSolo, err := acme.Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "acme-solo"}, hostPort(b.URL))
 	require.NoError(t, err)
 	var globexHealth switchable
 	gs := pool("globex-shared") // "shared" is acme's: a route belongs to one tenant
 	gs.Health = globexHealth.spec()
 	globexShared, err := globex.Forward(ctxT(t), gs, hostPort(b.URL))
 	require.NoError(t, err)
-	globexOwn, err := globex.Forward(ctxT(t), TunnelSpec{Subdomain: "globex-only", Group: "internal", GroupKey: "g"}, hostPort(b.URL))
+	globexOwn, err := globex.Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "globex-only", Group: "internal", GroupKey: "g"}, hostPort(b.URL))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return selectable(e, "globex-shared")() == 1 }, 5*time.Second, 5*time.Millisecond)
 	api := newAPIClient(t, e.adminAddr)
@@ -362,31 +256,26 @@ func TestAPIScopesEachTenantToItsOwnMembers(t *testing.T) {
 	})
 }
 
-func keysOf[V any](m map[string]V) []string {
-	var ks []string
-	for k := range m {
-		ks = append(ks, k)
-	}
-	return ks
-}
-
 func TestAPIHandlersServeEmbedders(t *testing.T) {
 	errDown := errors.New("token store unreachable")
-	auth := AuthenticatorFunc(func(_ context.Context, token string) (string, error) {
+	auth := tunnel.AuthenticatorFunc(func(_ context.Context, token string) (string, error) {
 		switch token {
 		case "acme-token-0123456789":
 			return "acme", nil
 		case "flaky":
 			return "", errDown
 		}
-		return "", ErrUnauthorized
+		return "", tunnel.ErrUnauthorized
 	})
-	srv, err := NewServer(ServerConfig{AdminToken: "admin-token-0123456789", Auth: auth, Logger: zaptest.NewLogger(t)})
+	srv, err := tunnel.NewServer(tunnel.ServerConfig{Auth: auth, Logger: zaptest.NewLogger(t)})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, srv.Close()) }()
+	plane, err := New(srv, Options{Token: "admin-token-0123456789"})
+	require.NoError(t, err)
+	defer plane.Close()
 	mux := http.NewServeMux()
-	mux.Handle("/api/", srv.APIHandler())
-	mux.Handle("/custom/metrics", srv.MetricsHandler())
+	mux.Handle("/api/", plane.APIHandler())
+	mux.Handle("/custom/metrics", plane.MetricsHandler())
 	hs := httptest.NewServer(mux)
 	defer hs.Close()
 	api := newAPIClient(t, strings.TrimPrefix(hs.URL, "http://"))
@@ -405,35 +294,4 @@ func TestAPIHandlersServeEmbedders(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, string(body), `warren_requests_total{proto="http"} 0`)
 	requireError(t, api, "acme-token-0123456789", "/custom/metrics", http.StatusForbidden)
-}
-
-// ExampleServer_AdminHandler serves an edge's admin API with an admin token and asks it for
-// the load-balancing groups.
-func ExampleServer_AdminHandler() {
-	srv, err := NewServer(ServerConfig{LoadBalancing: true, AdminToken: "s3cret-admin-token"})
-	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	defer srv.Close()
-	admin := httptest.NewServer(srv.AdminHandler()) // or srv.ServeAdmin(listener)
-	defer admin.Close()
-
-	for _, token := range []string{"", "s3cret-admin-token"} {
-		req, _ := http.NewRequest(http.MethodGet, admin.URL+"/api/groups", nil)
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			fmt.Println(err)
-			return
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		fmt.Printf("%d %s", resp.StatusCode, body)
-	}
-	// Output:
-	// 401 {"error":"missing bearer token"}
-	// 200 []
 }
