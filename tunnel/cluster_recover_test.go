@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/internal/wire"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // The buckets in memory storage can vanish under a running cluster (NATS restarted; here

@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // Route ownership in a cluster. The routes live in one NATS bucket that every edge updates

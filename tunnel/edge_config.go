@@ -13,7 +13,7 @@ import (
 	"github.com/warren-tunnel/warren/dispatch"
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/throttle"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 	"github.com/warren-tunnel/warren/webhook"
 )
 

@@ -4,7 +4,7 @@ import (
 	"errors"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // A TCP pool's route records its port per key hash. While the pool's key rotates, members

@@ -15,7 +15,7 @@ import (
 	"github.com/warren-tunnel/warren/admin"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // errUnchanged makes a store update write nothing.
