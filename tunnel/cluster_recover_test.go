@@ -14,6 +14,7 @@ import (
 
 	"github.com/warren-tunnel/warren/internal/wire"
 	"github.com/warren-tunnel/warren/tunnel/store"
+	"github.com/warren-tunnel/warren/tunnel/store/natsstore"
 )
 
 // The buckets in memory storage can vanish under a running cluster (NATS restarted; here
@@ -174,7 +175,7 @@ func TestPeerStreamsOverCapRefusedAndReleased(t *testing.T) {
 }
 
 // The routes bucket (file storage) survives a restart of NATS, but not a wiped NATS store:
-// then store.NATS creates it again, empty and with its own configuration, so that routes can
+// then natsstore.Store creates it again, empty and with its own configuration, so that routes can
 // be written again without restarting the edges.
 func TestRouteStoreRecreatesMissingBucket(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
@@ -183,7 +184,7 @@ func TestRouteStoreRecreatesMissingBucket(t *testing.T) {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := store.OpenNATS(ctx, nc, store.NATSConfig{Bucket: "r_routes", Timeout: 2 * time.Second})
+	s, err := natsstore.Open(ctx, nc, natsstore.Config{Bucket: "r_routes", Timeout: 2 * time.Second})
 	require.NoError(t, err)
 	defer s.Close()
 	set := func(r *store.Route) func(*store.Route) (*store.Route, error) {

@@ -19,7 +19,7 @@ import (
 )
 
 // Route ownership in a cluster. The routes live in one NATS bucket that every edge updates
-// with compare-and-set (store.NATS), so the single edge's rules hold across edges: a route
+// with compare-and-set (natsstore.Store), so the single edge's rules hold across edges: a route
 // has one owning tenant, written before a registration is acknowledged. Two more rules make
 // the key and the TCP port cluster-wide:
 //

@@ -16,6 +16,7 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel/store"
+	"github.com/warren-tunnel/warren/tunnel/store/boltstore"
 )
 
 // errUnchanged makes a store update write nothing.
@@ -763,7 +764,7 @@ func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*ro
 			st = store.NewMemory()
 		} else {
 			var err error
-			if st, err = store.Open(cfg.StateDir); err != nil {
+			if st, err = boltstore.Open(cfg.StateDir); err != nil {
 				return nil, fmt.Errorf("tunnel: %w", err)
 			}
 		}

@@ -1,4 +1,4 @@
-package store
+package store_test
 
 import (
 	"testing"
@@ -6,6 +6,5 @@ import (
 	"go.uber.org/goleak"
 )
 
-// TestMain fails the package's tests if any goroutine outlives them (bbolt's consistency
-// check runs in one, which Open must drain).
+// TestMain fails the package's tests if any goroutine outlives them.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -14,6 +14,8 @@ type Memory struct {
 	closed bool
 }
 
+var _ Store = (*Memory)(nil)
+
 // NewMemory returns an empty in-memory store.
 func NewMemory() *Memory { return &Memory{} }
 

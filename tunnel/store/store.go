@@ -3,25 +3,12 @@
 // store before it acknowledges a registration, and reads every route back when it starts,
 // so that ownership and ports survive restarts.
 //
-// Store is the interface; Memory keeps routes in memory (an edge with no state directory)
-// and Bolt keeps them in an embedded bbolt database file. The package knows nothing of HTTP
-// or the wire.
-//
-// # Why bbolt
-//
-// Bolt keeps the routes in one file, <state dir>/warren.db, through go.etcd.io/bbolt:
-//
-//   - it is pure Go (no cgo, no server to run): the edge stays one static binary;
-//   - the state is one file, easy to back up, move aside or inspect;
-//   - every Update is one ACID read-write transaction, serialised with every other, and
-//     bbolt fsyncs the file on commit, so a change Update reports done survives kill -9 and
-//     power loss (Bolt never turns bbolt's NoSync on);
-//   - bbolt takes an exclusive file lock (flock) on open, so two edges cannot share one
-//     state directory: the second Open fails with ErrLocked instead of corrupting the file.
-//
-// Open checks the whole file before it returns (bbolt's consistency check, and every stored
-// route must decode), so a damaged file is reported once, at start, as ErrCorrupt naming the
-// file, rather than surfacing later as a wrong answer.
+// Store is the interface; Memory keeps routes in memory, for as long as the process runs.
+// The implementations that keep routes elsewhere live in packages of their own, so that an
+// edge links only the one it uses: boltstore keeps them in an embedded bbolt database file,
+// natsstore in a NATS JetStream key-value bucket that the edges of a cluster share.
+// storetest checks that an implementation behaves as Store says. The package knows nothing
+// of HTTP or the wire.
 package store
 
 import (
