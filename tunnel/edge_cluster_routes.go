@@ -208,7 +208,7 @@ func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error)
 			return 0, fmt.Errorf("%w: cannot reserve a port: %v", ErrUnavailable, err)
 		}
 		var final int
-		_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+		_, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
 			final = 0
 			if cur == nil || cur.Tenant != tk.tenant {
 				return nil, ownedError(tk.kind, tk.label)
@@ -363,7 +363,7 @@ func (b *routeBook) releaseElsewhere(reserved map[int]bool) {
 
 // reservePort reserves port p for tk's route, or fails with errPortTaken.
 func (b *routeBook) reservePort(p int, tk *ticket) error {
-	_, err := b.st.Update(store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
 		if cur != nil {
 			if cur.Group == tk.key {
 				return nil, errUnchanged
@@ -382,7 +382,7 @@ func (b *routeBook) reservePort(p int, tk *ticket) error {
 // unreservePort deletes port p's reservation if route still holds it, and reports whether
 // it did.
 func (b *routeBook) unreservePort(p int, route string) bool {
-	_, err := b.st.Update(store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.Group != route {
 			return nil, errUnchanged
 		}
@@ -544,7 +544,7 @@ func (c *cluster) settleRoute(kind, label string) {
 			return
 		}
 		var wait time.Duration
-		_, err := b.st.Update(store.Key(kind, label), func(cur *store.Route) (*store.Route, error) {
+		_, err := b.st.Update(b.ctx, store.Key(kind, label), func(cur *store.Route) (*store.Route, error) {
 			wait = 0
 			if cur == nil || cur.Reserved || !cur.EmptySince.IsZero() {
 				return nil, errUnchanged

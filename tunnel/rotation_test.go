@@ -60,7 +60,7 @@ func TestTCPRotationSurvivesARestart(t *testing.T) {
 	// The old-key member leaves: the rotation is over, the record keeps only the new key.
 	require.NoError(t, a2.Shutdown(ctxT(t)))
 	require.Eventually(t, func() bool {
-		r, err := second.routes.st.Get("tcp/db")
+		r, err := second.routes.st.Get(t.Context(), "tcp/db")
 		return err == nil && r != nil && len(r.Ports) == 1 && r.Ports[group.HashKey("k2").String()] == port
 	}, 5*time.Second, 10*time.Millisecond)
 }

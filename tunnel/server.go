@@ -165,7 +165,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		routes.liveTenant = s.cluster.liveTenant
 	}
 	if err := s.newAdmin(); err != nil {
-		_ = routes.st.Close()
+		_ = routes.close()
 		s.stopCluster(false)
 		return nil, err
 	}
@@ -432,7 +432,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-waited:
 		s.cancel()
 		_ = s.alerts.close()
-		s.closeOnceStore.Do(func() { _ = s.routes.st.Close() })
+		s.closeOnceStore.Do(func() { _ = s.routes.close() })
 		s.closeOnceObs.Do(s.admin.Close)
 	case <-ctx.Done():
 		_ = s.Close()
@@ -466,7 +466,7 @@ func (s *Server) Close() error {
 	s.tcp.Wait()
 	<-s.publicConns.idle() // net/http's connection goroutines end within its 500 ms linger
 	_ = s.alerts.close()
-	s.closeOnceStore.Do(func() { _ = s.routes.st.Close() })
+	s.closeOnceStore.Do(func() { _ = s.routes.close() })
 	s.closeOnceObs.Do(s.admin.Close)
 	return nil
 }

@@ -12,6 +12,7 @@
 package store
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -86,17 +87,23 @@ var ErrClosed = errors.New("store: closed")
 
 // Store keeps routes. Implementations are safe for concurrent use, and every change they
 // report done is durable (for a file store: on disk, surviving kill -9).
+//
+// Every call but Close takes a context: once it is done, a call that has not started fails
+// with an error that errors.Is matches to ctx.Err(), and a call under way gives up as far as
+// the implementation can cut it short (each says how far). An Update that gave up may still
+// have written: the caller cannot tell from the error, and a retry computes again from what
+// is stored.
 type Store interface {
 	// Update reads the route at key (nil if absent), calls fn with a copy, and writes what
 	// fn returns in one atomic step: a route to store it, nil to delete the key, or an error
 	// to change nothing (Update returns that error). fn may be called more than once (a
 	// store that detects conflicts retries), so it must have no side effects. Update
 	// returns the route now stored (nil if none).
-	Update(key string, fn func(cur *Route) (*Route, error)) (*Route, error)
+	Update(ctx context.Context, key string, fn func(cur *Route) (*Route, error)) (*Route, error)
 	// Get returns the route at key, or nil.
-	Get(key string) (*Route, error)
+	Get(ctx context.Context, key string) (*Route, error)
 	// List returns every route, in key order.
-	List() ([]*Route, error)
+	List(ctx context.Context) ([]*Route, error)
 	// Close releases the store; later calls return ErrClosed.
 	Close() error
 }

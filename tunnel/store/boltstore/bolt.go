@@ -21,6 +21,7 @@ package boltstore
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,6 +110,10 @@ func WithLockTimeout(d time.Duration) Option {
 // serialisable read-write transaction, fsynced to disk before Update returns; reads run in
 // read-only transactions concurrently with it. Routes are stored JSON-encoded under the keys
 // Update was given, so List returns them in key (byte) order.
+//
+// The context a call takes is checked once, before its transaction begins: bbolt cannot
+// interrupt a transaction, so a call that has begun one runs to its end, an Update's commit
+// and fsync included, and an Update waiting for the one before it to commit waits on.
 //
 // Open it with Open; it is safe for concurrent use, and Close releases the file (and its
 // lock) for the next edge.
@@ -344,11 +349,14 @@ var errUnchanged = errors.New("store: unchanged")
 // deadlock).
 // An Update that changes nothing (fn returns the route as stored, or nil for an absent key)
 // writes nothing.
-func (b *Store) Update(key string, fn func(cur *store.Route) (*store.Route, error)) (*store.Route, error) {
+func (b *Store) Update(ctx context.Context, key string, fn func(cur *store.Route) (*store.Route, error)) (*store.Route, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
 		return nil, store.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("store: update %q in %s: %w", key, b.path, err)
 	}
 	var (
 		out   *store.Route
@@ -402,11 +410,14 @@ func (b *Store) Update(key string, fn func(cur *store.Route) (*store.Route, erro
 
 // Get implements store.Store: it reads in a read-only transaction, which sees the last
 // Update that returned and runs concurrently with Updates.
-func (b *Store) Get(key string) (*store.Route, error) {
+func (b *Store) Get(ctx context.Context, key string) (*store.Route, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
 		return nil, store.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("store: get %q in %s: %w", key, b.path, err)
 	}
 	var out *store.Route
 	err := b.db.View(func(tx *bolt.Tx) error {
@@ -426,11 +437,14 @@ func (b *Store) Get(key string) (*store.Route, error) {
 
 // List implements store.Store: every route, in key (byte) order, from one read-only
 // transaction.
-func (b *Store) List() ([]*store.Route, error) {
+func (b *Store) List(ctx context.Context) ([]*store.Route, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
 		return nil, store.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("store: list %s: %w", b.path, err)
 	}
 	var out []*store.Route
 	err := b.db.View(func(tx *bolt.Tx) error {

@@ -51,7 +51,7 @@ func TestBoltReopenKeepsEverything(t *testing.T) {
 		if i%2 == 0 {
 			r.Kind, r.Ports = store.KindHTTP, nil
 		}
-		if _, err := s.Update(r.Key(), storetest.Set(r)); err != nil {
+		if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 			t.Fatal(err)
 		}
 		want[r.Key()] = r
@@ -61,13 +61,13 @@ func TestBoltReopenKeepsEverything(t *testing.T) {
 		for k, r := range want {
 			if strings.HasSuffix(k, fmt.Sprintf("r%03d", i)) {
 				if i%2 == 0 {
-					if _, err := s.Update(k, storetest.Set(nil)); err != nil {
+					if _, err := s.Update(t.Context(), k, storetest.Set(nil)); err != nil {
 						t.Fatal(err)
 					}
 					delete(want, k)
 				} else {
 					r.Tenant = "changed"
-					if _, err := s.Update(k, storetest.Set(r)); err != nil {
+					if _, err := s.Update(t.Context(), k, storetest.Set(r)); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -80,7 +80,7 @@ func TestBoltReopenKeepsEverything(t *testing.T) {
 
 	s = mustOpen(t, dir)
 	defer s.Close()
-	l, err := s.List()
+	l, err := s.List(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,11 +121,11 @@ func TestBoltKill9Child(t *testing.T) {
 	}
 	for i := start; ; i++ {
 		r := killRoute(i)
-		if _, err := s.Update(r.Key(), storetest.Set(r)); err != nil {
+		if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 			fmt.Printf("ERR %v\n", err)
 			os.Exit(3)
 		}
-		if _, err := s.Update(store.Key(store.KindTCP, "counter"), func(cur *store.Route) (*store.Route, error) {
+		if _, err := s.Update(t.Context(), store.Key(store.KindTCP, "counter"), func(cur *store.Route) (*store.Route, error) {
 			if cur == nil {
 				cur = &store.Route{Kind: store.KindTCP, Label: "counter", Ports: map[string]int{}}
 			}
@@ -459,7 +459,7 @@ func TestBoltUpdateReturnsStoredForm(t *testing.T) {
 	s := mustOpen(t, t.TempDir())
 	defer s.Close()
 	r := &store.Route{Kind: store.KindHTTP, Label: "a", EmptySince: time.Now()}
-	got, err := s.Update(r.Key(), storetest.Set(r))
+	got, err := s.Update(t.Context(), r.Key(), storetest.Set(r))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -524,7 +524,7 @@ func TestBoltCorruptSweep(t *testing.T) {
 		s, err := Open(dir)
 		switch {
 		case err == nil:
-			if _, err := s.List(); err != nil {
+			if _, err := s.List(t.Context()); err != nil {
 				t.Errorf("case %d (%s): Open succeeded, then List = %v", i, how, err)
 			}
 			if err := s.Close(); err != nil {

@@ -68,7 +68,8 @@ type Config struct {
 	// server. An existing bucket keeps the replica count it was created with.
 	Replicas int
 	// Timeout bounds each request to NATS — opening the bucket, and each read or write of
-	// Update, Get and List (DefaultTimeout if zero or less).
+	// Update, Get and List (DefaultTimeout if zero or less) — within the bound of the
+	// context the call was given, whichever ends first.
 	Timeout time.Duration
 }
 
@@ -125,6 +126,13 @@ type Config struct {
 // is created again, empty, by the first request that finds it missing, with the
 // configuration Open would give it; the routes it held are lost, as they were already.
 //
+// The context a call takes bounds all of it: each request to NATS ends when the context is
+// done or after Config.Timeout, whichever comes first, and so do an Update's waits — for
+// another Update of its key in this process, and between its retries — and the creation of
+// a vanished bucket with its pauses. A call cut short fails with an error that errors.Is
+// matches to the context's error; an Update whose write request was under way may still
+// have written (as when the request times out).
+//
 // Open it with Open; it is safe for concurrent use. Close releases it but leaves the
 // connection, which belongs to the caller, open.
 type Store struct {
@@ -142,7 +150,7 @@ type Store struct {
 	create jetstream.KeyValueConfig
 	remu   sync.Mutex
 
-	// ctx is cancelled by Close, ending the requests of calls in flight.
+	// ctx is cancelled by Close, ending the calls in flight (callContext).
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -225,26 +233,31 @@ func (s *Store) Bucket() string { return s.bucket }
 // Update implements store.Store; see Store for how it resolves races with other writers. fn
 // may be called more than once (each time with a freshly decoded copy of the route then
 // stored); it must not call this store's Update for the same key (that would deadlock).
-func (s *Store) Update(key string, fn func(cur *store.Route) (*store.Route, error)) (*store.Route, error) {
+func (s *Store) Update(ctx context.Context, key string, fn func(cur *store.Route) (*store.Route, error)) (*store.Route, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
 		return nil, store.ErrClosed
 	}
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return nil, s.opError(ctx, "update", key, err)
+	}
 	nk := natsKey(key)
-	unlock, err := s.lockKey(nk)
+	unlock, err := s.lockKey(ctx, nk)
 	if err != nil {
-		return nil, s.opError("update", key, err)
+		return nil, s.opError(ctx, "update", key, err)
 	}
 	defer unlock()
 
 	for try := range s.maxTries {
 		if try > 0 {
-			if err := s.backoff(try); err != nil {
-				return nil, s.opError("update", key, err)
+			if err := s.backoff(ctx, try); err != nil {
+				return nil, s.opError(ctx, "update", key, err)
 			}
 		}
-		old, rev, err := s.read("update", key, nk)
+		old, rev, err := s.read(ctx, "update", key, nk)
 		if err != nil {
 			return nil, err
 		}
@@ -263,7 +276,7 @@ func (s *Store) Update(key string, fn func(cur *store.Route) (*store.Route, erro
 			if old == nil {
 				return nil, nil
 			}
-			err = s.do(func(ctx context.Context) error {
+			err = s.do(ctx, func(ctx context.Context) error {
 				return s.kv.Delete(ctx, nk, jetstream.LastRevision(rev))
 			})
 		} else {
@@ -278,13 +291,13 @@ func (s *Store) Update(key string, fn func(cur *store.Route) (*store.Route, erro
 			if bytes.Equal(data, old) {
 				return out, nil
 			}
-			err = s.write(nk, data, old != nil, rev)
+			err = s.write(ctx, nk, data, old != nil, rev)
 		}
 		if err == nil {
 			return out, nil
 		}
 		if !isConflict(err) {
-			return nil, s.opError("update", key, err)
+			return nil, s.opError(ctx, "update", key, err)
 		}
 	}
 	return nil, fmt.Errorf("store: update %q in NATS bucket %s: %w (lost to other writers %d times in a row)",
@@ -292,8 +305,8 @@ func (s *Store) Update(key string, fn func(cur *store.Route) (*store.Route, erro
 }
 
 // write stores data at nk: create-only if the key was absent, else at revision rev.
-func (s *Store) write(nk string, data []byte, present bool, rev uint64) error {
-	return s.do(func(ctx context.Context) error {
+func (s *Store) write(ctx context.Context, nk string, data []byte, present bool, rev uint64) error {
+	return s.do(ctx, func(ctx context.Context) error {
 		var err error
 		if present {
 			_, err = s.kv.Update(ctx, nk, data, rev)
@@ -308,13 +321,18 @@ func (s *Store) write(nk string, data []byte, present bool, rev uint64) error {
 
 // Get implements store.Store. On a replicated bucket a replica a moment behind may answer
 // (see Store).
-func (s *Store) Get(key string) (*store.Route, error) {
+func (s *Store) Get(ctx context.Context, key string) (*store.Route, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
 		return nil, store.ErrClosed
 	}
-	v, _, err := s.read("get", key, natsKey(key))
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return nil, s.opError(ctx, "get", key, err)
+	}
+	v, _, err := s.read(ctx, "get", key, natsKey(key))
 	if err != nil || v == nil {
 		return nil, err
 	}
@@ -322,10 +340,10 @@ func (s *Store) Get(key string) (*store.Route, error) {
 }
 
 // read returns the value and revision at the NATS key nk (of the store key key), or nil if
-// it is absent or deleted; op names the call in errors.
-func (s *Store) read(op, key, nk string) (value []byte, rev uint64, err error) {
+// it is absent or deleted; ctx is the call's (callContext), op names the call in errors.
+func (s *Store) read(ctx context.Context, op, key, nk string) (value []byte, rev uint64, err error) {
 	var e jetstream.KeyValueEntry
-	err = s.do(func(ctx context.Context) error {
+	err = s.do(ctx, func(ctx context.Context) error {
 		var err error
 		e, err = s.kv.Get(ctx, nk)
 		return err
@@ -334,7 +352,7 @@ func (s *Store) read(op, key, nk string) (value []byte, rev uint64, err error) {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return nil, 0, nil
 	case err != nil:
-		return nil, 0, s.opError(op, key, err)
+		return nil, 0, s.opError(ctx, op, key, err)
 	}
 	if e.Value() == nil {
 		// A put of an empty value: not a route. (A stored route is never empty.)
@@ -346,20 +364,25 @@ func (s *Store) read(op, key, nk string) (value []byte, rev uint64, err error) {
 // List implements store.Store: every route, in store key (byte) order, each at the last
 // revision it had when List started (read through one JetStream consumer of the last
 // revision of every key). Deleted keys are skipped.
-func (s *Store) List() ([]*store.Route, error) {
+func (s *Store) List(ctx context.Context) ([]*store.Route, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
 		return nil, store.ErrClosed
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
+	callCtx, cancelCall := s.callContext(ctx)
+	defer cancelCall()
+	if err := callCtx.Err(); err != nil {
+		return nil, s.opError(callCtx, "list", "", err)
+	}
+	ctx, cancel := context.WithTimeout(callCtx, s.timeout)
 	defer cancel()
 	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	for try := 0; err != nil && try < maxRecreates && s.recreate(ctx, try, err); try++ {
 		w, err = s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	}
 	if err != nil {
-		return nil, s.opError("list", "", err)
+		return nil, s.opError(callCtx, "list", "", err)
 	}
 	defer func() {
 		// Stop ends the watcher's subscription, whose goroutine then closes Updates; until
@@ -380,7 +403,7 @@ func (s *Store) List() ([]*store.Route, error) {
 		case e, ok := <-w.Updates():
 			switch {
 			case !ok:
-				return nil, s.opError("list", "", errors.New("the watcher stopped"))
+				return nil, s.opError(callCtx, "list", "", errors.New("the watcher stopped"))
 			case e == nil: // every key's last revision is in
 				done = true
 			default:
@@ -394,7 +417,7 @@ func (s *Store) List() ([]*store.Route, error) {
 				}
 			}
 		case <-ctx.Done():
-			return nil, s.opError("list", "", ctx.Err())
+			return nil, s.opError(callCtx, "list", "", ctx.Err())
 		}
 	}
 	out := make([]*store.Route, 0, len(got))
@@ -409,8 +432,8 @@ func (s *Store) List() ([]*store.Route, error) {
 }
 
 // Close implements store.Store: it cancels the requests of calls in flight (they fail with
-// store.ErrClosed; an Update among them may or may not have written), waits for those calls to
-// return, and releases the store. It leaves the NATS connection open. Closing again does
+// store.ErrClosed; an Update among them may or may not have written), waits for those calls
+// to return, and releases the store. It leaves the NATS connection open. Closing again does
 // nothing and returns nil.
 func (s *Store) Close() error {
 	s.cancel()
@@ -420,10 +443,19 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// do runs one request to NATS under the store's timeout, cancelled by Close; a request that
-// failed because the bucket is gone is made again once the bucket is (recreate).
-func (s *Store) do(op func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
+// callContext returns the context of one call given ctx: done when ctx is, or when Close
+// cancels the calls in flight.
+func (s *Store) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// do runs one request to NATS within ctx, the call's (callContext), and the store's timeout;
+// a request that failed because the bucket is gone is made again once the bucket is
+// (recreate).
+func (s *Store) do(ctx context.Context, op func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	err := op(ctx)
 	for try := 0; err != nil && try < maxRecreates && s.recreate(ctx, try, err); try++ {
@@ -500,9 +532,9 @@ func BucketMissing(err error) bool {
 	return strings.Contains(err.Error(), "stream not found")
 }
 
-// lockKey takes the in-process lock of the NATS key nk, waiting until it is free or the
-// store closes.
-func (s *Store) lockKey(nk string) (unlock func(), err error) {
+// lockKey takes the in-process lock of the NATS key nk, waiting until it is free or ctx, the
+// call's (callContext), is done.
+func (s *Store) lockKey(ctx context.Context, nk string) (unlock func(), err error) {
 	s.keysMu.Lock()
 	l := s.keys[nk]
 	if l == nil {
@@ -521,41 +553,46 @@ func (s *Store) lockKey(nk string) (unlock func(), err error) {
 	select {
 	case l.ch <- struct{}{}:
 		return func() { <-l.ch; release() }, nil
-	case <-s.ctx.Done():
+	case <-ctx.Done():
 		release()
-		return nil, s.ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
 // backoff pauses before retry number try (1, 2, …) of an Update: a random time up to a
-// bound that doubles from 1ms per retry to maxBackoff, so that racing writers spread out.
-func (s *Store) backoff(try int) error {
+// bound that doubles from 1ms per retry to maxBackoff, so that racing writers spread out. It
+// ends early, with ctx's error, when ctx (the call's: callContext) is done.
+func (s *Store) backoff(ctx context.Context, try int) error {
 	bound := s.maxBackoff
 	if try < 30 && time.Millisecond<<try < bound {
 		bound = time.Millisecond << try
 	}
 	if bound <= 0 {
-		return s.ctx.Err()
+		return ctx.Err()
 	}
 	t := time.NewTimer(rand.N(bound))
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return nil
-	case <-s.ctx.Done():
-		return s.ctx.Err()
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
-// opError wraps the error of a request about key ("" for the whole bucket); one that failed
-// because Close cancelled it is store.ErrClosed.
-func (s *Store) opError(op, key string, err error) error {
+// opError wraps the error of a request about key ("" for the whole bucket) made within ctx,
+// the call's (callContext): one that failed because Close cancelled it is store.ErrClosed,
+// and one that failed once ctx was done matches ctx's error too, whatever NATS made of it.
+func (s *Store) opError(ctx context.Context, op, key string, err error) error {
 	what := "NATS bucket " + s.bucket
 	if key != "" {
 		what = fmt.Sprintf("%q in %s", key, what)
 	}
-	if s.ctx.Err() != nil {
+	switch cerr := ctx.Err(); {
+	case s.ctx.Err() != nil:
 		return fmt.Errorf("store: %s %s: %w", op, what, store.ErrClosed)
+	case cerr != nil && !errors.Is(err, cerr):
+		return fmt.Errorf("store: %s %s: %w: %w", op, what, cerr, err)
 	}
 	return fmt.Errorf("store: %s %s: %w", op, what, err)
 }

@@ -155,14 +155,14 @@ func TestNATSOddLabels(t *testing.T) {
 	labels := []string{"web", "my group", "a.b", "a/b", "*", ">", "ünïcödé", "=x", "", strings.Repeat("ü", 64)}
 	for _, l := range labels {
 		r := storetest.SampleRoute(l)
-		if _, err := s.Update(r.Key(), storetest.Set(r)); err != nil {
+		if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 			t.Fatalf("Update(%q): %v", r.Key(), err)
 		}
 		if got := storetest.MustGet(t, s, r.Key()); !storetest.SameRoute(t, got, r) {
 			t.Fatalf("Get(%q) = %+v, want %+v", r.Key(), got, r)
 		}
 	}
-	l, err := s.List()
+	l, err := s.List(t.Context())
 	if err != nil || len(l) != len(labels) {
 		t.Fatalf("List = %d routes, %v; want %d", len(l), err, len(labels))
 	}
@@ -210,7 +210,7 @@ func TestNATSOpen(t *testing.T) {
 	// A second store binds the same bucket and sees the first's routes at once.
 	s2 := openTestNATS(t, nc, Config{})
 	r := storetest.SampleRoute("web")
-	if _, err := s.Update(r.Key(), storetest.Set(r)); err != nil {
+	if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 		t.Fatal(err)
 	}
 	if got := storetest.MustGet(t, s2, r.Key()); !storetest.SameRoute(t, got, r) {
@@ -283,7 +283,7 @@ func TestNATSStoresRaceUpdates(t *testing.T) {
 	for _, s := range stores {
 		wg.Go(func() {
 			for range n {
-				_, err := s.Update(key, func(cur *store.Route) (*store.Route, error) {
+				_, err := s.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 					calls.Add(1)
 					if cur == nil {
 						cur = &store.Route{Kind: store.KindTCP, Label: "counter", Ports: map[string]int{}}
@@ -343,7 +343,7 @@ func TestNATSCreateRace(t *testing.T) {
 			results[i].tenant = tenant
 			wg.Go(func() {
 				res := &results[i]
-				res.got, res.err = s.Update(key, func(cur *store.Route) (*store.Route, error) {
+				res.got, res.err = s.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 					res.seen = append(res.seen, cur.Clone())
 					if len(res.seen) == 1 {
 						bothRead.Done()
@@ -395,15 +395,15 @@ func TestNATSDeleteRace(t *testing.T) {
 	a := openTestNATS(t, connectNATS(t, ns), Config{})
 	b := openTestNATS(t, connectNATS(t, ns), Config{})
 	key := store.Key(store.KindTCP, "web")
-	if _, err := a.Update(key, storetest.Set(storetest.SampleRoute("web"))); err != nil {
+	if _, err := a.Update(t.Context(), key, storetest.Set(storetest.SampleRoute("web"))); err != nil {
 		t.Fatal(err)
 	}
 	calls := 0
-	got, err := a.Update(key, func(cur *store.Route) (*store.Route, error) {
+	got, err := a.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 		calls++
 		if calls == 1 {
 			// Another edge takes the route between this read and the delete.
-			if _, err := b.Update(key, func(cur *store.Route) (*store.Route, error) {
+			if _, err := b.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 				cur.Tenant, cur.EmptySince = "other", time.Time{}
 				return cur, nil
 			}); err != nil {
@@ -423,13 +423,13 @@ func TestNATSDeleteRace(t *testing.T) {
 	}
 	// And deleted then created again (create over a delete marker) works, through both.
 	for _, s := range []*Store{a, b, a} {
-		if _, err := s.Update(key, storetest.Set(nil)); err != nil {
+		if _, err := s.Update(t.Context(), key, storetest.Set(nil)); err != nil {
 			t.Fatal(err)
 		}
 		if r := storetest.MustGet(t, b, key); r != nil {
 			t.Fatalf("after delete: %+v", r)
 		}
-		if _, err := s.Update(key, storetest.Set(storetest.SampleRoute("web"))); err != nil {
+		if _, err := s.Update(t.Context(), key, storetest.Set(storetest.SampleRoute("web"))); err != nil {
 			t.Fatal(err)
 		}
 		if r := storetest.MustGet(t, b, key); !storetest.SameRoute(t, r, storetest.SampleRoute("web")) {
@@ -448,15 +448,15 @@ func TestNATSConflictBound(t *testing.T) {
 	key := store.Key(store.KindTCP, "hot")
 	for _, present := range []bool{true, false} {
 		if present {
-			if _, err := b.Update(key, storetest.Set(storetest.SampleRoute("hot"))); err != nil {
+			if _, err := b.Update(t.Context(), key, storetest.Set(storetest.SampleRoute("hot"))); err != nil {
 				t.Fatal(err)
 			}
 		}
 		calls := 0
-		_, err := a.Update(key, func(cur *store.Route) (*store.Route, error) {
+		_, err := a.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 			calls++
 			// Each time, another writer gets in first.
-			if _, err := b.Update(key, func(cur *store.Route) (*store.Route, error) {
+			if _, err := b.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 				if cur == nil {
 					cur = storetest.SampleRoute("hot")
 				}
@@ -473,9 +473,76 @@ func TestNATSConflictBound(t *testing.T) {
 		if r := storetest.MustGet(t, a, key); r == nil || r.Tenant == "a" {
 			t.Fatalf("present %v: stored %+v", present, r)
 		}
-		if _, err := b.Update(key, storetest.Set(nil)); err != nil {
+		if _, err := b.Update(t.Context(), key, storetest.Set(nil)); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestNATSContextEndsRetries has every write of an Update lose to another writer, as
+// TestNATSConflictBound does, until the Update's context is cancelled: the Update stops
+// there, with the context's error, having written nothing.
+func TestNATSContextEndsRetries(t *testing.T) {
+	ns := startNATS(t, t.TempDir())
+	a := openTestNATS(t, connectNATS(t, ns), Config{})
+	b := openTestNATS(t, connectNATS(t, ns), Config{})
+	key := store.Key(store.KindTCP, "hot")
+	if _, err := b.Update(t.Context(), key, storetest.Set(storetest.SampleRoute("hot"))); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	calls := 0
+	_, err := a.Update(ctx, key, func(cur *store.Route) (*store.Route, error) {
+		calls++
+		if _, err := b.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
+			cur.Ports["n"]++
+			return cur, nil
+		}); err != nil {
+			t.Error(err)
+		}
+		if calls == 3 {
+			cancel()
+		}
+		return &store.Route{Kind: store.KindTCP, Label: "hot", Tenant: "a"}, nil
+	})
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrConflict) || calls != 3 {
+		t.Fatalf("Update = %v after %d calls; want context.Canceled after 3", err, calls)
+	}
+	if r := storetest.MustGet(t, a, key); r == nil || r.Tenant == "a" {
+		t.Fatalf("stored %+v", r)
+	}
+}
+
+// TestNATSContextEndsKeyWait has an Update wait for another Update of its key in the same
+// store, which holds the key's lock: the waiting one ends with its context.
+func TestNATSContextEndsKeyWait(t *testing.T) {
+	s := openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), Config{})
+	key := store.Key(store.KindHTTP, "a")
+	inFn, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.Update(t.Context(), key, func(*store.Route) (*store.Route, error) {
+			close(inFn)
+			<-release
+			return &store.Route{Kind: store.KindHTTP, Label: "a", Tenant: "first"}, nil
+		})
+		first <- err
+	}()
+	<-inFn
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	called := false
+	_, err := s.Update(ctx, key, func(*store.Route) (*store.Route, error) { called = true; return nil, nil })
+	close(release)
+	if !errors.Is(err, context.DeadlineExceeded) || called {
+		t.Fatalf("Update waiting for the key = %v (fn called: %v); want the context's error before fn", err, called)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if r := storetest.MustGet(t, s, key); r == nil || r.Tenant != "first" {
+		t.Fatalf("stored %+v, want the first Update's route", r)
 	}
 }
 
@@ -492,7 +559,7 @@ func TestNATSReopenKeepsEverything(t *testing.T) {
 		if i%2 == 0 {
 			r.Kind, r.Ports = store.KindHTTP, nil
 		}
-		if _, err := s.Update(r.Key(), storetest.Set(r)); err != nil {
+		if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 			t.Fatal(err)
 		}
 		want[r.Key()] = r
@@ -502,21 +569,21 @@ func TestNATSReopenKeepsEverything(t *testing.T) {
 		r := storetest.SampleRoute(fmt.Sprintf("r%03d", i))
 		if i%2 == 0 {
 			r.Kind, r.Ports = store.KindHTTP, nil
-			if _, err := s.Update(r.Key(), storetest.Set(nil)); err != nil {
+			if _, err := s.Update(t.Context(), r.Key(), storetest.Set(nil)); err != nil {
 				t.Fatal(err)
 			}
 			delete(want, r.Key())
 			continue
 		}
 		r.Tenant = "changed"
-		if _, err := s.Update(r.Key(), storetest.Set(r)); err != nil {
+		if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 			t.Fatal(err)
 		}
 		want[r.Key()] = r
 	}
 	check := func(s store.Store, when string) {
 		t.Helper()
-		l, err := s.List()
+		l, err := s.List(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -545,7 +612,7 @@ func TestNATSReopenKeepsEverything(t *testing.T) {
 func TestNATSUpdateReturnsStoredForm(t *testing.T) {
 	s := openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), Config{})
 	r := &store.Route{Kind: store.KindHTTP, Label: "a", EmptySince: time.Now()}
-	got, err := s.Update(r.Key(), storetest.Set(r))
+	got, err := s.Update(t.Context(), r.Key(), storetest.Set(r))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -558,7 +625,7 @@ func TestNATSUpdateReturnsStoredForm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Update(r.Key(), storetest.Set(got)); err != nil {
+	if _, err := s.Update(t.Context(), r.Key(), storetest.Set(got)); err != nil {
 		t.Fatal(err)
 	}
 	e2, err := s.kv.Get(context.Background(), natsKey(r.Key()))
@@ -570,7 +637,7 @@ func TestNATSUpdateReturnsStoredForm(t *testing.T) {
 	}
 	// Nor does deleting an absent key (no delete marker).
 	before := bucketLastSeq(t, s)
-	if _, err := s.Update("http/none", storetest.Set(nil)); err != nil {
+	if _, err := s.Update(t.Context(), "http/none", storetest.Set(nil)); err != nil {
 		t.Fatal(err)
 	}
 	if after := bucketLastSeq(t, s); after != before {
@@ -606,15 +673,15 @@ func TestNATSCorrupt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, key := range []string{"http/bad", "http/empty"} {
-		if _, err := s.Get(key); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), DefaultBucket) {
+		if _, err := s.Get(t.Context(), key); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), DefaultBucket) {
 			t.Errorf("Get(%s) = %v, want ErrCorrupt", key, err)
 		}
 		called := false
-		if _, err := s.Update(key, func(*store.Route) (*store.Route, error) { called = true; return nil, nil }); !errors.Is(err, ErrCorrupt) || called {
+		if _, err := s.Update(t.Context(), key, func(*store.Route) (*store.Route, error) { called = true; return nil, nil }); !errors.Is(err, ErrCorrupt) || called {
 			t.Errorf("Update(%s) = %v (fn called: %v), want ErrCorrupt before fn", key, err, called)
 		}
 	}
-	if _, err := s.List(); !errors.Is(err, ErrCorrupt) {
+	if _, err := s.List(t.Context()); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("List = %v, want ErrCorrupt", err)
 	}
 	for _, k := range []string{"http.bad", "http.empty"} {
@@ -622,19 +689,20 @@ func TestNATSCorrupt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if l, err := s.List(); err != nil || len(l) != 0 {
+	if l, err := s.List(t.Context()); err != nil || len(l) != 0 {
 		t.Fatalf("List = %v, %v; want empty", l, err)
 	}
 	if _, err := s.kv.Put(ctx, "tcp.x=y", []byte(`{"kind":"tcp"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.List(); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "tcp.x=y") {
+	if _, err := s.List(t.Context()); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "tcp.x=y") {
 		t.Errorf("List with a foreign key = %v, want ErrCorrupt", err)
 	}
 }
 
-// TestNATSServerGone checks calls fail after the timeout, not hang, when NATS does not
-// answer, and that Close cancels the calls in flight.
+// TestNATSServerGone checks calls fail after the timeout, or when their context ends if
+// that is sooner, not hang, when NATS does not answer, and that Close cancels the calls in
+// flight.
 func TestNATSServerGone(t *testing.T) {
 	ns := startNATS(t, t.TempDir())
 	// This connection reconnects: requests wait for the server instead of failing at once.
@@ -644,15 +712,15 @@ func TestNATSServerGone(t *testing.T) {
 	}
 	t.Cleanup(nc.Close)
 	s := openTestNATS(t, nc, Config{Timeout: 300 * time.Millisecond})
-	if _, err := s.Update("http/a", storetest.Set(&store.Route{Kind: store.KindHTTP, Label: "a"})); err != nil {
+	if _, err := s.Update(t.Context(), "http/a", storetest.Set(&store.Route{Kind: store.KindHTTP, Label: "a"})); err != nil {
 		t.Fatal(err)
 	}
 	stopNATS(ns)
 
 	for name, call := range map[string]func() error{
-		"Get":    func() error { _, err := s.Get("http/a"); return err },
-		"List":   func() error { _, err := s.List(); return err },
-		"Update": func() error { _, err := s.Update("http/a", storetest.Set(nil)); return err },
+		"Get":    func() error { _, err := s.Get(t.Context(), "http/a"); return err },
+		"List":   func() error { _, err := s.List(t.Context()); return err },
+		"Update": func() error { _, err := s.Update(t.Context(), "http/a", storetest.Set(nil)); return err },
 	} {
 		start := time.Now()
 		err := call()
@@ -663,10 +731,27 @@ func TestNATSServerGone(t *testing.T) {
 		t.Logf("%s: %v after %v", name, err, d.Round(time.Millisecond))
 	}
 
-	// Close ends a call in flight with store.ErrClosed, well before its timeout.
+	// A call's context ends it before the store's timeout: the error is the context's.
 	s.timeout = time.Minute
+	for name, call := range map[string]func(ctx context.Context) error{
+		"Get":    func(ctx context.Context) error { _, err := s.Get(ctx, "http/a"); return err },
+		"List":   func(ctx context.Context) error { _, err := s.List(ctx); return err },
+		"Update": func(ctx context.Context) error { _, err := s.Update(ctx, "http/a", storetest.Set(nil)); return err },
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		start := time.Now()
+		err := call(ctx)
+		d := time.Since(start)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || d > 3*time.Second {
+			t.Fatalf("%s with the server gone and a 300ms context = %v after %v; want the context's error after about 300ms", name, err, d)
+		}
+		t.Logf("%s with a 300ms context: %v after %v", name, err, d.Round(time.Millisecond))
+	}
+
+	// Close ends a call in flight with store.ErrClosed, well before its timeout.
 	done := make(chan error, 1)
-	go func() { _, err := s.Get("http/a"); done <- err }()
+	go func() { _, err := s.Get(t.Context(), "http/a"); done <- err }()
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	if err := s.Close(); err != nil {

@@ -6,6 +6,7 @@
 package storetest
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,6 +33,7 @@ func Run(t *testing.T, open func(t testing.TB) store.Store) {
 		{"GetListReturnCopies", testGetListReturnCopies},
 		{"ListInKeyOrder", testListInKeyOrder},
 		{"ConcurrentUpdatesSerialised", testConcurrentUpdatesSerialised},
+		{"ContextDone", testContextDone},
 		{"Close", testClose},
 	} {
 		t.Run(test.name, func(t *testing.T) {
@@ -51,7 +53,7 @@ func BenchUpdate(b *testing.B, s store.Store) {
 	i := 0
 	for b.Loop() {
 		i++
-		if _, err := s.Update(key, func(cur *store.Route) (*store.Route, error) {
+		if _, err := s.Update(b.Context(), key, func(cur *store.Route) (*store.Route, error) {
 			r.Ports["p"] = i
 			return r, nil
 		}); err != nil {
@@ -91,7 +93,7 @@ func SameRoute(t testing.TB, got, want *store.Route) bool {
 // MustGet returns the route at key in s, failing t if Get fails.
 func MustGet(t testing.TB, s store.Store, key string) *store.Route {
 	t.Helper()
-	r, err := s.Get(key)
+	r, err := s.Get(t.Context(), key)
 	if err != nil {
 		t.Fatalf("Get(%q): %v", key, err)
 	}
@@ -111,7 +113,7 @@ func testCreateModifyDelete(t *testing.T, s store.Store) {
 	}
 
 	// Create: fn sees nil, Update returns what is stored.
-	got, err := s.Update(key, func(cur *store.Route) (*store.Route, error) {
+	got, err := s.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 		if cur != nil {
 			t.Errorf("create: fn saw %+v, want nil", cur)
 		}
@@ -125,7 +127,7 @@ func testCreateModifyDelete(t *testing.T, s store.Store) {
 	}
 
 	// Modify: fn sees the stored route and changes it.
-	got, err = s.Update(key, func(cur *store.Route) (*store.Route, error) {
+	got, err = s.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 		if !SameRoute(t, cur, want) {
 			t.Errorf("modify: fn saw %+v, want %+v", cur, want)
 		}
@@ -143,12 +145,12 @@ func testCreateModifyDelete(t *testing.T, s store.Store) {
 	}
 
 	// Writing the same route again is no change and no error.
-	if got, err = s.Update(key, func(cur *store.Route) (*store.Route, error) { return cur, nil }); err != nil || !SameRoute(t, got, want) {
+	if got, err = s.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) { return cur, nil }); err != nil || !SameRoute(t, got, want) {
 		t.Fatalf("rewrite: Update = %+v, %v; want %+v", got, err, want)
 	}
 
 	// Delete: fn returns nil.
-	got, err = s.Update(key, Set(nil))
+	got, err = s.Update(t.Context(), key, Set(nil))
 	if err != nil || got != nil {
 		t.Fatalf("delete: Update = %+v, %v; want nil, nil", got, err)
 	}
@@ -156,17 +158,17 @@ func testCreateModifyDelete(t *testing.T, s store.Store) {
 		t.Fatalf("after delete: Get = %+v, want nil", r)
 	}
 	// Deleting an absent key is no error.
-	if got, err = s.Update(key, Set(nil)); err != nil || got != nil {
+	if got, err = s.Update(t.Context(), key, Set(nil)); err != nil || got != nil {
 		t.Fatalf("delete absent: Update = %+v, %v; want nil, nil", got, err)
 	}
-	if l, err := s.List(); err != nil || len(l) != 0 {
+	if l, err := s.List(t.Context()); err != nil || len(l) != 0 {
 		t.Fatalf("List after delete = %v, %v; want empty", l, err)
 	}
 }
 
 func testFnErrorChangesNothing(t *testing.T, s store.Store) {
 	want := SampleRoute("web")
-	if _, err := s.Update(want.Key(), Set(want)); err != nil {
+	if _, err := s.Update(t.Context(), want.Key(), Set(want)); err != nil {
 		t.Fatal(err)
 	}
 	boom := errors.New("boom")
@@ -178,7 +180,7 @@ func testFnErrorChangesNothing(t *testing.T, s store.Store) {
 		},
 		"delete": func(*store.Route) (*store.Route, error) { return nil, boom },
 	} {
-		got, err := s.Update(want.Key(), fn)
+		got, err := s.Update(t.Context(), want.Key(), fn)
 		if err != boom || got != nil {
 			t.Fatalf("%s: Update = %+v, %v; want nil and fn's error itself", name, got, err)
 		}
@@ -187,7 +189,7 @@ func testFnErrorChangesNothing(t *testing.T, s store.Store) {
 		}
 	}
 	// An error on an absent key creates nothing.
-	if _, err := s.Update("http/none", func(*store.Route) (*store.Route, error) { return SampleRoute("none"), boom }); err != boom {
+	if _, err := s.Update(t.Context(), "http/none", func(*store.Route) (*store.Route, error) { return SampleRoute("none"), boom }); err != boom {
 		t.Fatalf("Update = %v, want boom", err)
 	}
 	if r := MustGet(t, s, "http/none"); r != nil {
@@ -198,13 +200,13 @@ func testFnErrorChangesNothing(t *testing.T, s store.Store) {
 func testFnSeesACopy(t *testing.T, s store.Store) {
 	want := SampleRoute("web")
 	key := want.Key()
-	if _, err := s.Update(key, Set(want)); err != nil {
+	if _, err := s.Update(t.Context(), key, Set(want)); err != nil {
 		t.Fatal(err)
 	}
 	// fn mutates its argument but returns a different route: only that one is stored.
 	var seen *store.Route
 	other := &store.Route{Kind: store.KindTCP, Label: "web", Tenant: "acme", Ports: map[string]int{"p": 1}}
-	if _, err := s.Update(key, func(cur *store.Route) (*store.Route, error) {
+	if _, err := s.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 		seen = cur
 		cur.Tenant = "evil"
 		cur.Ports["evil"] = 666
@@ -223,7 +225,7 @@ func testFnSeesACopy(t *testing.T, s store.Store) {
 		t.Fatalf("mutating fn's argument later changed the store: Get = %+v", r)
 	}
 	// Nor mutating the route fn returned, or the one Update returned.
-	got, err := s.Update(key, Set(want))
+	got, err := s.Update(t.Context(), key, Set(want))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,13 +242,13 @@ func testFnSeesACopy(t *testing.T, s store.Store) {
 
 func testGetListReturnCopies(t *testing.T, s store.Store) {
 	want := SampleRoute("web")
-	if _, err := s.Update(want.Key(), Set(want)); err != nil {
+	if _, err := s.Update(t.Context(), want.Key(), Set(want)); err != nil {
 		t.Fatal(err)
 	}
 	r := MustGet(t, s, want.Key())
 	r.Tenant = "evil"
 	r.Ports["evil"] = 1
-	l, err := s.List()
+	l, err := s.List(t.Context())
 	if err != nil || len(l) != 1 {
 		t.Fatalf("List = %v, %v", l, err)
 	}
@@ -255,7 +257,7 @@ func testGetListReturnCopies(t *testing.T, s store.Store) {
 	if r := MustGet(t, s, want.Key()); !SameRoute(t, r, want) {
 		t.Fatalf("mutating Get's or List's result changed the store: %+v", r)
 	}
-	if l, _ := s.List(); !SameRoute(t, l[0], want) {
+	if l, _ := s.List(t.Context()); !SameRoute(t, l[0], want) {
 		t.Fatalf("mutating List's result changed the store: %+v", l[0])
 	}
 }
@@ -272,11 +274,11 @@ func testListInKeyOrder(t *testing.T, s store.Store) {
 		if k[0] == 't' {
 			kind, label = store.KindTCP, k[len("tcp/"):]
 		}
-		if _, err := s.Update(k, Set(&store.Route{Kind: kind, Label: label})); err != nil {
+		if _, err := s.Update(t.Context(), k, Set(&store.Route{Kind: kind, Label: label})); err != nil {
 			t.Fatal(err)
 		}
 	}
-	l, err := s.List()
+	l, err := s.List(t.Context())
 	if err != nil || len(l) != len(keys) {
 		t.Fatalf("List = %d routes, %v; want %d", len(l), err, len(keys))
 	}
@@ -297,7 +299,7 @@ func testConcurrentUpdatesSerialised(t *testing.T, s store.Store) {
 	errs := make(chan error, n)
 	for range n {
 		wg.Go(func() {
-			_, err := s.Update(key, func(cur *store.Route) (*store.Route, error) {
+			_, err := s.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 				if cur == nil {
 					cur = &store.Route{Kind: store.KindTCP, Label: "counter", Ports: map[string]int{}}
 				}
@@ -311,11 +313,11 @@ func testConcurrentUpdatesSerialised(t *testing.T, s store.Store) {
 	for range 5 {
 		wg.Go(func() {
 			for range 10 {
-				if _, err := s.Get(key); err != nil {
+				if _, err := s.Get(t.Context(), key); err != nil {
 					errs <- err
 					return
 				}
-				if _, err := s.List(); err != nil {
+				if _, err := s.List(t.Context()); err != nil {
 					errs <- err
 					return
 				}
@@ -335,7 +337,7 @@ func testConcurrentUpdatesSerialised(t *testing.T, s store.Store) {
 }
 
 func testClose(t *testing.T, s store.Store) {
-	if _, err := s.Update("http/a", Set(&store.Route{Kind: store.KindHTTP, Label: "a"})); err != nil {
+	if _, err := s.Update(t.Context(), "http/a", Set(&store.Route{Kind: store.KindHTTP, Label: "a"})); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {
@@ -345,16 +347,47 @@ func testClose(t *testing.T, s store.Store) {
 		t.Fatalf("second Close = %v, want nil", err)
 	}
 	called := false
-	if _, err := s.Update("http/a", func(*store.Route) (*store.Route, error) { called = true; return nil, nil }); !errors.Is(err, store.ErrClosed) {
+	if _, err := s.Update(t.Context(), "http/a", func(*store.Route) (*store.Route, error) { called = true; return nil, nil }); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("Update after Close = %v, want ErrClosed", err)
 	}
 	if called {
 		t.Fatal("Update after Close called fn")
 	}
-	if _, err := s.Get("http/a"); !errors.Is(err, store.ErrClosed) {
+	if _, err := s.Get(t.Context(), "http/a"); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("Get after Close = %v, want ErrClosed", err)
 	}
-	if _, err := s.List(); !errors.Is(err, store.ErrClosed) {
+	if _, err := s.List(t.Context()); !errors.Is(err, store.ErrClosed) {
 		t.Fatalf("List after Close = %v, want ErrClosed", err)
+	}
+}
+
+// testContextDone checks that a call given a context already done fails with the context's
+// error, without calling fn or changing anything, and that the store is fine afterwards.
+func testContextDone(t *testing.T, s store.Store) {
+	want := SampleRoute("web")
+	if _, err := s.Update(t.Context(), want.Key(), Set(want)); err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(t.Context())
+	cancel()
+	expired, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
+	defer cancel()
+	for _, ctx := range []context.Context{cancelled, expired} {
+		called := false
+		if _, err := s.Update(ctx, want.Key(), func(*store.Route) (*store.Route, error) { called = true; return nil, nil }); !errors.Is(err, ctx.Err()) {
+			t.Fatalf("Update with a done context = %v, want %v", err, ctx.Err())
+		}
+		if called {
+			t.Fatal("Update with a done context called fn")
+		}
+		if _, err := s.Get(ctx, want.Key()); !errors.Is(err, ctx.Err()) {
+			t.Fatalf("Get with a done context = %v, want %v", err, ctx.Err())
+		}
+		if _, err := s.List(ctx); !errors.Is(err, ctx.Err()) {
+			t.Fatalf("List with a done context = %v, want %v", err, ctx.Err())
+		}
+	}
+	if r := MustGet(t, s, want.Key()); !SameRoute(t, r, want) {
+		t.Fatalf("after calls with a done context: Get = %+v, want %+v", r, want)
 	}
 }
