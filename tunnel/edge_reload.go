@@ -46,7 +46,7 @@ var reloadMu sync.Mutex
 // What it does not apply, and names in notApplied as "Field (old -> new): reason" (the
 // values left out for settings that are not plain values, and for AdminToken and
 // AlertWebhookURL, which may hold secrets): every other field of cfg that differs from
-// the running configuration (ports, listeners, Domain, RegionID, TLS, StateDir, AdminToken,
+// the running configuration (ports, listeners, Domain, RegionID, TLS, Store, AdminToken,
 // request body limits, timeouts, alerts, load balancing, …). Auth is compared only for
 // nil: an Authenticator that reads its tokens live (examples/edge has one) changes them
 // itself.

@@ -17,7 +17,6 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel/store"
-	"github.com/warren-tunnel/warren/tunnel/store/boltstore"
 )
 
 // errUnchanged makes a store update write nothing.
@@ -769,14 +768,7 @@ func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*ro
 	}
 	st := cfg.Store
 	if st == nil {
-		if cfg.StateDir == "" {
-			st = store.NewMemory()
-		} else {
-			var err error
-			if st, err = boltstore.Open(cfg.StateDir); err != nil {
-				return nil, fmt.Errorf("tunnel: %w", err)
-			}
-		}
+		st = store.NewMemory()
 	}
 	ttl := cfg.RouteTTL
 	if ttl <= 0 {

@@ -136,8 +136,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		OnEvent: s.onGroupEvent,
 	})
 	if cfg.Cluster != nil {
-		if s.cfg.Store != nil || s.cfg.StateDir != "" {
-			return nil, errors.New("tunnel: a cluster keeps its routes in NATS: set neither Store nor StateDir with Cluster")
+		if s.cfg.Store != nil {
+			return nil, errors.New("tunnel: a cluster keeps its routes in NATS: do not set Store with Cluster")
 		}
 		cc := *cfg.Cluster
 		if err := cc.setDefaults(); err != nil {

@@ -104,6 +104,7 @@ type Store interface {
 	Get(ctx context.Context, key string) (*Route, error)
 	// List returns every route, in key order.
 	List(ctx context.Context) ([]*Route, error)
-	// Close releases the store; later calls return ErrClosed.
+	// Close releases the store; later calls return ErrClosed. Closing it again does
+	// nothing and returns nil.
 	Close() error
 }
