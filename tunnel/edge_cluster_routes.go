@@ -205,7 +205,7 @@ func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error)
 			b.holdElsewhere(p) // another route's: not offered here again while it holds it
 			continue
 		} else if err != nil {
-			return 0, fmt.Errorf("%w: cannot reserve a port: %v", ErrUnavailable, err)
+			return 0, fmt.Errorf("%w: cannot reserve a port: %w", ErrUnavailable, err)
 		}
 		var final int
 		_, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
@@ -230,7 +230,7 @@ func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error)
 			if errors.As(err, &ge) {
 				return 0, err
 			}
-			return 0, fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+			return 0, fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
 		}
 		if final != p {
 			b.unreservePort(p, tk.key)
@@ -261,7 +261,7 @@ func (b *routeBook) clusterSoloPort(tk *ticket, req *group.JoinRequest) error {
 			continue
 		case err != nil:
 			tk.solo = ""
-			return fmt.Errorf("%w: cannot reserve a port: %v", ErrUnavailable, err)
+			return fmt.Errorf("%w: cannot reserve a port: %w", ErrUnavailable, err)
 		}
 		req.Port, tk.port = p, p
 		return nil

@@ -393,7 +393,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		if errors.As(err, &ge) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
 	}
 	if taken != nil {
 		b.log.Info("route claim lapsed; a new tenant claims it", zap.String("route", tk.key))
@@ -612,7 +612,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		if errors.As(err, &ge) {
 			return err
 		}
-		return fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
 	}
 	if oldPort != 0 {
 		// The pool could not bind its old port and took another: the old one goes back.
