@@ -68,8 +68,8 @@ type Config struct {
 	// server. An existing bucket keeps the replica count it was created with.
 	Replicas int
 	// Timeout bounds each request to NATS — opening the bucket, and each read or write of
-	// Update, Get and List (DefaultTimeout if zero or less) — within the bound of the
-	// context the call was given, whichever ends first.
+	// Update, Get and List (DefaultTimeout if zero or less). The context the call was given
+	// bounds it too: whichever ends first ends the request.
 	Timeout time.Duration
 }
 
@@ -101,8 +101,8 @@ type Config struct {
 //
 // An Update whose write request fails (it times out, or the connection drops) may still have
 // been stored: the caller sees the error, and the key holds the new route. An fn that
-// computes its result from cur, with no side effects (as store.Store asks), makes retrying such an
-// Update safe.
+// computes its result from cur, with no side effects (as store.Store asks), makes retrying
+// such an Update safe.
 //
 // # Key encoding
 //
