@@ -18,8 +18,9 @@
 //   - webhook: zero-healthy alerts: Debouncer, Payload and a bounded, SSRF-safe Sender.
 //   - admin: the edge's REST API, live event streams and Prometheus collector, over a
 //     read-only view of the routing table.
-//   - store: durable route ownership (route → tenant, pool, key hash, TCP ports): in memory,
-//     or an embedded bbolt file.
+//   - tunnel/store: durable route ownership (route → tenant, pool, key hash, TCP ports): in
+//     memory; tunnel/store/boltstore keeps it in an embedded bbolt file, and
+//     tunnel/store/natsstore in a NATS JetStream bucket that a cluster's edges share.
 //   - internal/wire: the protocol (see internal/wire/spec.md); internal/proxy: the edge's
 //     data path; internal/mux: multiplexer plumbing; internal/policy and internal/throttle:
 //     endpoint policies and authentication throttles.

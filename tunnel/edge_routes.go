@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -15,7 +16,7 @@ import (
 	"github.com/warren-tunnel/warren/admin"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // errUnchanged makes a store update write nothing.
@@ -32,6 +33,13 @@ type routeBook struct {
 	now func() time.Time
 	reg *group.Registry
 	log *zap.Logger
+
+	// ctx bounds the book's store calls. It lasts as long as the store: close cancels it as
+	// it closes the store, once the edge's last session is gone. (The server's own context
+	// ends earlier in Close, while sessions still end and their routes are recorded empty.)
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	// eps are the reserved endpoints in force and their policies' gates; Reload replaces
 	// the set (edge_live.go).
 	eps atomic.Pointer[endpointSet]
@@ -128,13 +136,14 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 		ports: map[string]map[int]bool{}, tunnels: map[string]int{}, sessions: map[string]int{},
 		pendingPorts: map[string]int{}, soloPorts: map[int]string{}, elsewhere: map[int]bool{},
 		soloHolders: map[string]string{}}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
 	reservedEps := map[string]*Endpoint{}
 	for i := range endpoints {
 		ep := endpoints[i].own()
 		reservedEps[store.Key(ep.kind(), ep.label())] = ep
 	}
 	b.eps.Store(newEndpointSet(reservedEps, nil))
-	routes, err := st.List()
+	routes, err := st.List(b.ctx)
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: reading the route store: %w", err)
 	}
@@ -152,7 +161,7 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 			continue
 		}
 		if r.Reserved { // no endpoint reserves it any more: an ordinary claim from now on
-			r, err = st.Update(r.Key(), func(cur *store.Route) (*store.Route, error) {
+			r, err = st.Update(b.ctx, r.Key(), func(cur *store.Route) (*store.Route, error) {
 				if cur == nil {
 					return nil, errUnchanged
 				}
@@ -168,7 +177,7 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 		}
 	}
 	for key, ep := range reservedEps {
-		r, err := st.Update(key, func(cur *store.Route) (*store.Route, error) {
+		r, err := st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 			next := ep.route()
 			next.EmptySince = now
 			if cur != nil && cur.Tenant != next.Tenant {
@@ -367,7 +376,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		}
 		return tk.created, nil
 	}
-	_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
 		r, err := decide(cur)
 		switch {
 		case err == nil && r != nil:
@@ -384,7 +393,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		if errors.As(err, &ge) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
 	}
 	if taken != nil {
 		b.log.Info("route claim lapsed; a new tenant claims it", zap.String("route", tk.key))
@@ -451,7 +460,7 @@ func (b *routeBook) abandon(tk *ticket) {
 		return
 	}
 	created := tk.created
-	_, _ = b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+	_, _ = b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.Tenant != created.Tenant || !cur.EmptySince.Equal(created.EmptySince) ||
 			len(cur.Ports) > 0 || b.live(tk.kind, tk.label) {
 			return nil, errUnchanged // someone has used it since
@@ -544,7 +553,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		b.mu.Unlock()
 	}
 	var oldPort int
-	r, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+	r, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
 		oldPort = 0
 		if cur == nil {
 			// Swept or undone meanwhile: the live owner records it again.
@@ -603,7 +612,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		if errors.As(err, &ge) {
 			return err
 		}
-		return fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
 	}
 	if oldPort != 0 {
 		// The pool could not bind its old port and took another: the old one goes back.
@@ -637,7 +646,7 @@ func (b *routeBook) emptied(g *group.Group) {
 		delete(b.soloHolders, g.Label)
 		b.mu.Unlock()
 	}
-	_, err := b.st.Update(store.Key(kind, g.Label), func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, store.Key(kind, g.Label), func(cur *store.Route) (*store.Route, error) {
 		later = false
 		if cur == nil {
 			return nil, errUnchanged
@@ -688,7 +697,7 @@ func (b *routeBook) emptied(g *group.Group) {
 
 // sweep deletes the claims that lapsed and gives their ports back.
 func (b *routeBook) sweep() {
-	routes, err := b.st.List()
+	routes, err := b.st.List(b.ctx)
 	if err != nil {
 		return
 	}
@@ -735,7 +744,7 @@ func (b *routeBook) sweep() {
 			continue
 		}
 		var gone *store.Route
-		_, err := b.st.Update(r.Key(), func(cur *store.Route) (*store.Route, error) {
+		_, err := b.st.Update(b.ctx, r.Key(), func(cur *store.Route) (*store.Route, error) {
 			if cur == nil || !b.lapsed(cur, now, func() bool { return b.live(r.Kind, r.Label) }) {
 				return nil, errUnchanged
 			}
@@ -759,14 +768,7 @@ func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*ro
 	}
 	st := cfg.Store
 	if st == nil {
-		if cfg.StateDir == "" {
-			st = store.NewMemory()
-		} else {
-			var err error
-			if st, err = store.Open(cfg.StateDir); err != nil {
-				return nil, fmt.Errorf("tunnel: %w", err)
-			}
-		}
+		st = store.NewMemory()
 	}
 	ttl := cfg.RouteTTL
 	if ttl <= 0 {
@@ -778,6 +780,12 @@ func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*ro
 		return nil, err
 	}
 	return b, nil
+}
+
+// close ends the book's store calls still under way and closes the store.
+func (b *routeBook) close() error {
+	b.cancel()
+	return b.st.Close()
 }
 
 // sweeper deletes lapsed claims every interval until done is closed.
@@ -830,7 +838,7 @@ func (b *routeBook) idleEndpoints() []admin.Endpoint {
 // Without it the claim would lapse a TTL after the route's next member left, without its
 // grace period.
 func (b *routeBook) markLive(key, kind, label string) {
-	_, err := b.st.Update(key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.EmptySince.IsZero() || !b.live(kind, label) {
 			return nil, errUnchanged
 		}
@@ -847,7 +855,7 @@ func (b *routeBook) markLive(key, kind, label string) {
 // markEmpty records, in a cluster, that a route no edge serves is empty from now on (its
 // members vanished with an edge, or every edge restarted since): its claim lapses a TTL later.
 func (b *routeBook) markEmpty(key, kind, label string) {
-	_, err := b.st.Update(key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 		now := b.now()
 		if cur == nil || cur.Reserved || !cur.EmptySince.IsZero() || now.Sub(cur.Claimed) < b.lease || b.live(kind, label) {
 			return nil, errUnchanged
