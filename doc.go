@@ -19,8 +19,9 @@
 //   - tunnel/admin: the edge's operator plane, built from its read-only Operator view: REST
 //     API, live event streams, Prometheus metrics and status page. The edge links none of it.
 //   - tunnel/tunneltest: edges and connectors on loopback for tests, in the style of httptest.
-//   - store: durable route ownership (route → tenant, pool, key hash, TCP ports): in memory,
-//     or an embedded bbolt file.
+//   - tunnel/store: durable route ownership (route → tenant, pool, key hash, TCP ports): in
+//     memory; tunnel/store/boltstore keeps it in an embedded bbolt file, and
+//     tunnel/store/natsstore in a NATS JetStream bucket that a cluster's edges share.
 //   - internal/wire: the protocol (see internal/wire/spec.md); internal/proxy: the edge's
 //     data path; internal/mux: multiplexer plumbing; internal/policy and internal/throttle:
 //     endpoint policies and authentication throttles.

@@ -365,7 +365,7 @@ func staleRoutes(t testing.TB, e *clusterEdge, n int, lease time.Duration) {
 	}
 	require.Eventually(t, func() bool {
 		for i := range n {
-			r, err := e.routes.st.Get(fmt.Sprintf("http/old%d", i))
+			r, err := e.routes.st.Get(t.Context(), fmt.Sprintf("http/old%d", i))
 			if err != nil || r == nil || r.EmptySince.IsZero() || time.Since(r.EmptySince) <= lease || time.Since(r.Claimed) <= lease {
 				return false
 			}

@@ -218,7 +218,7 @@ func TestClusterLiveRouteNeverLapsesAsMembersMoveEdges(t *testing.T) {
 		// has lost it; it must not land over c's claim, and nothing observable marks that it
 		// did not: give it a moment before reading the route.
 		time.Sleep(50 * time.Millisecond)
-		r, err := a.routes.st.Get("http/" + sub)
+		r, err := a.routes.st.Get(t.Context(), "http/"+sub)
 		require.NoError(t, err)
 		require.NotNil(t, r)
 		empty[sub] = !r.EmptySince.IsZero()
@@ -350,7 +350,7 @@ func TestClusterLiveRouteNeverLapsesThroughANATSCut(t *testing.T) {
 	// The cut lasts until b has dropped a's members and recorded the route empty.
 	b.waitMembers(t, "pool", map[string]int{})
 	require.Eventually(t, func() bool {
-		r, err := b.routes.st.Get("http/pool")
+		r, err := b.routes.st.Get(t.Context(), "http/pool")
 		return err == nil && r != nil && !r.EmptySince.IsZero()
 	}, 5*time.Second, 10*time.Millisecond, "b never recorded the route empty while a was cut off")
 	p.restore()
@@ -363,7 +363,7 @@ func TestClusterLiveRouteNeverLapsesThroughANATSCut(t *testing.T) {
 	// RouteTTL run out (a claim still recorded empty would lapse by then), with a sweep.
 	time.Sleep(ttl + 500*time.Millisecond)
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
-	r, err := b.routes.st.Get("http/pool")
+	r, err := b.routes.st.Get(t.Context(), "http/pool")
 	require.NoError(t, err)
 	require.NotNil(t, r, "the live route was swept")
 	require.True(t, r.EmptySince.IsZero(), "the live route is recorded empty since %v", r.EmptySince)
@@ -434,7 +434,7 @@ func TestClusterDeadEdgeReleasesSoloTCPPorts(t *testing.T) {
 	require.Eventually(t, func() bool { return edgeLease(b, "a") == "expired" }, 5*time.Second, 10*time.Millisecond)
 	// The dead edge's reservation goes within 2 s (a lease after the lapse, and a sweep)...
 	require.Eventually(t, func() bool {
-		r, err := b.routes.st.Get(fmt.Sprintf("port/%d", port))
+		r, err := b.routes.st.Get(t.Context(), fmt.Sprintf("port/%d", port))
 		return err == nil && r == nil
 	}, 2*time.Second, 20*time.Millisecond, "port %d is still reserved for a tunnel of the dead edge", port)
 	// ...and the port is b's again to give to a new solo TCP tunnel (the sweep that deleted

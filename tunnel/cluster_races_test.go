@@ -53,7 +53,7 @@ func TestClusterWipedRoutesBucketKeepsALiveRouteItsTenants(t *testing.T) {
 
 	_, ownerErr := a.connect(WithToken(acmeToken), WithReconnect(false)).Forward(ctxT(t), clusterPool("acme-key"),
 		hostPort(backend(t, "acme2").URL))
-	r, err := a.routes.st.Get("http/pool")
+	r, err := a.routes.st.Get(t.Context(), "http/pool")
 	require.NoError(t, err)
 	if r != nil {
 		assert.Equal(t, "acme", r.Tenant, "the refused tenant's claim was left in the route store")
@@ -361,7 +361,7 @@ func TestClusterSoloTCPPortLeadsToOneTunnelAfterANATSCut(t *testing.T) {
 	p.cut()
 	require.Eventually(t, func() bool { return edgeLease(b, "a") == "expired" }, 5*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
-		r, err := b.routes.st.Get(fmt.Sprintf("port/%d", port))
+		r, err := b.routes.st.Get(t.Context(), fmt.Sprintf("port/%d", port))
 		return err == nil && r == nil
 	}, 5*time.Second, 20*time.Millisecond, "b never released the cut edge's port (the test proves nothing)")
 	tb, err := b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "other"}, tcpNamed(t, "b-other"))

@@ -13,7 +13,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/internal/wire"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
+	"github.com/warren-tunnel/warren/tunnel/store/natsstore"
 )
 
 // The buckets in memory storage can vanish under a running cluster (NATS restarted; here
@@ -174,7 +175,7 @@ func TestPeerStreamsOverCapRefusedAndReleased(t *testing.T) {
 }
 
 // The routes bucket (file storage) survives a restart of NATS, but not a wiped NATS store:
-// then store.NATS creates it again, empty and with its own configuration, so that routes can
+// then natsstore.Store creates it again, empty and with its own configuration, so that routes can
 // be written again without restarting the edges.
 func TestRouteStoreRecreatesMissingBucket(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
@@ -183,13 +184,13 @@ func TestRouteStoreRecreatesMissingBucket(t *testing.T) {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := store.OpenNATS(ctx, nc, store.NATSConfig{Bucket: "r_routes", Timeout: 2 * time.Second})
+	s, err := natsstore.Open(ctx, nc, natsstore.Config{Bucket: "r_routes", Timeout: 2 * time.Second})
 	require.NoError(t, err)
 	defer s.Close()
 	set := func(r *store.Route) func(*store.Route) (*store.Route, error) {
 		return func(*store.Route) (*store.Route, error) { return r, nil }
 	}
-	_, err = s.Update("http/a", set(&store.Route{Kind: store.KindHTTP, Label: "a", Tenant: "t1"}))
+	_, err = s.Update(t.Context(), "http/a", set(&store.Route{Kind: store.KindHTTP, Label: "a", Tenant: "t1"}))
 	require.NoError(t, err)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
@@ -205,25 +206,25 @@ func TestRouteStoreRecreatesMissingBucket(t *testing.T) {
 	}
 	wipe()
 
-	r, err := s.Get("http/a")
+	r, err := s.Get(t.Context(), "http/a")
 	require.NoError(t, err, "a read of the vanished bucket")
 	require.Nil(t, r, "the routes were lost with the bucket")
-	_, err = s.Update("http/b", set(&store.Route{Kind: store.KindHTTP, Label: "b", Tenant: "t2"}))
+	_, err = s.Update(t.Context(), "http/b", set(&store.Route{Kind: store.KindHTTP, Label: "b", Tenant: "t2"}))
 	require.NoError(t, err)
 	wipe()
-	_, err = s.Update("http/c", set(&store.Route{Kind: store.KindHTTP, Label: "c", Tenant: "t3"}))
+	_, err = s.Update(t.Context(), "http/c", set(&store.Route{Kind: store.KindHTTP, Label: "c", Tenant: "t3"}))
 	require.NoError(t, err, "a write to the vanished bucket")
 	wipe()
 	// A list right after the delete may still be answered from the old stream, or fail while
 	// JetStream finishes deleting it; within moments the bucket is there again, empty.
 	var all []*store.Route
 	require.Eventually(t, func() bool {
-		all, err = s.List()
+		all, err = s.List(t.Context())
 		return err == nil && len(all) == 0
 	}, 5*time.Second, 10*time.Millisecond, "a list of the vanished bucket: %v, %v", all, err)
-	_, err = s.Update("http/d", set(&store.Route{Kind: store.KindHTTP, Label: "d", Tenant: "t4"}))
+	_, err = s.Update(t.Context(), "http/d", set(&store.Route{Kind: store.KindHTTP, Label: "d", Tenant: "t4"}))
 	require.NoError(t, err)
-	all, err = s.List()
+	all, err = s.List(t.Context())
 	require.NoError(t, err)
 	require.Len(t, all, 1)
 	require.Equal(t, "d", all[0].Label)

@@ -10,7 +10,7 @@
 // request (HTTP) or connection (TCP) goes to one healthy, non-draining member of the route's
 // pool, chosen by the pool's dispatch.Strategy; another member is tried only when no byte of
 // the request can have reached an application. A route belongs to one tenant (see
-// ServerConfig.StateDir, Endpoints and Limits). Shutdown drains; Close stops at once.
+// ServerConfig.Store, Endpoints and Limits). Shutdown drains; Close stops at once.
 //
 // The connector, created with Dial, keeps one multiplexed connection to an edge, reconnects
 // with backoff and registers its tunnels again. Forward registers a tunnel to a local
@@ -22,5 +22,5 @@
 // auth.go and the wire types they share are used by both. The data path is in
 // internal/proxy, the multiplexer plumbing in internal/mux, the operator plane in package
 // tunnel/admin (operator.go is what it reads), the routing table in package group and route
-// ownership in package store.
+// ownership in package tunnel/store.
 package tunnel

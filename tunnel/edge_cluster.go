@@ -19,13 +19,13 @@ import (
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/proxy"
 	"github.com/warren-tunnel/warren/internal/throttle"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store/natsstore"
 )
 
 // cluster is an edge's part in a cluster of edges sharing one NATS JetStream.
 //
 // What lives where:
-//   - <bucket>_routes (store.NATS): route ownership, key hashes and TCP ports, written with
+//   - <bucket>_routes (natsstore.Store): route ownership, key hashes and TCP ports, written with
 //     compare-and-set before a registration is acknowledged, as the single edge writes its
 //     file store.
 //   - <bucket>_leases: one key per edge, "<edge id>", renewed every heartbeat; its value
@@ -44,7 +44,7 @@ type cluster struct {
 
 	nc      *nats.Conn
 	ownConn bool
-	routes  *store.NATS
+	routes  *natsstore.Store
 	members jetstream.KeyValue
 	leases  jetstream.KeyValue
 	alerts  jetstream.KeyValue
@@ -192,7 +192,7 @@ func (c *cluster) openBuckets() error {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
 	var err error
-	if c.routes, err = store.OpenNATS(ctx, c.nc, store.NATSConfig{Bucket: c.cfg.Bucket + "_routes",
+	if c.routes, err = natsstore.Open(ctx, c.nc, natsstore.Config{Bucket: c.cfg.Bucket + "_routes",
 		Replicas: c.cfg.Replicas, Timeout: c.cfg.Timeout}); err != nil {
 		return fmt.Errorf("tunnel: cluster: %w", err)
 	}
@@ -653,7 +653,7 @@ const bucketCheckEvery = 250 * time.Millisecond
 // again within a heartbeat of finding them missing (ensureBuckets), so the others learn only
 // live state. File storage would bring back, after a long outage, the member records of
 // edges and tunnels that ended while NATS was down (member records have no TTL), which the
-// other edges would take for real until they proved otherwise. The routes (store.NATS) are
+// other edges would take for real until they proved otherwise. The routes (natsstore.Store) are
 // in file storage: route ownership must outlive a restart of NATS.
 func (c *cluster) bucketConfigs() []jetstream.KeyValueConfig {
 	kv := func(suffix, what string, ttl time.Duration) jetstream.KeyValueConfig {
@@ -667,10 +667,10 @@ func (c *cluster) bucketConfigs() []jetstream.KeyValueConfig {
 	}
 }
 
-// openKV opens the bucket of cfg, creating it when it does not exist (store.OpenOrCreateKV);
+// openKV opens the bucket of cfg, creating it when it does not exist (natsstore.OpenOrCreateKV);
 // created tells whether this call created it.
 func openKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (kv jetstream.KeyValue, created bool, err error) {
-	kv, created, err = store.OpenOrCreateKV(ctx, js, cfg)
+	kv, created, err = natsstore.OpenOrCreateKV(ctx, js, cfg)
 	if err != nil {
 		return nil, false, fmt.Errorf("open NATS bucket %s: %w", cfg.Bucket, err)
 	}
@@ -736,6 +736,6 @@ func (c *cluster) recoverBuckets(err error) bool {
 }
 
 // isBucketMissing reports whether err, from an operation on a key-value bucket, may mean that
-// the bucket does not exist (store.NATSBucketMissing). ensureBuckets checks before it creates
+// the bucket does not exist (natsstore.BucketMissing). ensureBuckets checks before it creates
 // anything, so a false alarm costs a request.
-func isBucketMissing(err error) bool { return store.NATSBucketMissing(err) }
+func isBucketMissing(err error) bool { return natsstore.BucketMissing(err) }

@@ -15,11 +15,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // Route ownership in a cluster. The routes live in one NATS bucket that every edge updates
-// with compare-and-set (store.NATS), so the single edge's rules hold across edges: a route
+// with compare-and-set (natsstore.Store), so the single edge's rules hold across edges: a route
 // has one owning tenant, written before a registration is acknowledged. Two more rules make
 // the key and the TCP port cluster-wide:
 //
@@ -205,10 +205,10 @@ func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error)
 			b.holdElsewhere(p) // another route's: not offered here again while it holds it
 			continue
 		} else if err != nil {
-			return 0, fmt.Errorf("%w: cannot reserve a port: %v", ErrUnavailable, err)
+			return 0, fmt.Errorf("%w: cannot reserve a port: %w", ErrUnavailable, err)
 		}
 		var final int
-		_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+		_, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
 			final = 0
 			if cur == nil || cur.Tenant != tk.tenant {
 				return nil, ownedError(tk.kind, tk.label)
@@ -230,7 +230,7 @@ func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error)
 			if errors.As(err, &ge) {
 				return 0, err
 			}
-			return 0, fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+			return 0, fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
 		}
 		if final != p {
 			b.unreservePort(p, tk.key)
@@ -261,7 +261,7 @@ func (b *routeBook) clusterSoloPort(tk *ticket, req *group.JoinRequest) error {
 			continue
 		case err != nil:
 			tk.solo = ""
-			return fmt.Errorf("%w: cannot reserve a port: %v", ErrUnavailable, err)
+			return fmt.Errorf("%w: cannot reserve a port: %w", ErrUnavailable, err)
 		}
 		req.Port, tk.port = p, p
 		return nil
@@ -363,7 +363,7 @@ func (b *routeBook) releaseElsewhere(reserved map[int]bool) {
 
 // reservePort reserves port p for tk's route, or fails with errPortTaken.
 func (b *routeBook) reservePort(p int, tk *ticket) error {
-	_, err := b.st.Update(store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
 		if cur != nil {
 			if cur.Group == tk.key {
 				return nil, errUnchanged
@@ -382,7 +382,7 @@ func (b *routeBook) reservePort(p int, tk *ticket) error {
 // unreservePort deletes port p's reservation if route still holds it, and reports whether
 // it did.
 func (b *routeBook) unreservePort(p int, route string) bool {
-	_, err := b.st.Update(store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.Group != route {
 			return nil, errUnchanged
 		}
@@ -544,7 +544,7 @@ func (c *cluster) settleRoute(kind, label string) {
 			return
 		}
 		var wait time.Duration
-		_, err := b.st.Update(store.Key(kind, label), func(cur *store.Route) (*store.Route, error) {
+		_, err := b.st.Update(b.ctx, store.Key(kind, label), func(cur *store.Route) (*store.Route, error) {
 			wait = 0
 			if cur == nil || cur.Reserved || !cur.EmptySince.IsZero() {
 				return nil, errUnchanged

@@ -12,7 +12,7 @@ import (
 	"github.com/warren-tunnel/warren/dispatch"
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/throttle"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 	"github.com/warren-tunnel/warren/webhook"
 )
 
@@ -215,16 +215,16 @@ type ServerConfig struct {
 	// holds up the next event of its group, so it should return quickly.
 	OnEvent func(group.Event)
 
-	// StateDir is where the edge keeps route ownership (route → tenant, pool name, key
-	// hash, TCP ports) in an embedded database, so that it survives restarts; "" keeps it
-	// in memory only. Store, when set, is used instead.
-	StateDir string
-	// Store keeps route ownership; nil means a file store under StateDir, or memory. The
-	// edge closes it on Close.
+	// Store keeps route ownership (route → tenant, pool name, key hash, TCP ports). One
+	// that keeps it on disk makes it survive restarts: boltstore.Open(dir) keeps it in an
+	// embedded database file in dir. Nil keeps it in memory only (store.Memory), for as long
+	// as the process runs. The edge closes it when it closes; after a NewServer that failed,
+	// close it yourself (a Store closed twice does no harm). Reload takes a Store the edge
+	// is not running with for a change it cannot apply: pass the same one again.
 	Store store.Store
 	// Cluster, when set, makes the edge one of a cluster that shares routes and pools
-	// through NATS JetStream (ClusterConfig); Store and StateDir must then be unset. Nil is
-	// a single edge, with no NATS anywhere.
+	// through NATS JetStream (ClusterConfig); Store must then be unset. Nil is a single
+	// edge, with no NATS anywhere.
 	Cluster *ClusterConfig
 	// RouteTTL is how long a route stays its owner's after its last member left. Default
 	// 24 h.

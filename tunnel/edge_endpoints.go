@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // Endpoint reserves a route for a tenant before any connector registers it, as a hosted

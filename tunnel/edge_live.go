@@ -8,7 +8,7 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/policy"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // The settings Reload changes while the edge runs. Each is an immutable value behind an

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // reloadMu serialises Reload calls (of every Server: they are rare).
@@ -46,7 +46,8 @@ var reloadMu sync.Mutex
 // What it does not apply, and names in notApplied as "Field (old -> new): reason" (the
 // values left out for settings that are not plain values, and for AlertWebhookURL, which
 // may hold a secret): every other field of cfg that differs from the running configuration
-// (ports, listeners, Domain, RegionID, TLS, StateDir, request body limits, timeouts, alerts, load balancing, …). Auth is compared only for
+// (ports, listeners, Domain, RegionID, TLS, Store, request body limits, timeouts, alerts, load
+// balancing, …). Auth is compared only for
 // nil: an Authenticator that reads its tokens live (examples/edge has one) changes them
 // itself.
 //
@@ -77,7 +78,7 @@ func (s *Server) Reload(cfg ServerConfig) (notApplied []string, err error) {
 		}
 		want[key] = ep
 	}
-	current, err := s.routes.st.List()
+	current, err := s.routes.st.List(s.routes.ctx)
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: reading the route store: %w", err)
 	}
@@ -220,7 +221,7 @@ func (b *routeBook) reserve(key string, ep *Endpoint) string {
 	next := ep.route()
 	var why string
 	var replaced *store.Route
-	r, err := b.st.Update(key, func(cur *store.Route) (*store.Route, error) {
+	r, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 		// fn may run more than once: it only computes; what it decides is read after.
 		why, replaced = "", nil
 		now := b.now()
@@ -323,7 +324,7 @@ func (b *routeBook) portHolder(port int, cur *store.Route) string {
 // unreserve turns the reserved route key into an ordinary claim of its tenant; an empty one
 // gets a full RouteTTL from now.
 func (b *routeBook) unreserve(key string) {
-	_, err := b.st.Update(key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || !cur.Reserved {
 			return nil, errUnchanged
 		}

@@ -4,7 +4,7 @@ import (
 	"errors"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // A TCP pool's route records its port per key hash. While the pool's key rotates, members
@@ -50,10 +50,10 @@ func (b *routeBook) left(g *group.Group) {
 		return
 	}
 	key := store.Key(store.KindTCP, g.Label)
-	if r, err := b.st.Get(key); err != nil || r == nil || len(r.Ports) < 2 {
+	if r, err := b.st.Get(b.ctx, key); err != nil || r == nil || len(r.Ports) < 2 {
 		return // nothing rotated here: no write
 	}
-	_, err := b.st.Update(key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || len(cur.Ports) < 2 || !forgetRotatedKeys(cur, g) {
 			return nil, errUnchanged
 		}

@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,7 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // errUnchanged makes a store update write nothing.
@@ -30,6 +31,13 @@ type routeBook struct {
 	now func() time.Time
 	reg *group.Registry
 	log *zap.Logger
+
+	// ctx bounds the book's store calls. It lasts as long as the store: close cancels it as
+	// it closes the store, once the edge's last session is gone. (The server's own context
+	// ends earlier in Close, while sessions still end and their routes are recorded empty.)
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	// eps are the reserved endpoints in force and their policies' gates; Reload replaces
 	// the set (edge_live.go).
 	eps atomic.Pointer[endpointSet]
@@ -126,13 +134,14 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 		ports: map[string]map[int]bool{}, tunnels: map[string]int{}, sessions: map[string]int{},
 		pendingPorts: map[string]int{}, soloPorts: map[int]string{}, elsewhere: map[int]bool{},
 		soloHolders: map[string]string{}}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
 	reservedEps := map[string]*Endpoint{}
 	for i := range endpoints {
 		ep := endpoints[i].own()
 		reservedEps[store.Key(ep.kind(), ep.label())] = ep
 	}
 	b.eps.Store(newEndpointSet(reservedEps, nil))
-	routes, err := st.List()
+	routes, err := st.List(b.ctx)
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: reading the route store: %w", err)
 	}
@@ -150,7 +159,7 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 			continue
 		}
 		if r.Reserved { // no endpoint reserves it any more: an ordinary claim from now on
-			r, err = st.Update(r.Key(), func(cur *store.Route) (*store.Route, error) {
+			r, err = st.Update(b.ctx, r.Key(), func(cur *store.Route) (*store.Route, error) {
 				if cur == nil {
 					return nil, errUnchanged
 				}
@@ -166,7 +175,7 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 		}
 	}
 	for key, ep := range reservedEps {
-		r, err := st.Update(key, func(cur *store.Route) (*store.Route, error) {
+		r, err := st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 			next := ep.route()
 			next.EmptySince = now
 			if cur != nil && cur.Tenant != next.Tenant {
@@ -365,7 +374,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		}
 		return tk.created, nil
 	}
-	_, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
 		r, err := decide(cur)
 		switch {
 		case err == nil && r != nil:
@@ -382,7 +391,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		if errors.As(err, &ge) {
 			return nil, err
 		}
-		return nil, fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+		return nil, fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
 	}
 	if taken != nil {
 		b.log.Info("route claim lapsed; a new tenant claims it", zap.String("route", tk.key))
@@ -449,7 +458,7 @@ func (b *routeBook) abandon(tk *ticket) {
 		return
 	}
 	created := tk.created
-	_, _ = b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+	_, _ = b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.Tenant != created.Tenant || !cur.EmptySince.Equal(created.EmptySince) ||
 			len(cur.Ports) > 0 || b.live(tk.kind, tk.label) {
 			return nil, errUnchanged // someone has used it since
@@ -542,7 +551,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		b.mu.Unlock()
 	}
 	var oldPort int
-	r, err := b.st.Update(tk.key, func(cur *store.Route) (*store.Route, error) {
+	r, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
 		oldPort = 0
 		if cur == nil {
 			// Swept or undone meanwhile: the live owner records it again.
@@ -601,7 +610,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		if errors.As(err, &ge) {
 			return err
 		}
-		return fmt.Errorf("%w: cannot record the route: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
 	}
 	if oldPort != 0 {
 		// The pool could not bind its old port and took another: the old one goes back.
@@ -635,7 +644,7 @@ func (b *routeBook) emptied(g *group.Group) {
 		delete(b.soloHolders, g.Label)
 		b.mu.Unlock()
 	}
-	_, err := b.st.Update(store.Key(kind, g.Label), func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, store.Key(kind, g.Label), func(cur *store.Route) (*store.Route, error) {
 		later = false
 		if cur == nil {
 			return nil, errUnchanged
@@ -686,7 +695,7 @@ func (b *routeBook) emptied(g *group.Group) {
 
 // sweep deletes the claims that lapsed and gives their ports back.
 func (b *routeBook) sweep() {
-	routes, err := b.st.List()
+	routes, err := b.st.List(b.ctx)
 	if err != nil {
 		return
 	}
@@ -733,7 +742,7 @@ func (b *routeBook) sweep() {
 			continue
 		}
 		var gone *store.Route
-		_, err := b.st.Update(r.Key(), func(cur *store.Route) (*store.Route, error) {
+		_, err := b.st.Update(b.ctx, r.Key(), func(cur *store.Route) (*store.Route, error) {
 			if cur == nil || !b.lapsed(cur, now, func() bool { return b.live(r.Kind, r.Label) }) {
 				return nil, errUnchanged
 			}
@@ -757,14 +766,7 @@ func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*ro
 	}
 	st := cfg.Store
 	if st == nil {
-		if cfg.StateDir == "" {
-			st = store.NewMemory()
-		} else {
-			var err error
-			if st, err = store.Open(cfg.StateDir); err != nil {
-				return nil, fmt.Errorf("tunnel: %w", err)
-			}
-		}
+		st = store.NewMemory()
 	}
 	ttl := cfg.RouteTTL
 	if ttl <= 0 {
@@ -776,6 +778,12 @@ func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*ro
 		return nil, err
 	}
 	return b, nil
+}
+
+// close ends the book's store calls still under way and closes the store.
+func (b *routeBook) close() error {
+	b.cancel()
+	return b.st.Close()
 }
 
 // sweeper deletes lapsed claims every interval until done is closed.
@@ -828,7 +836,7 @@ func (b *routeBook) idleEndpoints() []IdleEndpoint {
 // Without it the claim would lapse a TTL after the route's next member left, without its
 // grace period.
 func (b *routeBook) markLive(key, kind, label string) {
-	_, err := b.st.Update(key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.EmptySince.IsZero() || !b.live(kind, label) {
 			return nil, errUnchanged
 		}
@@ -845,7 +853,7 @@ func (b *routeBook) markLive(key, kind, label string) {
 // markEmpty records, in a cluster, that a route no edge serves is empty from now on (its
 // members vanished with an edge, or every edge restarted since): its claim lapses a TTL later.
 func (b *routeBook) markEmpty(key, kind, label string) {
-	_, err := b.st.Update(key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 		now := b.now()
 		if cur == nil || cur.Reserved || !cur.EmptySince.IsZero() || now.Sub(cur.Claimed) < b.lease || b.live(kind, label) {
 			return nil, errUnchanged

@@ -7,8 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/tunnel/store"
+	"github.com/warren-tunnel/warren/tunnel/store/boltstore"
 )
 
 const (
@@ -175,7 +175,7 @@ func TestTenantQuotas(t *testing.T) {
 // owner's TCP pool gets its port back. Before, the first to register after a restart won.
 func TestOwnershipAndPortsSurviveARestart(t *testing.T) {
 	dir := t.TempDir()
-	cfg := ServerConfig{LoadBalancing: true, Auth: tenantAuth(), StateDir: dir,
+	cfg := ServerConfig{LoadBalancing: true, Auth: tenantAuth(), Store: openBoltStore(t, dir),
 		TCPPorts: group.PortRange{Lo: 44720, Hi: 44729}, TCPBindHost: "127.0.0.1"}
 	echo := tcpBackend(t, func(net.Conn) {})
 	b := backend(t, "acme")
@@ -192,6 +192,7 @@ func TestOwnershipAndPortsSurviveARestart(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, first.Close(), "the first edge stops (its sessions are cut)")
 
+	cfg.Store = openBoltStore(t, dir) // the first edge closed its store
 	second := startEdge(t, cfg)
 	globex := second.connect(WithToken(globexToken))
 	_, err = globex.Forward(ctxT(t), TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "globex"}, hostPort(b.URL))
@@ -218,21 +219,21 @@ func TestOwnershipAndPortsSurviveARestart(t *testing.T) {
 	require.Equal(t, "acme /", body)
 }
 
-// A state directory another edge holds, or a corrupt database, stops NewServer with a clear
-// error instead of starting without its ownership records.
-func TestStateDirInUseOrCorruptIsAClearError(t *testing.T) {
-	dir := t.TempDir()
-	a, err := NewServer(ServerConfig{StateDir: dir})
+// openBoltStore opens a file store in dir for an edge, which closes it; the test closes it
+// too, at its end, in case no edge did.
+func openBoltStore(t *testing.T, dir string) store.Store {
+	t.Helper()
+	st, err := boltstore.Open(dir)
 	require.NoError(t, err)
-	defer a.Close()
-	_, err = NewServer(ServerConfig{StateDir: dir})
-	require.ErrorContains(t, err, "in use")
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
 
-	bad := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(bad, "warren.db"), []byte("this is not a database, just garbage bytes............"), 0o600))
-	_, err = NewServer(ServerConfig{StateDir: bad})
-	require.Error(t, err)
-	require.ErrorContains(t, err, "warren.db")
+// A cluster keeps its routes in NATS: an edge given a Store as well is refused.
+func TestStoreWithClusterIsRefused(t *testing.T) {
+	st := store.NewMemory()
+	_, err := NewServer(ServerConfig{Store: st, Cluster: &ClusterConfig{NATSURLs: []string{"nats://127.0.0.1:1"}}})
+	require.ErrorContains(t, err, "do not set Store with Cluster")
 }
 
 // clientFrom returns an HTTP client whose connections to the edge's public listener come

@@ -36,7 +36,8 @@ func TestTCPRotationUnderPortQuota(t *testing.T) {
 // A restart in the middle of a rotation: whichever member comes back first, the pool keeps
 // its public port; once no member holds the old key, the record forgets it.
 func TestTCPRotationSurvivesARestart(t *testing.T) {
-	cfg := ServerConfig{LoadBalancing: true, Auth: tenantAuth(), StateDir: t.TempDir(),
+	dir := t.TempDir()
+	cfg := ServerConfig{LoadBalancing: true, Auth: tenantAuth(), Store: openBoltStore(t, dir),
 		TCPPorts: group.PortRange{Lo: 44780, Hi: 44789}, TCPBindHost: "127.0.0.1"}
 	echo := tcpBackend(t, func(net.Conn) {})
 	first := startEdge(t, cfg)
@@ -48,6 +49,7 @@ func TestTCPRotationSurvivesARestart(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, first.Close())
 
+	cfg.Store = openBoltStore(t, dir) // the first edge closed its store
 	second := startEdge(t, cfg)
 	acme2 := second.connect(WithToken(acmeToken))
 	a2, err := acme2.Forward(ctxT(t), tcpPool("k1"), echo)
@@ -60,7 +62,7 @@ func TestTCPRotationSurvivesARestart(t *testing.T) {
 	// The old-key member leaves: the rotation is over, the record keeps only the new key.
 	require.NoError(t, a2.Shutdown(ctxT(t)))
 	require.Eventually(t, func() bool {
-		r, err := second.routes.st.Get("tcp/db")
+		r, err := second.routes.st.Get(t.Context(), "tcp/db")
 		return err == nil && r != nil && len(r.Ports) == 1 && r.Ports[group.HashKey("k2").String()] == port
 	}, 5*time.Second, 10*time.Millisecond)
 }

@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -10,7 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/store"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // These tests drive the route book the way addTunnel does (claim, Join, joined or abandon)
@@ -79,7 +80,7 @@ func TestOwnerBackAtLapseSurvivesTheSweep(t *testing.T) {
 	m2, err := b.reg.Join(*req)
 	require.NoError(t, err)
 	require.NoError(t, b.joined(tk, m2.Group()))
-	r, _ := b.st.Get("tcp/db")
+	r, _ := b.st.Get(t.Context(), "tcp/db")
 	require.NotNil(t, r, "the live pool is recorded")
 	require.Equal(t, "acme", r.Tenant)
 
@@ -112,7 +113,7 @@ func TestAbandonKeepsAClaimInUse(t *testing.T) {
 	require.Error(t, err)
 	b.abandon(tk1)
 	require.NoError(t, b.joined(tk2, m2.Group()))
-	got, _ := b.st.Get("http/pool")
+	got, _ := b.st.Get(t.Context(), "http/pool")
 	require.NotNil(t, got, "the acknowledged route is recorded")
 	require.Equal(t, "acme", got.Tenant)
 }
@@ -186,8 +187,8 @@ type countingStore struct {
 	writes atomic.Int64
 }
 
-func (c *countingStore) Update(key string, fn func(*store.Route) (*store.Route, error)) (*store.Route, error) {
-	return c.Store.Update(key, func(cur *store.Route) (*store.Route, error) {
+func (c *countingStore) Update(ctx context.Context, key string, fn func(*store.Route) (*store.Route, error)) (*store.Route, error) {
+	return c.Store.Update(ctx, key, func(cur *store.Route) (*store.Route, error) {
 		next, err := fn(cur)
 		if err == nil {
 			c.writes.Add(1)
@@ -206,7 +207,7 @@ func TestRestartGivesEveryOwnerAFullTTLWithoutWriting(t *testing.T) {
 		{Kind: store.KindHTTP, Label: "stale", Tenant: "acme", EmptySince: old}, // empty for two TTLs
 		{Kind: store.KindHTTP, Label: "busy", Tenant: "acme"},                   // had members at the stop
 	} {
-		_, err := mem.Update(r.Key(), func(*store.Route) (*store.Route, error) { return r, nil })
+		_, err := mem.Update(t.Context(), r.Key(), func(*store.Route) (*store.Route, error) { return r, nil })
 		require.NoError(t, err)
 	}
 	st := &countingStore{Store: mem}

@@ -135,8 +135,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		OnEvent: s.onGroupEvent,
 	})
 	if cfg.Cluster != nil {
-		if s.cfg.Store != nil || s.cfg.StateDir != "" {
-			return nil, errors.New("tunnel: a cluster keeps its routes in NATS: set neither Store nor StateDir with Cluster")
+		if s.cfg.Store != nil {
+			return nil, errors.New("tunnel: a cluster keeps its routes in NATS: do not set Store with Cluster")
 		}
 		cc := *cfg.Cluster
 		if err := cc.setDefaults(); err != nil {
@@ -425,7 +425,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	case <-waited:
 		s.cancel()
 		_ = s.alerts.close()
-		s.closeOnceStore.Do(func() { _ = s.routes.st.Close() })
+		s.closeOnceStore.Do(func() { _ = s.routes.close() })
 	case <-ctx.Done():
 		_ = s.Close()
 		return ctx.Err()
@@ -458,7 +458,7 @@ func (s *Server) Close() error {
 	s.tcp.Wait()
 	<-s.publicConns.idle() // net/http's connection goroutines end within its 500 ms linger
 	_ = s.alerts.close()
-	s.closeOnceStore.Do(func() { _ = s.routes.st.Close() })
+	s.closeOnceStore.Do(func() { _ = s.routes.close() })
 	return nil
 }
 

@@ -24,10 +24,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-
-	testpb "google.golang.org/grpc/interop/grpc_testing"
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/health"
@@ -339,35 +335,4 @@ func TestTLSPassthroughValidation(t *testing.T) {
 
 	require.ErrorContains(t, (&Endpoint{Subdomain: "x", Proto: ProtoTLS}).validate(group.PortRange{}), "a group name is required")
 	require.NoError(t, (&Endpoint{Subdomain: "x", Proto: ProtoTLS, Group: "x"}).validate(group.PortRange{}))
-}
-
-// TestTLSPassthroughGRPC: a grpc-go server with its own TLS certificate behind a tls
-// tunnel: every kind of call, a deadline and a cancel (exerciseGRPC), all through the edge
-// without it terminating TLS.
-func TestTLSPassthroughGRPC(t *testing.T) {
-	e, httpsAddr, _, _ := passthroughEdge(t, ServerConfig{})
-	cert, pool := selfSigned(t, "grpc backend", "grpc."+testDomain)
-	svc := &grpcService{ended: make(chan error, 16), deadlines: make(chan time.Time, 16)}
-	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))
-	testpb.RegisterTestServiceServer(gs, svc)
-	gl := listenLoopback(t)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = gs.Serve(gl)
-	}()
-	t.Cleanup(func() {
-		gs.Stop()
-		<-done
-	})
-	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTLS, Subdomain: "grpc"}, gl.Addr().String())
-	require.NoError(t, err)
-
-	c := grpcClient(t, httpsAddr, "grpc."+testDomain, &tls.Config{ServerName: "grpc." + testDomain, RootCAs: pool})
-	exerciseGRPC(t, c, svc)
-
-	// The connection is the client's own with the backend: one more call on it works.
-	resp, err := c.UnaryCall(ctxT(t), &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("again")}})
-	require.NoError(t, err)
-	require.Equal(t, "echo again", string(resp.GetPayload().GetBody()))
 }

@@ -163,7 +163,7 @@ func TestSmoke(t *testing.T) {
 	}
 	b, err := os.ReadFile(md)
 	require.NoError(t, err)
-	require.Contains(t, string(b), "- Command: `go run ./examples/bench -duration 200ms -runs 1")
+	require.Contains(t, string(b), "- Command: `go -C examples/bench run . -duration 200ms -runs 1")
 	require.Contains(t, string(b), "- Machine: ")
 	require.Contains(t, string(b), "- Code: ")
 	require.Contains(t, string(b), "| requests/s |")
@@ -228,7 +228,7 @@ func TestOnlyInProcess(t *testing.T) {
 }
 
 // Example runs the time-to-first-byte scenario at a tiny size, as
-// "go run ./examples/bench -only ttfb -runs 1 -ttfb-conns 20" does, and reads its report.
+// "go -C examples/bench run . -only ttfb -runs 1 -ttfb-conns 20" does, and reads its report.
 func Example() {
 	rep, err := run(context.Background(), []string{"-only", "ttfb", "-runs", "1", "-ttfb-conns", "20", "-noisy-retries", "0"}, io.Discard, io.Discard)
 	if err != nil {

@@ -1,10 +1,11 @@
 // Command bench is Warren's load tool. In one run it starts an edge, connectors and
 // backends on 127.0.0.1 and measures the same workloads twice: through the tunnel and
 // directly against the same backends, so that every figure comes with its own baseline
-// from the same machine at the same time.
+// from the same machine at the same time. It is a module of its own, run from the
+// repository's root as below (the files it writes are then relative to examples/bench):
 //
-//	go run ./examples/bench                      # every scenario, 3 runs each
-//	go run ./examples/bench -only http,tcp -runs 5 -duration 10s -markdown bench.md
+//	go -C examples/bench run .                   # every scenario, 3 runs each
+//	go -C examples/bench run . -only http,tcp -runs 5 -duration 10s -markdown bench.md
 //
 // Scenarios (-only picks some; the default is all of them):
 //
@@ -51,7 +52,7 @@
 // side by side. Its scenarios are http, tcp and ttfb; every other flag that applies keeps
 // its meaning.
 //
-//	go run ./examples/bench -layout processes -runs 3 -tcp-bytes 256MiB -duration 5s
+//	go -C examples/bench run . -layout processes -runs 3 -tcp-bytes 256MiB -duration 5s
 //
 // With -wan-rtt RTT the process layout runs its WAN scenario instead (wan_scenario.go): the
 // whole bench re-executed in a network namespace of its own, where only the link between
@@ -60,7 +61,7 @@
 // one client and with -clients clients, and one TCP stream. It needs root, ip and iptables;
 // without them it prints why and exits 0 having run nothing.
 //
-//	go run ./examples/bench -layout processes -wan-rtt 50ms -runs 3 -duration 3s
+//	go -C examples/bench run . -layout processes -wan-rtt 50ms -runs 3 -duration 3s
 //
 // The edge runs in a child process (the tool re-executes itself with the hidden "edge"
 // subcommand) so that its memory and CPU are its own; -edge inproc runs it in this process
@@ -173,7 +174,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: go run ./examples/bench [flags]\n\nWarren's load tool: the same workloads through the tunnel and directly, side by side.\n\n")
+		fmt.Fprintf(stderr, "usage: go -C examples/bench run . [flags]\n\nWarren's load tool: the same workloads through the tunnel and directly, side by side.\n\n")
 		fs.PrintDefaults()
 	}
 	only := fs.String("only", strings.Join(allScenarios, ","), "comma-separated scenarios to run: "+strings.Join(allScenarios, ", "))

@@ -246,14 +246,22 @@ func buildMains(ctx context.Context, dir string) (edgeBin, connectorBin string, 
 	if err != nil {
 		return "", "", fmt.Errorf("-layout processes builds examples/edge and examples/connector and needs the go command: %w", err)
 	}
+	// The mains are built in the library's module, not in this one: with the library's
+	// go.mod and go.sum, as its users build them, whatever this module requires besides.
+	out, err := exec.CommandContext(ctx, goBin, "list", "-m", "-f", "{{.Dir}}", modulePath).Output()
+	if err != nil {
+		return "", "", fmt.Errorf("go list -m %s (run from Warren's checkout): %w", modulePath, err)
+	}
+	root := strings.TrimSpace(string(out))
 	args := []string{"build", "-o", dir}
 	if raceBuilt() {
 		args = append(args, "-race")
 	}
-	args = append(args, modulePath+"/examples/edge", modulePath+"/examples/connector")
+	args = append(args, "./examples/edge", "./examples/connector")
 	cmd := exec.CommandContext(ctx, goBin, args...)
+	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", "", fmt.Errorf("go %s (run from Warren's checkout): %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return "", "", fmt.Errorf("go %s (in %s): %w: %s", strings.Join(args, " "), root, err, strings.TrimSpace(string(out)))
 	}
 	return filepath.Join(dir, "edge"), filepath.Join(dir, "connector"), nil
 }

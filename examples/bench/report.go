@@ -74,7 +74,7 @@ type report struct {
 }
 
 func newReport(cfg *config) *report {
-	cmd := "go run ./examples/bench"
+	cmd := "go -C examples/bench run ."
 	for _, a := range cfg.args {
 		cmd += " " + shellQuote(a)
 	}

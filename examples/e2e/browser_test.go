@@ -189,7 +189,7 @@ func TestBrowserStatusPage(t *testing.T) {
 // skipped when WARREN_SCREENSHOT is unset. WARREN_SCREENSHOT_WIDTH sets the window's width in
 // CSS pixels (default 1000; 390 shows the phone layout).
 //
-//	WARREN_SCREENSHOT=$PWD/docs/status-page.png go test -run BrowserStatusScreenshot ./examples/e2e
+//	WARREN_SCREENSHOT=$PWD/docs/status-page.png go -C examples/e2e test -run BrowserStatusScreenshot .
 func TestBrowserStatusScreenshot(t *testing.T) {
 	out := os.Getenv("WARREN_SCREENSHOT")
 	if out == "" {

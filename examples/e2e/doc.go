@@ -10,11 +10,16 @@
 // under load (cluster_test.go), a few hundred anonymous clients declaring request bodies they
 // never send, which the edge answers and closes (bodies_test.go), and the edge's status page
 // in headless Chromium (browser_test.go; skipped without Chromium unless
-// WARREN_REQUIRE_BROWSER is set).
+// WARREN_REQUIRE_BROWSER is set). gRPC through HTTP, HTTPS and TLS passthrough tunnels runs
+// with grpc-go against an edge and connectors in this process, on the library's public API
+// (grpc_test.go, inproc_test.go).
 //
-// The package holds only tests; run them with
+// It is a module of its own (a replace points it at the library), so that the library's
+// go.mod does not require chromedp or grpc-go; the binaries are built in the library's
+// module all the same. The package holds only tests; from the repository's root, run them
+// with
 //
-//	go test ./examples/e2e
+//	go -C examples/e2e test .
 //
 // Under -race the binaries are built with the race detector too.
 package e2e

@@ -65,11 +65,20 @@ func buildAndRun(m *testing.M) (int, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	// The mains are built in the library's module, not in this one: with the library's
+	// go.mod and go.sum, as its users build them, whatever this module requires besides.
+	out, err := exec.CommandContext(ctx, goBin, "list", "-m", "-f", "{{.Dir}}", "github.com/warren-tunnel/warren").Output()
+	if err != nil {
+		return 1, fmt.Errorf("go list -m github.com/warren-tunnel/warren: %w", err)
+	}
+	root := strings.TrimSpace(string(out))
 	for _, name := range []string{"edge", "connector"} {
 		args := append([]string{"build", "-o", filepath.Join(dir, name)}, buildFlags...)
-		args = append(args, "github.com/warren-tunnel/warren/examples/"+name)
-		if out, err := exec.CommandContext(ctx, goBin, args...).CombinedOutput(); err != nil {
-			return 1, fmt.Errorf("go build %s: %v\n%s", name, err, out)
+		args = append(args, "./examples/"+name)
+		cmd := exec.CommandContext(ctx, goBin, args...)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return 1, fmt.Errorf("go build %s in %s: %v\n%s", name, root, err, out)
 		}
 	}
 	code := m.Run()

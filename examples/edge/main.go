@@ -50,6 +50,8 @@ import (
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel"
 	"github.com/warren-tunnel/warren/tunnel/admin"
+	"github.com/warren-tunnel/warren/tunnel/store"
+	"github.com/warren-tunnel/warren/tunnel/store/boltstore"
 )
 
 func main() {
@@ -103,8 +105,15 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
+	if sc.Store, err = openStore(cfg); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", cfg.File, err)
+		return 2
+	}
 	srv, err := tunnel.NewServer(sc)
 	if err != nil {
+		if sc.Store != nil {
+			_ = sc.Store.Close()
+		}
 		fmt.Fprintf(stderr, "%s: %v\n", cfg.File, err)
 		return 2
 	}
@@ -240,7 +249,6 @@ func buildServerConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, 
 		RetryUnreadRequests:       c.LoadBalancing.RetryUnreadRequests,
 		RetryIdempotent:           c.LoadBalancing.RetryIdempotent,
 
-		StateDir: s.StateDir,
 		RouteTTL: c.Limits.RouteTTL,
 		Limits:   tenantLimits(c.Limits.Quotas),
 	}
@@ -300,6 +308,22 @@ func buildServerConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, 
 		sc.TLSConfig = &tls.Config{GetCertificate: live.cert.get, MinVersion: tls.VersionTLS12}
 	}
 	return sc, live, nil
+}
+
+// openStore opens the route store that server.state_dir names, if it names one: the edge
+// keeps route ownership in a bbolt file there, so that it survives restarts, and closes the
+// store when it stops. Without state_dir the edge keeps ownership in memory (a nil Store).
+// It is not part of buildServerConfig, which SIGHUP and -check run again: a second Open of
+// the directory would find it locked by the first.
+func openStore(c *config.Server) (store.Store, error) {
+	if c.Server.StateDir == "" {
+		return nil, nil
+	}
+	st, err := boltstore.Open(c.Server.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
 }
 
 // clusterConfig turns the [cluster] table into the edge's cluster configuration, loading

@@ -138,7 +138,7 @@ func TestRunStopsTheProgramOnCancelAndDeletesTheNamespace(t *testing.T) {
 // TestWAN runs the link tests inside a namespace of their own: outside one it re-executes
 // this test binary through Run and relays its output; inside, it measures.
 //
-//	go test -run TestWAN -v ./examples/bench/internal/wan
+//	go -C examples/bench test -run TestWAN -v ./internal/wan
 func TestWAN(t *testing.T) {
 	if InNamespace() {
 		// Started at real-time priority (below): one P keeps this process to one core,

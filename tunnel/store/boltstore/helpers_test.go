@@ -1,4 +1,4 @@
-package store
+package boltstore
 
 import (
 	"encoding/json"
@@ -8,9 +8,11 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/warren-tunnel/warren/tunnel/store/storetest"
 )
 
-func mustOpen(t testing.TB, dir string) *Bolt {
+func mustOpen(t testing.TB, dir string) *Store {
 	t.Helper()
 	s, err := Open(dir)
 	if err != nil {
@@ -33,11 +35,11 @@ func writeDB(t testing.TB, dir string, n int) string {
 }
 
 // fill writes n routes to s in one transaction.
-func fill(s *Bolt, n int) error {
+func fill(s *Store, n int) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(routesBucket)
 		for i := range n {
-			r := sampleRoute(fmt.Sprintf("route-%06d", i))
+			r := storetest.SampleRoute(fmt.Sprintf("route-%06d", i))
 			data, err := json.Marshal(r)
 			if err != nil {
 				return err

@@ -1,4 +1,4 @@
-package store
+package natsstore
 
 import (
 	"context"
@@ -15,17 +15,16 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/warren-tunnel/warren/tunnel/store"
+	"github.com/warren-tunnel/warren/tunnel/store/storetest"
 )
 
-// The conformance tests (conformance_test.go) run against NATS too, each on a store in its
-// own embedded server.
-func init() {
-	impls = append(impls, struct {
-		name string
-		open func(t testing.TB) Store
-	}{"NATS", func(t testing.TB) Store {
-		return openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), NATSConfig{})
-	}})
+// The conformance suite runs against a store in an embedded server of its own per test.
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t testing.TB) store.Store {
+		return openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), Config{})
+	})
 }
 
 // startNATS starts an embedded NATS server with JetStream, storing in dir, and shuts it down
@@ -70,11 +69,11 @@ func connectNATS(t testing.TB, ns *server.Server) *nats.Conn {
 var quietNATS = nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
 
 // openTestNATS opens a NATS store on nc, closed at the end of the test.
-func openTestNATS(t testing.TB, nc *nats.Conn, cfg NATSConfig) *NATS {
+func openTestNATS(t testing.TB, nc *nats.Conn, cfg Config) *Store {
 	t.Helper()
-	s, err := OpenNATS(context.Background(), nc, cfg)
+	s, err := Open(context.Background(), nc, cfg)
 	if err != nil {
-		t.Fatalf("OpenNATS: %v", err)
+		t.Fatalf("Open: %v", err)
 	}
 	t.Cleanup(func() { _ = s.Close() })
 	return s
@@ -122,7 +121,7 @@ func TestNATSKeyEncoding(t *testing.T) {
 	for i := range long {
 		long[i] = byte(rand.N(256))
 	}
-	nk := natsKey(Key(KindTCP, string(long)))
+	nk := natsKey(store.Key(store.KindTCP, string(long)))
 	if !validNATSKey(nk) || len(nk) != 4+1+171 {
 		t.Errorf("128-byte group: NATS key %q (%d characters)", nk, len(nk))
 	}
@@ -152,18 +151,18 @@ func FuzzNATSKey(f *testing.F) {
 
 // TestNATSOddLabels stores routes whose labels need encoding and reads them back.
 func TestNATSOddLabels(t *testing.T) {
-	s := openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), NATSConfig{})
+	s := openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), Config{})
 	labels := []string{"web", "my group", "a.b", "a/b", "*", ">", "ünïcödé", "=x", "", strings.Repeat("ü", 64)}
 	for _, l := range labels {
-		r := sampleRoute(l)
-		if _, err := s.Update(r.Key(), set(r)); err != nil {
+		r := storetest.SampleRoute(l)
+		if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 			t.Fatalf("Update(%q): %v", r.Key(), err)
 		}
-		if got := mustGet(t, s, r.Key()); !sameRoute(t, got, r) {
+		if got := storetest.MustGet(t, s, r.Key()); !storetest.SameRoute(t, got, r) {
 			t.Fatalf("Get(%q) = %+v, want %+v", r.Key(), got, r)
 		}
 	}
-	l, err := s.List()
+	l, err := s.List(t.Context())
 	if err != nil || len(l) != len(labels) {
 		t.Fatalf("List = %d routes, %v; want %d", len(l), err, len(labels))
 	}
@@ -187,15 +186,15 @@ func TestNATSOddLabels(t *testing.T) {
 func TestNATSOpen(t *testing.T) {
 	ns := startNATS(t, t.TempDir())
 	nc := connectNATS(t, ns)
-	s := openTestNATS(t, nc, NATSConfig{})
-	if s.Bucket() != DefaultNATSBucket || s.timeout != DefaultNATSTimeout {
+	s := openTestNATS(t, nc, Config{})
+	if s.Bucket() != DefaultBucket || s.timeout != DefaultTimeout {
 		t.Fatalf("defaults: bucket %q, timeout %v", s.Bucket(), s.timeout)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.KeyValue(context.Background(), DefaultNATSBucket)
+	kv, err := js.KeyValue(context.Background(), DefaultBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,33 +208,33 @@ func TestNATSOpen(t *testing.T) {
 	}
 
 	// A second store binds the same bucket and sees the first's routes at once.
-	s2 := openTestNATS(t, nc, NATSConfig{})
-	r := sampleRoute("web")
-	if _, err := s.Update(r.Key(), set(r)); err != nil {
+	s2 := openTestNATS(t, nc, Config{})
+	r := storetest.SampleRoute("web")
+	if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 		t.Fatal(err)
 	}
-	if got := mustGet(t, s2, r.Key()); !sameRoute(t, got, r) {
+	if got := storetest.MustGet(t, s2, r.Key()); !storetest.SameRoute(t, got, r) {
 		t.Fatalf("second store: Get = %+v", got)
 	}
 
 	// Another bucket is another store.
-	other := openTestNATS(t, nc, NATSConfig{Bucket: "other_routes", Timeout: time.Second})
-	if got := mustGet(t, other, r.Key()); got != nil {
+	other := openTestNATS(t, nc, Config{Bucket: "other_routes", Timeout: time.Second})
+	if got := storetest.MustGet(t, other, r.Key()); got != nil {
 		t.Fatalf("other bucket: Get = %+v, want nil", got)
 	}
-	if _, err := OpenNATS(context.Background(), nc, NATSConfig{Bucket: "bad bucket"}); err == nil {
-		t.Fatal("OpenNATS with an invalid bucket name succeeded")
+	if _, err := Open(context.Background(), nc, Config{Bucket: "bad bucket"}); err == nil {
+		t.Fatal("Open with an invalid bucket name succeeded")
 	}
-	if _, err := OpenNATS(context.Background(), nil, NATSConfig{}); err == nil {
-		t.Fatal("OpenNATS with no connection succeeded")
+	if _, err := Open(context.Background(), nil, Config{}); err == nil {
+		t.Fatal("Open with no connection succeeded")
 	}
 
 	// A bucket with a TTL would let routes lapse: refused.
 	if _, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: "ttl_routes", TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenNATS(context.Background(), nc, NATSConfig{Bucket: "ttl_routes"}); err == nil || !strings.Contains(err.Error(), "TTL") {
-		t.Fatalf("OpenNATS of a bucket with a TTL = %v, want an error", err)
+	if _, err := Open(context.Background(), nc, Config{Bucket: "ttl_routes"}); err == nil || !strings.Contains(err.Error(), "TTL") {
+		t.Fatalf("Open of a bucket with a TTL = %v, want an error", err)
 	}
 
 	// Close leaves the caller's connection open and usable.
@@ -245,11 +244,11 @@ func TestNATSOpen(t *testing.T) {
 	if !nc.IsConnected() {
 		t.Fatal("Close closed the connection")
 	}
-	if got := mustGet(t, s2, r.Key()); !sameRoute(t, got, r) {
+	if got := storetest.MustGet(t, s2, r.Key()); !storetest.SameRoute(t, got, r) {
 		t.Fatalf("after the first store's Close: Get = %+v", got)
 	}
 
-	// A server without JetStream: OpenNATS fails within its timeout.
+	// A server without JetStream: Open fails within its timeout.
 	plain, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
@@ -260,8 +259,8 @@ func TestNATSOpen(t *testing.T) {
 		t.Fatal("NATS server not ready")
 	}
 	start := time.Now()
-	if _, err := OpenNATS(context.Background(), connectNATS(t, plain), NATSConfig{Timeout: time.Second}); err == nil {
-		t.Fatal("OpenNATS on a server without JetStream succeeded")
+	if _, err := Open(context.Background(), connectNATS(t, plain), Config{Timeout: time.Second}); err == nil {
+		t.Fatal("Open on a server without JetStream succeeded")
 	} else {
 		t.Logf("no JetStream: %v (after %v)", err, time.Since(start).Round(time.Millisecond))
 	}
@@ -271,12 +270,12 @@ func TestNATSOpen(t *testing.T) {
 // one counter: compare-and-set loses no increment.
 func TestNATSStoresRaceUpdates(t *testing.T) {
 	ns := startNATS(t, t.TempDir())
-	stores := []*NATS{
-		openTestNATS(t, connectNATS(t, ns), NATSConfig{}),
-		openTestNATS(t, connectNATS(t, ns), NATSConfig{}),
+	stores := []*Store{
+		openTestNATS(t, connectNATS(t, ns), Config{}),
+		openTestNATS(t, connectNATS(t, ns), Config{}),
 	}
 	const n = 100
-	key := Key(KindTCP, "counter")
+	key := store.Key(store.KindTCP, "counter")
 	var calls atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*n)
@@ -284,10 +283,10 @@ func TestNATSStoresRaceUpdates(t *testing.T) {
 	for _, s := range stores {
 		wg.Go(func() {
 			for range n {
-				_, err := s.Update(key, func(cur *Route) (*Route, error) {
+				_, err := s.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 					calls.Add(1)
 					if cur == nil {
-						cur = &Route{Kind: KindTCP, Label: "counter", Ports: map[string]int{}}
+						cur = &store.Route{Kind: store.KindTCP, Label: "counter", Ports: map[string]int{}}
 					}
 					cur.Ports["n"]++
 					cur.EmptySince = cur.EmptySince.Add(time.Second)
@@ -306,7 +305,7 @@ func TestNATSStoresRaceUpdates(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range stores {
-		r := mustGet(t, s, key)
+		r := storetest.MustGet(t, s, key)
 		if r == nil || r.Ports["n"] != 2*n || r.EmptySince != (time.Time{}).Add(2*n*time.Second) {
 			t.Fatalf("counter = %+v, want Ports[n] = %d", r, 2*n)
 		}
@@ -321,11 +320,11 @@ var errOwned = errors.New("owned by another tenant")
 // one wins, and the other's fn, called again, sees the winner's route.
 func TestNATSCreateRace(t *testing.T) {
 	ns := startNATS(t, t.TempDir())
-	stores := []*NATS{
-		openTestNATS(t, connectNATS(t, ns), NATSConfig{}),
-		openTestNATS(t, connectNATS(t, ns), NATSConfig{}),
+	stores := []*Store{
+		openTestNATS(t, connectNATS(t, ns), Config{}),
+		openTestNATS(t, connectNATS(t, ns), Config{}),
 	}
-	key := Key(KindHTTP, "contested")
+	key := store.Key(store.KindHTTP, "contested")
 	for round := range 10 {
 		key := fmt.Sprintf("%s%d", key, round)
 		// Both fns see the key absent before either writes.
@@ -333,9 +332,9 @@ func TestNATSCreateRace(t *testing.T) {
 		bothRead.Add(2)
 		type result struct {
 			tenant string
-			got    *Route
+			got    *store.Route
 			err    error
-			seen   []*Route // what fn was called with, in order
+			seen   []*store.Route // what fn was called with, in order
 		}
 		results := make([]result, 2)
 		var wg sync.WaitGroup
@@ -344,7 +343,7 @@ func TestNATSCreateRace(t *testing.T) {
 			results[i].tenant = tenant
 			wg.Go(func() {
 				res := &results[i]
-				res.got, res.err = s.Update(key, func(cur *Route) (*Route, error) {
+				res.got, res.err = s.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 					res.seen = append(res.seen, cur.Clone())
 					if len(res.seen) == 1 {
 						bothRead.Done()
@@ -353,7 +352,7 @@ func TestNATSCreateRace(t *testing.T) {
 					if cur != nil && cur.Tenant != tenant {
 						return nil, errOwned
 					}
-					return &Route{Kind: KindHTTP, Label: "contested", Tenant: tenant}, nil
+					return &store.Route{Kind: store.KindHTTP, Label: "contested", Tenant: tenant}, nil
 				})
 			})
 		}
@@ -382,7 +381,7 @@ func TestNATSCreateRace(t *testing.T) {
 			t.Fatalf("round %d: the loser's fn saw %v, want nil then the winner's route", round, loser.seen)
 		}
 		for _, s := range stores {
-			if r := mustGet(t, s, key); r == nil || r.Tenant != winner.tenant {
+			if r := storetest.MustGet(t, s, key); r == nil || r.Tenant != winner.tenant {
 				t.Fatalf("round %d: stored %+v, want the winner's", round, r)
 			}
 		}
@@ -393,18 +392,18 @@ func TestNATSCreateRace(t *testing.T) {
 // not remove a route changed since.
 func TestNATSDeleteRace(t *testing.T) {
 	ns := startNATS(t, t.TempDir())
-	a := openTestNATS(t, connectNATS(t, ns), NATSConfig{})
-	b := openTestNATS(t, connectNATS(t, ns), NATSConfig{})
-	key := Key(KindTCP, "web")
-	if _, err := a.Update(key, set(sampleRoute("web"))); err != nil {
+	a := openTestNATS(t, connectNATS(t, ns), Config{})
+	b := openTestNATS(t, connectNATS(t, ns), Config{})
+	key := store.Key(store.KindTCP, "web")
+	if _, err := a.Update(t.Context(), key, storetest.Set(storetest.SampleRoute("web"))); err != nil {
 		t.Fatal(err)
 	}
 	calls := 0
-	got, err := a.Update(key, func(cur *Route) (*Route, error) {
+	got, err := a.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 		calls++
 		if calls == 1 {
 			// Another edge takes the route between this read and the delete.
-			if _, err := b.Update(key, func(cur *Route) (*Route, error) {
+			if _, err := b.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 				cur.Tenant, cur.EmptySince = "other", time.Time{}
 				return cur, nil
 			}); err != nil {
@@ -419,21 +418,21 @@ func TestNATSDeleteRace(t *testing.T) {
 	if err != nil || calls != 2 || got == nil || got.Tenant != "other" {
 		t.Fatalf("Update = %+v, %v after %d calls; want the other's route after 2", got, err, calls)
 	}
-	if r := mustGet(t, a, key); r == nil || r.Tenant != "other" {
+	if r := storetest.MustGet(t, a, key); r == nil || r.Tenant != "other" {
 		t.Fatalf("stored %+v, want the other's route", r)
 	}
 	// And deleted then created again (create over a delete marker) works, through both.
-	for _, s := range []*NATS{a, b, a} {
-		if _, err := s.Update(key, set(nil)); err != nil {
+	for _, s := range []*Store{a, b, a} {
+		if _, err := s.Update(t.Context(), key, storetest.Set(nil)); err != nil {
 			t.Fatal(err)
 		}
-		if r := mustGet(t, b, key); r != nil {
+		if r := storetest.MustGet(t, b, key); r != nil {
 			t.Fatalf("after delete: %+v", r)
 		}
-		if _, err := s.Update(key, set(sampleRoute("web"))); err != nil {
+		if _, err := s.Update(t.Context(), key, storetest.Set(storetest.SampleRoute("web"))); err != nil {
 			t.Fatal(err)
 		}
-		if r := mustGet(t, b, key); !sameRoute(t, r, sampleRoute("web")) {
+		if r := storetest.MustGet(t, b, key); !storetest.SameRoute(t, r, storetest.SampleRoute("web")) {
 			t.Fatalf("after create: %+v", r)
 		}
 	}
@@ -443,40 +442,107 @@ func TestNATSDeleteRace(t *testing.T) {
 // after maxTries with ErrConflict, having written nothing.
 func TestNATSConflictBound(t *testing.T) {
 	ns := startNATS(t, t.TempDir())
-	a := openTestNATS(t, connectNATS(t, ns), NATSConfig{})
-	b := openTestNATS(t, connectNATS(t, ns), NATSConfig{})
+	a := openTestNATS(t, connectNATS(t, ns), Config{})
+	b := openTestNATS(t, connectNATS(t, ns), Config{})
 	a.maxTries, a.maxBackoff = 10, time.Millisecond
-	key := Key(KindTCP, "hot")
+	key := store.Key(store.KindTCP, "hot")
 	for _, present := range []bool{true, false} {
 		if present {
-			if _, err := b.Update(key, set(sampleRoute("hot"))); err != nil {
+			if _, err := b.Update(t.Context(), key, storetest.Set(storetest.SampleRoute("hot"))); err != nil {
 				t.Fatal(err)
 			}
 		}
 		calls := 0
-		_, err := a.Update(key, func(cur *Route) (*Route, error) {
+		_, err := a.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 			calls++
 			// Each time, another writer gets in first.
-			if _, err := b.Update(key, func(cur *Route) (*Route, error) {
+			if _, err := b.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
 				if cur == nil {
-					cur = sampleRoute("hot")
+					cur = storetest.SampleRoute("hot")
 				}
 				cur.Ports["n"]++
 				return cur, nil
 			}); err != nil {
 				t.Error(err)
 			}
-			return &Route{Kind: KindTCP, Label: "hot", Tenant: "a"}, nil
+			return &store.Route{Kind: store.KindTCP, Label: "hot", Tenant: "a"}, nil
 		})
 		if !errors.Is(err, ErrConflict) || calls != 10 {
 			t.Fatalf("present %v: Update = %v after %d calls; want ErrConflict after 10", present, err, calls)
 		}
-		if r := mustGet(t, a, key); r == nil || r.Tenant == "a" {
+		if r := storetest.MustGet(t, a, key); r == nil || r.Tenant == "a" {
 			t.Fatalf("present %v: stored %+v", present, r)
 		}
-		if _, err := b.Update(key, set(nil)); err != nil {
+		if _, err := b.Update(t.Context(), key, storetest.Set(nil)); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestNATSContextEndsRetries has every write of an Update lose to another writer, as
+// TestNATSConflictBound does, until the Update's context is cancelled: the Update stops
+// there, with the context's error, having written nothing.
+func TestNATSContextEndsRetries(t *testing.T) {
+	ns := startNATS(t, t.TempDir())
+	a := openTestNATS(t, connectNATS(t, ns), Config{})
+	b := openTestNATS(t, connectNATS(t, ns), Config{})
+	key := store.Key(store.KindTCP, "hot")
+	if _, err := b.Update(t.Context(), key, storetest.Set(storetest.SampleRoute("hot"))); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	calls := 0
+	_, err := a.Update(ctx, key, func(cur *store.Route) (*store.Route, error) {
+		calls++
+		if _, err := b.Update(t.Context(), key, func(cur *store.Route) (*store.Route, error) {
+			cur.Ports["n"]++
+			return cur, nil
+		}); err != nil {
+			t.Error(err)
+		}
+		if calls == 3 {
+			cancel()
+		}
+		return &store.Route{Kind: store.KindTCP, Label: "hot", Tenant: "a"}, nil
+	})
+	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrConflict) || calls != 3 {
+		t.Fatalf("Update = %v after %d calls; want context.Canceled after 3", err, calls)
+	}
+	if r := storetest.MustGet(t, a, key); r == nil || r.Tenant == "a" {
+		t.Fatalf("stored %+v", r)
+	}
+}
+
+// TestNATSContextEndsKeyWait has an Update wait for another Update of its key in the same
+// store, which holds the key's lock: the waiting one ends with its context.
+func TestNATSContextEndsKeyWait(t *testing.T) {
+	s := openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), Config{})
+	key := store.Key(store.KindHTTP, "a")
+	inFn, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := s.Update(t.Context(), key, func(*store.Route) (*store.Route, error) {
+			close(inFn)
+			<-release
+			return &store.Route{Kind: store.KindHTTP, Label: "a", Tenant: "first"}, nil
+		})
+		first <- err
+	}()
+	<-inFn
+	ctx, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	called := false
+	_, err := s.Update(ctx, key, func(*store.Route) (*store.Route, error) { called = true; return nil, nil })
+	close(release)
+	if !errors.Is(err, context.DeadlineExceeded) || called {
+		t.Fatalf("Update waiting for the key = %v (fn called: %v); want the context's error before fn", err, called)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if r := storetest.MustGet(t, s, key); r == nil || r.Tenant != "first" {
+		t.Fatalf("stored %+v, want the first Update's route", r)
 	}
 }
 
@@ -486,38 +552,38 @@ func TestNATSReopenKeepsEverything(t *testing.T) {
 	dir := t.TempDir()
 	ns := startNATS(t, dir)
 	nc := connectNATS(t, ns)
-	s := openTestNATS(t, nc, NATSConfig{})
-	want := map[string]*Route{}
+	s := openTestNATS(t, nc, Config{})
+	want := map[string]*store.Route{}
 	for i := range 100 {
-		r := sampleRoute(fmt.Sprintf("r%03d", i))
+		r := storetest.SampleRoute(fmt.Sprintf("r%03d", i))
 		if i%2 == 0 {
-			r.Kind, r.Ports = KindHTTP, nil
+			r.Kind, r.Ports = store.KindHTTP, nil
 		}
-		if _, err := s.Update(r.Key(), set(r)); err != nil {
+		if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 			t.Fatal(err)
 		}
 		want[r.Key()] = r
 	}
 	// Change every third route, delete every sixth.
 	for i := 0; i < 100; i += 3 {
-		r := sampleRoute(fmt.Sprintf("r%03d", i))
+		r := storetest.SampleRoute(fmt.Sprintf("r%03d", i))
 		if i%2 == 0 {
-			r.Kind, r.Ports = KindHTTP, nil
-			if _, err := s.Update(r.Key(), set(nil)); err != nil {
+			r.Kind, r.Ports = store.KindHTTP, nil
+			if _, err := s.Update(t.Context(), r.Key(), storetest.Set(nil)); err != nil {
 				t.Fatal(err)
 			}
 			delete(want, r.Key())
 			continue
 		}
 		r.Tenant = "changed"
-		if _, err := s.Update(r.Key(), set(r)); err != nil {
+		if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 			t.Fatal(err)
 		}
 		want[r.Key()] = r
 	}
-	check := func(s Store, when string) {
+	check := func(s store.Store, when string) {
 		t.Helper()
-		l, err := s.List()
+		l, err := s.List(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -525,7 +591,7 @@ func TestNATSReopenKeepsEverything(t *testing.T) {
 			t.Fatalf("%s: List has %d routes, want %d", when, len(l), len(want))
 		}
 		for _, r := range l {
-			if !sameRoute(t, r, want[r.Key()]) {
+			if !storetest.SameRoute(t, r, want[r.Key()]) {
 				t.Fatalf("%s: %s = %+v, want %+v", when, r.Key(), r, want[r.Key()])
 			}
 		}
@@ -534,23 +600,23 @@ func TestNATSReopenKeepsEverything(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	check(openTestNATS(t, nc, NATSConfig{}), "after reopen")
+	check(openTestNATS(t, nc, Config{}), "after reopen")
 
 	nc.Close()
 	stopNATS(ns)
-	check(openTestNATS(t, connectNATS(t, startNATS(t, dir)), NATSConfig{}), "after a server restart")
+	check(openTestNATS(t, connectNATS(t, startNATS(t, dir)), Config{}), "after a server restart")
 }
 
 // TestNATSUpdateReturnsStoredForm checks Update's result is the route as stored (as Get
 // returns it), e.g. with no monotonic clock reading.
 func TestNATSUpdateReturnsStoredForm(t *testing.T) {
-	s := openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), NATSConfig{})
-	r := &Route{Kind: KindHTTP, Label: "a", EmptySince: time.Now()}
-	got, err := s.Update(r.Key(), set(r))
+	s := openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), Config{})
+	r := &store.Route{Kind: store.KindHTTP, Label: "a", EmptySince: time.Now()}
+	got, err := s.Update(t.Context(), r.Key(), storetest.Set(r))
 	if err != nil {
 		t.Fatal(err)
 	}
-	again := mustGet(t, s, r.Key())
+	again := storetest.MustGet(t, s, r.Key())
 	if got.EmptySince != again.EmptySince || !got.EmptySince.Equal(r.EmptySince) {
 		t.Fatalf("Update returned %v, Get %v, stored %v", got.EmptySince, again.EmptySince, r.EmptySince)
 	}
@@ -559,7 +625,7 @@ func TestNATSUpdateReturnsStoredForm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Update(r.Key(), set(got)); err != nil {
+	if _, err := s.Update(t.Context(), r.Key(), storetest.Set(got)); err != nil {
 		t.Fatal(err)
 	}
 	e2, err := s.kv.Get(context.Background(), natsKey(r.Key()))
@@ -571,7 +637,7 @@ func TestNATSUpdateReturnsStoredForm(t *testing.T) {
 	}
 	// Nor does deleting an absent key (no delete marker).
 	before := bucketLastSeq(t, s)
-	if _, err := s.Update("http/none", set(nil)); err != nil {
+	if _, err := s.Update(t.Context(), "http/none", storetest.Set(nil)); err != nil {
 		t.Fatal(err)
 	}
 	if after := bucketLastSeq(t, s); after != before {
@@ -580,7 +646,7 @@ func TestNATSUpdateReturnsStoredForm(t *testing.T) {
 }
 
 // bucketLastSeq returns the sequence of the last message of s's bucket.
-func bucketLastSeq(t *testing.T, s *NATS) uint64 {
+func bucketLastSeq(t *testing.T, s *Store) uint64 {
 	t.Helper()
 	st, err := s.kv.Status(context.Background())
 	if err != nil {
@@ -592,13 +658,13 @@ func bucketLastSeq(t *testing.T, s *NATS) uint64 {
 // BenchmarkNATSUpdate is one compare-and-set write per op (read, then write at the revision
 // read) to an embedded server in b.TempDir().
 func BenchmarkNATSUpdate(b *testing.B) {
-	benchUpdate(b, openTestNATS(b, connectNATS(b, startNATS(b, b.TempDir())), NATSConfig{}))
+	storetest.BenchUpdate(b, openTestNATS(b, connectNATS(b, startNATS(b, b.TempDir())), Config{}))
 }
 
 // TestNATSCorrupt puts values that are not routes, and keys no route has, into the bucket:
 // the calls that meet them fail with ErrCorrupt naming the bucket and key.
 func TestNATSCorrupt(t *testing.T) {
-	s := openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), NATSConfig{})
+	s := openTestNATS(t, connectNATS(t, startNATS(t, t.TempDir())), Config{})
 	ctx := context.Background()
 	if _, err := s.kv.Put(ctx, "http.bad", []byte("{not json")); err != nil {
 		t.Fatal(err)
@@ -607,15 +673,15 @@ func TestNATSCorrupt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, key := range []string{"http/bad", "http/empty"} {
-		if _, err := s.Get(key); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), DefaultNATSBucket) {
+		if _, err := s.Get(t.Context(), key); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), DefaultBucket) {
 			t.Errorf("Get(%s) = %v, want ErrCorrupt", key, err)
 		}
 		called := false
-		if _, err := s.Update(key, func(*Route) (*Route, error) { called = true; return nil, nil }); !errors.Is(err, ErrCorrupt) || called {
+		if _, err := s.Update(t.Context(), key, func(*store.Route) (*store.Route, error) { called = true; return nil, nil }); !errors.Is(err, ErrCorrupt) || called {
 			t.Errorf("Update(%s) = %v (fn called: %v), want ErrCorrupt before fn", key, err, called)
 		}
 	}
-	if _, err := s.List(); !errors.Is(err, ErrCorrupt) {
+	if _, err := s.List(t.Context()); !errors.Is(err, ErrCorrupt) {
 		t.Errorf("List = %v, want ErrCorrupt", err)
 	}
 	for _, k := range []string{"http.bad", "http.empty"} {
@@ -623,19 +689,20 @@ func TestNATSCorrupt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if l, err := s.List(); err != nil || len(l) != 0 {
+	if l, err := s.List(t.Context()); err != nil || len(l) != 0 {
 		t.Fatalf("List = %v, %v; want empty", l, err)
 	}
 	if _, err := s.kv.Put(ctx, "tcp.x=y", []byte(`{"kind":"tcp"}`)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.List(); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "tcp.x=y") {
+	if _, err := s.List(t.Context()); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "tcp.x=y") {
 		t.Errorf("List with a foreign key = %v, want ErrCorrupt", err)
 	}
 }
 
-// TestNATSServerGone checks calls fail after the timeout, not hang, when NATS does not
-// answer, and that Close cancels the calls in flight.
+// TestNATSServerGone checks calls fail after the timeout, or when their context ends if
+// that is sooner, not hang, when NATS does not answer, and that Close cancels the calls in
+// flight.
 func TestNATSServerGone(t *testing.T) {
 	ns := startNATS(t, t.TempDir())
 	// This connection reconnects: requests wait for the server instead of failing at once.
@@ -644,16 +711,16 @@ func TestNATSServerGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	s := openTestNATS(t, nc, NATSConfig{Timeout: 300 * time.Millisecond})
-	if _, err := s.Update("http/a", set(&Route{Kind: KindHTTP, Label: "a"})); err != nil {
+	s := openTestNATS(t, nc, Config{Timeout: 300 * time.Millisecond})
+	if _, err := s.Update(t.Context(), "http/a", storetest.Set(&store.Route{Kind: store.KindHTTP, Label: "a"})); err != nil {
 		t.Fatal(err)
 	}
 	stopNATS(ns)
 
 	for name, call := range map[string]func() error{
-		"Get":    func() error { _, err := s.Get("http/a"); return err },
-		"List":   func() error { _, err := s.List(); return err },
-		"Update": func() error { _, err := s.Update("http/a", set(nil)); return err },
+		"Get":    func() error { _, err := s.Get(t.Context(), "http/a"); return err },
+		"List":   func() error { _, err := s.List(t.Context()); return err },
+		"Update": func() error { _, err := s.Update(t.Context(), "http/a", storetest.Set(nil)); return err },
 	} {
 		start := time.Now()
 		err := call()
@@ -664,10 +731,27 @@ func TestNATSServerGone(t *testing.T) {
 		t.Logf("%s: %v after %v", name, err, d.Round(time.Millisecond))
 	}
 
-	// Close ends a call in flight with ErrClosed, well before its timeout.
+	// A call's context ends it before the store's timeout: the error is the context's.
 	s.timeout = time.Minute
+	for name, call := range map[string]func(ctx context.Context) error{
+		"Get":    func(ctx context.Context) error { _, err := s.Get(ctx, "http/a"); return err },
+		"List":   func(ctx context.Context) error { _, err := s.List(ctx); return err },
+		"Update": func(ctx context.Context) error { _, err := s.Update(ctx, "http/a", storetest.Set(nil)); return err },
+	} {
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		start := time.Now()
+		err := call(ctx)
+		d := time.Since(start)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || d > 3*time.Second {
+			t.Fatalf("%s with the server gone and a 300ms context = %v after %v; want the context's error after about 300ms", name, err, d)
+		}
+		t.Logf("%s with a 300ms context: %v after %v", name, err, d.Round(time.Millisecond))
+	}
+
+	// Close ends a call in flight with store.ErrClosed, well before its timeout.
 	done := make(chan error, 1)
-	go func() { _, err := s.Get("http/a"); done <- err }()
+	go func() { _, err := s.Get(t.Context(), "http/a"); done <- err }()
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	if err := s.Close(); err != nil {
@@ -675,7 +759,7 @@ func TestNATSServerGone(t *testing.T) {
 	}
 	select {
 	case err := <-done:
-		if !errors.Is(err, ErrClosed) {
+		if !errors.Is(err, store.ErrClosed) {
 			t.Fatalf("Get in flight at Close = %v, want ErrClosed", err)
 		}
 	case <-time.After(5 * time.Second):

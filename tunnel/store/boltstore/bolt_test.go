@@ -1,6 +1,6 @@
 //go:build unix
 
-package store
+package boltstore
 
 import (
 	"bufio"
@@ -22,6 +22,9 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/warren-tunnel/warren/tunnel/store"
+	"github.com/warren-tunnel/warren/tunnel/store/storetest"
 )
 
 func TestBoltCreatesDirAndFile(t *testing.T) {
@@ -42,13 +45,13 @@ func TestBoltCreatesDirAndFile(t *testing.T) {
 func TestBoltReopenKeepsEverything(t *testing.T) {
 	dir := t.TempDir()
 	s := mustOpen(t, dir)
-	want := map[string]*Route{}
+	want := map[string]*store.Route{}
 	for i := range 100 {
-		r := sampleRoute(fmt.Sprintf("r%03d", i))
+		r := storetest.SampleRoute(fmt.Sprintf("r%03d", i))
 		if i%2 == 0 {
-			r.Kind, r.Ports = KindHTTP, nil
+			r.Kind, r.Ports = store.KindHTTP, nil
 		}
-		if _, err := s.Update(r.Key(), set(r)); err != nil {
+		if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 			t.Fatal(err)
 		}
 		want[r.Key()] = r
@@ -58,13 +61,13 @@ func TestBoltReopenKeepsEverything(t *testing.T) {
 		for k, r := range want {
 			if strings.HasSuffix(k, fmt.Sprintf("r%03d", i)) {
 				if i%2 == 0 {
-					if _, err := s.Update(k, set(nil)); err != nil {
+					if _, err := s.Update(t.Context(), k, storetest.Set(nil)); err != nil {
 						t.Fatal(err)
 					}
 					delete(want, k)
 				} else {
 					r.Tenant = "changed"
-					if _, err := s.Update(k, set(r)); err != nil {
+					if _, err := s.Update(t.Context(), k, storetest.Set(r)); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -77,7 +80,7 @@ func TestBoltReopenKeepsEverything(t *testing.T) {
 
 	s = mustOpen(t, dir)
 	defer s.Close()
-	l, err := s.List()
+	l, err := s.List(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +88,7 @@ func TestBoltReopenKeepsEverything(t *testing.T) {
 		t.Fatalf("after reopen List has %d routes, want %d", len(l), len(want))
 	}
 	for _, r := range l {
-		if !sameRoute(t, r, want[r.Key()]) {
+		if !storetest.SameRoute(t, r, want[r.Key()]) {
 			t.Fatalf("after reopen %s = %+v, want %+v", r.Key(), r, want[r.Key()])
 		}
 	}
@@ -118,13 +121,13 @@ func TestBoltKill9Child(t *testing.T) {
 	}
 	for i := start; ; i++ {
 		r := killRoute(i)
-		if _, err := s.Update(r.Key(), set(r)); err != nil {
+		if _, err := s.Update(t.Context(), r.Key(), storetest.Set(r)); err != nil {
 			fmt.Printf("ERR %v\n", err)
 			os.Exit(3)
 		}
-		if _, err := s.Update(Key(KindTCP, "counter"), func(cur *Route) (*Route, error) {
+		if _, err := s.Update(t.Context(), store.Key(store.KindTCP, "counter"), func(cur *store.Route) (*store.Route, error) {
 			if cur == nil {
-				cur = &Route{Kind: KindTCP, Label: "counter", Ports: map[string]int{}}
+				cur = &store.Route{Kind: store.KindTCP, Label: "counter", Ports: map[string]int{}}
 			}
 			cur.Ports["last"] = i
 			return cur, nil
@@ -136,8 +139,8 @@ func TestBoltKill9Child(t *testing.T) {
 	}
 }
 
-func killRoute(i int) *Route {
-	return &Route{Kind: KindTCP, Label: fmt.Sprintf("k%08d", i), Tenant: "t", Ports: map[string]int{"p": i}}
+func killRoute(i int) *store.Route {
+	return &store.Route{Kind: store.KindTCP, Label: fmt.Sprintf("k%08d", i), Tenant: "t", Ports: map[string]int{"p": i}}
 }
 
 // TestBoltKill9 runs a child process that writes routes, SIGKILLs it mid-stream, and checks
@@ -153,11 +156,11 @@ func TestBoltKill9(t *testing.T) {
 		s := mustOpen(t, dir) // also: the file is whole (Open checks it)
 		for _, i := range acked {
 			want := killRoute(i)
-			if r := mustGet(t, s, want.Key()); !sameRoute(t, r, want) {
+			if r := storetest.MustGet(t, s, want.Key()); !storetest.SameRoute(t, r, want) {
 				t.Fatalf("round %d: acknowledged route %d is %+v after kill -9, want %+v", round, i, r, want)
 			}
 		}
-		c := mustGet(t, s, Key(KindTCP, "counter"))
+		c := storetest.MustGet(t, s, store.Key(store.KindTCP, "counter"))
 		if last := got[len(got)-1]; c == nil || c.Ports["last"] < last {
 			t.Fatalf("round %d: counter = %+v after kill -9, want last >= %d", round, c, last)
 		}
@@ -455,12 +458,12 @@ func TestBoltDirNotWritable(t *testing.T) {
 func TestBoltUpdateReturnsStoredForm(t *testing.T) {
 	s := mustOpen(t, t.TempDir())
 	defer s.Close()
-	r := &Route{Kind: KindHTTP, Label: "a", EmptySince: time.Now()}
-	got, err := s.Update(r.Key(), set(r))
+	r := &store.Route{Kind: store.KindHTTP, Label: "a", EmptySince: time.Now()}
+	got, err := s.Update(t.Context(), r.Key(), storetest.Set(r))
 	if err != nil {
 		t.Fatal(err)
 	}
-	again := mustGet(t, s, r.Key())
+	again := storetest.MustGet(t, s, r.Key())
 	if got.EmptySince != again.EmptySince || !got.EmptySince.Equal(r.EmptySince) {
 		t.Fatalf("Update returned %v, Get %v, stored %v", got.EmptySince, again.EmptySince, r.EmptySince)
 	}
@@ -521,7 +524,7 @@ func TestBoltCorruptSweep(t *testing.T) {
 		s, err := Open(dir)
 		switch {
 		case err == nil:
-			if _, err := s.List(); err != nil {
+			if _, err := s.List(t.Context()); err != nil {
 				t.Errorf("case %d (%s): Open succeeded, then List = %v", i, how, err)
 			}
 			if err := s.Close(); err != nil {

@@ -1,4 +1,4 @@
-package tunnel
+package e2e
 
 import (
 	"context"
@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	testpb "google.golang.org/grpc/interop/grpc_testing"
+
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // grpcService is a grpc-go TestService: unary echo (with a status or a wait on request),
@@ -142,9 +144,9 @@ func grpcClient(t *testing.T, addr, authority string, tlsCfg *tls.Config) testpb
 	return testpb.NewTestServiceClient(cc)
 }
 
-// verifyAs is a client TLS configuration that trusts pki's certificate for name, whatever
+// verifyAs is a client TLS configuration that trusts roots' certificate for name, whatever
 // name the client asks for (the test certificate does not name the tunnels' hosts).
-func verifyAs(pki testPKI, name string) *tls.Config {
+func verifyAs(roots *x509.CertPool, name string) *tls.Config {
 	return &tls.Config{
 		InsecureSkipVerify: true, // verified below, as name
 		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
@@ -152,7 +154,7 @@ func verifyAs(pki testPKI, name string) *tls.Config {
 			if err != nil {
 				return err
 			}
-			_, err = leaf.Verify(x509.VerifyOptions{DNSName: name, Roots: pki.pool})
+			_, err = leaf.Verify(x509.VerifyOptions{DNSName: name, Roots: roots})
 			return err
 		},
 	}
@@ -165,24 +167,23 @@ func verifyAs(pki testPKI, name string) *tls.Config {
 // a client's cancel reaches the server's stream context. Each member's calls share one
 // HTTP/2 connection to the backend. An HTTP/1.1 tunnel next to them is served as before.
 func TestGRPCThroughTunnels(t *testing.T) {
-	pki := newTestPKI(t)
-	e, httpsAddr := startTLSEdge(t, pki, ServerConfig{PublicH2C: true})
+	cert, pool := selfSigned(t, "edge", "edge.test")
+	e := startInprocEdge(t, tunnel.ServerConfig{PublicH2C: true, TLSConfig: edgeTLS(cert)})
 	svc, gl := startGRPC(t)
 	sess := e.connect()
-	for _, sp := range []TunnelSpec{
+	for _, sp := range []tunnel.TunnelSpec{
 		{Subdomain: "grpc", BackendProtocol: "h2c"},
-		{Proto: ProtoHTTPS, Subdomain: "grpcs", BackendProtocol: "h2c"},
+		{Proto: tunnel.ProtoHTTPS, Subdomain: "grpcs", BackendProtocol: "h2c"},
 	} {
 		_, err := sess.Forward(ctxT(t), sp, gl.Addr().String())
 		require.NoError(t, err)
 	}
-	be := backend(t, "plain")
-	_, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "web"}, hostPort(be.URL))
+	_, err := sess.Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "web"}, plainBackend(t, "plain"))
 	require.NoError(t, err)
 
 	clients := map[string]testpb.TestServiceClient{
-		"http":  grpcClient(t, e.publicAddr, "grpc."+testDomain, nil),
-		"https": grpcClient(t, httpsAddr, "grpcs."+testDomain, verifyAs(pki, "edge.test")),
+		"http":  grpcClient(t, e.publicAddr, "grpc."+inprocDomain, nil),
+		"https": grpcClient(t, e.httpsAddr, "grpcs."+inprocDomain, verifyAs(pool, "edge.test")),
 	}
 	for name, c := range clients {
 		t.Run(name, func(t *testing.T) { exerciseGRPC(t, c, svc) })
@@ -198,23 +199,23 @@ func TestGRPCThroughTunnels(t *testing.T) {
 // not with an HTTP error page a gRPC client cannot read: a pool with no healthy member and a
 // backend that cannot be reached are UNAVAILABLE with the edge's message.
 func TestGRPCCallsGetTheEdgeFailuresAsGRPCStatuses(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, PublicH2C: true})
+	e := startInprocEdge(t, tunnel.ServerConfig{LoadBalancing: true, PublicH2C: true})
 	dead := listenLoopback(t)
 	deadAddr := dead.Addr().String()
 	require.NoError(t, dead.Close())
 	var h switchable
 	h.down.Store(true)
 	sess := e.connect()
-	_, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "gone", BackendProtocol: "h2c"}, deadAddr)
+	_, err := sess.Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "gone", BackendProtocol: "h2c"}, deadAddr)
 	require.NoError(t, err)
-	_, err = sess.Forward(ctxT(t), TunnelSpec{Subdomain: "sick", BackendProtocol: "h2c", Health: h.spec()}, deadAddr)
+	_, err = sess.Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "sick", BackendProtocol: "h2c", Health: h.spec()}, deadAddr)
 	require.NoError(t, err)
 
 	for sub, want := range map[string]string{
 		"gone": "the tunnel's backend failed",
-		"sick": "no healthy backend for sick." + testDomain,
+		"sick": "no healthy backend for sick." + inprocDomain,
 	} {
-		c := grpcClient(t, e.publicAddr, sub+"."+testDomain, nil)
+		c := grpcClient(t, e.publicAddr, sub+"."+inprocDomain, nil)
 		_, err := c.EmptyCall(ctxT(t), &testpb.Empty{})
 		st := status.Convert(err)
 		require.Equal(t, codes.Unavailable, st.Code(), "%s: %v", sub, err)
@@ -343,4 +344,38 @@ func exerciseGRPC(t *testing.T, c testpb.TestServiceClient, svc *grpcService) {
 	}
 	_, err = bidi.Recv()
 	require.Equal(t, codes.Canceled, status.Code(err), "%v", err)
+}
+
+// TestTLSPassthroughGRPC: a grpc-go server with its own TLS certificate behind a tls
+// tunnel: every kind of call, a deadline and a cancel (exerciseGRPC), all through the edge
+// without it terminating TLS.
+func TestTLSPassthroughGRPC(t *testing.T) {
+	// The edge's own certificate names every host under its domain: the tunnel's host goes
+	// to the backend all the same.
+	edgeCert, _ := selfSigned(t, "edge", "*."+inprocDomain, "edge.test")
+	e := startInprocEdge(t, tunnel.ServerConfig{LoadBalancing: true, TLSConfig: edgeTLS(edgeCert)})
+	cert, pool := selfSigned(t, "grpc backend", "grpc."+inprocDomain)
+	svc := &grpcService{ended: make(chan error, 16), deadlines: make(chan time.Time, 16)}
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))
+	testpb.RegisterTestServiceServer(gs, svc)
+	gl := listenLoopback(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = gs.Serve(gl)
+	}()
+	t.Cleanup(func() {
+		gs.Stop()
+		<-done
+	})
+	_, err := e.connect().Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTLS, Subdomain: "grpc"}, gl.Addr().String())
+	require.NoError(t, err)
+
+	c := grpcClient(t, e.httpsAddr, "grpc."+inprocDomain, &tls.Config{ServerName: "grpc." + inprocDomain, RootCAs: pool})
+	exerciseGRPC(t, c, svc)
+
+	// The connection is the client's own with the backend: one more call on it works.
+	resp, err := c.UnaryCall(ctxT(t), &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("again")}})
+	require.NoError(t, err)
+	require.Equal(t, "echo again", string(resp.GetPayload().GetBody()))
 }

@@ -1,37 +1,19 @@
-package store
+package boltstore
 
 import (
 	"os"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/warren-tunnel/warren/tunnel/store/storetest"
 )
-
-// benchUpdate measures one Update that rewrites one route (a TCP pool's port changes), the
-// write-through cost of a registration.
-func benchUpdate(b *testing.B, s Store) {
-	key := Key(KindTCP, "web")
-	r := sampleRoute("web")
-	b.ReportAllocs()
-	i := 0
-	for b.Loop() {
-		i++
-		if _, err := s.Update(key, func(cur *Route) (*Route, error) {
-			r.Ports["p"] = i
-			return r, nil
-		}); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-func BenchmarkMemoryUpdate(b *testing.B) { benchUpdate(b, NewMemory()) }
 
 // BenchmarkBoltUpdate is one durable (fsynced) transaction per op, in b.TempDir().
 func BenchmarkBoltUpdate(b *testing.B) {
 	s := mustOpen(b, b.TempDir())
 	defer s.Close()
-	benchUpdate(b, s)
+	storetest.BenchUpdate(b, s)
 }
 
 // benchRoutes is the size of the store that BenchmarkBoltOpen and BenchmarkBoltCheck read.

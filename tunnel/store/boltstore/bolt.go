@@ -1,7 +1,27 @@
-package store
+// Package boltstore is a route store (store.Store) in one embedded bbolt database file,
+// <state dir>/warren.db: the durable store of a single edge. Open it with Open and pass it to
+// the edge as tunnel.ServerConfig.Store; the edge closes it.
+//
+// # Why bbolt
+//
+// The store keeps the routes in one file through go.etcd.io/bbolt:
+//
+//   - it is pure Go (no cgo, no server to run): the edge stays one static binary;
+//   - the state is one file, easy to back up, move aside or inspect;
+//   - every Update is one ACID read-write transaction, serialised with every other, and
+//     bbolt fsyncs the file on commit, so a change Update reports done survives kill -9 and
+//     power loss (the store never turns bbolt's NoSync on);
+//   - bbolt takes an exclusive file lock (flock) on open, so two edges cannot share one
+//     state directory: the second Open fails with ErrLocked instead of corrupting the file.
+//
+// Open checks the whole file before it returns (bbolt's consistency check, and every stored
+// route must decode), so a damaged file is reported once, at start, as ErrCorrupt naming the
+// file, rather than surfacing later as a wrong answer.
+package boltstore
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,9 +36,11 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
-// FileName is the name of Bolt's database file inside the state directory.
+// FileName is the name of the store's database file inside the state directory.
 const FileName = "warren.db"
 
 // SchemaVersion is the layout of warren.db that this build writes. Open refuses a file with a
@@ -30,7 +52,7 @@ const DefaultLockTimeout = time.Second
 
 // Bucket and key names inside warren.db.
 var (
-	routesBucket = []byte("routes") // store key → JSON-encoded Route
+	routesBucket = []byte("routes") // store key → JSON-encoded store.Route
 	metaBucket   = []byte("meta")   // versionKey → decimal SchemaVersion
 	versionKey   = []byte("schema_version")
 )
@@ -84,14 +106,18 @@ func WithLockTimeout(d time.Duration) Option {
 	}
 }
 
-// Bolt is a Store in one bbolt database file, <dir>/warren.db. Every Update is one
+// Store is a store.Store in one bbolt database file, <dir>/warren.db. Every Update is one
 // serialisable read-write transaction, fsynced to disk before Update returns; reads run in
 // read-only transactions concurrently with it. Routes are stored JSON-encoded under the keys
 // Update was given, so List returns them in key (byte) order.
 //
+// The context a call takes is checked once, before its transaction begins: bbolt cannot
+// interrupt a transaction, so a call that has begun one runs to its end, an Update's commit
+// and fsync included, and an Update waiting for the one before it to commit waits on.
+//
 // Open it with Open; it is safe for concurrent use, and Close releases the file (and its
 // lock) for the next edge.
-type Bolt struct {
+type Store struct {
 	// mu is held shared by every call for its whole length and exclusively by Close, so that
 	// Close waits for calls in flight and no call starts on a closed database.
 	mu     sync.RWMutex
@@ -100,12 +126,9 @@ type Bolt struct {
 	closed bool
 }
 
-var (
-	_ Store = (*Bolt)(nil)
-	_ Store = (*Memory)(nil)
-)
+var _ store.Store = (*Store)(nil)
 
-// Open opens the Bolt store in the state directory dir: it creates dir (mode 0700) if it does
+// Open opens the store in the state directory dir: it creates dir (mode 0700) if it does
 // not exist and the file dir/warren.db (mode 0600) if that does not exist, then checks the
 // file whole before it returns.
 //
@@ -118,8 +141,8 @@ var (
 //   - if the file's schema version is newer than SchemaVersion;
 //   - if dir cannot be created, or dir or the file cannot be written.
 //
-// Only one Bolt may be open on a directory at a time, in any process.
-func Open(dir string, opts ...Option) (*Bolt, error) {
+// Only one Store may be open on a directory at a time, in any process.
+func Open(dir string, opts ...Option) (*Store, error) {
 	o := openOptions{lockTimeout: DefaultLockTimeout}
 	for _, opt := range opts {
 		opt(&o)
@@ -157,7 +180,7 @@ func Open(dir string, opts ...Option) (*Bolt, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("store: sync state directory %s: %w", dir, syncErr)
 	}
-	return &Bolt{db: db, path: path}, nil
+	return &Store{db: db, path: path}, nil
 }
 
 // openDB opens (creating if need be) and locks the bbolt file, turning bbolt's errors — and
@@ -306,11 +329,11 @@ func checkTx(path string, tx *bolt.Tx) error {
 }
 
 // decodeRoute decodes the value stored at key k; a value that is not a route is ErrCorrupt.
-func decodeRoute(path string, k, v []byte) (*Route, error) {
+func decodeRoute(path string, k, v []byte) (*store.Route, error) {
 	if v == nil {
 		return nil, corruptError(path, fmt.Errorf("key %q holds a bucket, not a route", k))
 	}
-	r := new(Route)
+	r := new(store.Route)
 	if err := json.Unmarshal(v, r); err != nil {
 		return nil, corruptError(path, fmt.Errorf("the route at key %q does not decode: %w", k, err))
 	}
@@ -320,24 +343,28 @@ func decodeRoute(path string, k, v []byte) (*Route, error) {
 // errUnchanged rolls back an Update whose fn changed nothing, so that it costs no write.
 var errUnchanged = errors.New("store: unchanged")
 
-// Update implements Store: it runs in one bbolt read-write transaction (serialised with every
-// other Update) that is on disk when Update returns. fn is called exactly once, with a
-// freshly decoded copy of the stored route; it must not call the store (that would deadlock).
+// Update implements store.Store: it runs in one bbolt read-write transaction (serialised
+// with every other Update) that is on disk when Update returns. fn is called exactly once,
+// with a freshly decoded copy of the stored route; it must not call the store (that would
+// deadlock).
 // An Update that changes nothing (fn returns the route as stored, or nil for an absent key)
 // writes nothing.
-func (b *Bolt) Update(key string, fn func(cur *Route) (*Route, error)) (*Route, error) {
+func (b *Store) Update(ctx context.Context, key string, fn func(cur *store.Route) (*store.Route, error)) (*store.Route, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("store: update %q in %s: %w", key, b.path, err)
 	}
 	var (
-		out   *Route
+		out   *store.Route
 		fnErr error
 	)
 	err := b.db.Update(func(tx *bolt.Tx) error {
 		bk := tx.Bucket(routesBucket)
-		var cur *Route
+		var cur *store.Route
 		old := bk.Get([]byte(key))
 		if old != nil {
 			var err error
@@ -381,15 +408,18 @@ func (b *Bolt) Update(key string, fn func(cur *Route) (*Route, error)) (*Route, 
 	}
 }
 
-// Get implements Store: it reads in a read-only transaction, which sees the last Update
-// that returned and runs concurrently with Updates.
-func (b *Bolt) Get(key string) (*Route, error) {
+// Get implements store.Store: it reads in a read-only transaction, which sees the last
+// Update that returned and runs concurrently with Updates.
+func (b *Store) Get(ctx context.Context, key string) (*store.Route, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
-	var out *Route
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("store: get %q in %s: %w", key, b.path, err)
+	}
+	var out *store.Route
 	err := b.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(routesBucket).Get([]byte(key))
 		if v == nil {
@@ -405,14 +435,18 @@ func (b *Bolt) Get(key string) (*Route, error) {
 	return out, nil
 }
 
-// List implements Store: every route, in key (byte) order, from one read-only transaction.
-func (b *Bolt) List() ([]*Route, error) {
+// List implements store.Store: every route, in key (byte) order, from one read-only
+// transaction.
+func (b *Store) List(ctx context.Context) ([]*store.Route, error) {
 	b.mu.RLock()
 	defer b.mu.RUnlock()
 	if b.closed {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
-	var out []*Route
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("store: list %s: %w", b.path, err)
+	}
+	var out []*store.Route
 	err := b.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(routesBucket).ForEach(func(k, v []byte) error {
 			r, err := decodeRoute(b.path, k, v)
@@ -429,9 +463,9 @@ func (b *Bolt) List() ([]*Route, error) {
 	return out, nil
 }
 
-// Close implements Store: it waits for calls in flight, then closes the file and releases its
-// lock. Closing again does nothing and returns nil.
-func (b *Bolt) Close() error {
+// Close implements store.Store: it waits for calls in flight, then closes the file and
+// releases its lock. Closing again does nothing and returns nil.
+func (b *Store) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {

@@ -3,28 +3,16 @@
 // store before it acknowledges a registration, and reads every route back when it starts,
 // so that ownership and ports survive restarts.
 //
-// Store is the interface; Memory keeps routes in memory (an edge with no state directory)
-// and Bolt keeps them in an embedded bbolt database file. The package knows nothing of HTTP
-// or the wire.
-//
-// # Why bbolt
-//
-// Bolt keeps the routes in one file, <state dir>/warren.db, through go.etcd.io/bbolt:
-//
-//   - it is pure Go (no cgo, no server to run): the edge stays one static binary;
-//   - the state is one file, easy to back up, move aside or inspect;
-//   - every Update is one ACID read-write transaction, serialised with every other, and
-//     bbolt fsyncs the file on commit, so a change Update reports done survives kill -9 and
-//     power loss (Bolt never turns bbolt's NoSync on);
-//   - bbolt takes an exclusive file lock (flock) on open, so two edges cannot share one
-//     state directory: the second Open fails with ErrLocked instead of corrupting the file.
-//
-// Open checks the whole file before it returns (bbolt's consistency check, and every stored
-// route must decode), so a damaged file is reported once, at start, as ErrCorrupt naming the
-// file, rather than surfacing later as a wrong answer.
+// Store is the interface; Memory keeps routes in memory, for as long as the process runs.
+// The implementations that keep routes elsewhere live in packages of their own, so that an
+// edge links only the one it uses: boltstore keeps them in an embedded bbolt database file,
+// natsstore in a NATS JetStream key-value bucket that the edges of a cluster share.
+// storetest checks that an implementation behaves as Store says. The package knows nothing
+// of HTTP or the wire.
 package store
 
 import (
+	"context"
 	"errors"
 	"time"
 
@@ -99,17 +87,24 @@ var ErrClosed = errors.New("store: closed")
 
 // Store keeps routes. Implementations are safe for concurrent use, and every change they
 // report done is durable (for a file store: on disk, surviving kill -9).
+//
+// Every call but Close takes a context: once it is done, a call that has not started fails
+// with an error that errors.Is matches to ctx.Err(), and a call under way gives up as far as
+// the implementation can cut it short (each says how far). An Update that gave up may still
+// have written: the caller cannot tell from the error, and a retry computes again from what
+// is stored.
 type Store interface {
 	// Update reads the route at key (nil if absent), calls fn with a copy, and writes what
 	// fn returns in one atomic step: a route to store it, nil to delete the key, or an error
 	// to change nothing (Update returns that error). fn may be called more than once (a
 	// store that detects conflicts retries), so it must have no side effects. Update
 	// returns the route now stored (nil if none).
-	Update(key string, fn func(cur *Route) (*Route, error)) (*Route, error)
+	Update(ctx context.Context, key string, fn func(cur *Route) (*Route, error)) (*Route, error)
 	// Get returns the route at key, or nil.
-	Get(key string) (*Route, error)
+	Get(ctx context.Context, key string) (*Route, error)
 	// List returns every route, in key order.
-	List() ([]*Route, error)
-	// Close releases the store; later calls return ErrClosed.
+	List(ctx context.Context) ([]*Route, error)
+	// Close releases the store; later calls return ErrClosed. Closing it again does
+	// nothing and returns nil.
 	Close() error
 }

@@ -1,24 +1,31 @@
 package store
 
 import (
+	"context"
 	"maps"
 	"slices"
 	"sync"
 )
 
 // Memory is a Store that keeps routes in memory only: ownership holds while the process runs.
-// The zero value is ready to use.
+// The zero value is ready to use. Its calls never wait for anything but each other, so the
+// context they take is only checked as they begin.
 type Memory struct {
 	mu     sync.Mutex
 	routes map[string]*Route
 	closed bool
 }
 
+var _ Store = (*Memory)(nil)
+
 // NewMemory returns an empty in-memory store.
 func NewMemory() *Memory { return &Memory{} }
 
 // Update implements Store.
-func (m *Memory) Update(key string, fn func(cur *Route) (*Route, error)) (*Route, error) {
+func (m *Memory) Update(ctx context.Context, key string, fn func(cur *Route) (*Route, error)) (*Route, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -40,7 +47,10 @@ func (m *Memory) Update(key string, fn func(cur *Route) (*Route, error)) (*Route
 }
 
 // Get implements Store.
-func (m *Memory) Get(key string) (*Route, error) {
+func (m *Memory) Get(ctx context.Context, key string) (*Route, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -50,7 +60,10 @@ func (m *Memory) Get(key string) (*Route, error) {
 }
 
 // List implements Store.
-func (m *Memory) List() ([]*Route, error) {
+func (m *Memory) List(ctx context.Context) ([]*Route, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {

@@ -1,4 +1,4 @@
-package store
+package natsstore
 
 import (
 	"bytes"
@@ -16,20 +16,22 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
-// Defaults of NATSConfig.
+// Defaults of Config.
 const (
-	// DefaultNATSBucket is the key-value bucket OpenNATS uses when NATSConfig.Bucket is "".
-	DefaultNATSBucket = "warren_routes"
-	// DefaultNATSReplicas is the replica count of a bucket OpenNATS creates when
-	// NATSConfig.Replicas is not set.
-	DefaultNATSReplicas = 1
-	// DefaultNATSTimeout bounds each request to NATS when NATSConfig.Timeout is not set.
-	DefaultNATSTimeout = 5 * time.Second
+	// DefaultBucket is the key-value bucket Open uses when Config.Bucket is "".
+	DefaultBucket = "warren_routes"
+	// DefaultReplicas is the replica count of a bucket Open creates when Config.Replicas is
+	// not set.
+	DefaultReplicas = 1
+	// DefaultTimeout bounds each request to NATS when Config.Timeout is not set.
+	DefaultTimeout = 5 * time.Second
 )
 
-// natsMaxTries bounds the read-fn-write rounds of one NATS.Update that keep losing to other
+// natsMaxTries bounds the read-fn-write rounds of one Store.Update that keep losing to other
 // writers; natsMaxBackoff bounds the random pause before each retry.
 const (
 	natsMaxTries   = 50
@@ -37,28 +39,45 @@ const (
 )
 
 // ErrConflict is the error (matched with errors.Is) of an Update that lost the race for its
-// key to other writers too many times in a row (only a store shared between processes, such
-// as NATS, has such races). Nothing was written; the caller may try again.
+// key to other writers too many times in a row (only a store shared between processes has
+// such races). Nothing was written; the caller may try again.
 var ErrConflict = errors.New("store: too many concurrent updates of one key")
 
-// NATSConfig configures OpenNATS. The zero value is the defaults.
-type NATSConfig struct {
-	// Bucket is the JetStream key-value bucket that holds the routes (DefaultNATSBucket if
+// ErrCorrupt is the error (matched with errors.Is) of a call that met a bucket holding
+// something that is not a route: a value that does not decode, or a key that no store key
+// encodes to. The error's text names the bucket and the key.
+var ErrCorrupt = errors.New("store: route bucket is corrupt")
+
+// corruptError is an ErrCorrupt whose text says which bucket and key, and why.
+type corruptError struct {
+	msg string
+	err error // the cause
+}
+
+func (e *corruptError) Error() string        { return e.msg }
+func (e *corruptError) Is(target error) bool { return target == ErrCorrupt }
+func (e *corruptError) Unwrap() error        { return e.err }
+
+// Config configures Open. The zero value is the defaults.
+type Config struct {
+	// Bucket is the JetStream key-value bucket that holds the routes (DefaultBucket if
 	// empty). Every edge of one cluster names the same bucket.
 	Bucket string
-	// Replicas is the bucket's replica count when OpenNATS creates it (DefaultNATSReplicas
-	// if zero or less): 3 or 5 in a NATS cluster, so that the routes survive the loss of a
+	// Replicas is the bucket's replica count when Open creates it (DefaultReplicas if
+	// zero or less): 3 or 5 in a NATS cluster, so that the routes survive the loss of a
 	// server. An existing bucket keeps the replica count it was created with.
 	Replicas int
 	// Timeout bounds each request to NATS — opening the bucket, and each read or write of
-	// Update, Get and List (DefaultNATSTimeout if zero or less).
+	// Update, Get and List (DefaultTimeout if zero or less). The context the call was given
+	// bounds it too: whichever ends first ends the request.
 	Timeout time.Duration
 }
 
-// NATS is a Store in a NATS JetStream key-value bucket, shared by every edge of a cluster.
+// Store is a store.Store in a NATS JetStream key-value bucket, shared by every edge of a
+// cluster.
 //
 // Each route is one key of the bucket (see the key encoding below), its value the route's
-// JSON, as Bolt stores it. A bucket OpenNATS creates keeps one revision per key (history 1)
+// JSON, as boltstore stores it. A bucket Open creates keeps one revision per key (history 1)
 // in file storage; Update reads only the last revision, so a bucket with more history works
 // the same.
 //
@@ -67,7 +86,7 @@ type NATSConfig struct {
 // absent) or update-at-revision (the key must still be at the revision read) operation, or
 // deletes at that revision. When another writer changed the key in between, the write is
 // refused and Update reads again and calls fn again, up to 50 times, then fails with
-// ErrConflict. Updates of one key through one NATS value are serialised in the process, so
+// ErrConflict. Updates of one key through one Store value are serialised in the process, so
 // they never conflict with each other; only writers elsewhere do. An Update that changes
 // nothing writes nothing.
 //
@@ -82,8 +101,8 @@ type NATSConfig struct {
 //
 // An Update whose write request fails (it times out, or the connection drops) may still have
 // been stored: the caller sees the error, and the key holds the new route. An fn that
-// computes its result from cur, with no side effects (as Store asks), makes retrying such an
-// Update safe.
+// computes its result from cur, with no side effects (as store.Store asks), makes retrying
+// such an Update safe.
 //
 // # Key encoding
 //
@@ -105,11 +124,18 @@ type NATSConfig struct {
 //
 // A bucket that vanished under an open store (its NATS store was wiped, or it was deleted)
 // is created again, empty, by the first request that finds it missing, with the
-// configuration OpenNATS would give it; the routes it held are lost, as they were already.
+// configuration Open would give it; the routes it held are lost, as they were already.
 //
-// Open it with OpenNATS; it is safe for concurrent use. Close releases it but leaves the
+// The context a call takes bounds all of it: each request to NATS ends when the context is
+// done or after Config.Timeout, whichever comes first, and so do an Update's waits — for
+// another Update of its key in this process, and between its retries — and the creation of
+// a vanished bucket with its pauses. A call cut short fails with an error that errors.Is
+// matches to the context's error; an Update whose write request was under way may still
+// have written (as when the request times out).
+//
+// Open it with Open; it is safe for concurrent use. Close releases it but leaves the
 // connection, which belongs to the caller, open.
-type NATS struct {
+type Store struct {
 	// mu is held shared by every call for its whole length and exclusively by Close, so that
 	// Close waits for calls in flight (which it first cancels) and no call starts after it.
 	mu     sync.RWMutex
@@ -124,7 +150,7 @@ type NATS struct {
 	create jetstream.KeyValueConfig
 	remu   sync.Mutex
 
-	// ctx is cancelled by Close, ending the requests of calls in flight.
+	// ctx is cancelled by Close, ending the calls in flight (callContext).
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -137,7 +163,7 @@ type NATS struct {
 	maxBackoff time.Duration
 }
 
-var _ Store = (*NATS)(nil)
+var _ store.Store = (*Store)(nil)
 
 // keyLock is a lock on one key, held by one Update at a time; n counts its holders and
 // waiters, so that the last one removes it.
@@ -146,7 +172,7 @@ type keyLock struct {
 	n  int
 }
 
-// OpenNATS opens the route store in the JetStream key-value bucket cfg.Bucket on nc,
+// Open opens the route store in the JetStream key-value bucket cfg.Bucket on nc,
 // creating the bucket (history 1, file storage, cfg.Replicas replicas) if it does not exist,
 // or binding to it as it is if it does. It fails if nc has no JetStream, if the bucket cannot
 // be created or bound within ctx and cfg.Timeout, or if the existing bucket has a TTL (its
@@ -155,18 +181,18 @@ type keyLock struct {
 //
 // The store uses nc but does not own it: Close leaves it open, and the caller closes it
 // after the store.
-func OpenNATS(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATS, error) {
+func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Store, error) {
 	if nc == nil {
-		return nil, errors.New("store: OpenNATS: no NATS connection")
+		return nil, errors.New("store: open NATS bucket: no NATS connection")
 	}
 	if cfg.Bucket == "" {
-		cfg.Bucket = DefaultNATSBucket
+		cfg.Bucket = DefaultBucket
 	}
 	if cfg.Replicas <= 0 {
-		cfg.Replicas = DefaultNATSReplicas
+		cfg.Replicas = DefaultReplicas
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = DefaultNATSTimeout
+		cfg.Timeout = DefaultTimeout
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -193,7 +219,7 @@ func OpenNATS(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATS, error)
 		return nil, fmt.Errorf("store: NATS bucket %s has a TTL of %v: routes in it would expire; use a bucket with no TTL", cfg.Bucket, st.TTL())
 	}
 	sctx, scancel := context.WithCancel(context.Background())
-	return &NATS{
+	return &Store{
 		kv: kv, js: js, create: create, bucket: cfg.Bucket, timeout: cfg.Timeout,
 		ctx: sctx, cancel: scancel,
 		keys:     map[string]*keyLock{},
@@ -202,35 +228,40 @@ func OpenNATS(ctx context.Context, nc *nats.Conn, cfg NATSConfig) (*NATS, error)
 }
 
 // Bucket returns the name of the store's key-value bucket.
-func (s *NATS) Bucket() string { return s.bucket }
+func (s *Store) Bucket() string { return s.bucket }
 
-// Update implements Store; see NATS for how it resolves races with other writers. fn may be
-// called more than once (each time with a freshly decoded copy of the route then stored); it
-// must not call this store's Update for the same key (that would deadlock).
-func (s *NATS) Update(key string, fn func(cur *Route) (*Route, error)) (*Route, error) {
+// Update implements store.Store; see Store for how it resolves races with other writers. fn
+// may be called more than once (each time with a freshly decoded copy of the route then
+// stored); it must not call this store's Update for the same key (that would deadlock).
+func (s *Store) Update(ctx context.Context, key string, fn func(cur *store.Route) (*store.Route, error)) (*store.Route, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
+	}
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return nil, s.opError(ctx, "update", key, err)
 	}
 	nk := natsKey(key)
-	unlock, err := s.lockKey(nk)
+	unlock, err := s.lockKey(ctx, nk)
 	if err != nil {
-		return nil, s.opError("update", key, err)
+		return nil, s.opError(ctx, "update", key, err)
 	}
 	defer unlock()
 
 	for try := range s.maxTries {
 		if try > 0 {
-			if err := s.backoff(try); err != nil {
-				return nil, s.opError("update", key, err)
+			if err := s.backoff(ctx, try); err != nil {
+				return nil, s.opError(ctx, "update", key, err)
 			}
 		}
-		old, rev, err := s.read("update", key, nk)
+		old, rev, err := s.read(ctx, "update", key, nk)
 		if err != nil {
 			return nil, err
 		}
-		var cur *Route
+		var cur *store.Route
 		if old != nil {
 			if cur, err = s.decode(key, old); err != nil {
 				return nil, err
@@ -240,12 +271,12 @@ func (s *NATS) Update(key string, fn func(cur *Route) (*Route, error)) (*Route, 
 		if err != nil {
 			return nil, err
 		}
-		var out *Route
+		var out *store.Route
 		if next == nil {
 			if old == nil {
 				return nil, nil
 			}
-			err = s.do(func(ctx context.Context) error {
+			err = s.do(ctx, func(ctx context.Context) error {
 				return s.kv.Delete(ctx, nk, jetstream.LastRevision(rev))
 			})
 		} else {
@@ -260,13 +291,13 @@ func (s *NATS) Update(key string, fn func(cur *Route) (*Route, error)) (*Route, 
 			if bytes.Equal(data, old) {
 				return out, nil
 			}
-			err = s.write(nk, data, old != nil, rev)
+			err = s.write(ctx, nk, data, old != nil, rev)
 		}
 		if err == nil {
 			return out, nil
 		}
 		if !isConflict(err) {
-			return nil, s.opError("update", key, err)
+			return nil, s.opError(ctx, "update", key, err)
 		}
 	}
 	return nil, fmt.Errorf("store: update %q in NATS bucket %s: %w (lost to other writers %d times in a row)",
@@ -274,8 +305,8 @@ func (s *NATS) Update(key string, fn func(cur *Route) (*Route, error)) (*Route, 
 }
 
 // write stores data at nk: create-only if the key was absent, else at revision rev.
-func (s *NATS) write(nk string, data []byte, present bool, rev uint64) error {
-	return s.do(func(ctx context.Context) error {
+func (s *Store) write(ctx context.Context, nk string, data []byte, present bool, rev uint64) error {
+	return s.do(ctx, func(ctx context.Context) error {
 		var err error
 		if present {
 			_, err = s.kv.Update(ctx, nk, data, rev)
@@ -288,15 +319,20 @@ func (s *NATS) write(nk string, data []byte, present bool, rev uint64) error {
 	})
 }
 
-// Get implements Store. On a replicated bucket a replica a moment behind may answer (see
-// NATS).
-func (s *NATS) Get(key string) (*Route, error) {
+// Get implements store.Store. On a replicated bucket a replica a moment behind may answer
+// (see Store).
+func (s *Store) Get(ctx context.Context, key string) (*store.Route, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
-	v, _, err := s.read("get", key, natsKey(key))
+	ctx, cancel := s.callContext(ctx)
+	defer cancel()
+	if err := ctx.Err(); err != nil {
+		return nil, s.opError(ctx, "get", key, err)
+	}
+	v, _, err := s.read(ctx, "get", key, natsKey(key))
 	if err != nil || v == nil {
 		return nil, err
 	}
@@ -304,10 +340,10 @@ func (s *NATS) Get(key string) (*Route, error) {
 }
 
 // read returns the value and revision at the NATS key nk (of the store key key), or nil if
-// it is absent or deleted; op names the call in errors.
-func (s *NATS) read(op, key, nk string) (value []byte, rev uint64, err error) {
+// it is absent or deleted; ctx is the call's (callContext), op names the call in errors.
+func (s *Store) read(ctx context.Context, op, key, nk string) (value []byte, rev uint64, err error) {
 	var e jetstream.KeyValueEntry
-	err = s.do(func(ctx context.Context) error {
+	err = s.do(ctx, func(ctx context.Context) error {
 		var err error
 		e, err = s.kv.Get(ctx, nk)
 		return err
@@ -316,7 +352,7 @@ func (s *NATS) read(op, key, nk string) (value []byte, rev uint64, err error) {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		return nil, 0, nil
 	case err != nil:
-		return nil, 0, s.opError(op, key, err)
+		return nil, 0, s.opError(ctx, op, key, err)
 	}
 	if e.Value() == nil {
 		// A put of an empty value: not a route. (A stored route is never empty.)
@@ -325,23 +361,28 @@ func (s *NATS) read(op, key, nk string) (value []byte, rev uint64, err error) {
 	return e.Value(), e.Revision(), nil
 }
 
-// List implements Store: every route, in store key (byte) order, each at the last revision
-// it had when List started (read through one JetStream consumer of the last revision of
-// every key). Deleted keys are skipped.
-func (s *NATS) List() ([]*Route, error) {
+// List implements store.Store: every route, in store key (byte) order, each at the last
+// revision it had when List started (read through one JetStream consumer of the last
+// revision of every key). Deleted keys are skipped.
+func (s *Store) List(ctx context.Context) ([]*store.Route, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
+	callCtx, cancelCall := s.callContext(ctx)
+	defer cancelCall()
+	if err := callCtx.Err(); err != nil {
+		return nil, s.opError(callCtx, "list", "", err)
+	}
+	ctx, cancel := context.WithTimeout(callCtx, s.timeout)
 	defer cancel()
 	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	for try := 0; err != nil && try < maxRecreates && s.recreate(ctx, try, err); try++ {
 		w, err = s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	}
 	if err != nil {
-		return nil, s.opError("list", "", err)
+		return nil, s.opError(callCtx, "list", "", err)
 	}
 	defer func() {
 		// Stop ends the watcher's subscription, whose goroutine then closes Updates; until
@@ -362,7 +403,7 @@ func (s *NATS) List() ([]*Route, error) {
 		case e, ok := <-w.Updates():
 			switch {
 			case !ok:
-				return nil, s.opError("list", "", errors.New("the watcher stopped"))
+				return nil, s.opError(callCtx, "list", "", errors.New("the watcher stopped"))
 			case e == nil: // every key's last revision is in
 				done = true
 			default:
@@ -376,10 +417,10 @@ func (s *NATS) List() ([]*Route, error) {
 				}
 			}
 		case <-ctx.Done():
-			return nil, s.opError("list", "", ctx.Err())
+			return nil, s.opError(callCtx, "list", "", ctx.Err())
 		}
 	}
-	out := make([]*Route, 0, len(got))
+	out := make([]*store.Route, 0, len(got))
 	for _, k := range slices.Sorted(maps.Keys(got)) {
 		r, err := s.decode(k, got[k].val)
 		if err != nil {
@@ -390,11 +431,11 @@ func (s *NATS) List() ([]*Route, error) {
 	return out, nil
 }
 
-// Close implements Store: it cancels the requests of calls in flight (they fail with
-// ErrClosed; an Update among them may or may not have written), waits for those calls to
-// return, and releases the store. It leaves the NATS connection open. Closing again does
+// Close implements store.Store: it cancels the requests of calls in flight (they fail with
+// store.ErrClosed; an Update among them may or may not have written), waits for those calls
+// to return, and releases the store. It leaves the NATS connection open. Closing again does
 // nothing and returns nil.
-func (s *NATS) Close() error {
+func (s *Store) Close() error {
 	s.cancel()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -402,10 +443,19 @@ func (s *NATS) Close() error {
 	return nil
 }
 
-// do runs one request to NATS under the store's timeout, cancelled by Close; a request that
-// failed because the bucket is gone is made again once the bucket is (recreate).
-func (s *NATS) do(op func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
+// callContext returns the context of one call given ctx: done when ctx is, or when Close
+// cancels the calls in flight.
+func (s *Store) callContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// do runs one request to NATS within ctx, the call's (callContext), and the store's timeout;
+// a request that failed because the bucket is gone is made again once the bucket is
+// (recreate).
+func (s *Store) do(ctx context.Context, op func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	err := op(ctx)
 	for try := 0; err != nil && try < maxRecreates && s.recreate(ctx, try, err); try++ {
@@ -419,13 +469,13 @@ func (s *NATS) do(op func(ctx context.Context) error) error {
 // JetStream may still answer that it exists, and one just created may not answer at once.
 const maxRecreates = 6
 
-// recreate creates the bucket again, empty, as OpenNATS would, when err says it does not
+// recreate creates the bucket again, empty, as Open would, when err says it does not
 // exist (its NATS store was wiped, or it was deleted): the routes it held are lost either
 // way, and without it no route could be written again until every edge restarted. It reports
 // whether the bucket exists now, created by this call or another writer; try counts the
 // earlier attempts of the same request.
-func (s *NATS) recreate(ctx context.Context, try int, err error) bool {
-	if !NATSBucketMissing(err) {
+func (s *Store) recreate(ctx context.Context, try int, err error) bool {
+	if !BucketMissing(err) {
 		return false
 	}
 	if try > 0 { // the bucket still seemed to exist a moment ago: give its deletion time
@@ -457,11 +507,11 @@ func OpenOrCreateKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.K
 	return kv, created, err
 }
 
-// NATSBucketMissing reports whether err, from a request on a JetStream key-value bucket, may
+// BucketMissing reports whether err, from a request on a JetStream key-value bucket, may
 // mean that the bucket does not exist: JetStream's "stream not found" (code 10059) in any
 // wrapping, or no stream answering a write to its subjects. Callers that create the bucket
 // again on it should check first: a false alarm then costs a request.
-func NATSBucketMissing(err error) bool {
+func BucketMissing(err error) bool {
 	if err == nil {
 		return false
 	}
@@ -482,9 +532,9 @@ func NATSBucketMissing(err error) bool {
 	return strings.Contains(err.Error(), "stream not found")
 }
 
-// lockKey takes the in-process lock of the NATS key nk, waiting until it is free or the
-// store closes.
-func (s *NATS) lockKey(nk string) (unlock func(), err error) {
+// lockKey takes the in-process lock of the NATS key nk, waiting until it is free or ctx, the
+// call's (callContext), is done.
+func (s *Store) lockKey(ctx context.Context, nk string) (unlock func(), err error) {
 	s.keysMu.Lock()
 	l := s.keys[nk]
 	if l == nil {
@@ -503,49 +553,54 @@ func (s *NATS) lockKey(nk string) (unlock func(), err error) {
 	select {
 	case l.ch <- struct{}{}:
 		return func() { <-l.ch; release() }, nil
-	case <-s.ctx.Done():
+	case <-ctx.Done():
 		release()
-		return nil, s.ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
 // backoff pauses before retry number try (1, 2, …) of an Update: a random time up to a
-// bound that doubles from 1ms per retry to maxBackoff, so that racing writers spread out.
-func (s *NATS) backoff(try int) error {
+// bound that doubles from 1ms per retry to maxBackoff, so that racing writers spread out. It
+// ends early, with ctx's error, when ctx (the call's: callContext) is done.
+func (s *Store) backoff(ctx context.Context, try int) error {
 	bound := s.maxBackoff
 	if try < 30 && time.Millisecond<<try < bound {
 		bound = time.Millisecond << try
 	}
 	if bound <= 0 {
-		return s.ctx.Err()
+		return ctx.Err()
 	}
 	t := time.NewTimer(rand.N(bound))
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return nil
-	case <-s.ctx.Done():
-		return s.ctx.Err()
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
-// opError wraps the error of a request about key ("" for the whole bucket); one that failed
-// because Close cancelled it is ErrClosed.
-func (s *NATS) opError(op, key string, err error) error {
+// opError wraps the error of a request about key ("" for the whole bucket) made within ctx,
+// the call's (callContext): one that failed because Close cancelled it is store.ErrClosed,
+// and one that failed once ctx was done matches ctx's error too, whatever NATS made of it.
+func (s *Store) opError(ctx context.Context, op, key string, err error) error {
 	what := "NATS bucket " + s.bucket
 	if key != "" {
 		what = fmt.Sprintf("%q in %s", key, what)
 	}
-	if s.ctx.Err() != nil {
-		return fmt.Errorf("store: %s %s: %w", op, what, ErrClosed)
+	switch cerr := ctx.Err(); {
+	case s.ctx.Err() != nil:
+		return fmt.Errorf("store: %s %s: %w", op, what, store.ErrClosed)
+	case cerr != nil && !errors.Is(err, cerr):
+		return fmt.Errorf("store: %s %s: %w: %w", op, what, cerr, err)
 	}
 	return fmt.Errorf("store: %s %s: %w", op, what, err)
 }
 
 // decode decodes the value stored at the store key key; one that is not a route is
 // ErrCorrupt.
-func (s *NATS) decode(key string, v []byte) (*Route, error) {
-	r := new(Route)
+func (s *Store) decode(key string, v []byte) (*store.Route, error) {
+	r := new(store.Route)
 	if err := json.Unmarshal(v, r); err != nil {
 		return nil, s.corrupt(fmt.Errorf("the route at key %q does not decode: %w", key, err))
 	}
@@ -553,8 +608,8 @@ func (s *NATS) decode(key string, v []byte) (*Route, error) {
 }
 
 // corrupt is the ErrCorrupt of a bucket holding something that is not a route.
-func (s *NATS) corrupt(cause error) error {
-	return &fileError{kind: ErrCorrupt, err: cause,
+func (s *Store) corrupt(cause error) error {
+	return &corruptError{err: cause,
 		msg: fmt.Sprintf("store: NATS bucket %s is corrupt: %v (delete the offending key, or restore the bucket)", s.bucket, cause)}
 }
 
@@ -574,7 +629,7 @@ func natsKeyPlain(c byte) bool {
 	return c == '-' || c == '_' || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
 }
 
-// natsKey returns the NATS key of the store key key (see NATS): the kind, and the label if
+// natsKey returns the NATS key of the store key key (see Store): the kind, and the label if
 // there is a '/', each one token, plain or '=' and base64url.
 func natsKey(key string) string {
 	kind, label, slash := strings.Cut(key, "/")
