@@ -1,6 +1,9 @@
 package group
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors for the documented rejections. Join returns them wrapped in an *Error whose
 // message is the user-facing sentence; test with errors.Is.
@@ -34,3 +37,12 @@ func (e *Error) Error() string { return e.Msg }
 func (e *Error) Unwrap() error { return e.Err }
 
 func reject(sentinel error, msg string) error { return &Error{Err: sentinel, Msg: msg} }
+
+// KeyMismatch is the refusal of a registration whose group key the pool of a route does not
+// admit: the route is subdomain label, or with tcp the TCP group label.
+func KeyMismatch(tcp bool, label string) error {
+	if tcp {
+		return reject(ErrKeyMismatch, fmt.Sprintf("group key does not match for group '%s'", label))
+	}
+	return reject(ErrKeyMismatch, fmt.Sprintf("group key does not match for subdomain '%s'", label))
+}

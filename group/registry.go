@@ -455,7 +455,7 @@ func admit(g *Group, req JoinRequest, grouped bool) error {
 	case !grouped:
 		return reject(ErrInUse, fmt.Sprintf("subdomain '%s' is already in use", req.Label))
 	case g.Solo() || !g.keyAdmits(req):
-		return reject(ErrKeyMismatch, fmt.Sprintf("group key does not match for subdomain '%s'", req.Label))
+		return KeyMismatch(false, req.Label)
 	case g.Proto != req.Proto:
 		return reject(ErrProtoMismatch, fmt.Sprintf("protocol mismatch: group '%s' on subdomain '%s' serves %s, this tunnel is %s",
 			g.Name, req.Label, g.Proto, req.Proto))

@@ -100,8 +100,8 @@ func (a *alerter) fire(al webhook.Alert[alertInfo]) {
 	if c := a.srv.cluster; c != nil {
 		// Every edge sees the pool fall; the first to record the alert sends it. That is
 		// a NATS round trip: not on the registry's event path.
-		c.spawn(func() {
-			if c.claimAlert(v.pool, al.Event) {
+		a.srv.spawn(func() {
+			if c.ClaimAlert(v.pool, al.Event) {
 				a.send(al, p)
 			}
 		})

@@ -158,14 +158,14 @@ func (c *clientConn) serveStream(ctx context.Context, st *yamux.Stream, untrack 
 		untrack()
 		return
 	case err != nil:
-		refuse(st, wire.AckMalformed)
+		mux.Refuse(st, byte(wire.AckMalformed))
 		untrack()
 		return
 	}
 	_ = st.SetReadDeadline(time.Time{})
 	t := c.route(env.TunnelID)
 	if t == nil {
-		refuse(st, wire.AckUnknownTunnel)
+		mux.Refuse(st, byte(wire.AckUnknownTunnel))
 		untrack()
 		return
 	}
@@ -199,10 +199,4 @@ func (c *clientConn) route(id string) *clientTunnel {
 			return nil
 		}
 	}
-}
-
-func refuse(st *yamux.Stream, a wire.Ack) {
-	_ = st.SetWriteDeadline(time.Now().Add(time.Second))
-	_, _ = st.Write([]byte{byte(a)})
-	_ = st.Close()
 }

@@ -247,13 +247,13 @@ func (t *clientTunnel) serve(ctx context.Context, c *clientConn, st *yamux.Strea
 			_ = sc.ack()
 			return
 		case <-timer.C:
-			refuse(st, wire.AckRefused)
+			mux.Refuse(st, byte(wire.AckRefused))
 		case <-t.stopping:
-			refuse(st, wire.AckUnknownTunnel)
+			mux.Refuse(st, byte(wire.AckUnknownTunnel))
 		case <-t.done:
-			refuse(st, wire.AckUnknownTunnel)
+			mux.Refuse(st, byte(wire.AckUnknownTunnel))
 		case <-ctx.Done():
-			refuse(st, wire.AckUnknownTunnel)
+			mux.Refuse(st, byte(wire.AckUnknownTunnel))
 		}
 		sc.release()
 		return
@@ -263,7 +263,7 @@ func (t *clientTunnel) serve(ctx context.Context, c *clientConn, st *yamux.Strea
 	local, err := d.DialContext(ctx, "tcp", t.target)
 	if err != nil {
 		s.log.Debug("local target refused a stream", zap.String("target", t.target), zap.Error(err))
-		refuse(st, wire.AckRefused)
+		mux.Refuse(st, byte(wire.AckRefused))
 		return
 	}
 	t.streams.Add(1)

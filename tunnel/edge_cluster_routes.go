@@ -42,13 +42,6 @@ const kindPort = "port"
 // errPortTaken is a port another route reserved.
 var errPortTaken = errors.New("port reserved by another route")
 
-func keyMismatch(kind, label string) error {
-	if kind == store.KindTCP {
-		return &group.Error{Err: group.ErrKeyMismatch, Msg: fmt.Sprintf("group key does not match for group '%s'", label)}
-	}
-	return &group.Error{Err: group.ErrKeyMismatch, Msg: fmt.Sprintf("group key does not match for subdomain '%s'", label)}
-}
-
 // keyHeld reports whether cur's key hash keeps req (of cur's own tenant) out: see above.
 // Mid-rotation the route records the pool's newest key while members still hold older ones:
 // as on one edge, a key a live member of the pool holds is admitted, whether that member is
@@ -117,7 +110,7 @@ func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bo
 	switch {
 	case grouped && solo:
 		if held {
-			return false, keyMismatch(kind, label)
+			return false, group.KeyMismatch(kind == store.KindTCP, label)
 		}
 	case grouped:
 		if cur.KeyHash == req.KeyHash || slices.Contains(req.PrevKeyHashes, cur.KeyHash) {
@@ -177,7 +170,7 @@ func (b *routeBook) claimEndpointKey(cur *store.Route, req *group.JoinRequest, n
 			return false, nil // a member not yet rotated holds it: the pool admits it
 		}
 		if live || now.Sub(cur.Claimed) < b.lease || now.Sub(b.startedAt) < b.lease {
-			return false, keyMismatch(cur.Kind, cur.Label)
+			return false, group.KeyMismatch(cur.Kind == store.KindTCP, cur.Label)
 		}
 	}
 	if live {
@@ -276,14 +269,13 @@ func (b *routeBook) clusterSoloPort(tk *ticket, req *group.JoinRequest) error {
 // port another tunnel holds now is that tunnel's, and the sessions of this edge's tunnel on
 // it are ended: their connectors register again and get another port, rather than one
 // public port leading to two tunnels.
-func (c *cluster) reclaimSoloPorts() {
-	b := c.srv.routes
+func (b *routeBook) reclaimSoloPorts(reg *group.Registry, endSession func(id, why string)) {
 	b.mu.Lock()
 	held := maps.Clone(b.soloPorts)
 	b.mu.Unlock()
 	for port, key := range held {
 		var members []*group.Member // this edge's own solo tunnel on the port
-		for _, x := range c.srv.registry.Groups() {
+		for _, x := range reg.Groups() {
 			if x.Kind != group.KindTCP || !x.Solo() || x.Port != port {
 				continue
 			}
@@ -309,10 +301,10 @@ func (c *cluster) reclaimSoloPorts() {
 		if !still {
 			continue
 		}
-		c.log.Error("the port of a solo TCP tunnel went to another tunnel while this edge was cut off from NATS: ending its connector's session, which registers again on another port",
+		b.log.Error("the port of a solo TCP tunnel went to another tunnel while this edge was cut off from NATS: ending its connector's session, which registers again on another port",
 			zap.Int("port", port))
 		for _, m := range members {
-			c.srv.endSession(m.Session, "its solo TCP tunnel's port went to another tunnel while this edge was cut off from NATS")
+			endSession(m.Session, "its solo TCP tunnel's port went to another tunnel while this edge was cut off from NATS")
 		}
 	}
 }
@@ -436,110 +428,29 @@ func (b *routeBook) dropPortKeys(r *store.Route) {
 	}
 }
 
-// edgeGone reports whether edge id is gone from the cluster as far as this edge can tell:
-// its lease lapsed (or was deleted) more than after ago, or this edge, running for after
-// and a lease, never saw it.
-func (c *cluster) edgeGone(id string, after time.Duration) bool {
-	if id == c.cfg.EdgeID {
-		return false
-	}
-	c.remote.mu.Lock()
-	defer c.remote.mu.Unlock()
-	e := c.remote.edges[id]
-	if e == nil || e.lastSeen.IsZero() {
-		return time.Since(c.started) > after+c.cfg.LeaseTTL
-	}
-	return e.expired && time.Since(e.lastSeen) > after
-}
-
-// liveAnywhere reports whether the route kind/label has a member on another edge whose
-// lease holds, whether or not this edge can reach it now. It reads a snapshot (the registry
-// calls it, through the route book, while the remote view is locked).
-func (c *cluster) liveAnywhere(kind, label string) bool {
-	_, ok := c.liveTenant(kind, label)
-	return ok
-}
-
-// liveTenant returns the tenant of the members of route kind/label on other edges whose
-// leases hold, and whether there are any. It reads the snapshot liveAnywhere reads.
-func (c *cluster) liveTenant(kind, label string) (string, bool) {
-	live := c.live.Load()
-	if live == nil {
-		return "", false
-	}
-	tenant, ok := (*live)[store.Key(kind, label)]
-	return tenant, ok
-}
-
-// rebuildLiveLocked recomputes the routes with members on other edges; the caller holds
-// c.remote.mu.
-func (c *cluster) rebuildLiveLocked() {
-	live := map[string]string{}
-	for _, e := range c.remote.edges {
-		if e.expired {
-			continue
-		}
-		for _, rec := range e.records {
-			switch {
-			case rec.Proto.BySubdomain():
-				live[store.Key(store.KindHTTP, rec.Label)] = rec.Tenant
-			case rec.Group != "":
-				live[store.Key(store.KindTCP, rec.Group)] = rec.Tenant
-			}
-		}
-	}
-	c.live.Store(&live)
-}
-
-// recordRoute is the store kind and label of the route rec's member serves; false for a
-// solo TCP tunnel, which owns no route.
-func recordRoute(rec memberRecord) (kind, label string, ok bool) {
-	switch {
-	case rec.Proto.BySubdomain():
-		return store.KindHTTP, rec.Label, true
-	case rec.Group != "":
-		return store.KindTCP, rec.Group, true
-	}
-	return "", "", false
-}
-
-// routesOf returns the route keys (kind, label) of recs, each once.
-func routesOf(recs ...memberRecord) [][2]string {
-	seen := map[[2]string]bool{}
-	var out [][2]string
-	for _, rec := range recs {
-		if kind, label, ok := recordRoute(rec); ok && !seen[[2]string{kind, label}] {
-			seen[[2]string{kind, label}] = true
-			out = append(out, [2]string{kind, label})
-		}
-	}
-	return out
-}
-
-// settleRoutes runs after members of another edge vanished from this edge's view (their
-// edge's lease lapsed or was deleted, or their records were deleted) and records, for each
-// of their routes that no edge has a member of any more, that it is empty from now: its
-// claim then lapses RouteTTL later, as on a single edge. Without it nobody may write it:
-// the pool left this edge's registry when the link dropped, while the dead edge's lease
-// still made the route live (emptied writes nothing then), and a route recorded with
-// members but live nowhere is taken for lapsed at once by every edge that has run longer
-// than RouteTTL, so another tenant could take it while its connectors fail over. The
-// caller holds c.remote.mu, with the live snapshot rebuilt; the store is written in a
-// goroutine.
-func (c *cluster) settleRoutes(routes [][2]string) {
-	if len(routes) == 0 || c.srv.routes == nil {
+// settleRoutes records, in the background, each of routes (kind, label) that no edge serves
+// any more as empty from now on: its claim then lapses RouteTTL later, as on a single edge.
+// The cluster calls it after members of another edge vanished from this edge's view (their
+// edge's lease lapsed or was deleted, or their records were deleted). Without it nobody may
+// write it: the pool left this edge's registry when the link dropped, while the dead edge's
+// lease still made the route live (emptied writes nothing then), and a route recorded with
+// members but live nowhere is taken for lapsed at once by every edge that has run longer than
+// RouteTTL, so another tenant could take it while its connectors fail over.
+func (b *routeBook) settleRoutes(routes [][2]string) {
+	if len(routes) == 0 {
 		return
 	}
-	c.spawn(func() {
+	b.spawn(func() {
 		for _, r := range routes {
-			c.settleRoute(r[0], r[1])
+			b.settleRoute(r[0], r[1])
 		}
 	})
 }
 
-func (c *cluster) settleRoute(kind, label string) {
-	b := c.srv.routes
-	for c.ctx.Err() == nil {
+// settleRoute records route kind/label empty once no claim of it can be in flight (a lease
+// after its last claim), unless an edge serves it by then.
+func (b *routeBook) settleRoute(kind, label string) {
+	for b.ctx.Err() == nil {
 		if b.live(kind, label) {
 			return
 		}
@@ -550,7 +461,7 @@ func (c *cluster) settleRoute(kind, label string) {
 				return nil, errUnchanged
 			}
 			now := b.now()
-			if d := cur.Claimed.Add(c.cfg.LeaseTTL).Sub(now); d > 0 {
+			if d := cur.Claimed.Add(b.lease).Sub(now); d > 0 {
 				// Claimed or joined on some edge a moment ago: its member's record may
 				// not have arrived here yet. Look again when it must have.
 				wait = d
@@ -560,56 +471,16 @@ func (c *cluster) settleRoute(kind, label string) {
 			return cur, nil
 		})
 		if err != nil && !errors.Is(err, errUnchanged) {
-			c.log.Warn("cannot record that a route is empty", zap.String("route", store.Key(kind, label)), zap.Error(err))
+			b.log.Warn("cannot record that a route is empty", zap.String("route", store.Key(kind, label)), zap.Error(err))
 			return
 		}
 		if wait == 0 {
 			return
 		}
 		select {
-		case <-c.ctx.Done():
+		case <-b.ctx.Done():
 			return
 		case <-time.After(wait):
 		}
 	}
-}
-
-// remoteConflict is the refusal the members of subdomain label on other edges (whose leases
-// hold) would give req, as the registry gives it when they are joined: a solo tunnel on a
-// route that has members, a pool member on a solo tunnel's route, or a key the pool does not
-// admit (poolAdmits: the rule of one edge, rotation included).
-//
-// The registering connector's own old registrations are no conflict: a session whose Hello
-// resumed session X with a token whose SHA-256 is the one X's records carry is the connector
-// that held X, moved here (its edge died, or it lost that connection): X is dead to it, and
-// its records go when X's edge notices or its lease lapses. A wrong token gets no such pass.
-func (c *cluster) remoteConflict(label string, req *group.JoinRequest, grouped bool) error {
-	resumed, proof, resuming := c.srv.resumeClaim(req.Session)
-	c.remote.mu.Lock()
-	defer c.remote.mu.Unlock()
-	var recs []memberRecord
-	for _, e := range c.remote.edges {
-		if e.expired {
-			continue
-		}
-		for _, rec := range e.records {
-			if !rec.Proto.BySubdomain() || rec.Label != label {
-				continue
-			}
-			if resuming && rec.heldBy(resumed, req.Tenant, proof) {
-				continue // this connector's own, from before it moved
-			}
-			if !grouped {
-				return &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
-			}
-			if rec.Group == "" {
-				return keyMismatch(store.KindHTTP, label)
-			}
-			recs = append(recs, rec)
-		}
-	}
-	if len(recs) > 0 && !poolAdmits(recs, req) {
-		return keyMismatch(store.KindHTTP, label)
-	}
-	return nil
 }

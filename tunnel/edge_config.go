@@ -223,9 +223,10 @@ type ServerConfig struct {
 	// is not running with for a change it cannot apply: pass the same one again.
 	Store store.Store
 	// Cluster, when set, makes the edge one of a cluster that shares routes and pools
-	// through NATS JetStream (ClusterConfig); Store must then be unset. Nil is a single
-	// edge, with no NATS anywhere.
-	Cluster *ClusterConfig
+	// (package tunnel/cluster makes one on NATS JetStream); Store must then be unset: the
+	// cluster's edges share the route store it provides. A Cluster serves one Server. Nil
+	// is a single edge, which runs no cluster code.
+	Cluster Cluster
 	// RouteTTL is how long a route stays its owner's after its last member left. Default
 	// 24 h.
 	RouteTTL time.Duration

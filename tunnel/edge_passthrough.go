@@ -20,15 +20,6 @@ func (s *Server) checkRoute(proto group.Proto, label string) error {
 	return nil
 }
 
-// streamProto is the protocol a tunnel's data streams announce in their envelope: a tls
-// (passthrough) tunnel's streams are raw bytes, which the connector forwards as tcp.
-func streamProto(p group.Proto) group.Proto {
-	if p == group.ProtoTLS {
-		return group.ProtoTCP
-	}
-	return p
-}
-
 // validSubdomain accepts one DNS label: a-z, 0-9 and '-', 1 to 63 characters, not starting
 // or ending with '-'.
 func validSubdomain(s string) error {

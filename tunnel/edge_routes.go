@@ -53,10 +53,10 @@ type routeBook struct {
 	// claim and joined (quota max_tcp_ports).
 	pendingPorts map[string]int
 
-	// lease is the cluster's LeaseTTL, 0 on a single edge (edge_cluster_routes.go);
-	// liveAnywhere reports whether a route has members on any edge of the cluster.
-	lease        time.Duration
-	liveAnywhere func(kind, label string) bool
+	// lease is the cluster's lease, 0 on a single edge (edge_cluster_routes.go).
+	lease time.Duration
+	// spawn runs a function on a goroutine the edge waits for (false: the edge stops).
+	spawn func(func()) bool
 	// remoteConflict refuses an HTTP registration that the members of its route on other
 	// edges would refuse (a solo tunnel on a pool, another key).
 	remoteConflict func(label string, req *group.JoinRequest, grouped bool) error
@@ -86,6 +86,15 @@ type routeBook struct {
 	// soloPorts are the cluster reservations ("solo/<edge id>/<tunnel id>") of this edge's solo TCP
 	// tunnels, by port: released when the tunnel's group goes.
 	soloPorts map[int]string
+}
+
+// servedElsewhere reports whether, in a cluster, route kind/label has members on another edge.
+func (b *routeBook) servedElsewhere(kind, label string) bool {
+	if b.liveTenant == nil {
+		return false
+	}
+	_, ok := b.liveTenant(kind, label)
+	return ok
 }
 
 // take counts one more tunnel or session of tenant in counts, unless that makes more than
@@ -322,7 +331,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 			}
 			port = routePort(cur, req)
 			if b.lease > 0 && b.keyHeld(cur, req, grouped, now) {
-				return nil, keyMismatch(kind, label)
+				return nil, group.KeyMismatch(kind == store.KindTCP, label)
 			}
 			if b.lease > 0 && kind == store.KindHTTP && cur.Reserved && grouped && cur.KeyHash == (group.KeyHash{}) {
 				// An endpoint that sets no key: its pool's key is whoever comes first, and
@@ -495,7 +504,7 @@ func (b *routeBook) membersTenant(kind, label string) (string, bool) {
 
 // live reports whether the route has a pool with members in the registry now.
 func (b *routeBook) live(kind, label string) bool {
-	if b.liveAnywhere != nil && b.liveAnywhere(kind, label) {
+	if b.servedElsewhere(kind, label) {
 		return true
 	}
 	if kind == store.KindHTTP {
@@ -518,10 +527,7 @@ func reservedAdmits(r *store.Route, req *group.JoinRequest) error {
 		return &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", r.Label)}
 	case r.KeyHash != zero && r.KeyHash != req.KeyHash,
 		r.Kind == store.KindHTTP && r.Group != "" && req.Group != r.Group:
-		if r.Kind == store.KindTCP {
-			return &group.Error{Err: group.ErrKeyMismatch, Msg: fmt.Sprintf("group key does not match for group '%s'", r.Label)}
-		}
-		return &group.Error{Err: group.ErrKeyMismatch, Msg: fmt.Sprintf("group key does not match for subdomain '%s'", r.Label)}
+		return group.KeyMismatch(r.Kind == store.KindTCP, r.Label)
 	}
 	return nil
 }
@@ -584,7 +590,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 			if cur.LiveKey != k {
 				if cur.LiveKey != zero && !g.HoldsKey(cur.LiveKey) && !slices.Contains(tk.prevKeys, cur.LiveKey) &&
 					b.now().Sub(lastClaim) < b.lease {
-					return nil, keyMismatch(tk.kind, tk.label)
+					return nil, group.KeyMismatch(tk.kind == store.KindTCP, tk.label)
 				}
 				cur.LiveKey, changed = k, true
 			}
@@ -593,7 +599,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 			// Another key claimed the route after this registration's claim (a race between
 			// edges the claim did not see): it lost. A key the route already had at the claim
 			// is no race (the claim admitted this key beside it: a rotation in progress).
-			return nil, keyMismatch(tk.kind, tk.label)
+			return nil, group.KeyMismatch(tk.kind == store.KindTCP, tk.label)
 		} else if !cur.Reserved && (cur.KeyHash != k || cur.Group != g.Name || cur.Holder != tk.holder) {
 			cur.KeyHash, cur.Group, cur.Holder, cur.HolderHash, changed = k, g.Name, tk.holder, tk.holderHash, true
 		}
@@ -660,7 +666,7 @@ func (b *routeBook) emptied(g *group.Group) {
 			}
 			return nil, errUnchanged
 		}
-		if b.lease == 0 && !cur.EmptySince.IsZero() || b.liveAnywhere != nil && b.liveAnywhere(kind, g.Label) {
+		if b.lease == 0 && !cur.EmptySince.IsZero() || b.servedElsewhere(kind, g.Label) {
 			return unchanged()
 		}
 		if b.lease > 0 && now.Sub(cur.Claimed) < b.lease {
@@ -713,7 +719,7 @@ func (b *routeBook) sweep() {
 			continue
 		}
 		live := func() bool {
-			if b.liveAnywhere != nil && b.liveAnywhere(r.Kind, r.Label) {
+			if b.servedElsewhere(r.Kind, r.Label) {
 				return true
 			}
 			if r.Kind == store.KindHTTP {

@@ -609,14 +609,14 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	if s.cluster != nil && e.resumed != "" {
 		// A connector that moved here from another edge: its registrations there are not
 		// in the way of this one (remoteConflict too lets them be).
-		s.cluster.movedHere(e.resumed, e.tenant, e.resumedProof)
+		s.cluster.MovedHere(e.resumed, e.tenant, e.resumedProof)
 	}
 	tk, err := s.routes.claim(e.tenant, &req, grouped, lim.MaxTCPPorts)
 	if err != nil {
 		s.routes.give(s.routes.tunnels, e.tenant)
 		return nil, err
 	}
-	t := &edgeTunnel{id: req.ID, tenant: e.tenant, data: proxy.NewTunnel(e.ctx, req.ID, streamProto(m.Proto), e.mux, &e.noticeKey)}
+	t := &edgeTunnel{id: req.ID, tenant: e.tenant, data: proxy.NewTunnel(e.ctx, req.ID, m.Proto, e.mux, &e.noticeKey)}
 	t.data.SetBackendProtocol(m.BackendProtocol)
 	if e.resets != nil {
 		t.data.SetStreamReset(e.resets.Reset)

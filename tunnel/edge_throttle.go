@@ -41,15 +41,9 @@ func (s *Server) logThrottled() {
 		case <-t.C:
 			s.authLimit.Flush(false)
 			s.preAuth.Flush(false)
-			if s.cluster != nil {
-				s.cluster.preAuth.Flush(false)
-			}
 		case <-s.done:
 			s.authLimit.Flush(true)
 			s.preAuth.Flush(true)
-			if s.cluster != nil {
-				s.cluster.preAuth.Flush(true)
-			}
 			return
 		}
 	}

@@ -100,7 +100,7 @@ func (o Operator) Cluster() (info ClusterStatus, ok bool) {
 	if o.s.cluster == nil {
 		return ClusterStatus{}, false
 	}
-	return o.s.cluster.info(), true
+	return o.s.cluster.Status(), true
 }
 
 // EdgeID is the edge's id in its cluster; "" outside one.
@@ -108,7 +108,7 @@ func (o Operator) EdgeID() string {
 	if o.s.cluster == nil {
 		return ""
 	}
-	return o.s.cluster.cfg.EdgeID
+	return o.s.cluster.EdgeID()
 }
 
 // Subscribe calls f with every group membership and health change from now on, in order per
@@ -152,7 +152,7 @@ type ClusterStatus struct {
 // group, with no registry lock held. Everything it calls only records and queues.
 func (s *Server) onGroupEvent(ev group.Event) {
 	if s.cluster != nil {
-		s.cluster.observe(ev)
+		s.cluster.Observe(ev)
 	}
 	s.alerts.observe(ev)
 	s.events.publish(ev)

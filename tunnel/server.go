@@ -37,7 +37,7 @@ type Server struct {
 	// events are the subscribers to every group event (Operator.Subscribe).
 	events eventSubscribers
 	// cluster is the edge's part in a cluster (edge_cluster*.go); nil for a single edge.
-	cluster *cluster
+	cluster Cluster
 	// authLimit throttles failed authentications per source address, on the control and
 	// admin listeners together; preAuth caps the control connections not yet authenticated.
 	authLimit *throttle.Auth
@@ -58,7 +58,6 @@ type Server struct {
 	closeOnce   sync.Once
 	// closeOnceStore closes the route store once every session is gone.
 	closeOnceStore sync.Once
-	clusterOnce    sync.Once
 
 	// requests counts public HTTP requests and TCP connections (metrics).
 	requests struct{ http, tcp atomic.Uint64 }
@@ -136,32 +135,31 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	})
 	if cfg.Cluster != nil {
 		if s.cfg.Store != nil {
-			return nil, errors.New("tunnel: a cluster keeps its routes in NATS: do not set Store with Cluster")
+			return nil, errors.New("tunnel: a cluster keeps its routes in its own store: do not set Store with Cluster")
 		}
-		cc := *cfg.Cluster
-		if err := cc.setDefaults(); err != nil {
-			return nil, err
-		}
-		c, err := startCluster(s, cc)
+		st, err := cfg.Cluster.Join(ClusterEdge{s})
 		if err != nil {
+			cfg.Cluster.Leave(false)
 			return nil, err
 		}
-		s.cluster = c
-		s.cfg.Store = c.routes
+		s.cluster = cfg.Cluster
+		s.cfg.Store = st
 	}
 	routes, err := openRouteBook(&s.cfg, s.registry, s.log)
 	if err != nil {
+		if s.cluster != nil {
+			_ = s.cfg.Store.Close()
+		}
 		s.stopCluster(false)
 		return nil, err
 	}
 	s.routes = routes
-	if s.cluster != nil {
-		routes.lease, routes.liveAnywhere = s.cluster.cfg.LeaseTTL, s.cluster.liveAnywhere
-		routes.remoteConflict = s.cluster.remoteConflict
-		routes.settleLater = func(kind, label string) { s.cluster.settleRoutes([][2]string{{kind, label}}) }
-		routes.edgeID, routes.edgeGone = s.cluster.cfg.EdgeID, s.cluster.edgeGone
+	routes.spawn = s.spawn
+	if c := s.cluster; c != nil {
+		routes.lease, routes.edgeID = c.Lease(), c.EdgeID()
+		routes.liveTenant, routes.remoteConflict = c.ServedElsewhere, c.Conflict
+		routes.settleLater, routes.edgeGone = c.SettleLater, c.EdgeGone
 		routes.resumeOf = s.sessionResume
-		routes.liveTenant = s.cluster.liveTenant
 	}
 	pc.Registry = s.registry
 	s.ingress = proxy.NewHTTP(pc)
@@ -170,7 +168,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.wg.Go(func() { s.routes.sweeper(s.done) })
 	s.wg.Go(s.logThrottled)
 	if s.cluster != nil {
-		if err := s.cluster.run(); err != nil {
+		if err := s.cluster.Start(); err != nil {
 			_ = s.Close()
 			return nil, err
 		}
@@ -182,7 +180,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 // lease and member records at once, so that the other edges need not wait for the lease.
 func (s *Server) stopCluster(graceful bool) {
 	if s.cluster != nil {
-		s.clusterOnce.Do(func() { s.cluster.close(graceful) })
+		s.cluster.Leave(graceful)
 	}
 }
 
@@ -352,7 +350,7 @@ func (s *Server) ListenAndServe() error {
 		svcs = append(svcs, svc{name: "http", addr: s.cfg.HTTPAddr, serve: s.ServePublic})
 	}
 	if s.cluster != nil {
-		svcs = append(svcs, svc{name: "peers", addr: s.cluster.cfg.PeerAddr, serve: s.ServePeers})
+		svcs = append(svcs, svc{name: "peers", addr: s.cluster.PeerAddr(), serve: s.cluster.ServePeers})
 	}
 	var ls []net.Listener
 	for _, sv := range svcs {
@@ -403,7 +401,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	hwg.Wait()
 
 	if s.cluster != nil {
-		s.cluster.announceDraining()
+		s.cluster.AnnounceDraining()
 	}
 	// Wait for in-flight streams (TCP connections, upgraded HTTP) to end.
 	tick := time.NewTicker(20 * time.Millisecond)

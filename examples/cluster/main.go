@@ -39,6 +39,7 @@ import (
 
 	"github.com/warren-tunnel/warren/tunnel"
 	"github.com/warren-tunnel/warren/tunnel/admin"
+	"github.com/warren-tunnel/warren/tunnel/cluster"
 )
 
 const (
@@ -292,18 +293,22 @@ func startEdge(id, natsURL string) (*edge, error) {
 	if err != nil {
 		return fail(err)
 	}
+	c, err := cluster.New(cluster.Config{
+		NATSURLs:  []string{natsURL},
+		EdgeID:    id,
+		Advertise: ls[3].Addr().String(),
+		Token:     clusterToken,
+		LeaseTTL:  3 * time.Second,
+	})
+	if err != nil {
+		return fail(err)
+	}
 	srv, err := tunnel.NewServer(tunnel.ServerConfig{
 		Domain:         "localhost",
 		LoadBalancing:  true,
 		Auth:           auth,
 		PublicHTTPPort: ls[1].Addr().(*net.TCPAddr).Port,
-		Cluster: &tunnel.ClusterConfig{
-			NATSURLs:  []string{natsURL},
-			EdgeID:    id,
-			Advertise: ls[3].Addr().String(),
-			Token:     clusterToken,
-			LeaseTTL:  3 * time.Second,
-		},
+		Cluster:        c,
 	})
 	if err != nil {
 		return fail(err)
@@ -316,7 +321,7 @@ func startEdge(id, natsURL string) (*edge, error) {
 	e := &edge{id: id, srv: srv, plane: plane, control: ls[0].Addr().String(), public: ls[1].Addr().String(),
 		admin: ls[2].Addr().String(), peer: ls[3].Addr().String()}
 	serveAdmin := func(l net.Listener) error { return srv.ServeAdmin(l, plane.Handler()) }
-	for i, serve := range []func(net.Listener) error{srv.Serve, srv.ServePublic, serveAdmin, srv.ServePeers} {
+	for i, serve := range []func(net.Listener) error{srv.Serve, srv.ServePublic, serveAdmin, c.ServePeers} {
 		e.serving.Go(func() { _ = serve(ls[i]) }) // each returns at Shutdown or Close
 	}
 	e.client = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{

@@ -27,6 +27,7 @@ import (
 
 	"github.com/warren-tunnel/warren/examples/internal/config"
 	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/cluster"
 )
 
 const (
@@ -71,8 +72,8 @@ func writeCert(t *testing.T, dir string) (certPath, keyPath string) {
 	return certPath, keyPath
 }
 
-// TestServerConfigCluster: [cluster] maps onto tunnel.ClusterConfig, TLS files loaded;
-// without it the edge has no cluster.
+// TestServerConfigCluster: [cluster] maps onto cluster.Config, TLS files loaded; without it
+// the edge has no cluster.
 func TestServerConfigCluster(t *testing.T) {
 	sc, err := serverConfig(parse(t, "[server]\ndomain = \"localhost\"\n"), zap.NewNop())
 	require.NoError(t, err)
@@ -102,8 +103,9 @@ ca_path = "peer.crt"
 	require.NoError(t, err)
 	sc, err = serverConfig(c, zap.NewNop())
 	require.NoError(t, err)
-	cc := sc.Cluster
-	require.NotNil(t, cc)
+	require.IsType(t, &cluster.Cluster{}, sc.Cluster)
+	cc, err := clusterConfig(c.Cluster)
+	require.NoError(t, err)
 	require.Equal(t, []string{"nats://10.0.0.1:4222", "nats://10.0.0.2:4222"}, cc.NATSURLs)
 	require.Equal(t, "edge-a", cc.EdgeID)
 	require.Equal(t, "localhost:7443", cc.Advertise)

@@ -50,6 +50,7 @@ import (
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel"
 	"github.com/warren-tunnel/warren/tunnel/admin"
+	"github.com/warren-tunnel/warren/tunnel/cluster"
 	"github.com/warren-tunnel/warren/tunnel/store"
 	"github.com/warren-tunnel/warren/tunnel/store/boltstore"
 )
@@ -297,7 +298,9 @@ func buildServerConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, 
 		if err != nil {
 			return tunnel.ServerConfig{}, nil, fmt.Errorf("%s: cluster: %w", c.File, err)
 		}
-		sc.Cluster = cc
+		if sc.Cluster, err = cluster.New(cc); err != nil {
+			return tunnel.ServerConfig{}, nil, fmt.Errorf("%s: %w", c.File, err)
+		}
 	}
 	if c.TLS.Enabled() {
 		cert, err := tls.LoadX509KeyPair(c.TLS.CertPath, c.TLS.KeyPath)
@@ -328,8 +331,8 @@ func openStore(c *config.Server) (store.Store, error) {
 
 // clusterConfig turns the [cluster] table into the edge's cluster configuration, loading
 // the edge-to-edge TLS files.
-func clusterConfig(c *config.Cluster) (*tunnel.ClusterConfig, error) {
-	cc := &tunnel.ClusterConfig{
+func clusterConfig(c *config.Cluster) (cluster.Config, error) {
+	cc := cluster.Config{
 		NATSURLs:  c.NATSURLs,
 		EdgeID:    c.EdgeID,
 		Advertise: c.Advertise,
@@ -345,7 +348,7 @@ func clusterConfig(c *config.Cluster) (*tunnel.ClusterConfig, error) {
 	}
 	cert, err := tls.LoadX509KeyPair(c.TLS.CertPath, c.TLS.KeyPath)
 	if err != nil {
-		return nil, fmt.Errorf("tls: loading cert_path and key_path: %w", err)
+		return cluster.Config{}, fmt.Errorf("tls: loading cert_path and key_path: %w", err)
 	}
 	cc.PeerTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	// The client side presents no certificate: the token authenticates the edge.
@@ -353,11 +356,11 @@ func clusterConfig(c *config.Cluster) (*tunnel.ClusterConfig, error) {
 	if c.TLS.CAPath != "" {
 		pem, err := os.ReadFile(c.TLS.CAPath)
 		if err != nil {
-			return nil, fmt.Errorf("tls: reading ca_path: %w", err)
+			return cluster.Config{}, fmt.Errorf("tls: reading ca_path: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls: ca_path %s holds no PEM certificate", c.TLS.CAPath)
+			return cluster.Config{}, fmt.Errorf("tls: ca_path %s holds no PEM certificate", c.TLS.CAPath)
 		}
 		cc.PeerClientTLS.RootCAs = pool
 	}

@@ -174,3 +174,12 @@ func Join(ctx context.Context, a, b net.Conn) {
 	_ = a.Close()
 	_ = b.Close()
 }
+
+// Refuse answers a data stream's envelope with the one-byte refusal ack (wire.Ack) and closes
+// the stream; the write is bounded by a second, so that a peer that stopped reading cannot
+// hold the caller.
+func Refuse(st net.Conn, ack byte) {
+	_ = st.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = st.Write([]byte{ack})
+	_ = st.Close()
+}

@@ -256,11 +256,14 @@ type Tunnel struct {
 }
 
 // NewTunnel returns the data path of tunnel id, served by the connector at the other end of
-// sess. proto is the tunnel's protocol, written into each stream's envelope. noticeKey checks
+// sess. proto is the tunnel's protocol, written into each stream's envelope (tls streams carry tcp: they are raw bytes). noticeKey checks
 // the unread notices on its HTTP streams (wire.NoticeKey of the session's resume token); it
 // is read when a response arrives, so it may be filled in after NewTunnel returns but before
 // the tunnel is dispatched to. The tunnel's streams end when parent ends or Close is called.
 func NewTunnel(parent context.Context, id string, proto group.Proto, sess *yamux.Session, noticeKey *[32]byte) *Tunnel {
+	if proto == group.ProtoTLS {
+		proto = group.ProtoTCP // a TLS passthrough stream is raw bytes, as a TCP one
+	}
 	t := &Tunnel{id: id, proto: proto, sess: sess, noticeKey: noticeKey}
 	t.ctx, t.cancel = context.WithCancel(parent)
 	return t

@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"crypto/tls"
@@ -12,11 +12,11 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// ClusterConfig makes an edge one of several that share their routes and pools through a
+// Config makes an edge one of several that share their routes and pools through a
 // NATS server (or cluster) with JetStream. Every edge of a cluster names the same NATS
 // servers, Bucket prefix and Token. See the README's "Cluster" section for what it does and
 // RELIABILITY.md for what holds while NATS or an edge is lost.
-type ClusterConfig struct {
+type Config struct {
 	// NATSURLs are the NATS servers ("nats://host:4222"); the client fails over between
 	// them. Required unless NATSConn is set.
 	NATSURLs []string
@@ -97,42 +97,42 @@ func defaultEdgeID() string {
 }
 
 // setDefaults validates c and fills in its defaults.
-func (c *ClusterConfig) setDefaults() error {
+func (c *Config) setDefaults() error {
 	if c.NATSConn == nil && len(c.NATSURLs) == 0 {
-		return errors.New("tunnel: cluster: nats_urls is empty")
+		return errors.New("cluster: nats_urls is empty")
 	}
 	if c.EdgeID == "" {
 		c.EdgeID = defaultEdgeID()
 	}
 	if !validEdgeID(c.EdgeID) {
-		return fmt.Errorf("tunnel: cluster: edge_id %q: use 1 to %d letters, digits, '-' or '_'", c.EdgeID, maxEdgeIDLen)
+		return fmt.Errorf("cluster: edge_id %q: use 1 to %d letters, digits, '-' or '_'", c.EdgeID, maxEdgeIDLen)
 	}
 	if c.Advertise == "" {
-		return errors.New("tunnel: cluster: advertise (host:port other edges reach this edge on) is empty")
+		return errors.New("cluster: advertise (host:port other edges reach this edge on) is empty")
 	}
 	if _, port, err := net.SplitHostPort(c.Advertise); err != nil || port == "" || port == "0" {
-		return fmt.Errorf("tunnel: cluster: advertise %q is not host:port", c.Advertise)
+		return fmt.Errorf("cluster: advertise %q is not host:port", c.Advertise)
 	}
 	if c.PeerAddr == "" {
 		c.PeerAddr = c.Advertise
 	}
 	if strings.TrimSpace(c.Token) == "" {
-		return errors.New("tunnel: cluster: token is empty: edges authenticate each other with it")
+		return errors.New("cluster: token is empty: edges authenticate each other with it")
 	}
 	if (c.PeerTLS == nil) != (c.PeerClientTLS == nil) {
-		return errors.New("tunnel: cluster: set both PeerTLS and PeerClientTLS, or neither")
+		return errors.New("cluster: set both PeerTLS and PeerClientTLS, or neither")
 	}
 	if c.LeaseTTL <= 0 {
 		c.LeaseTTL = defaultLeaseTTL
 	}
 	if c.LeaseTTL < 300*time.Millisecond {
-		return fmt.Errorf("tunnel: cluster: lease %v is too short (at least 300ms)", c.LeaseTTL)
+		return fmt.Errorf("cluster: lease %v is too short (at least 300ms)", c.LeaseTTL)
 	}
 	if c.Bucket == "" {
 		c.Bucket = "warren"
 	}
 	if !validEdgeID(c.Bucket) {
-		return fmt.Errorf("tunnel: cluster: bucket prefix %q: use letters, digits, '-' or '_'", c.Bucket)
+		return fmt.Errorf("cluster: bucket prefix %q: use letters, digits, '-' or '_'", c.Bucket)
 	}
 	if c.Replicas <= 0 {
 		c.Replicas = 1

@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/proxy"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // remoteView is what this edge knows of the other edges: their leases, their members'
@@ -60,7 +61,7 @@ func (v *remoteView) edge(id string) *remoteEdge {
 }
 
 // watchLeases follows the leases bucket: every renewal of another edge's lease.
-func (c *cluster) watchLeases() {
+func (c *Cluster) watchLeases() {
 	c.watch(c.leases, nil, func(key string, value []byte, deleted bool) {
 		if key == c.cfg.EdgeID {
 			if !deleted {
@@ -107,7 +108,7 @@ func (c *cluster) watchLeases() {
 // come from a live edge sharing its edge_id. The two would take each other's members for
 // their own records; the edge logs an error (at most once a minute) and /api/cluster
 // carries a warning until the other edge stops renewing.
-func (c *cluster) checkOwnLease(value []byte) {
+func (c *Cluster) checkOwnLease(value []byte) {
 	var rec leaseRecord
 	if json.Unmarshal(value, &rec) != nil {
 		return
@@ -130,7 +131,7 @@ func (c *cluster) checkOwnLease(value []byte) {
 
 // duplicateWarning is /api/cluster's warning while another edge renewed this edge's lease
 // within the last two lease periods, or "".
-func (c *cluster) duplicateWarning() string {
+func (c *Cluster) duplicateWarning() string {
 	at := c.dupSeen.Load()
 	if at == 0 || time.Since(time.Unix(0, at)) > 2*c.cfg.LeaseTTL {
 		return ""
@@ -139,24 +140,24 @@ func (c *cluster) duplicateWarning() string {
 }
 
 // watchMembers follows the members bucket: every other edge's member records.
-func (c *cluster) watchMembers() {
+func (c *Cluster) watchMembers() {
 	c.watch(c.members, &c.membersRev, func(key string, value []byte, deleted bool) {
 		edgeID, tunnelID, ok := strings.Cut(key, ".")
 		if !ok {
 			return
 		}
 		if edgeID == c.cfg.EdgeID {
-			if deleted && c.srv.registry.Lookup(tunnelID) != nil {
+			if deleted && c.edge.Registry().Lookup(tunnelID) != nil {
 				// Another edge dropped this edge's record (its lease seemed lapsed) while
 				// the member lives: write it again.
-				c.observe(group.Event{Member: group.MemberInfo{ID: tunnelID}})
+				c.Observe(group.Event{Member: group.MemberInfo{ID: tunnelID}})
 			}
 			return
 		}
 		var moved memberRecord // runs after the unlock below
 		defer func() {
 			if p, ok := proofOf(moved.ResumesProof); ok && moved.Resumes != "" {
-				c.srv.endMovedSession(moved.Resumes, moved.Tenant, p, moved.Edge)
+				c.edge.EndMovedSession(moved.Resumes, moved.Tenant, p, moved.Edge)
 			}
 		}()
 		c.remote.mu.Lock()
@@ -188,7 +189,7 @@ func (c *cluster) watchMembers() {
 // exist (NATS restarted and lost it) creates the missing buckets again (recoverBuckets); one
 // that starts on a bucket created anew since it last started (by any edge) has every local
 // member's record written again, as the bucket lost them.
-func (c *cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key string, value []byte, deleted bool)) {
+func (c *Cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key string, value []byte, deleted bool)) {
 	var born time.Time // when kv's stream was created, as this watch last found it
 	for c.ctx.Err() == nil {
 		w, err := kv.WatchAll(c.ctx)
@@ -232,7 +233,7 @@ func (c *cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key s
 
 // bucketReborn reports whether kv's stream was created after *born, the creation time found
 // before, and records the one found now; it reports false when it cannot tell.
-func (c *cluster) bucketReborn(kv jetstream.KeyValue, born *time.Time) bool {
+func (c *Cluster) bucketReborn(kv jetstream.KeyValue, born *time.Time) bool {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
 	st, err := kv.Status(ctx)
@@ -253,7 +254,7 @@ func (c *cluster) bucketReborn(kv jetstream.KeyValue, born *time.Time) bool {
 // current values first. A watch's ordered consumer lives on one NATS node: when that node
 // goes away the watch delivers nothing until the client notices, which can take longer
 // than a lease, and meanwhile this edge would take every other edge for gone.
-func (c *cluster) restartWatches() {
+func (c *Cluster) restartWatches() {
 	c.wmu.Lock()
 	ws := make([]jetstream.KeyWatcher, 0, len(c.watchers))
 	for w := range c.watchers {
@@ -269,7 +270,7 @@ func (c *cluster) restartWatches() {
 // it did not (NATS lost, or the watch stalled), no other edge's lease is taken for lapsed on
 // its evidence; the edge keeps the remote members it knows and can reach, and a stalled
 // watch is restarted.
-func (c *cluster) viewFresh() bool {
+func (c *Cluster) viewFresh() bool {
 	stale := time.Since(time.Unix(0, c.selfSeen.Load()))
 	if stale < c.cfg.LeaseTTL/2 {
 		return true
@@ -284,7 +285,7 @@ func (c *cluster) viewFresh() bool {
 }
 
 // checkLeases expires the edges whose lease was not renewed for LeaseTTL.
-func (c *cluster) checkLeases() {
+func (c *Cluster) checkLeases() {
 	t := time.NewTicker(max(c.cfg.LeaseTTL/10, 50*time.Millisecond))
 	defer t.Stop()
 	for {
@@ -319,7 +320,7 @@ func (c *cluster) checkLeases() {
 	}
 }
 
-func (c *cluster) deleteRecords(keys []string) {
+func (c *Cluster) deleteRecords(keys []string) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
 	for _, k := range keys {
@@ -329,7 +330,7 @@ func (c *cluster) deleteRecords(keys []string) {
 
 // reconcileLocked makes the registry hold exactly e's members that may be dispatched to:
 // all of its records while its lease holds and the link is up, none otherwise.
-func (c *cluster) reconcileLocked(e *remoteEdge) {
+func (c *Cluster) reconcileLocked(e *remoteEdge) {
 	c.rebuildLiveLocked()
 	up := !e.expired && e.link != nil
 	for id, m := range e.joined {
@@ -368,10 +369,10 @@ func (c *cluster) reconcileLocked(e *remoteEdge) {
 			e.joined[id] = m
 		}
 		if m.HealthKind != "none" && m.Healthy() != rec.Healthy {
-			c.srv.registry.SetHealth(m, rec.Healthy, remoteReason(e.id, rec.Healthy))
+			c.edge.Registry().SetHealth(m, rec.Healthy, remoteReason(e.id, rec.Healthy))
 		}
 		if rec.Draining && !m.Draining() {
-			c.srv.registry.Drain(m)
+			c.edge.Registry().Drain(m)
 			if t, ok := m.Value().(*proxy.Tunnel); ok {
 				t.CloseIdle() // its edge waits for the streams this edge has open to it
 			}
@@ -406,8 +407,8 @@ func sameMember(rec memberRecord, m *group.Member) bool {
 // joinRemote joins one remote member to the registry, reached over e's link, with the keys
 // its connector presented (its key and, mid-rotation, its previous ones): the pool here
 // admits it, and rotates, as the pool on its own edge did.
-func (c *cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, error) {
-	t := proxy.NewTunnel(e.link.ctx, rec.Tunnel, streamProto(rec.Proto), e.link.sess, nil)
+func (c *Cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, error) {
+	t := proxy.NewTunnel(e.link.ctx, rec.Tunnel, rec.Proto, e.link.sess, nil)
 	t.SetBackendProtocol(rec.BackendProtocol)
 	if e.link.resets != nil {
 		t.SetStreamReset(e.link.resets.Reset)
@@ -416,7 +417,7 @@ func (c *cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, er
 		KeyHash: rec.KeyHash, PrevKeyHashes: rec.PrevKeyHashes, HealthKind: rec.HealthKind, AlertWebhook: rec.AlertWebhook, Tenant: rec.Tenant,
 		Port: rec.Port, Weight: rec.Weight, Priority: rec.Priority, SlowStart: rec.SlowStart,
 		Affinity: rec.Affinity, RetryIdempotent: rec.RetryIdempotent, Edge: e.id, Value: t}
-	m, err := c.srv.registry.Join(req)
+	m, err := c.edge.Registry().Join(req)
 	if err != nil {
 		t.Close()
 		return nil, err
@@ -436,7 +437,7 @@ func (c *cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, er
 // until their edge deletes them (it ends the session on seeing this edge's record that
 // proves the move: endMovedSession) or its lease lapses. Without it a moved connector would
 // find its own old registration, joined here over a link that is still up, in the way.
-func (c *cluster) movedHere(session, tenant string, proof [32]byte) {
+func (c *Cluster) MovedHere(session, tenant string, proof [32]byte) {
 	c.remote.mu.Lock()
 	defer c.remote.mu.Unlock()
 	for _, e := range c.remote.edges {
@@ -497,16 +498,16 @@ func poolAdmits(recs []memberRecord, req *group.JoinRequest) bool {
 	return false
 }
 
-func (c *cluster) leaveRemote(m *group.Member) {
-	c.srv.registry.Leave(m)
-	c.srv.leftPool(m.Group())
+func (c *Cluster) leaveRemote(m *group.Member) {
+	c.edge.Registry().Leave(m)
+	c.edge.LeftPool(m.Group())
 	if t, ok := m.Value().(*proxy.Tunnel); ok {
 		t.Close()
 	}
 }
 
 // leaveAll takes every remote member out of the registry (the cluster stops).
-func (v *remoteView) leaveAll(c *cluster) {
+func (v *remoteView) leaveAll(c *Cluster) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	for _, e := range v.edges {
@@ -518,7 +519,7 @@ func (v *remoteView) leaveAll(c *cluster) {
 }
 
 // dial keeps trying to link to edge id while its lease holds and it has members.
-func (c *cluster) dial(id string) {
+func (c *Cluster) dial(id string) {
 	backoff := 50 * time.Millisecond
 	for {
 		c.remote.mu.Lock()
@@ -565,7 +566,7 @@ func (c *cluster) dial(id string) {
 
 // watchLink waits for l to end; e's members then leave, and a new link is dialled while
 // e's lease holds.
-func (c *cluster) watchLink(e *remoteEdge, l *peerLink) {
+func (c *Cluster) watchLink(e *remoteEdge, l *peerLink) {
 	select {
 	case <-l.sess.CloseChan():
 	case <-c.ctx.Done(): // the cluster stops (its links may have left the set already)
@@ -584,13 +585,13 @@ func (c *cluster) watchLink(e *remoteEdge, l *peerLink) {
 }
 
 // info describes the cluster for GET /api/cluster.
-func (c *cluster) info() ClusterStatus {
-	out := ClusterStatus{Enabled: true, Self: c.cfg.EdgeID, NATS: c.nc.IsConnected()}
+func (c *Cluster) Status() tunnel.ClusterStatus {
+	out := tunnel.ClusterStatus{Enabled: true, Self: c.cfg.EdgeID, NATS: c.nc.IsConnected()}
 	if w := c.duplicateWarning(); w != "" {
 		out.Warnings = append(out.Warnings, w)
 	}
 	local := 0
-	for _, g := range c.srv.registry.Groups() {
+	for _, g := range c.edge.Registry().Groups() {
 		for _, m := range g.Members() {
 			if m.Edge == "" {
 				local++
@@ -601,15 +602,15 @@ func (c *cluster) info() ClusterStatus {
 	if !c.leaseOK.Load() {
 		lease = "not renewed"
 	}
-	out.Edges = append(out.Edges, ClusterEdgeStatus{ID: c.cfg.EdgeID, Advertise: c.cfg.Advertise, Self: true,
+	out.Edges = append(out.Edges, tunnel.ClusterEdgeStatus{ID: c.cfg.EdgeID, Advertise: c.cfg.Advertise, Self: true,
 		Lease: lease, Members: local})
 	c.remote.mu.Lock()
-	var others []ClusterEdgeStatus
+	var others []tunnel.ClusterEdgeStatus
 	for _, e := range c.remote.edges {
 		if e.started.IsZero() && len(e.records) == 0 {
 			continue
 		}
-		ce := ClusterEdgeStatus{ID: e.id, Advertise: e.advertise, LastRenewal: e.lastSeen, Members: len(e.joined)}
+		ce := tunnel.ClusterEdgeStatus{ID: e.id, Advertise: e.advertise, LastRenewal: e.lastSeen, Members: len(e.joined)}
 		switch {
 		case e.expired:
 			ce.Lease = "expired"
@@ -621,7 +622,7 @@ func (c *cluster) info() ClusterStatus {
 		others = append(others, ce)
 	}
 	c.remote.mu.Unlock()
-	slices.SortFunc(others, func(a, b ClusterEdgeStatus) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(others, func(a, b tunnel.ClusterEdgeStatus) int { return strings.Compare(a.ID, b.ID) })
 	out.Edges = append(out.Edges, others...)
 	return out
 }

@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,10 +20,12 @@ import (
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/proxy"
 	"github.com/warren-tunnel/warren/internal/throttle"
+	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/store"
 	"github.com/warren-tunnel/warren/tunnel/store/natsstore"
 )
 
-// cluster is an edge's part in a cluster of edges sharing one NATS JetStream.
+// Cluster is an edge's part in a cluster of edges sharing one NATS JetStream.
 //
 // What lives where:
 //   - <bucket>_routes (natsstore.Store): route ownership, key hashes and TCP ports, written with
@@ -34,13 +37,16 @@ import (
 //   - <bucket>_members: one key per member, "<edge id>.<tunnel id>", the member's record
 //     (route, pool settings, health bit, draining). Written by the member's edge when it
 //     changes; watched by every other edge, which joins the member to its own registry as
-//     a remote member reached over the edge-to-edge link (edge_cluster_remote.go).
+//     a remote member reached over the edge-to-edge link (remote.go).
 //   - <bucket>_alerts: one key per pool, the last alert sent, so that a pool that falls to
 //     zero healthy members across all edges fires one alert, not one per edge.
-type cluster struct {
-	srv *Server
-	cfg ClusterConfig
-	log *zap.Logger
+type Cluster struct {
+	edge tunnel.ClusterEdge
+	cfg  Config
+	log  *zap.Logger
+	// joined is set by Join; leaveOnce makes Leave's first call the one that counts.
+	joined    bool
+	leaveOnce sync.Once
 
 	nc      *nats.Conn
 	ownConn bool
@@ -57,9 +63,11 @@ type cluster struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	// spawnMu and stopped keep goroutines from being added once close waits for them.
-	spawnMu sync.Mutex
-	stopped bool
+	// spawnMu and stopped keep goroutines from being added once Leave waits for them;
+	// listeners are the peer listeners ServePeers serves, closed by Leave.
+	spawnMu   sync.Mutex
+	stopped   bool
+	listeners map[net.Listener]struct{}
 	// started is this incarnation's start, in its lease: a change tells the others that
 	// the edge restarted.
 	started time.Time
@@ -150,61 +158,77 @@ type leaseRecord struct {
 	Loads     map[string]int64 `json:"loads,omitempty"`
 }
 
-// startCluster connects to NATS, opens the buckets and returns the cluster with its route
-// store; run starts its workers once the edge's registry exists.
-func startCluster(s *Server, cfg ClusterConfig) (*cluster, error) {
-	c := &cluster{srv: s, cfg: cfg, log: s.log.Named("cluster").With(zap.String("edge_id", cfg.EdgeID)),
-		dirty: map[string]bool{}, kick: make(chan struct{}, 1), started: time.Now()}
-	c.ctx, c.cancel = context.WithCancel(context.Background())
+// New checks cfg, fills in its defaults and returns a Cluster for one edge's
+// ServerConfig.Cluster. It connects nothing: the edge's NewServer joins it.
+func New(cfg Config) (*Cluster, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	c := &Cluster{cfg: cfg, dirty: map[string]bool{}, kick: make(chan struct{}, 1)}
 	c.remote.edges = map[string]*remoteEdge{}
 	c.watchers = map[jetstream.KeyWatcher]struct{}{}
 	c.peers.links = map[*peerLink]struct{}{}
+	return c, nil
+}
+
+// Join implements tunnel.Cluster: it connects to NATS (unless Config.NATSConn is set) and
+// opens the buckets, and returns the route store.
+func (c *Cluster) Join(edge tunnel.ClusterEdge) (store.Store, error) {
+	if c.joined {
+		return nil, errors.New("cluster: a Cluster serves one edge: it was joined already")
+	}
+	c.joined = true
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.edge, c.started = edge, time.Now()
+	c.log = edge.Logger().Named("cluster").With(zap.String("edge_id", c.cfg.EdgeID))
+	total, perAddr := edge.PreAuthLimits()
 	c.preAuth = throttle.NewConns(throttle.ConnsConfig{
-		Max:       s.cfg.MaxPreAuthConns,
-		MaxPerKey: s.cfg.MaxPreAuthConnsPerIP,
+		Max:       total,
+		MaxPerKey: perAddr,
 		What:      "edge links waiting to authenticate",
-		Logger:    s.log.Named("throttle"),
+		Logger:    edge.Logger().Named("throttle"),
 	})
-	c.nc = cfg.NATSConn
+	c.nc = c.cfg.NATSConn
 	if c.nc == nil {
 		opts := append([]nats.Option{
-			nats.Name("warren-edge-" + cfg.EdgeID),
+			nats.Name("warren-edge-" + c.cfg.EdgeID),
 			nats.MaxReconnects(-1),
 			nats.ReconnectWait(250 * time.Millisecond),
-			nats.Timeout(cfg.Timeout),
-		}, cfg.NATSOptions...)
-		nc, err := nats.Connect(strings.Join(cfg.NATSURLs, ","), opts...)
+			nats.Timeout(c.cfg.Timeout),
+		}, c.cfg.NATSOptions...)
+		nc, err := nats.Connect(strings.Join(c.cfg.NATSURLs, ","), opts...)
 		if err != nil {
 			c.cancel()
-			return nil, fmt.Errorf("tunnel: cluster: connect to NATS %v: %w", cfg.NATSURLs, err)
+			return nil, fmt.Errorf("cluster: connect to NATS %v: %w", c.cfg.NATSURLs, err)
 		}
 		c.nc, c.ownConn = nc, true
 	}
 	c.connected.Store(c.nc.IsConnected())
 	if err := c.openBuckets(); err != nil {
+		c.cancel()
 		c.closeConn()
 		return nil, err
 	}
-	return c, nil
+	return c.routes, nil
 }
 
-func (c *cluster) openBuckets() error {
+func (c *Cluster) openBuckets() error {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
 	var err error
 	if c.routes, err = natsstore.Open(ctx, c.nc, natsstore.Config{Bucket: c.cfg.Bucket + "_routes",
 		Replicas: c.cfg.Replicas, Timeout: c.cfg.Timeout}); err != nil {
-		return fmt.Errorf("tunnel: cluster: %w", err)
+		return fmt.Errorf("cluster: %w", err)
 	}
 	js, err := jetstream.New(c.nc)
 	if err != nil {
-		return fmt.Errorf("tunnel: cluster: %w", err)
+		return fmt.Errorf("cluster: %w", err)
 	}
 	kvs := make([]jetstream.KeyValue, 0, 3)
 	for _, cfg := range c.bucketConfigs() {
 		kv, _, err := openKV(ctx, js, cfg)
 		if err != nil {
-			return fmt.Errorf("tunnel: cluster: %w", err)
+			return fmt.Errorf("cluster: %w", err)
 		}
 		kvs = append(kvs, kv)
 	}
@@ -213,9 +237,9 @@ func (c *cluster) openBuckets() error {
 	return nil
 }
 
-// run starts the workers: lease renewal, the member publisher, the watches and the lease
-// checker. The edge's registry exists by now.
-func (c *cluster) run() error {
+// Start implements tunnel.Cluster: it starts the workers (lease renewal, the member
+// publisher, the watches, the lease checker). The edge's registry and routes exist by now.
+func (c *Cluster) Start() error {
 	c.nc.SetDisconnectErrHandler(func(_ *nats.Conn, err error) {
 		c.connected.Store(false)
 		c.log.Warn("NATS connection lost: serving the routes and members known; new routes are refused until it returns", zap.Error(err))
@@ -229,13 +253,13 @@ func (c *cluster) run() error {
 		// goroutine: this handler runs on the connection's dispatcher).
 		c.spawn(func() { c.reviveBuckets() })
 		// The others may have given away this edge's solo TCP ports meanwhile.
-		c.spawn(c.reclaimSoloPorts)
+		c.spawn(c.edge.ReclaimSoloPorts)
 	})
 	c.selfSeen.Store(time.Now().UnixNano())
 	// A previous incarnation of this edge id may have left member records behind.
 	c.dropStaleOwnRecords()
 	if err := c.renewLease(); err != nil {
-		return fmt.Errorf("tunnel: cluster: writing this edge's lease: %w", err)
+		return fmt.Errorf("cluster: writing this edge's lease: %w", err)
 	}
 	c.leaseOK.Store(true)
 	c.wg.Go(c.heartbeat)
@@ -243,12 +267,21 @@ func (c *cluster) run() error {
 	c.wg.Go(c.watchLeases)
 	c.wg.Go(c.watchMembers)
 	c.wg.Go(c.checkLeases)
+	c.wg.Go(c.logThrottled)
 	return nil
 }
 
-// close stops the workers and the links. Graceful: this edge's records and lease are
-// deleted so that the others drop its members at once rather than after the lease.
-func (c *cluster) close(graceful bool) {
+// Leave implements tunnel.Cluster: it stops the workers, the links and the peer listeners.
+// Graceful: this edge's records and lease are deleted so that the others drop its members at
+// once rather than after the lease. Only the first call counts.
+func (c *Cluster) Leave(graceful bool) {
+	c.leaveOnce.Do(func() { c.leave(graceful) })
+}
+
+func (c *Cluster) leave(graceful bool) {
+	if !c.joined {
+		return
+	}
 	if graceful && c.connected.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.Timeout)
 		c.pmu.Lock()
@@ -264,16 +297,48 @@ func (c *cluster) close(graceful bool) {
 	}
 	c.spawnMu.Lock()
 	c.stopped = true
+	listeners := c.listeners
+	c.listeners = nil
 	c.spawnMu.Unlock()
+	for l := range listeners {
+		_ = l.Close()
+	}
 	c.peers.closeAll() // before the cancel, which takes dialled links out of the set
 	c.cancel()
 	c.wg.Wait()
 	c.remote.leaveAll(c)
-	_ = c.routes.Close()
+	c.preAuth.Flush(true)
 	c.closeConn()
 }
 
-func (c *cluster) closeConn() {
+// EdgeID implements tunnel.Cluster.
+func (c *Cluster) EdgeID() string { return c.cfg.EdgeID }
+
+// Lease implements tunnel.Cluster: Config.LeaseTTL.
+func (c *Cluster) Lease() time.Duration { return c.cfg.LeaseTTL }
+
+// PeerAddr implements tunnel.Cluster: Config.PeerAddr.
+func (c *Cluster) PeerAddr() string { return c.cfg.PeerAddr }
+
+// SettleLater implements tunnel.Cluster.
+func (c *Cluster) SettleLater(kind, label string) { c.settleRoutes([][2]string{{kind, label}}) }
+
+// logThrottled writes the peer port's aggregate throttle log lines every interval until the
+// cluster stops (Leave writes what is left).
+func (c *Cluster) logThrottled() {
+	t := time.NewTicker(c.edge.AuthThrottle().LogInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			c.preAuth.Flush(false)
+		case <-c.ctx.Done():
+			return
+		}
+	}
+}
+
+func (c *Cluster) closeConn() {
 	if c.ownConn {
 		c.nc.Close()
 	}
@@ -281,7 +346,7 @@ func (c *cluster) closeConn() {
 
 // heartbeat renews the lease every third of LeaseTTL (at most every second, so that the
 // published loads stay fresh).
-func (c *cluster) heartbeat() {
+func (c *Cluster) heartbeat() {
 	every := min(c.cfg.LeaseTTL/3, time.Second)
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -304,7 +369,7 @@ func (c *cluster) heartbeat() {
 			// records: write them all again.
 			c.log.Info("lease renewed again")
 			c.markAllDirty()
-			c.spawn(c.reclaimSoloPorts)
+			c.spawn(c.edge.ReclaimSoloPorts)
 		}
 		if g := c.bucketsGen.Load(); g != gen {
 			// The buckets were created anew, their revisions from 1: the members stream's
@@ -324,7 +389,7 @@ func (c *cluster) heartbeat() {
 // creation time or as a last sequence below the revision the watch delivered (the old
 // stream's); the counters then start again from the new stream. A members bucket found
 // missing is created again (recoverBuckets).
-func (c *cluster) checkMembersWatch() {
+func (c *Cluster) checkMembersWatch() {
 	// Read before the stream's last sequence, which is then at least this revision of the
 	// same stream, whatever the watch delivers meanwhile.
 	delivered := c.membersRev.Load()
@@ -363,7 +428,7 @@ func (c *cluster) checkMembersWatch() {
 	c.membersPrev = last
 }
 
-func (c *cluster) renewLease() error {
+func (c *Cluster) renewLease() error {
 	rec := leaseRecord{Advertise: c.cfg.Advertise, Started: c.started, Loads: c.loads()}
 	b, err := json.Marshal(rec)
 	if err != nil {
@@ -380,9 +445,9 @@ func (c *cluster) renewLease() error {
 
 // loads are the stream counts of this edge's own members, without the streams other
 // edges forward to them (those edges count them themselves).
-func (c *cluster) loads() map[string]int64 {
+func (c *Cluster) loads() map[string]int64 {
 	out := map[string]int64{}
-	for _, g := range c.srv.registry.Groups() {
+	for _, g := range c.edge.Registry().Groups() {
 		for _, m := range g.Members() {
 			if m.Edge != "" {
 				continue
@@ -400,7 +465,7 @@ func (c *cluster) loads() map[string]int64 {
 }
 
 // observe is called for every group event: a change of a local member is published.
-func (c *cluster) observe(ev group.Event) {
+func (c *Cluster) Observe(ev group.Event) {
 	if ev.Member.Edge != "" || ev.Member.ID == "" {
 		return
 	}
@@ -413,9 +478,9 @@ func (c *cluster) observe(ev group.Event) {
 	}
 }
 
-func (c *cluster) markAllDirty() {
+func (c *Cluster) markAllDirty() {
 	c.pmu.Lock()
-	for _, g := range c.srv.registry.Groups() {
+	for _, g := range c.edge.Registry().Groups() {
 		for _, m := range g.Members() {
 			if m.Edge == "" {
 				c.dirty[m.ID] = true
@@ -431,7 +496,7 @@ func (c *cluster) markAllDirty() {
 
 // publisher writes the records of the local members that changed; a write that fails is
 // tried again a moment later, and all of them when the NATS connection returns.
-func (c *cluster) publisher() {
+func (c *Cluster) publisher() {
 	retry := time.NewTimer(time.Hour)
 	defer retry.Stop()
 	for {
@@ -466,11 +531,11 @@ func (c *cluster) publisher() {
 }
 
 // publish writes member id's record, or deletes it when the member has left.
-func (c *cluster) publish(id string) error {
+func (c *Cluster) publish(id string) error {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
 	key := c.cfg.EdgeID + "." + id
-	m := c.srv.registry.Lookup(id)
+	m := c.edge.Registry().Lookup(id)
 	if m == nil || m.Edge != "" {
 		c.forwarded.Delete(id) // no stream can be forwarded to a member that left
 		err := c.members.Delete(ctx, key)
@@ -493,7 +558,7 @@ func (c *cluster) publish(id string) error {
 	return err
 }
 
-func (c *cluster) recordOf(m *group.Member) memberRecord {
+func (c *Cluster) recordOf(m *group.Member) memberRecord {
 	g := m.Group()
 	rec := memberRecord{Edge: c.cfg.EdgeID, Tunnel: m.ID, Proto: g.Proto, Label: g.Label, Group: g.Name,
 		KeyHash: g.KeyHash(), Tenant: m.Tenant, HealthKind: m.HealthKind, Healthy: m.Healthy(),
@@ -504,10 +569,10 @@ func (c *cluster) recordOf(m *group.Member) memberRecord {
 		rec.KeyHash, rec.PrevKeyHashes = m.KeyHash(), m.PrevKeyHashes()
 	}
 	if m.Session != "" {
-		if h, resumed, proof, ok := c.srv.sessionResume(m.Session); ok {
-			rec.Session, rec.ResumeHash = m.Session, hex.EncodeToString(h[:])
-			if resumed != "" {
-				rec.Resumes, rec.ResumesProof = resumed, hex.EncodeToString(proof[:])
+		if sp, ok := c.edge.Session(m.Session); ok {
+			rec.Session, rec.ResumeHash = m.Session, hex.EncodeToString(sp.ResumeHash[:])
+			if sp.Resumed != "" {
+				rec.Resumes, rec.ResumesProof = sp.Resumed, hex.EncodeToString(sp.ResumedProof[:])
 			}
 		}
 	}
@@ -521,7 +586,7 @@ func (c *cluster) recordOf(m *group.Member) memberRecord {
 }
 
 // ownKeys lists this edge's keys in the members bucket.
-func (c *cluster) ownKeys(ctx context.Context) ([]string, error) {
+func (c *Cluster) ownKeys(ctx context.Context) ([]string, error) {
 	lister, err := c.members.ListKeysFiltered(ctx, c.cfg.EdgeID+".*")
 	if err != nil {
 		return nil, err
@@ -534,7 +599,7 @@ func (c *cluster) ownKeys(ctx context.Context) ([]string, error) {
 }
 
 // dropStaleOwnRecords deletes the member records a previous run of this edge id left.
-func (c *cluster) dropStaleOwnRecords() {
+func (c *Cluster) dropStaleOwnRecords() {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
 	keys, err := c.ownKeys(ctx)
@@ -542,14 +607,14 @@ func (c *cluster) dropStaleOwnRecords() {
 		return
 	}
 	for _, k := range keys {
-		if c.srv.registry.Lookup(strings.TrimPrefix(k, c.cfg.EdgeID+".")) == nil {
+		if c.edge.Registry().Lookup(strings.TrimPrefix(k, c.cfg.EdgeID+".")) == nil {
 			_ = c.members.Delete(ctx, k)
 		}
 	}
 }
 
 // spawn runs f in a goroutine close waits for, unless the cluster is stopping.
-func (c *cluster) spawn(f func()) bool {
+func (c *Cluster) spawn(f func()) bool {
 	c.spawnMu.Lock()
 	defer c.spawnMu.Unlock()
 	if c.stopped {
@@ -560,7 +625,7 @@ func (c *cluster) spawn(f func()) bool {
 }
 
 // forwardedCounter is the counter of streams other edges have open to local member id.
-func (c *cluster) forwardedCounter(id string) *atomic.Int64 {
+func (c *Cluster) forwardedCounter(id string) *atomic.Int64 {
 	v, _ := c.forwarded.LoadOrStore(id, new(atomic.Int64))
 	return v.(*atomic.Int64)
 }
@@ -579,7 +644,7 @@ type alertRecord struct {
 // LeaseTTL ago (the edges learn a change within it): a pool removed while down, whose
 // recovery no edge then reports, alerts again when it is back and falls again. When NATS
 // cannot answer, the edge sends it: an alert twice is better than none.
-func (c *cluster) claimAlert(pool, event string) bool {
+func (c *Cluster) ClaimAlert(pool, event string) bool {
 	sum := sha256.Sum256([]byte(pool))
 	key := hex.EncodeToString(sum[:16])
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
@@ -616,13 +681,13 @@ func (c *cluster) claimAlert(pool, event string) bool {
 // announceDraining writes every local member's record as draining, at once (Shutdown, before
 // it waits for the streams in flight): the other edges stop sending new work here and close
 // their idle streams to these members, which would otherwise keep the wait going.
-func (c *cluster) announceDraining() {
+func (c *Cluster) AnnounceDraining() {
 	if !c.connected.Load() {
 		return // the others learn when the records go, or the lease lapses
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, min(c.cfg.Timeout, time.Second))
 	defer cancel()
-	for _, g := range c.srv.registry.Groups() {
+	for _, g := range c.edge.Registry().Groups() {
 		for _, m := range g.Members() {
 			if m.Edge != "" {
 				continue
@@ -655,7 +720,7 @@ const bucketCheckEvery = 250 * time.Millisecond
 // edges and tunnels that ended while NATS was down (member records have no TTL), which the
 // other edges would take for real until they proved otherwise. The routes (natsstore.Store) are
 // in file storage: route ownership must outlive a restart of NATS.
-func (c *cluster) bucketConfigs() []jetstream.KeyValueConfig {
+func (c *Cluster) bucketConfigs() []jetstream.KeyValueConfig {
 	kv := func(suffix, what string, ttl time.Duration) jetstream.KeyValueConfig {
 		return jetstream.KeyValueConfig{Bucket: c.cfg.Bucket + suffix, Description: what, History: 1, TTL: ttl,
 			Storage: jetstream.MemoryStorage, Replicas: c.cfg.Replicas}
@@ -683,7 +748,7 @@ func openKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueC
 // The handles c.members, c.leases and c.alerts stay as they are: a jetstream.KeyValue names
 // its bucket's stream and subjects, nothing of one incarnation of the stream, so a handle
 // opened before works on the bucket created again with the same configuration.
-func (c *cluster) ensureBuckets() (bool, error) {
+func (c *Cluster) ensureBuckets() (bool, error) {
 	c.bmu.Lock()
 	defer c.bmu.Unlock()
 	if time.Since(c.bucketsSeen) < bucketCheckEvery {
@@ -691,7 +756,7 @@ func (c *cluster) ensureBuckets() (bool, error) {
 	}
 	js, err := jetstream.New(c.nc)
 	if err != nil {
-		return false, fmt.Errorf("tunnel: cluster: %w", err)
+		return false, fmt.Errorf("cluster: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
@@ -699,7 +764,7 @@ func (c *cluster) ensureBuckets() (bool, error) {
 	for _, cfg := range c.bucketConfigs() {
 		_, made, err := openKV(ctx, js, cfg)
 		if err != nil {
-			return len(created) > 0, fmt.Errorf("tunnel: cluster: %w", err)
+			return len(created) > 0, fmt.Errorf("cluster: %w", err)
 		}
 		if made {
 			created = append(created, cfg.Bucket)
@@ -716,7 +781,7 @@ func (c *cluster) ensureBuckets() (bool, error) {
 // reviveBuckets creates the missing buckets again and, when it did, restarts the watches
 // and writes every local member's record again (the lease follows at the next heartbeat).
 // It reports whether it created any.
-func (c *cluster) reviveBuckets() bool {
+func (c *Cluster) reviveBuckets() bool {
 	created, err := c.ensureBuckets()
 	if err != nil {
 		c.log.Debug("cannot check the cluster's NATS buckets", zap.Error(err))
@@ -731,7 +796,7 @@ func (c *cluster) reviveBuckets() bool {
 // recoverBuckets is called with the error of an operation on one of the buckets: when it
 // says the bucket does not exist, the missing buckets are created again (reviveBuckets). It
 // reports whether any was.
-func (c *cluster) recoverBuckets(err error) bool {
+func (c *Cluster) recoverBuckets(err error) bool {
 	return isBucketMissing(err) && c.reviveBuckets()
 }
 

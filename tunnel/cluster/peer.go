@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"context"
@@ -20,10 +20,11 @@ import (
 	"github.com/warren-tunnel/warren/internal/proxy"
 	"github.com/warren-tunnel/warren/internal/throttle"
 	"github.com/warren-tunnel/warren/internal/wire"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // The edge-to-edge link. The edge that forwards dials the edge that holds the member, over
-// TCP (TLS with ClusterConfig.PeerTLS), and sends
+// TCP (TLS with Config.PeerTLS), and sends
 //
 //	"WRNPEER1" len(1) <its edge id> sha256(token)(32)
 //
@@ -35,6 +36,11 @@ import (
 // across the hop: a refusal still means no byte reached an application. The holding edge
 // only ever sends a forwarded stream to the member the envelope names, one of its own: a
 // request is forwarded at most once.
+// resetWriteTimeout bounds one write of a Reset frame on a link's reset channel, so that an
+// edge that stopped reading cannot pin the goroutine writing to it (as the control stream's
+// writes to a connector are bounded).
+const resetWriteTimeout = 10 * time.Second
+
 const (
 	peerMagic            = "WRNPEER1"
 	peerHandshakeTimeout = 5 * time.Second
@@ -133,10 +139,10 @@ func (p *peerSet) closeAll() {
 	}
 }
 
-func (c *cluster) tokenHash() [32]byte { return sha256.Sum256([]byte(c.cfg.Token)) }
+func (c *Cluster) tokenHash() [32]byte { return sha256.Sum256([]byte(c.cfg.Token)) }
 
 // dialPeer links to the edge advertised at addr.
-func (c *cluster) dialPeer(addr, id string) (*peerLink, error) {
+func (c *Cluster) dialPeer(addr, id string) (*peerLink, error) {
 	ctx, cancel := context.WithTimeout(c.ctx, peerHandshakeTimeout)
 	defer cancel()
 	var d net.Dialer
@@ -177,7 +183,7 @@ func (c *cluster) dialPeer(addr, id string) (*peerLink, error) {
 		return nil, errPeerRefused
 	}
 	_ = conn.SetDeadline(time.Time{})
-	sess, err := mux.Server(conn, c.log, c.srv.cfg.OpenTimeout)
+	sess, err := mux.Server(conn, c.log, c.edge.OpenTimeout())
 	if err != nil {
 		_ = conn.Close()
 		return nil, err
@@ -186,7 +192,7 @@ func (c *cluster) dialPeer(addr, id string) (*peerLink, error) {
 	l.ctx, l.cancel = context.WithCancel(c.ctx)
 	if !c.peers.add(l) {
 		l.close()
-		return nil, ErrServerClosed
+		return nil, tunnel.ErrServerClosed
 	}
 	context.AfterFunc(l.ctx, func() { c.peers.remove(l) })
 	if err := c.openResetChannel(l); err != nil {
@@ -199,12 +205,12 @@ func (c *cluster) dialPeer(addr, id string) (*peerLink, error) {
 // openResetChannel opens the stream on which the dialling end of link l sends the other edge
 // its stream resets (wire.Reset frames), and sets l.resets. An edge that does not know the
 // channel refuses it as a malformed envelope.
-func (c *cluster) openResetChannel(l *peerLink) error {
+func (c *Cluster) openResetChannel(l *peerLink) error {
 	st, err := l.sess.OpenStream()
 	if err != nil {
 		return err
 	}
-	_ = st.SetDeadline(time.Now().Add(c.srv.cfg.OpenTimeout))
+	_ = st.SetDeadline(time.Now().Add(c.edge.OpenTimeout()))
 	var ack [1]byte
 	if _, err := st.Write(wire.ResetChannel[:]); err != nil {
 		_ = st.Close()
@@ -222,7 +228,7 @@ func (c *cluster) openResetChannel(l *peerLink) error {
 	l.resets = &mux.ResetSender{
 		// One goroutine at a time sends (the sender's flush): no lock around the writes.
 		Send: func(ids []uint32) error {
-			_ = st.SetWriteDeadline(time.Now().Add(controlWriteTimeout))
+			_ = st.SetWriteDeadline(time.Now().Add(resetWriteTimeout))
 			return wire.WriteFrame(st, &wire.Reset{Streams: ids})
 		},
 		Go: c.spawn,
@@ -232,9 +238,9 @@ func (c *cluster) openResetChannel(l *peerLink) error {
 
 // serveResetChannel reads the other edge's stream resets on link l's reset channel st until
 // the link ends, and ends the forwarded streams they name.
-func (c *cluster) serveResetChannel(l *peerLink, st *yamux.Stream) {
+func (c *Cluster) serveResetChannel(l *peerLink, st *yamux.Stream) {
 	if !l.hasResetChannel.CompareAndSwap(false, true) {
-		refuse(st, wire.AckMalformed) // one per link
+		mux.Refuse(st, byte(wire.AckMalformed)) // one per link
 		return
 	}
 	defer st.Close()
@@ -253,45 +259,69 @@ func (c *cluster) serveResetChannel(l *peerLink, st *yamux.Stream) {
 	}
 }
 
-// ServePeers accepts the links of the other edges of the cluster on l until Shutdown or
-// Close (ListenAndServe does it on ClusterConfig.PeerAddr). Wrap l in TLS yourself or set
-// ClusterConfig.PeerTLS, not both. Without a cluster it returns an error at once.
-func (s *Server) ServePeers(l net.Listener) error {
-	if s.cluster == nil {
+// ServePeers implements tunnel.Cluster: it accepts the links of the other edges of the
+// cluster on l until Leave (the edge's ListenAndServe does it on Config.PeerAddr), then
+// returns tunnel.ErrServerClosed. Wrap l in TLS yourself or set Config.PeerTLS, not both.
+func (c *Cluster) ServePeers(l net.Listener) error {
+	if c.cfg.PeerTLS != nil {
+		l = tls.NewListener(l, c.cfg.PeerTLS)
+	}
+	if !c.trackListener(l) {
 		_ = l.Close()
-		return errors.New("tunnel: ServePeers: the edge is not in a cluster")
+		return tunnel.ErrServerClosed
 	}
-	if s.cluster.cfg.PeerTLS != nil {
-		l = tls.NewListener(l, s.cluster.cfg.PeerTLS)
-	}
-	if !s.track(l) {
-		_ = l.Close()
-		return ErrServerClosed
-	}
-	defer s.untrack(l)
 	for {
 		conn, err := l.Accept()
 		if err != nil {
-			if s.shuttingDown() {
-				return ErrServerClosed
+			if c.ctx.Err() != nil || c.stopping() {
+				return tunnel.ErrServerClosed
 			}
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
+			c.untrackListener(l)
 			return err
 		}
-		slot := s.cluster.preAuth.Acquire(throttle.KeyOf(conn.RemoteAddr()))
+		slot := c.preAuth.Acquire(throttle.KeyOf(conn.RemoteAddr()))
 		if slot == nil { // over MaxPreAuthConns or MaxPreAuthConnsPerIP: counted and logged
 			_ = conn.Close()
 			continue
 		}
-		if !s.spawn(func() { s.cluster.servePeer(conn, slot) }) {
+		if !c.spawn(func() { c.servePeer(conn, slot) }) {
 			slot.Release()
 			_ = conn.Close()
-			return ErrServerClosed
+			return tunnel.ErrServerClosed
 		}
 	}
+}
+
+// trackListener records l for Leave to close, unless the cluster is stopping or was not
+// joined.
+func (c *Cluster) trackListener(l net.Listener) bool {
+	c.spawnMu.Lock()
+	defer c.spawnMu.Unlock()
+	if c.stopped || !c.joined {
+		return false
+	}
+	if c.listeners == nil {
+		c.listeners = map[net.Listener]struct{}{}
+	}
+	c.listeners[l] = struct{}{}
+	return true
+}
+
+func (c *Cluster) untrackListener(l net.Listener) {
+	c.spawnMu.Lock()
+	defer c.spawnMu.Unlock()
+	delete(c.listeners, l)
+}
+
+// stopping reports whether Leave has begun.
+func (c *Cluster) stopping() bool {
+	c.spawnMu.Lock()
+	defer c.spawnMu.Unlock()
+	return c.stopped
 }
 
 // servePeer checks an incoming link's handshake and serves its streams. Until the
@@ -299,7 +329,7 @@ func (s *Server) ServePeers(l net.Listener) error {
 // a wrong token counts as a failed authentication of its address, as on the control and
 // admin listeners: delayed, then the address is refused for a while (ServerConfig's
 // MaxAuthFailuresPerIP, AuthBlockDuration).
-func (c *cluster) servePeer(conn net.Conn, slot *throttle.Slot) {
+func (c *Cluster) servePeer(conn net.Conn, slot *throttle.Slot) {
 	defer slot.Release() // idempotent: released at the end of the handshake
 	from, ok := c.peerHandshake(conn)
 	slot.Release()
@@ -338,7 +368,7 @@ func (c *cluster) servePeer(conn net.Conn, slot *throttle.Slot) {
 		}
 		if !lim.admit() {
 			lim.refused(c.log, from)
-			refuse(st, wire.AckRefused) // bounded: the write by a second, the close by connWriteTimeout
+			mux.Refuse(st, byte(wire.AckRefused)) // bounded: the write by a second, the close by connWriteTimeout
 			continue
 		}
 		// Tracked here, in the order of the streams' IDs, for a reset that overtakes the
@@ -388,9 +418,9 @@ func (p *peerLimits) report(log *zap.Logger, from string) {
 
 // peerHandshake reads and checks an incoming link's hello within peerHandshakeTimeout and
 // answers it; it returns the dialling edge's id and whether the link is in.
-func (c *cluster) peerHandshake(conn net.Conn) (string, bool) {
+func (c *Cluster) peerHandshake(conn net.Conn) (string, bool) {
 	_ = conn.SetDeadline(time.Now().Add(peerHandshakeTimeout))
-	attempt, err := c.srv.authLimit.Begin(throttle.KeyOf(conn.RemoteAddr()))
+	attempt, err := c.edge.AuthThrottle().Begin(throttle.KeyOf(conn.RemoteAddr()))
 	if err != nil { // blocked after failed attempts: no answer, the link is closed
 		return "", false
 	}
@@ -426,8 +456,8 @@ func (c *cluster) peerHandshake(conn net.Conn) (string, bool) {
 // envelope names; pending, counting the link's streams awaiting their envelope, is
 // decremented once it is read (or is not, in OpenTimeout). ctx ends with the link, or when
 // the other edge resets the stream: the member's stream is reset then too.
-func (c *cluster) forward(ctx context.Context, l *peerLink, st *yamux.Stream, pending *atomic.Int64) {
-	_ = st.SetReadDeadline(time.Now().Add(c.srv.cfg.OpenTimeout))
+func (c *Cluster) forward(ctx context.Context, l *peerLink, st *yamux.Stream, pending *atomic.Int64) {
+	_ = st.SetReadDeadline(time.Now().Add(c.edge.OpenTimeout()))
 	env, err := wire.ReadEnvelope(st)
 	pending.Add(-1)
 	if errors.Is(err, wire.ErrResetChannel) {
@@ -435,18 +465,18 @@ func (c *cluster) forward(ctx context.Context, l *peerLink, st *yamux.Stream, pe
 		return
 	}
 	if err != nil {
-		refuse(st, wire.AckMalformed)
+		mux.Refuse(st, byte(wire.AckMalformed))
 		return
 	}
 	_ = st.SetReadDeadline(time.Time{})
-	m := c.srv.registry.Lookup(env.TunnelID)
+	m := c.edge.Registry().Lookup(env.TunnelID)
 	if m == nil || m.Edge != "" {
-		refuse(st, wire.AckUnknownTunnel) // never forwarded twice
+		mux.Refuse(st, byte(wire.AckUnknownTunnel)) // never forwarded twice
 		return
 	}
 	t, ok := m.Value().(*proxy.Tunnel)
 	if !ok || !m.Acquire() {
-		refuse(st, wire.AckUnknownTunnel)
+		mux.Refuse(st, byte(wire.AckUnknownTunnel))
 		return
 	}
 	fwd := c.forwardedCounter(m.ID)
@@ -455,9 +485,9 @@ func (c *cluster) forward(ctx context.Context, l *peerLink, st *yamux.Stream, pe
 		fwd.Add(-1)
 		m.Release()
 	}()
-	member, err := t.OpenForward(ctx, env.RemoteAddr, c.srv.cfg.OpenTimeout)
+	member, err := t.OpenForward(ctx, env.RemoteAddr, c.edge.OpenTimeout())
 	if err != nil {
-		refuse(st, wire.AckRefused)
+		mux.Refuse(st, byte(wire.AckRefused))
 		return
 	}
 	if _, err := st.Write([]byte{byte(wire.AckOK)}); err != nil {
