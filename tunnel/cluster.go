@@ -128,9 +128,9 @@ func (e ClusterEdge) LeftPool(g *group.Group) { e.s.leftPool(g) }
 // SettleRoutes records, in the background, each route (kind, label) that no edge serves any
 // more as empty from now on, once no claim of it can be in flight: its claim then lapses
 // RouteTTL later, as on a single edge.
-func (e ClusterEdge) SettleRoutes(routes [][2]string) { e.s.routes.settleRoutes(routes) }
+func (e ClusterEdge) SettleRoutes(routes [][2]string) { e.s.shared.settleRoutes(routes) }
 
 // ReclaimSoloPorts reserves again the ports of this edge's solo TCP tunnels after it was cut
 // off from the cluster, and ends the sessions of those whose port went to another tunnel
 // meanwhile.
-func (e ClusterEdge) ReclaimSoloPorts() { e.s.routes.reclaimSoloPorts(e.s.registry, e.s.endSession) }
+func (e ClusterEdge) ReclaimSoloPorts() { e.s.shared.reclaimSoloPorts(e.s.registry, e.s.endSession) }
