@@ -2,11 +2,8 @@ package tunnel
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,33 +50,16 @@ type routeBook struct {
 	// claim and joined (quota max_tcp_ports).
 	pendingPorts map[string]int
 
-	// lease is the cluster's lease, 0 on a single edge (edge_cluster_routes.go).
-	lease time.Duration
+	// rules are what differs on an edge of a cluster: localRules, or sharedRules.
+	rules routeRules
 	// spawn runs a function on a goroutine the edge waits for (false: the edge stops).
 	spawn func(func()) bool
-	// remoteConflict refuses an HTTP registration that the members of its route on other
-	// edges would refuse (a solo tunnel on a pool, another key).
-	remoteConflict func(label string, req *group.JoinRequest, grouped bool) error
-	// edgeID is this edge's id in a cluster; edgeGone reports whether another edge is gone
-	// from the cluster (sweepSoloPort).
-	edgeID   string
-	edgeGone func(id string, after time.Duration) bool
-	// liveTenant is, in a cluster, the tenant of a route's members on other edges, and
-	// whether it has any there (cluster.liveTenant).
-	liveTenant func(kind, label string) (string, bool)
 	// stopping is set when the edge begins to stop: its solo tunnels leave then without
 	// giving up their claims, which their connectors take back on another edge.
 	stopping atomic.Bool
 	// soloHolders are, in a cluster, the sessions holding the solo claims of this edge's
 	// solo HTTP tunnels, by subdomain: emptied clears the route's Holder when they leave.
 	soloHolders map[string]string
-	// resumeOf is, in a cluster, what connector session id says of itself: the SHA-256 of
-	// its resume token and, when its Hello resumed a session, that session and the SHA-256
-	// of the token it presented (Server.sessionResume).
-	resumeOf func(session string) (own [32]byte, resumed string, proof [32]byte, ok bool)
-	// settleLater records, in a cluster, that a route is empty once no claim can be in
-	// flight for it any more, if no edge serves it by then (cluster.settleRoute).
-	settleLater func(kind, label string)
 	// elsewhere are the ports this edge holds back because a route of another edge
 	// reserved them (holdElsewhere), given back by the sweep once that reservation is gone.
 	elsewhere map[int]bool
@@ -90,10 +70,7 @@ type routeBook struct {
 
 // servedElsewhere reports whether, in a cluster, route kind/label has members on another edge.
 func (b *routeBook) servedElsewhere(kind, label string) bool {
-	if b.liveTenant == nil {
-		return false
-	}
-	_, ok := b.liveTenant(kind, label)
+	_, ok := b.rules.tenantElsewhere(kind, label)
 	return ok
 }
 
@@ -139,7 +116,7 @@ func ownedError(kind, label string) error {
 }
 
 func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoints []Endpoint, log *zap.Logger) (*routeBook, error) {
-	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log,
+	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log, rules: localRules{},
 		ports: map[string]map[int]bool{}, tunnels: map[string]int{}, sessions: map[string]int{},
 		pendingPorts: map[string]int{}, soloPorts: map[int]string{}, elsewhere: map[int]bool{},
 		soloHolders: map[string]string{}}
@@ -243,30 +220,16 @@ func (b *routeBook) tenantPorts(tenant string) int {
 }
 
 // lapsed reports whether r's claim has lapsed at now: RouteTTL after its last member left,
-// and never within RouteTTL of this edge's start. live reports whether the route has members
-// now; on a single edge it is asked only about a route recorded with members (no
-// EmptySince), which lost them if the edge restarted since; in a cluster a live route never
-// lapses, whatever its record says.
+// and never within RouteTTL of this edge's start, nor while the rules hold it live
+// (routeRules.holdsLive; live reports whether the route has members now). A route recorded
+// with members that has none lost them when the edge restarted: it lapses RouteTTL after the
+// start.
 func (b *routeBook) lapsed(r *store.Route, now time.Time, live func() bool) bool {
-	if r.Reserved {
-		return false
-	}
-	if b.lease > 0 && live() {
-		// In a cluster a route may be recorded empty while it has members: an edge cut off
-		// from NATS for longer than the lease, or an emptiness written as another edge's
-		// first member joined. A live route never lapses; the sweep clears the record.
+	if r.Reserved || b.rules.holdsLive(r, live) {
 		return false
 	}
 	since := r.EmptySince
-	if since.IsZero() {
-		if live() || b.lease > 0 {
-			// In a cluster, members may vanish with an edge without a trace: the emptiness
-			// is recorded first (settleRoute, or the sweep), and the claim lapses a TTL later.
-			return false
-		}
-		since = b.startedAt
-	}
-	if since.Before(b.startedAt) {
+	if since.IsZero() || since.Before(b.startedAt) {
 		since = b.startedAt
 	}
 	return now.Sub(since) >= b.ttl
@@ -294,142 +257,132 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 	kind, label := routeKey(req, grouped)
 	tk := &ticket{tenant: tenant, kind: kind, label: label}
 	if kind == "" {
-		if b.lease > 0 && req.Proto == group.ProtoTCP {
-			// A solo TCP tunnel's port is reserved for the whole cluster too.
-			if err := b.clusterSoloPort(tk, req); err != nil {
-				return nil, err
-			}
+		if err := b.rules.claimSoloPort(tk, req); err != nil {
+			return nil, err
 		}
 		return tk, nil
 	}
 	tk.key = store.Key(kind, label)
-	if b.remoteConflict != nil && kind == store.KindHTTP && b.reg.LookupHTTP(label) == nil {
-		// The route may have members on another edge that this edge has not joined yet
-		// (its link is down, or their records are on their way): answer as if it had.
-		if err := b.remoteConflict(label, req, grouped); err != nil {
+	if kind == store.KindHTTP && b.reg.LookupHTTP(label) == nil {
+		if err := b.rules.conflict(label, req, grouped); err != nil {
 			return nil, err
 		}
 	}
-	var taken *store.Route // a lapsed claim of another tenant, replaced
-	var port int
-	sc := soloClaim{session: req.Session} // read before the store's lock is taken
-	if b.resumeOf != nil && kind == store.KindHTTP && !grouped {
-		sc.own, sc.resumed, sc.proof, _ = b.resumeOf(req.Session)
+	// Read before the store's lock is taken.
+	c := &claimDecision{b: b, tk: tk, req: req, grouped: grouped, sc: b.rules.solo(req, kind, grouped)}
+	if _, err := b.st.Update(b.ctx, tk.key, c.decide); err != nil && !errors.Is(err, errUnchanged) {
+		return nil, refusal(err)
 	}
-	decide := func(cur *store.Route) (*store.Route, error) {
-		// fn may run more than once: it only computes; what it decides is read after.
-		taken, tk.created, port = nil, nil, 0
-		now := b.now()
-		if cur != nil && (cur.Tenant == tenant || cur.Reserved) {
-			if cur.Tenant != tenant {
-				return nil, ownedError(kind, label)
-			}
-			if cur.Reserved {
-				if err := reservedAdmits(cur, req); err != nil {
-					return nil, err
-				}
-			}
-			port = routePort(cur, req)
-			if b.lease > 0 && b.keyHeld(cur, req, grouped, now) {
-				return nil, group.KeyMismatch(kind == store.KindTCP, label)
-			}
-			if b.lease > 0 && kind == store.KindHTTP && cur.Reserved && grouped && cur.KeyHash == (group.KeyHash{}) {
-				// An endpoint that sets no key: its pool's key is whoever comes first, and
-				// the store orders first registrations racing on two edges.
-				switch claimed, err := b.claimEndpointKey(cur, req, now); {
-				case err != nil:
-					return nil, err
-				case claimed:
-					return cur, nil
-				}
-			}
-			if b.lease > 0 && kind == store.KindHTTP && !cur.Reserved {
-				switch reshape, err := b.reshape(cur, req, grouped, sc, now); {
-				case err != nil:
-					return nil, err
-				case reshape:
-					if b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
-						cur.EmptySince = now
-					}
-					return cur, nil
-				}
-			}
-			if b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
-				// The owner is back just as its claim lapses: it holds again, for a full
-				// TTL, so that no sweep or other tenant takes it before joined runs.
-				cur.EmptySince = now
-				return cur, nil
-			}
-			return nil, errUnchanged
-		}
-		if cur != nil && !b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
-			return nil, ownedError(kind, label)
-		}
-		if other, ok := b.membersTenant(kind, label); ok && other != tenant {
-			// No record (a wiped store) or a lapsed one, but another tenant's members
-			// serve the route: it is theirs.
-			return nil, ownedError(kind, label)
-		}
-		taken = cur
-		tk.created = &store.Route{Kind: kind, Label: label, Tenant: tenant, Group: req.Group, EmptySince: now}
-		if b.lease > 0 {
-			tk.created.Claimed = now
-		}
-		if kind == store.KindHTTP && grouped {
-			tk.created.KeyHash = req.KeyHash
-		}
-		if b.lease > 0 && kind == store.KindHTTP && !grouped {
-			tk.created.Holder, tk.created.HolderHash = req.Session, hex.EncodeToString(sc.own[:])
-		}
-		return tk.created, nil
-	}
-	_, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
-		r, err := decide(cur)
-		switch {
-		case err == nil && r != nil:
-			tk.seenKey = r.KeyHash
-		case errors.Is(err, errUnchanged) && cur != nil:
-			tk.seenKey = cur.KeyHash
-		}
-		return r, err
-	})
-	switch {
-	case errors.Is(err, errUnchanged):
-	case err != nil:
-		var ge *group.Error
-		if errors.As(err, &ge) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
-	}
-	if taken != nil {
+	if c.taken != nil {
 		b.log.Info("route claim lapsed; a new tenant claims it", zap.String("route", tk.key))
-		b.releasePorts(taken)
+		b.releasePorts(c.taken)
 	}
-	if b.lease > 0 && kind == store.KindHTTP && !grouped {
-		tk.holder, tk.holderHash = req.Session, hex.EncodeToString(sc.own[:])
-	}
+	b.rules.holdTicket(tk, req, grouped, c.sc)
 	tk.prevKeys = req.PrevKeyHashes
-	req.Port = port
-	if kind == store.KindTCP && port == 0 && maxPorts > 0 {
+	req.Port = c.port
+	if kind != store.KindTCP {
+		return tk, nil
+	}
+	if c.port == 0 && maxPorts > 0 {
 		if !b.reservePortSlot(tenant, maxPorts) {
 			b.abandon(tk)
 			return nil, fmt.Errorf("%w: this tenant already holds %d TCP ports (max_tcp_ports)", ErrLimit, maxPorts)
 		}
 		tk.portSlot = true
 	}
-	if b.lease > 0 && kind == store.KindTCP && port == 0 {
-		// In a cluster the port is chosen before the pool exists, once for every edge.
-		p, err := b.clusterPort(tk, req)
-		if err != nil {
-			b.abandon(tk)
+	p, err := b.rules.poolPort(tk, req, c.port)
+	if err != nil {
+		b.abandon(tk)
+		return nil, err
+	}
+	req.Port = p
+	return tk, nil
+}
+
+// refusal is the error of a registration whose route could not be claimed or recorded: a
+// *group.Error as it is, anything else (the store failed) ErrUnavailable, wrapping it.
+func refusal(err error) error {
+	var ge *group.Error
+	if errors.As(err, &ge) {
+		return err
+	}
+	return fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
+}
+
+// claimDecision is one claim's decision, made in the store's Update (which may call decide
+// more than once: it only computes, and what it decided is read after).
+type claimDecision struct {
+	b       *routeBook
+	tk      *ticket
+	req     *group.JoinRequest
+	grouped bool
+	sc      soloClaim
+	// taken is a lapsed claim of another tenant that the decision replaces; port the port
+	// the route's pool had before (0: none).
+	taken *store.Route
+	port  int
+}
+
+func (c *claimDecision) decide(cur *store.Route) (*store.Route, error) {
+	c.taken, c.tk.created, c.port = nil, nil, 0
+	r, err := c.decideOn(cur, c.b.now())
+	switch {
+	case err == nil && r != nil:
+		c.tk.seenKey = r.KeyHash
+	case errors.Is(err, errUnchanged) && cur != nil:
+		c.tk.seenKey = cur.KeyHash
+	}
+	return r, err
+}
+
+func (c *claimDecision) decideOn(cur *store.Route, now time.Time) (*store.Route, error) {
+	b, tk := c.b, c.tk
+	live := func() bool { return b.live(tk.kind, tk.label) }
+	if cur != nil && (cur.Tenant == tk.tenant || cur.Reserved) {
+		return c.reclaim(cur, now, live)
+	}
+	if cur != nil && !b.lapsed(cur, now, live) {
+		return nil, ownedError(tk.kind, tk.label)
+	}
+	if other, ok := b.membersTenant(tk.kind, tk.label); ok && other != tk.tenant {
+		// No record (a wiped store) or a lapsed one, but another tenant's members serve
+		// the route: it is theirs.
+		return nil, ownedError(tk.kind, tk.label)
+	}
+	c.taken = cur
+	tk.created = &store.Route{Kind: tk.kind, Label: tk.label, Tenant: tk.tenant, Group: c.req.Group, EmptySince: now}
+	if tk.kind == store.KindHTTP && c.grouped {
+		tk.created.KeyHash = c.req.KeyHash
+	}
+	b.rules.stampNew(tk.created, c.req, c.grouped, c.sc, now)
+	return tk.created, nil
+}
+
+// reclaim decides a claim on cur, a route of the claiming tenant or one an endpoint reserves.
+func (c *claimDecision) reclaim(cur *store.Route, now time.Time, live func() bool) (*store.Route, error) {
+	b, tk := c.b, c.tk
+	if cur.Tenant != tk.tenant {
+		return nil, ownedError(tk.kind, tk.label)
+	}
+	if cur.Reserved {
+		if err := reservedAdmits(cur, c.req); err != nil {
 			return nil, err
 		}
-		req.Port, tk.port = p, p
-	} else if b.lease > 0 && kind == store.KindTCP {
-		tk.port = port
 	}
-	return tk, nil
+	c.port = routePort(cur, c.req)
+	switch write, err := b.rules.reclaim(cur, c.req, c.grouped, c.sc, now); {
+	case err != nil:
+		return nil, err
+	case write:
+		return cur, nil
+	}
+	if b.lapsed(cur, now, live) {
+		// The owner is back just as its claim lapses: it holds again, for a full TTL, so
+		// that no sweep or other tenant takes it before joined runs.
+		cur.EmptySince = now
+		return cur, nil
+	}
+	return nil, errUnchanged
 }
 
 // reservePortSlot counts one more port being taken for tenant unless its held ports and
@@ -496,10 +449,7 @@ func (b *routeBook) membersTenant(kind, label string) (string, bool) {
 			return m.Tenant, true
 		}
 	}
-	if b.liveTenant != nil {
-		return b.liveTenant(kind, label)
-	}
-	return "", false
+	return b.rules.tenantElsewhere(kind, label)
 }
 
 // live reports whether the route has a pool with members in the registry now.
@@ -569,38 +519,17 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		lastClaim := cur.Claimed
 		changed := !cur.EmptySince.IsZero() || cur.Group == "" && g.Name != ""
 		cur.EmptySince = time.Time{}
-		if b.lease > 0 {
-			cur.Claimed, changed = b.now(), true
+		handled, ruled, err := b.rules.joinedRecord(cur, g, tk, lastClaim, b.now())
+		if err != nil {
+			return nil, err
 		}
-		if tk.kind == store.KindTCP {
-			k := g.KeyHash().String()
-			if old := cur.Ports[k]; old != g.Port {
-				if cur.Ports == nil {
-					cur.Ports = map[string]int{}
-				}
-				oldPort, cur.Ports[k], changed = old, g.Port, true
-			}
-			forgetRotatedKeys(cur, g)
-			if cur.Group == "" {
-				cur.Group = g.Name
-			}
-		} else if k, zero := g.KeyHash(), (group.KeyHash{}); cur.Reserved && b.lease > 0 && cur.KeyHash == zero && g.Name != "" {
-			// An endpoint that sets no key (claimEndpointKey): a pool with another key
-			// that joined on another edge within the lease keeps it.
-			if cur.LiveKey != k {
-				if cur.LiveKey != zero && !g.HoldsKey(cur.LiveKey) && !slices.Contains(tk.prevKeys, cur.LiveKey) &&
-					b.now().Sub(lastClaim) < b.lease {
-					return nil, group.KeyMismatch(tk.kind == store.KindTCP, tk.label)
-				}
-				cur.LiveKey, changed = k, true
-			}
-		} else if b.lease > 0 && !cur.Reserved && !g.Solo() && cur.KeyHash != zero && cur.KeyHash != k && !g.HoldsKey(cur.KeyHash) &&
-			!slices.Contains(tk.prevKeys, cur.KeyHash) && cur.KeyHash != tk.seenKey {
-			// Another key claimed the route after this registration's claim (a race between
-			// edges the claim did not see): it lost. A key the route already had at the claim
-			// is no race (the claim admitted this key beside it: a rotation in progress).
-			return nil, group.KeyMismatch(tk.kind == store.KindTCP, tk.label)
-		} else if !cur.Reserved && (cur.KeyHash != k || cur.Group != g.Name || cur.Holder != tk.holder) {
+		changed = changed || ruled
+		switch k := g.KeyHash(); {
+		case tk.kind == store.KindTCP:
+			var moved bool
+			oldPort, moved = recordPoolPort(cur, g)
+			changed = changed || moved
+		case !handled && !cur.Reserved && (cur.KeyHash != k || cur.Group != g.Name || cur.Holder != tk.holder):
 			cur.KeyHash, cur.Group, cur.Holder, cur.HolderHash, changed = k, g.Name, tk.holder, tk.holderHash, true
 		}
 		if !changed {
@@ -612,11 +541,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 	case errors.Is(err, errUnchanged):
 		return nil
 	case err != nil:
-		var ge *group.Error
-		if errors.As(err, &ge) {
-			return err
-		}
-		return fmt.Errorf("%w: cannot record the route: %w", ErrUnavailable, err)
+		return refusal(err)
 	}
 	if oldPort != 0 {
 		// The pool could not bind its old port and took another: the old one goes back.
@@ -626,12 +551,26 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 	return nil
 }
 
+// recordPoolPort writes the port of TCP pool g into its route's record cur, and returns the
+// port the pool had before when that changed (it could not bind it and took another).
+func recordPoolPort(cur *store.Route, g *group.Group) (oldPort int, changed bool) {
+	k := g.KeyHash().String()
+	if old := cur.Ports[k]; old != g.Port {
+		if cur.Ports == nil {
+			cur.Ports = map[string]int{}
+		}
+		oldPort, cur.Ports[k], changed = old, g.Port, true
+	}
+	forgetRotatedKeys(cur, g)
+	if cur.Group == "" {
+		cur.Group = g.Name
+	}
+	return oldPort, changed
+}
+
 // emptied records that g's last member left; it runs under the route's lock, so that it is
-// ordered with the next first member's joined. In a cluster the route is empty only if no
-// edge serves it: not while another edge's member is known, and not within the lease of the
-// route's last claim (a member may have joined elsewhere whose record is on its way; the
-// emptiness is then recorded later, by settleLater). An emptiness recorded earlier (by an
-// edge that took the route for empty while this edge served it) is moved to now.
+// ordered with the next first member's joined. The rules decide whether the route is empty
+// now, later or not (routeRules.emptiedRecord: in a cluster another edge may serve it).
 func (b *routeBook) emptied(g *group.Group) {
 	kind := store.KindHTTP
 	if g.Kind == group.KindTCP {
@@ -666,17 +605,8 @@ func (b *routeBook) emptied(g *group.Group) {
 			}
 			return nil, errUnchanged
 		}
-		if b.lease == 0 && !cur.EmptySince.IsZero() || b.servedElsewhere(kind, g.Label) {
-			return unchanged()
-		}
-		if b.lease > 0 && now.Sub(cur.Claimed) < b.lease {
-			// Claimed or joined on some edge a moment ago: that member's record may not
-			// have reached this edge yet. settleRoute records the emptiness once it must
-			// have, if no edge serves the route by then.
-			later = true
-			return unchanged()
-		}
-		if b.lease > 0 && !cur.EmptySince.IsZero() && !cur.EmptySince.Before(now) {
+		var keep bool
+		if keep, later = b.rules.emptiedRecord(cur, kind, g.Label, now); keep {
 			return unchanged()
 		}
 		if kind == store.KindTCP && g.KeyHash().String() != "" {
@@ -694,8 +624,8 @@ func (b *routeBook) emptied(g *group.Group) {
 	if err != nil && !errors.Is(err, errUnchanged) {
 		b.log.Error("cannot record that a route is empty; its claim will not lapse", zap.String("route", g.Label), zap.Error(err))
 	}
-	if later && b.settleLater != nil {
-		b.settleLater(kind, g.Label)
+	if later {
+		b.rules.settleLater(kind, g.Label)
 	}
 }
 
@@ -706,45 +636,12 @@ func (b *routeBook) sweep() {
 		return
 	}
 	now := b.now()
-	var tcpLive map[string]bool // TCP names with members, listed once if needed
-	reserved := map[int]bool{}  // in a cluster: the ports reserved now
-	if b.lease > 0 {
-		defer b.releaseElsewhere(reserved)
-	}
+	live := b.liveIndex()
+	reserved := map[int]bool{} // in a cluster: the ports reserved now
+	defer b.rules.sweepDone(reserved)
 	for _, r := range routes {
-		if b.lease > 0 && r.Kind == kindPort {
-			if p, err := strconv.Atoi(r.Label); err == nil && !b.sweepSoloPort(r, now) {
-				reserved[p] = true
-			}
-			continue
-		}
-		live := func() bool {
-			if b.servedElsewhere(r.Kind, r.Label) {
-				return true
-			}
-			if r.Kind == store.KindHTTP {
-				return b.reg.LookupHTTP(r.Label) != nil
-			}
-			if tcpLive == nil {
-				tcpLive = map[string]bool{}
-				for _, g := range b.reg.View().Groups() {
-					if g.Kind == group.KindTCP && !g.Solo() && len(g.Members) > 0 {
-						tcpLive[g.Label] = true
-					}
-				}
-			}
-			return tcpLive[r.Label]
-		}
-		if b.lease > 0 && r.EmptySince.IsZero() && !r.Reserved && (r.Kind == store.KindHTTP || r.Kind == store.KindTCP) &&
-			!live() && now.Sub(r.Claimed) >= b.lease {
-			b.markEmpty(r.Key(), r.Kind, r.Label)
-			continue
-		}
-		if b.lease > 0 && !r.EmptySince.IsZero() && live() {
-			b.markLive(r.Key(), r.Kind, r.Label)
-			continue
-		}
-		if !b.lapsed(r, now, live) {
+		isLive := func() bool { return live(r) }
+		if b.rules.sweepRecord(r, now, isLive, reserved) || !b.lapsed(r, now, isLive) {
 			continue
 		}
 		var gone *store.Route
@@ -758,8 +655,32 @@ func (b *routeBook) sweep() {
 		if err == nil && gone != nil {
 			b.log.Info("route claim lapsed", zap.String("route", r.Key()), zap.String("tenant", gone.Tenant))
 			b.releasePorts(gone)
-			b.dropPortKeys(gone)
+			b.rules.dropped(gone)
 		}
+	}
+}
+
+// liveIndex returns a function reporting whether a route has members now, here or on
+// another edge, for a sweep over many routes: the TCP pools with members are listed once,
+// when first needed.
+func (b *routeBook) liveIndex() func(r *store.Route) bool {
+	var tcpLive map[string]bool
+	return func(r *store.Route) bool {
+		if b.servedElsewhere(r.Kind, r.Label) {
+			return true
+		}
+		if r.Kind == store.KindHTTP {
+			return b.reg.LookupHTTP(r.Label) != nil
+		}
+		if tcpLive == nil {
+			tcpLive = map[string]bool{}
+			for _, g := range b.reg.View().Groups() {
+				if g.Kind == group.KindTCP && !g.Solo() && len(g.Members) > 0 {
+					tcpLive[g.Label] = true
+				}
+			}
+		}
+		return tcpLive[r.Label]
 	}
 }
 
@@ -834,40 +755,4 @@ func (b *routeBook) idleEndpoints() []IdleEndpoint {
 		}
 	}
 	return out
-}
-
-// markLive clears, in a cluster, the emptiness recorded for a route that some edge serves:
-// an edge cut off from NATS for longer than the lease kept serving it while the others
-// recorded it empty, or an emptiness was written as another edge's first member joined.
-// Without it the claim would lapse a TTL after the route's next member left, without its
-// grace period.
-func (b *routeBook) markLive(key, kind, label string) {
-	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
-		if cur == nil || cur.EmptySince.IsZero() || !b.live(kind, label) {
-			return nil, errUnchanged
-		}
-		cur.EmptySince, cur.Claimed = time.Time{}, b.now()
-		return cur, nil
-	})
-	if err != nil && !errors.Is(err, errUnchanged) {
-		b.log.Warn("cannot record that a route has members", zap.String("route", key), zap.Error(err))
-	} else if err == nil {
-		b.log.Info("a route recorded empty has members: recorded again", zap.String("route", key))
-	}
-}
-
-// markEmpty records, in a cluster, that a route no edge serves is empty from now on (its
-// members vanished with an edge, or every edge restarted since): its claim lapses a TTL later.
-func (b *routeBook) markEmpty(key, kind, label string) {
-	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
-		now := b.now()
-		if cur == nil || cur.Reserved || !cur.EmptySince.IsZero() || now.Sub(cur.Claimed) < b.lease || b.live(kind, label) {
-			return nil, errUnchanged
-		}
-		cur.EmptySince = now
-		return cur, nil
-	})
-	if err != nil && !errors.Is(err, errUnchanged) {
-		b.log.Warn("cannot record that a route is empty", zap.String("route", key), zap.Error(err))
-	}
 }

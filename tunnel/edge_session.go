@@ -200,14 +200,6 @@ func (s *Server) sessionResume(id string) (hash [32]byte, resumed string, proof 
 	return hash, "", proof, false
 }
 
-// resumeClaim is the resume claim of session id's Hello (see edgeSession.resumed): the
-// session it claims to continue and the SHA-256 of the token it presented; false when it
-// claimed none (or no such session lives on this edge).
-func (s *Server) resumeClaim(id string) (resumed string, proof [32]byte, ok bool) {
-	_, resumed, proof, ok = s.sessionResume(id)
-	return resumed, proof, ok && resumed != ""
-}
-
 // endMovedSession ends session id when proof is the SHA-256 of its resume token: its
 // connector has proved, on another edge of the cluster, that it held this session, and
 // registered there (replaceSession's check, made by this edge on that edge's record). The

@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -229,12 +230,29 @@ func openBoltStore(t *testing.T, dir string) store.Store {
 	return st
 }
 
-// A cluster keeps its routes in NATS: an edge given a Store as well is refused.
+// A cluster keeps its routes in its own store (Cluster.Join returns it): an edge given a
+// Store as well is refused, before it joins the cluster.
 func TestStoreWithClusterIsRefused(t *testing.T) {
 	st := store.NewMemory()
-	_, err := NewServer(ServerConfig{Store: st, Cluster: &ClusterConfig{NATSURLs: []string{"nats://127.0.0.1:1"}}})
+	c := &refusedCluster{t: t}
+	_, err := NewServer(ServerConfig{Store: st, Cluster: c})
 	require.ErrorContains(t, err, "do not set Store with Cluster")
 }
+
+// refusedCluster is a Cluster an edge must refuse before it calls it: Join fails the test
+// (and Leave, which follows a failed Join, does nothing); any other method panics (the nil
+// interface it embeds).
+type refusedCluster struct {
+	Cluster
+	t *testing.T
+}
+
+func (c *refusedCluster) Join(ClusterEdge) (store.Store, error) {
+	c.t.Error("the edge joined a cluster though it was given a Store as well")
+	return nil, errors.New("refusedCluster: not to be joined")
+}
+
+func (c *refusedCluster) Leave(bool) {}
 
 // clientFrom returns an HTTP client whose connections to the edge's public listener come
 // from the loopback address local (127.0.0.0/8 holds many).

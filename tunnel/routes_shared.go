@@ -34,6 +34,182 @@ import (
 //     pools at once cannot both take one port; every edge then binds the pool on that port,
 //     and refuses the registration (ErrNoPorts) rather than bind another.
 
+// sharedRules are the route rules of an edge of a cluster (routeRules): its store is shared
+// with the other edges, which it asks about through its Cluster.
+type sharedRules struct {
+	b *routeBook
+	c Cluster
+	// lease is the cluster's lease and edgeID this edge's id, read once.
+	lease  time.Duration
+	edgeID string
+	// resumeOf is what connector session id says of itself: the SHA-256 of its resume token
+	// and, when its Hello resumed a session, that session and the SHA-256 of the token it
+	// presented (Server.sessionResume).
+	resumeOf func(session string) (own [32]byte, resumed string, proof [32]byte, ok bool)
+	// stop is closed when the edge begins to stop: a route waiting to be recorded empty is
+	// left to the other edges then (they settle it when this edge's records go).
+	stop <-chan struct{}
+}
+
+func (s *sharedRules) tenantElsewhere(kind, label string) (string, bool) {
+	return s.c.ServedElsewhere(kind, label)
+}
+
+// conflict: the route may have members on another edge that this edge has not joined yet
+// (its link is down, or their records are on their way): answer as if it had.
+func (s *sharedRules) conflict(label string, req *group.JoinRequest, grouped bool) error {
+	return s.c.Conflict(label, req, grouped)
+}
+
+func (s *sharedRules) solo(req *group.JoinRequest, kind string, grouped bool) soloClaim {
+	sc := soloClaim{session: req.Session}
+	if kind == store.KindHTTP && !grouped {
+		sc.own, sc.resumed, sc.proof, _ = s.resumeOf(req.Session)
+	}
+	return sc
+}
+
+// claimSoloPort: a solo TCP tunnel's port is reserved for the whole cluster too.
+func (s *sharedRules) claimSoloPort(tk *ticket, req *group.JoinRequest) error {
+	if req.Proto != group.ProtoTCP {
+		return nil
+	}
+	return s.clusterSoloPort(tk, req)
+}
+
+// holdsLive: a route may be recorded empty while it has members (an edge cut off from NATS
+// for longer than the lease, or an emptiness written as another edge's first member
+// joined): a live route never lapses, and the sweep clears the record. And members may
+// vanish with an edge without a trace: a route recorded with members holds until its
+// emptiness is recorded (settleRoute, or the sweep), and lapses a TTL after that.
+func (s *sharedRules) holdsLive(r *store.Route, live func() bool) bool {
+	return live() || r.EmptySince.IsZero()
+}
+
+func (s *sharedRules) reclaim(cur *store.Route, req *group.JoinRequest, grouped bool, sc soloClaim, now time.Time) (bool, error) {
+	b := s.b
+	kind, label := cur.Kind, cur.Label
+	if s.keyHeld(cur, req, grouped, now) {
+		return false, group.KeyMismatch(kind == store.KindTCP, label)
+	}
+	if kind != store.KindHTTP {
+		return false, nil
+	}
+	if cur.Reserved {
+		if !grouped || cur.KeyHash != (group.KeyHash{}) {
+			return false, nil
+		}
+		// An endpoint that sets no key: its pool's key is whoever comes first, and the
+		// store orders first registrations racing on two edges.
+		return s.claimEndpointKey(cur, req, now)
+	}
+	reshape, err := s.reshape(cur, req, grouped, sc, now)
+	if err != nil || !reshape {
+		return false, err
+	}
+	if b.lapsed(cur, now, func() bool { return b.live(kind, label) }) {
+		cur.EmptySince = now
+	}
+	return true, nil
+}
+
+func (s *sharedRules) stampNew(r *store.Route, req *group.JoinRequest, grouped bool, sc soloClaim, now time.Time) {
+	r.Claimed = now
+	if r.Kind == store.KindHTTP && !grouped {
+		r.Holder, r.HolderHash = req.Session, hex.EncodeToString(sc.own[:])
+	}
+}
+
+func (s *sharedRules) holdTicket(tk *ticket, req *group.JoinRequest, grouped bool, sc soloClaim) {
+	if tk.kind == store.KindHTTP && !grouped {
+		tk.holder, tk.holderHash = req.Session, hex.EncodeToString(sc.own[:])
+	}
+}
+
+// poolPort: in a cluster the port of a new pool is chosen before the pool exists, once for
+// every edge, and every edge binds the pool on it.
+func (s *sharedRules) poolPort(tk *ticket, req *group.JoinRequest, port int) (int, error) {
+	if port == 0 {
+		p, err := s.clusterPort(tk, req)
+		if err != nil {
+			return 0, err
+		}
+		port = p
+	}
+	tk.port = port
+	return port, nil
+}
+
+func (s *sharedRules) joinedRecord(cur *store.Route, g *group.Group, tk *ticket, lastClaim, now time.Time) (handled, changed bool, err error) {
+	// Every join is a claim: the other edges judge by it whether a member may be on its way.
+	cur.Claimed, changed = now, true
+	if tk.kind == store.KindTCP {
+		return false, changed, nil
+	}
+	k, zero := g.KeyHash(), group.KeyHash{}
+	switch {
+	case cur.Reserved && cur.KeyHash == zero && g.Name != "":
+		// An endpoint that sets no key (claimEndpointKey): a pool with another key that
+		// joined on another edge within the lease keeps it.
+		if cur.LiveKey != k {
+			if cur.LiveKey != zero && !g.HoldsKey(cur.LiveKey) && !slices.Contains(tk.prevKeys, cur.LiveKey) &&
+				now.Sub(lastClaim) < s.lease {
+				return true, changed, group.KeyMismatch(false, tk.label)
+			}
+			cur.LiveKey = k
+		}
+		return true, changed, nil
+	case !cur.Reserved && !g.Solo() && cur.KeyHash != zero && cur.KeyHash != k && !g.HoldsKey(cur.KeyHash) &&
+		!slices.Contains(tk.prevKeys, cur.KeyHash) && cur.KeyHash != tk.seenKey:
+		// Another key claimed the route after this registration's claim (a race between
+		// edges the claim did not see): it lost. A key the route already had at the claim
+		// is no race (the claim admitted this key beside it: a rotation in progress).
+		return true, changed, group.KeyMismatch(false, tk.label)
+	}
+	return false, changed, nil
+}
+
+// emptiedRecord: the route is empty only if no edge serves it: not while another edge's
+// member is known, and not within the lease of the route's last claim (a member may have
+// joined elsewhere whose record is on its way; the emptiness is then recorded later, by
+// settleLater). An emptiness recorded earlier (by an edge that took the route for empty
+// while this edge served it) is moved to now.
+func (s *sharedRules) emptiedRecord(cur *store.Route, kind, label string, now time.Time) (keep, later bool) {
+	switch {
+	case s.b.servedElsewhere(kind, label):
+		return true, false
+	case now.Sub(cur.Claimed) < s.lease:
+		return true, true
+	case !cur.EmptySince.IsZero() && !cur.EmptySince.Before(now):
+		return true, false
+	}
+	return false, false
+}
+
+func (s *sharedRules) settleLater(kind, label string) { s.c.SettleLater(kind, label) }
+
+func (s *sharedRules) sweepRecord(r *store.Route, now time.Time, live func() bool, reserved map[int]bool) bool {
+	switch {
+	case r.Kind == kindPort:
+		if p, err := strconv.Atoi(r.Label); err == nil && !s.sweepSoloPort(r, now) {
+			reserved[p] = true
+		}
+		return true
+	case r.EmptySince.IsZero() && !r.Reserved && (r.Kind == store.KindHTTP || r.Kind == store.KindTCP) &&
+		!live() && now.Sub(r.Claimed) >= s.lease:
+		s.markEmpty(r.Key(), r.Kind, r.Label)
+		return true
+	case !r.EmptySince.IsZero() && live():
+		s.markLive(r.Key(), r.Kind, r.Label)
+		return true
+	}
+	return false
+}
+
+func (s *sharedRules) sweepDone(reserved map[int]bool) { s.b.releaseElsewhere(reserved) }
+
+func (s *sharedRules) dropped(r *store.Route) { s.dropPortKeys(r) }
+
 // kindPort is the store kind of a cluster's TCP port reservations: "port/<n>" → the route
 // ("tcp/<name>") in Group. Reserved, so that it never lapses on its own; it goes when its
 // route's claim does.
@@ -47,7 +223,8 @@ var errPortTaken = errors.New("port reserved by another route")
 // as on one edge, a key a live member of the pool holds is admitted, whether that member is
 // this edge's own or another edge's joined here (remoteConflict answers for the members of
 // other edges when the pool has none here).
-func (b *routeBook) keyHeld(cur *store.Route, req *group.JoinRequest, grouped bool, now time.Time) bool {
+func (s *sharedRules) keyHeld(cur *store.Route, req *group.JoinRequest, grouped bool, now time.Time) bool {
+	b := s.b
 	var zero group.KeyHash
 	if cur.Kind != store.KindHTTP || cur.Reserved || !grouped || cur.KeyHash == zero || cur.KeyHash == req.KeyHash ||
 		slices.Contains(req.PrevKeyHashes, cur.KeyHash) {
@@ -59,8 +236,8 @@ func (b *routeBook) keyHeld(cur *store.Route, req *group.JoinRequest, grouped bo
 	if b.live(cur.Kind, cur.Label) {
 		return true
 	}
-	recent := func(t time.Time) bool { return !t.IsZero() && now.Sub(t) < b.lease }
-	return recent(cur.Claimed) || recent(cur.EmptySince) || now.Sub(b.startedAt) < b.lease
+	recent := func(t time.Time) bool { return !t.IsZero() && now.Sub(t) < s.lease }
+	return recent(cur.Claimed) || recent(cur.EmptySince) || now.Sub(b.startedAt) < s.lease
 }
 
 // soloClaim is what a solo HTTP registration's session says of itself for reshape: its id,
@@ -99,11 +276,12 @@ func (sc soloClaim) holds(cur *store.Route) bool {
 // its resume token): another session's claim is refused within the lease of the claim or of
 // this edge's start (its record may not have arrived yet), unless the registering
 // connector resumed that session with its token (the same connector, moved or back).
-func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bool, sc soloClaim, now time.Time) (bool, error) {
+func (s *sharedRules) reshape(cur *store.Route, req *group.JoinRequest, grouped bool, sc soloClaim, now time.Time) (bool, error) {
+	b := s.b
 	var zero group.KeyHash
 	kind, label := cur.Kind, cur.Label
-	recent := func(t time.Time) bool { return !t.IsZero() && now.Sub(t) < b.lease }
-	fresh := now.Sub(b.startedAt) < b.lease
+	recent := func(t time.Time) bool { return !t.IsZero() && now.Sub(t) < s.lease }
+	fresh := now.Sub(b.startedAt) < s.lease
 	held := recent(cur.Claimed) || recent(cur.EmptySince) || fresh
 	solo := cur.KeyHash == zero && cur.Group == ""
 	inUse := &group.Error{Err: group.ErrInUse, Msg: fmt.Sprintf("subdomain '%s' is already in use", label)}
@@ -155,10 +333,11 @@ func (b *routeBook) reshape(cur *store.Route, req *group.JoinRequest, grouped bo
 // key within the lease of that claim is refused, as keyHeld does for other routes (the
 // live pool's members refuse other keys themselves, on their edge and through
 // remoteConflict). It reports whether cur was changed.
-func (b *routeBook) claimEndpointKey(cur *store.Route, req *group.JoinRequest, now time.Time) (bool, error) {
+func (s *sharedRules) claimEndpointKey(cur *store.Route, req *group.JoinRequest, now time.Time) (bool, error) {
+	b := s.b
 	var zero group.KeyHash
 	if cur.LiveKey == req.KeyHash || slices.Contains(req.PrevKeyHashes, cur.LiveKey) {
-		if now.Sub(cur.Claimed) < b.lease || b.live(cur.Kind, cur.Label) {
+		if now.Sub(cur.Claimed) < s.lease || b.live(cur.Kind, cur.Label) {
 			return false, nil
 		}
 		cur.Claimed = now
@@ -169,7 +348,7 @@ func (b *routeBook) claimEndpointKey(cur *store.Route, req *group.JoinRequest, n
 		if g := b.reg.LookupHTTP(cur.Label); g != nil && g.HoldsKey(req.KeyHash) {
 			return false, nil // a member not yet rotated holds it: the pool admits it
 		}
-		if live || now.Sub(cur.Claimed) < b.lease || now.Sub(b.startedAt) < b.lease {
+		if live || now.Sub(cur.Claimed) < s.lease || now.Sub(b.startedAt) < s.lease {
 			return false, group.KeyMismatch(cur.Kind == store.KindTCP, cur.Label)
 		}
 	}
@@ -185,7 +364,8 @@ func (b *routeBook) claimEndpointKey(cur *store.Route, req *group.JoinRequest, n
 
 // clusterPort picks the port of a new TCP pool of tk's route and reserves it for every edge;
 // when another edge set the pool's port first, that one is returned.
-func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error) {
+func (s *sharedRules) clusterPort(tk *ticket, req *group.JoinRequest) (int, error) {
+	b := s.b
 	k := req.KeyHash.String()
 	skip := map[int]bool{}
 	for range 256 {
@@ -237,8 +417,9 @@ func (b *routeBook) clusterPort(tk *ticket, req *group.JoinRequest) (int, error)
 // clusterSoloPort picks and reserves, for the whole cluster, the port of a new solo TCP
 // tunnel, under "solo/<edge id>/<tunnel id>": no pool of another edge can take it, and the
 // tunnel's copies on the other edges bind the same port.
-func (b *routeBook) clusterSoloPort(tk *ticket, req *group.JoinRequest) error {
-	tk.solo = "solo/" + b.edgeID + "/" + req.ID
+func (s *sharedRules) clusterSoloPort(tk *ticket, req *group.JoinRequest) error {
+	b := s.b
+	tk.solo = "solo/" + s.edgeID + "/" + req.ID
 	res := &ticket{key: tk.solo, tenant: tk.tenant}
 	skip := map[int]bool{}
 	for range 256 {
@@ -269,7 +450,8 @@ func (b *routeBook) clusterSoloPort(tk *ticket, req *group.JoinRequest) error {
 // port another tunnel holds now is that tunnel's, and the sessions of this edge's tunnel on
 // it are ended: their connectors register again and get another port, rather than one
 // public port leading to two tunnels.
-func (b *routeBook) reclaimSoloPorts(reg *group.Registry, endSession func(id, why string)) {
+func (s *sharedRules) reclaimSoloPorts(reg *group.Registry, endSession func(id, why string)) {
+	b := s.b
 	b.mu.Lock()
 	held := maps.Clone(b.soloPorts)
 	b.mu.Unlock()
@@ -394,9 +576,10 @@ func (b *routeBook) unreservePort(p int, route string) bool {
 // reservation otherwise, so without this every edge that died would keep its solo tunnels'
 // ports from the cluster for ever. A reservation younger than the lease is left alone: its
 // tunnel may be joining. It reports whether it deleted the reservation.
-func (b *routeBook) sweepSoloPort(r *store.Route, now time.Time) bool {
+func (s *sharedRules) sweepSoloPort(r *store.Route, now time.Time) bool {
+	b := s.b
 	edge, _, ok := strings.Cut(strings.TrimPrefix(r.Group, "solo/"), "/")
-	if !ok || !strings.HasPrefix(r.Group, "solo/") || now.Sub(r.Claimed) < b.lease {
+	if !ok || !strings.HasPrefix(r.Group, "solo/") || now.Sub(r.Claimed) < s.lease {
 		return false
 	}
 	port, err := strconv.Atoi(r.Label)
@@ -404,14 +587,14 @@ func (b *routeBook) sweepSoloPort(r *store.Route, now time.Time) bool {
 		return false
 	}
 	switch {
-	case edge == b.edgeID:
+	case edge == s.edgeID:
 		b.mu.Lock()
 		mine := b.soloPorts[port] == r.Group
 		b.mu.Unlock()
 		if mine {
 			return false
 		}
-	case b.edgeGone == nil || !b.edgeGone(edge, max(b.lease, b.ttl)):
+	case !s.c.EdgeGone(edge, max(s.lease, b.ttl)):
 		return false
 	}
 	b.log.Info("releasing the port of a solo TCP tunnel whose edge is gone", zap.Int("port", port), zap.String("edge", edge))
@@ -419,8 +602,9 @@ func (b *routeBook) sweepSoloPort(r *store.Route, now time.Time) bool {
 }
 
 // dropPortKeys deletes the port reservations of a route whose claim lapsed.
-func (b *routeBook) dropPortKeys(r *store.Route) {
-	if b.lease == 0 || r.Kind != store.KindTCP {
+func (s *sharedRules) dropPortKeys(r *store.Route) {
+	b := s.b
+	if r.Kind != store.KindTCP {
 		return
 	}
 	for _, p := range r.Ports {
@@ -436,20 +620,22 @@ func (b *routeBook) dropPortKeys(r *store.Route) {
 // lease still made the route live (emptied writes nothing then), and a route recorded with
 // members but live nowhere is taken for lapsed at once by every edge that has run longer than
 // RouteTTL, so another tenant could take it while its connectors fail over.
-func (b *routeBook) settleRoutes(routes [][2]string) {
+func (s *sharedRules) settleRoutes(routes [][2]string) {
+	b := s.b
 	if len(routes) == 0 {
 		return
 	}
 	b.spawn(func() {
 		for _, r := range routes {
-			b.settleRoute(r[0], r[1])
+			s.settleRoute(r[0], r[1])
 		}
 	})
 }
 
 // settleRoute records route kind/label empty once no claim of it can be in flight (a lease
 // after its last claim), unless an edge serves it by then.
-func (b *routeBook) settleRoute(kind, label string) {
+func (s *sharedRules) settleRoute(kind, label string) {
+	b := s.b
 	for b.ctx.Err() == nil {
 		if b.live(kind, label) {
 			return
@@ -461,7 +647,7 @@ func (b *routeBook) settleRoute(kind, label string) {
 				return nil, errUnchanged
 			}
 			now := b.now()
-			if d := cur.Claimed.Add(b.lease).Sub(now); d > 0 {
+			if d := cur.Claimed.Add(s.lease).Sub(now); d > 0 {
 				// Claimed or joined on some edge a moment ago: its member's record may
 				// not have arrived here yet. Look again when it must have.
 				wait = d
@@ -478,9 +664,49 @@ func (b *routeBook) settleRoute(kind, label string) {
 			return
 		}
 		select {
+		case <-s.stop:
+			return
 		case <-b.ctx.Done():
 			return
 		case <-time.After(wait):
 		}
+	}
+}
+
+// markLive clears, in a cluster, the emptiness recorded for a route that some edge serves:
+// an edge cut off from NATS for longer than the lease kept serving it while the others
+// recorded it empty, or an emptiness was written as another edge's first member joined.
+// Without it the claim would lapse a TTL after the route's next member left, without its
+// grace period.
+func (s *sharedRules) markLive(key, kind, label string) {
+	b := s.b
+	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
+		if cur == nil || cur.EmptySince.IsZero() || !b.live(kind, label) {
+			return nil, errUnchanged
+		}
+		cur.EmptySince, cur.Claimed = time.Time{}, b.now()
+		return cur, nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) {
+		b.log.Warn("cannot record that a route has members", zap.String("route", key), zap.Error(err))
+	} else if err == nil {
+		b.log.Info("a route recorded empty has members: recorded again", zap.String("route", key))
+	}
+}
+
+// markEmpty records, in a cluster, that a route no edge serves is empty from now on (its
+// members vanished with an edge, or every edge restarted since): its claim lapses a TTL later.
+func (s *sharedRules) markEmpty(key, kind, label string) {
+	b := s.b
+	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
+		now := b.now()
+		if cur == nil || cur.Reserved || !cur.EmptySince.IsZero() || now.Sub(cur.Claimed) < s.lease || b.live(kind, label) {
+			return nil, errUnchanged
+		}
+		cur.EmptySince = now
+		return cur, nil
+	})
+	if err != nil && !errors.Is(err, errUnchanged) {
+		b.log.Warn("cannot record that a route is empty", zap.String("route", key), zap.Error(err))
 	}
 }

@@ -62,7 +62,7 @@ func TestRegistrationRefusedWithTheStoresError(t *testing.T) {
 	reg = group.NewRegistry(group.Config{Ports: group.PortRange{Lo: 45200, Hi: 45209}})
 	b, err = newRouteBook(st, time.Hour, reg, nil, zaptest.NewLogger(t))
 	require.NoError(t, err)
-	b.lease, b.edgeID = time.Minute, "edge-1"
+	b.rules = &sharedRules{b: b, lease: time.Minute, edgeID: "edge-1"}
 	st.fail.Store(true)
 	_, err = b.claim("acme", &group.JoinRequest{ID: "t2", Proto: group.ProtoTCP}, false, 0)
 	require.ErrorIs(t, err, ErrUnavailable, "a cluster's port reservation")

@@ -38,6 +38,9 @@ type Server struct {
 	events eventSubscribers
 	// cluster is the edge's part in a cluster (edge_cluster*.go); nil for a single edge.
 	cluster Cluster
+	// shared are the route rules of an edge of a cluster (nil on a single edge): what the
+	// cluster asks of the routes goes through them (ClusterEdge).
+	shared *sharedRules
 	// authLimit throttles failed authentications per source address, on the control and
 	// admin listeners together; preAuth caps the control connections not yet authenticated.
 	authLimit *throttle.Auth
@@ -156,10 +159,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.routes = routes
 	routes.spawn = s.spawn
 	if c := s.cluster; c != nil {
-		routes.lease, routes.edgeID = c.Lease(), c.EdgeID()
-		routes.liveTenant, routes.remoteConflict = c.ServedElsewhere, c.Conflict
-		routes.settleLater, routes.edgeGone = c.SettleLater, c.EdgeGone
-		routes.resumeOf = s.sessionResume
+		s.shared = &sharedRules{b: routes, c: c, lease: c.Lease(), edgeID: c.EdgeID(), resumeOf: s.sessionResume, stop: s.done}
+		routes.rules = s.shared
 	}
 	pc.Registry = s.registry
 	s.ingress = proxy.NewHTTP(pc)

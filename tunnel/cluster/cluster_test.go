@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"context"
@@ -17,11 +17,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/admin"
 )
-
-func clusterPool(key string) TunnelSpec {
-	return TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: key}
-}
 
 // A pool whose members are attached to two edges of three is one pool on all three: each
 // edge dispatches to both members, another edge's over the edge-to-edge link, and lists both
@@ -57,19 +55,28 @@ func TestClusterPoolSpansEdges(t *testing.T) {
 		require.Greater(t, got["A"], 3, "edge %s: %v", e.id, got)
 		require.Greater(t, got["B"], 3, "edge %s: %v", e.id, got)
 
-		require.Len(t, e.Registry().Groups(), 1)
-		require.ElementsMatch(t, []string{"a", "b"}, e.edgeIDs("pool"))
+		// Its operator plane lists the pool once, with both members and their edge ids.
+		gs := e.groups(t)
+		require.Len(t, gs, 1)
+		require.Equal(t, 2, gs[0].MemberCount)
+		require.Equal(t, 2, gs[0].HealthyCount)
+		var ids []string
+		for _, m := range gs[0].Members {
+			ids = append(ids, m.EdgeID)
+		}
+		require.ElementsMatch(t, []string{"a", "b"}, ids)
 
-		// The pool counts cluster-wide too: both healthy, one per edge (the metrics'
-		// warren_group_members and warren_cluster_members; tunnel/admin's
-		// TestClusterSeriesAndAPI renders them).
-		g, ok := e.Registry().LookupHTTP("pool")
-		require.True(t, ok)
-		_, healthy, _ := g.Counts()
-		require.Equal(t, 2, healthy)
-		require.Equal(t, map[string]int{"a": 1, "b": 1}, e.members("pool"))
+		// The metrics count the pool cluster-wide too.
+		metrics := e.scrape(t)
+		require.Contains(t, metrics, `warren_group_members{group="web",healthy="true",region="local"} 2`)
+		for _, id := range []string{"a", "b"} {
+			require.Contains(t, metrics, `warren_cluster_members{edge_id="`+id+`",group="web",healthy="true",region="local"} 1`)
+		}
+		require.Contains(t, metrics, `warren_cluster_edges{lease="held"} 3`)
+		require.Contains(t, metrics, "warren_cluster_nats_connected 1")
 
-		ci := e.info()
+		var ci admin.ClusterInfo
+		e.adminJSON(t, "/api/cluster", &ci)
 		require.True(t, ci.NATS)
 		require.True(t, ci.Enabled)
 		require.Equal(t, e.id, ci.Self)
@@ -107,9 +114,9 @@ func TestClusterConflictingFirstRegistrations(t *testing.T) {
 	_, edges := startThreeEdges(t, nil)
 	for round := range 5 {
 		sub := fmt.Sprintf("race%d", round)
-		sessions := make([]*Session, len(edges))
+		sessions := make([]*tunnel.Session, len(edges))
 		for i, e := range edges {
-			sessions[i] = e.connect(WithReconnect(false))
+			sessions[i] = e.connect(tunnel.WithReconnect(false))
 		}
 		var wg sync.WaitGroup
 		errs := make([]error, len(edges))
@@ -117,7 +124,7 @@ func TestClusterConflictingFirstRegistrations(t *testing.T) {
 		for i := range edges {
 			wg.Go(func() {
 				<-start
-				_, errs[i] = sessions[i].Forward(ctxT(t), TunnelSpec{Subdomain: sub, Group: "g", GroupKey: fmt.Sprintf("key-%d", i)},
+				_, errs[i] = sessions[i].Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: sub, Group: "g", GroupKey: fmt.Sprintf("key-%d", i)},
 					hostPort(backend(t, fmt.Sprintf("E%d", i)).URL))
 			})
 		}
@@ -147,62 +154,18 @@ func TestClusterConflictingFirstRegistrations(t *testing.T) {
 	}
 }
 
-// slowBackend is a backend whose answers take 20 ms, so that concurrent requests overlap.
-func slowBackend(t testing.TB, name string) *httptest.Server {
-	t.Helper()
-	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(20 * time.Millisecond)
-		fmt.Fprintf(w, "%s %s", name, r.URL.Path)
-	}))
-	t.Cleanup(b.Close)
-	return b
-}
-
-// tcpNamed serves a TCP backend that answers every connection with its name.
-func tcpNamed(t testing.TB, name string) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = l.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				_, _ = io.WriteString(c, name)
-			})
-		}
-	})
-	return l.Addr().String()
-}
-
-func readTCP(addr string) (string, error) {
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	b, err := io.ReadAll(c)
-	return string(b), err
-}
-
 // A TCP pool has one public port on every edge, so that DNS can name all of them; two pools
 // created at once on two edges get two different ports.
 func TestClusterTCPPortOnEveryEdge(t *testing.T) {
 	// Edges on 127.0.0.1, .2 and .3, each on its own NATS node, 3 replicas.
 	_, edges := startThreeEdges(t, nil)
 	var wg sync.WaitGroup
-	tunnels := make([]*Tunnel, 2)
+	tunnels := make([]*tunnel.Tunnel, 2)
 	errs := make([]error, 2)
 	for i, name := range []string{"db", "cache"} {
 		sess, backendAddr := edges[i].connect(), tcpNamed(t, name)
 		wg.Go(func() {
-			tunnels[i], errs[i] = sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: name, GroupKey: "k"}, backendAddr)
+			tunnels[i], errs[i] = sess.Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: name, GroupKey: "k"}, backendAddr)
 		})
 	}
 	wg.Wait()
@@ -218,7 +181,7 @@ func TestClusterTCPPortOnEveryEdge(t *testing.T) {
 		}
 	}
 	// A second member on another edge joins the same pool on the same port.
-	t2, err := edges[2].connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db2"))
+	t2, err := edges[2].connect().Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db2"))
 	require.NoError(t, err)
 	require.Equal(t, tunnels[0].Port(), t2.Port())
 }
@@ -232,10 +195,10 @@ func TestClusterEdgeKilledUnderLoad(t *testing.T) {
 	a, b, c := edges[0], edges[1], edges[2]
 	// The connector on a fails over to b, as with `servers: [a, b]`.
 	var dials atomic.Int32
-	failover := WithDialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
-		addr := a.controlAddr
+	failover := tunnel.WithDialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
+		addr := a.ControlAddr
 		if dials.Add(1) > 1 {
-			addr = b.controlAddr
+			addr = b.ControlAddr
 		}
 		var d net.Dialer
 		return d.DialContext(ctx, network, addr)
@@ -254,7 +217,7 @@ func TestClusterEdgeKilledUnderLoad(t *testing.T) {
 	for _, e := range []*clusterEdge{b, b, c, c} { // c has no member: its requests all cross a link
 		load.Go(func() {
 			for ctx.Err() == nil {
-				resp, err := e.client.Get(e.url("pool", "/"))
+				resp, err := e.Client.Get(e.URL("pool", "/"))
 				if err == nil {
 					_, _ = io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
@@ -300,29 +263,24 @@ func TestClusterLeaseLapseRemovesMembers(t *testing.T) {
 	require.NoError(t, err)
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
 	// a's NATS connection goes; its link to b stays.
-	a.cluster.nc.Close()
+	a.c.nc.Close()
 	gone := time.Now()
 	require.Eventually(t, func() bool { return len(b.members("pool")) == 0 }, 5*time.Second, 10*time.Millisecond)
 	require.Less(t, time.Since(gone), lease+time.Second, "members left after %v (lease %v)", time.Since(gone), lease)
-	ci := b.info()
+	var ci admin.ClusterInfo
+	b.adminJSON(t, "/api/cluster", &ci)
 	require.Len(t, ci.Edges, 2)
-	require.Eventually(t, func() bool {
-		ci = b.info()
-		return ci.Edges[1].Lease == "expired"
-	}, 5*time.Second, 10*time.Millisecond, "%+v", ci.Edges)
-	expired := 0
-	for _, ce := range b.info().Edges {
-		if ce.Lease == "expired" {
-			expired++
-		}
-	}
-	require.Equal(t, 1, expired, "warren_cluster_edges{lease=\"expired\"} 1")
-	require.False(t, a.info().NATS, "warren_cluster_nats_connected 0")
+	require.Eventually(t, func() bool { return edgeLease(b, "a") == "expired" }, 5*time.Second, 10*time.Millisecond,
+		"%+v", b.info().Edges)
+	b.adminJSON(t, "/api/cluster", &ci)
+	require.Equal(t, "expired", ci.Edges[1].Lease, "%+v", ci.Edges)
+	require.Contains(t, b.scrape(t), `warren_cluster_edges{lease="expired"} 1`)
+	require.Contains(t, a.scrape(t), "warren_cluster_nats_connected 0")
 	// a keeps serving what it knows without NATS, and refuses to claim new routes.
 	code, body := a.get("pool", "/")
 	require.Equal(t, 200, code, body)
-	_, err = a.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"}, hostPort(backend(t, "F").URL))
-	require.ErrorIs(t, err, ErrUnavailable)
+	_, err = a.connect().Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"}, hostPort(backend(t, "F").URL))
+	require.ErrorIs(t, err, tunnel.ErrUnavailable)
 }
 
 // A pool that falls to zero healthy members across all edges fires one alert, not one per
@@ -330,7 +288,7 @@ func TestClusterLeaseLapseRemovesMembers(t *testing.T) {
 func TestClusterOneAlertPerPool(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	rcv := newReceiver(t)
-	alerting := func(c *ServerConfig) {
+	alerting := func(c *tunnel.ServerConfig) {
 		c.AlertWebhookURL = rcv.URL
 		c.AllowPrivateAlertWebhooks = true
 		c.AlertMinInterval = time.Millisecond
@@ -353,17 +311,32 @@ func TestClusterOneAlertPerPool(t *testing.T) {
 	for i := range sw {
 		sw[i].down.Store(true)
 	}
+	// asked is whether every edge decided on one alert of event, and asked the cluster
+	// whether to send it; sent how many of them the cluster told to send it.
+	asked := func(e *clusterEdge, event string) func() bool {
+		return func() bool { n, _ := e.alerts.decided(event); return n == 1 }
+	}
+	sent := func(event string) int {
+		n := 0
+		for _, e := range edges {
+			_, s := e.alerts.decided(event)
+			n += s
+		}
+		return n
+	}
 	require.Eventually(t, func() bool { return len(rcv.alerts()) >= 1 }, 10*time.Second, 10*time.Millisecond)
 	// Every edge has seen the pool fall (and had its chance to alert).
 	for _, e := range edges {
 		require.Eventually(t, func() bool { return len(e.members("pool")) == 0 }, 10*time.Second, 10*time.Millisecond)
-		require.Eventually(t, func() bool { return e.alerts.decided()["group_zero_healthy"] == 1 }, 10*time.Second, 10*time.Millisecond)
+		require.Eventually(t, asked(e, "group_zero_healthy"), 10*time.Second, 10*time.Millisecond, "edge %s", e.id)
 	}
+	require.Equal(t, 1, sent("group_zero_healthy"), "edges told to send the pool's fall")
 	sw[0].down.Store(false)
 	require.Eventually(t, func() bool { return len(rcv.alerts()) >= 2 }, 10*time.Second, 10*time.Millisecond)
 	for _, e := range edges {
-		require.Eventually(t, func() bool { return e.alerts.decided()["group_recovered"] == 1 }, 10*time.Second, 10*time.Millisecond)
+		require.Eventually(t, asked(e, "group_recovered"), 10*time.Second, 10*time.Millisecond, "edge %s", e.id)
 	}
+	require.Equal(t, 1, sent("group_recovered"), "edges told to send the pool's recovery")
 	// Let any duplicate arrive: the sender queues at once, so a short wait is enough.
 	time.Sleep(200 * time.Millisecond)
 	got := rcv.alerts()
@@ -376,14 +349,14 @@ func TestClusterOneAlertPerPool(t *testing.T) {
 // ownership, key hashes and TCP ports are kept in NATS (3 replicas on a 3-node cluster);
 // another tenant still cannot take the routes.
 func TestClusterRestartKeepsOwnershipAndPorts(t *testing.T) {
-	tenants := func(c *ServerConfig) {
+	tenants := func(c *tunnel.ServerConfig) {
 		c.Auth = tenantAuth()
 	}
 	nodes, edges := startThreeEdges(t, tenants)
-	ta, err := edges[0].connect(WithToken(acmeToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
+	ta, err := edges[0].connect(tunnel.WithToken(acmeToken)).Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
 	require.NoError(t, err)
 	port := ta.Port()
-	_, err = edges[1].connect(WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	_, err = edges[1].connect(tunnel.WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
 	require.NoError(t, err)
 	restart := func(i int) {
 		edges[i].close()
@@ -400,12 +373,12 @@ func TestClusterRestartKeepsOwnershipAndPorts(t *testing.T) {
 		edges[i] = startClusterEdge(t, nodes, edges[i].id, onNode(nodes, i, tenants))
 	}
 	for _, e := range edges {
-		_, err = e.connect(WithToken(globexToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
-		require.ErrorIs(t, err, ErrOwned)
-		_, err = e.connect(WithToken(globexToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "x"))
-		require.ErrorIs(t, err, ErrOwned)
+		_, err = e.connect(tunnel.WithToken(globexToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
+		require.ErrorIs(t, err, tunnel.ErrOwned)
+		_, err = e.connect(tunnel.WithToken(globexToken)).Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "x"))
+		require.ErrorIs(t, err, tunnel.ErrOwned)
 	}
-	ta, err = edges[1].connect(WithToken(acmeToken)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
+	ta, err = edges[1].connect(tunnel.WithToken(acmeToken)).Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
 	require.NoError(t, err)
 	require.Equal(t, port, ta.Port())
 	for _, e := range edges {
@@ -415,7 +388,7 @@ func TestClusterRestartKeepsOwnershipAndPorts(t *testing.T) {
 		require.Equal(t, "db", got, "edge %s", e.id)
 	}
 	// The owner may come back with its key, on any edge.
-	_, err = edges[0].connect(WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	_, err = edges[0].connect(tunnel.WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
 	require.NoError(t, err)
 }
 
@@ -437,7 +410,7 @@ func TestClusterSurvivesANATSNodeLoss(t *testing.T) {
 		require.Equal(t, 200, code, "edge %s", e.id)
 	}
 	require.Eventually(t, func() bool {
-		_, err := b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "later", Group: "g", GroupKey: "k"}, hostPort(backend(t, "L").URL))
+		_, err := b.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "later", Group: "g", GroupKey: "k"}, hostPort(backend(t, "L").URL))
 		return err == nil
 	}, 20*time.Second, 200*time.Millisecond)
 	for _, e := range []*clusterEdge{a, c} {
@@ -447,7 +420,7 @@ func TestClusterSurvivesANATSNodeLoss(t *testing.T) {
 		require.Equal(t, "L /", body)
 	}
 	// a's member is still renewed through a's second node: it stays in every view.
-	time.Sleep(2 * a.cfg.Cluster.LeaseTTL)
+	time.Sleep(2 * a.c.Lease())
 	for _, e := range edges {
 		e.waitMembers(t, "pool", map[string]int{"a": 1})
 	}
@@ -463,7 +436,7 @@ func TestClusterReconcilesWhenNATSReturns(t *testing.T) {
 	require.NoError(t, err)
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
 	// Cut a off NATS by closing its connection's socket: the client reconnects by itself.
-	require.NoError(t, a.cluster.nc.ForceReconnect())
+	require.NoError(t, a.c.nc.ForceReconnect())
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
 	code, _ := b.get("pool", "/")
 	require.Equal(t, 200, code)
@@ -495,7 +468,7 @@ func TestClusterDispatchCountsPublishedLoad(t *testing.T) {
 	// Six requests held open on a's member, through edge a (its only member so far).
 	for range 6 {
 		held.Go(func() {
-			resp, err := a.client.Get(a.url("pool", "/hold"))
+			resp, err := a.Client.Get(a.URL("pool", "/hold"))
 			if err == nil {
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
@@ -564,10 +537,11 @@ func TestClusterRetryAndDrainAcrossTheHop(t *testing.T) {
 	// A port nobody listens on: dials to it are refused at once. (A listener left open,
 	// even one that never accepts, would take connections into its backlog: the connector
 	// would acknowledge them and the request would count as delivered.)
-	l := listenLoopback(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
 	dead := l.Addr().String()
 	require.NoError(t, l.Close())
-	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), dead)
+	_, err = a.connect().Forward(ctxT(t), clusterPool("k"), dead)
 	require.NoError(t, err)
 	var posts atomic.Int64
 	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -580,7 +554,7 @@ func TestClusterRetryAndDrainAcrossTheHop(t *testing.T) {
 	require.NoError(t, err)
 	c.waitMembers(t, "pool", map[string]int{"a": 1, "b": 1})
 	for i := range 40 {
-		resp, err := c.client.Post(c.url("pool", "/"), "text/plain", strings.NewReader(fmt.Sprint(i)))
+		resp, err := c.Client.Post(c.URL("pool", "/"), "text/plain", strings.NewReader(fmt.Sprint(i)))
 		require.NoError(t, err)
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -588,7 +562,7 @@ func TestClusterRetryAndDrainAcrossTheHop(t *testing.T) {
 		require.Equal(t, fmt.Sprintf("B %d", i), string(body))
 	}
 	require.EqualValues(t, 40, posts.Load(), "every POST reached the live backend exactly once")
-	require.Greater(t, c.retries.open.Load(), uint64(0), "some requests were refused by a's member and retried")
+	require.Greater(t, c.Operator().Counters().RetriesOpenFailed, uint64(0), "some requests were refused by a's member and retried")
 
 	// b's member drains: c stops sending it new work at once.
 	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B2").URL))

@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 // Key rotations in a cluster that the checks against races between edges must let through
 // (README "Rotating a group key": a member may present its new key with the old one in
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // A pool on a reserved endpoint that sets no key_sha256 rotates its key as any pool does:
@@ -19,21 +21,21 @@ import (
 func TestClusterReservedEndpointPoolRotatesItsKey(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 500 * time.Millisecond
-	withEp := func(c *ServerConfig) { c.Endpoints = []Endpoint{{Subdomain: "res", Group: "g"}} }
+	withEp := func(c *tunnel.ServerConfig) { c.Endpoints = []tunnel.Endpoint{{Subdomain: "res", Group: "g"}} }
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease, edit: withEp})
 
-	old := a.connect(WithReconnect(false))
-	_, err := old.Forward(ctxT(t), TunnelSpec{Subdomain: "res", Group: "g", GroupKey: "k1"}, hostPort(backend(t, "OLD").URL))
+	old := a.connect(tunnel.WithReconnect(false))
+	_, err := old.Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "res", Group: "g", GroupKey: "k1"}, hostPort(backend(t, "OLD").URL))
 	require.NoError(t, err)
 	require.NoError(t, old.Close())
 	require.Eventually(t, func() bool { return len(a.members("res")) == 0 }, 5*time.Second, 10*time.Millisecond)
 
-	rotated := TunnelSpec{Subdomain: "res", Group: "g", GroupKey: "k2", PreviousGroupKeys: []string{"k1"}}
+	rotated := tunnel.TunnelSpec{Subdomain: "res", Group: "g", GroupKey: "k2", PreviousGroupKeys: []string{"k1"}}
 	// At once (within the lease of the last claim), and again after two leases (the claim
 	// is then renewed by claimEndpointKey itself).
 	for _, wait := range []time.Duration{0, 2 * lease} {
 		time.Sleep(wait) // the lease must pass on the clock: there is no event to await
-		_, err = a.connect(WithReconnect(false)).Forward(ctxT(t), rotated, hostPort(backend(t, "NEW").URL))
+		_, err = a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), rotated, hostPort(backend(t, "NEW").URL))
 		require.NoError(t, err, "the pool's connector rotating its key (k1 -> k2) refused after %v", wait)
 	}
 }
@@ -51,7 +53,7 @@ func TestClusterOldKeyMemberJoinsOnAnEdgeThatNeverSawTheRotation(t *testing.T) {
 	require.NoError(t, err)
 	rotated := clusterPool("k2")
 	rotated.PreviousGroupKeys = []string{"k1"}
-	x := a.connect(WithReconnect(false))
+	x := a.connect(tunnel.WithReconnect(false))
 	_, err = x.Forward(ctxT(t), rotated, hostPort(backend(t, "X").URL))
 	require.NoError(t, err)
 	require.NoError(t, x.Close())
@@ -59,8 +61,8 @@ func TestClusterOldKeyMemberJoinsOnAnEdgeThatNeverSawTheRotation(t *testing.T) {
 
 	b := startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2"})
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
-	_, err = a.connect(WithReconnect(false)).Forward(ctxT(t), clusterPool("k1"), hostPort(backend(t, "M2a").URL))
+	_, err = a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("k1"), hostPort(backend(t, "M2a").URL))
 	require.NoError(t, err, "edge a admits another k1 member: m1 still holds k1")
-	_, err = b.connect(WithReconnect(false)).Forward(ctxT(t), clusterPool("k1"), hostPort(backend(t, "M2b").URL))
+	_, err = b.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("k1"), hostPort(backend(t, "M2b").URL))
 	require.NoError(t, err, "edge b refuses a k1 member while m1 (on a) still holds k1")
 }

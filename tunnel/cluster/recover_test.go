@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/internal/wire"
+	"github.com/warren-tunnel/warren/tunnel"
 	"github.com/warren-tunnel/warren/tunnel/store"
 	"github.com/warren-tunnel/warren/tunnel/store/natsstore"
 )
@@ -56,7 +57,7 @@ func TestClusterRecreatesMissingBuckets(t *testing.T) {
 	}
 	a.waitMembers(t, "pool", both)
 	b.waitMembers(t, "pool", both)
-	_, err = a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
+	_, err = a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
 		hostPort(backend(t, "F").URL))
 	require.NoError(t, err)
 	b.waitMembers(t, "fresh", map[string]int{"a": 1})
@@ -135,9 +136,9 @@ func TestPeerStreamsOverCapRefusedAndReleased(t *testing.T) {
 	}
 	// The edge accepted them all: its side of the link holds them.
 	link := func() *yamux.Session {
-		b.cluster.peers.mu.Lock()
-		defer b.cluster.peers.mu.Unlock()
-		for l := range b.cluster.peers.links {
+		b.c.peers.mu.Lock()
+		defer b.c.peers.mu.Unlock()
+		for l := range b.c.peers.links {
 			return l.sess
 		}
 		return nil
@@ -147,7 +148,7 @@ func TestPeerStreamsOverCapRefusedAndReleased(t *testing.T) {
 
 	over, err := sess.OpenStream()
 	require.NoError(t, err)
-	openTimeout := b.Server.cfg.OpenTimeout
+	openTimeout := b.c.edge.OpenTimeout()
 	require.Positive(t, openTimeout)
 	_ = over.SetReadDeadline(time.Now().Add(openTimeout / 2))
 	var ack [1]byte

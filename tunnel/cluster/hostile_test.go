@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // Hostile timings and failures of the cluster (several edges sharing pools through NATS
@@ -135,24 +135,11 @@ func TestClusterRecoversFromANATSRestart(t *testing.T) {
 	a.waitMembers(t, "pool", both)
 	b.waitMembers(t, "pool", both)
 	require.Eventually(t, func() bool {
-		_, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
+		_, err := a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
 			hostPort(backend(t, "F").URL))
 		return err == nil
 	}, 10*time.Second, 200*time.Millisecond)
 	b.waitMembers(t, "fresh", map[string]int{"a": 1})
-}
-
-// failoverDialer makes a connector dial from's control port first and to's after.
-func failoverDialer(from, to *clusterEdge) Option {
-	var dials atomic.Int32
-	return WithDialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
-		addr := from.controlAddr
-		if dials.Add(1) > 1 {
-			addr = to.controlAddr
-		}
-		var d net.Dialer
-		return d.DialContext(ctx, network, addr)
-	})
 }
 
 // Promise 5 for a solo HTTP tunnel (no group): its edge is killed, the connector moves to
@@ -165,12 +152,12 @@ func TestClusterSoloTunnelMovesEdgeAfterKill(t *testing.T) {
 	lease := 3 * time.Second // long enough that the connector's retry is within it
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
-	ta, err := a.connect(failoverDialer(a, b)).Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "S").URL))
+	ta, err := a.connect(failoverDialer(a, b)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "S").URL))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		b.cluster.remote.mu.Lock()
-		defer b.cluster.remote.mu.Unlock()
-		e := b.cluster.remote.edges["a"]
+		b.c.remote.mu.Lock()
+		defer b.c.remote.mu.Unlock()
+		e := b.c.remote.edges["a"]
 		return e != nil && len(e.records) == 1
 	}, 5*time.Second, 10*time.Millisecond)
 	a.kill()
@@ -187,30 +174,30 @@ func TestClusterSoloTunnelMovesEdgeAfterKill(t *testing.T) {
 // route's last member leaves edge a just as a member of the same route registers on edge c,
 // before c's member record reaches a (up to 60 rounds of that race). RouteTTL later every
 // route, live with the owner's member on c all along, is still the owner's: another tenant
-// registering it is refused ErrOwned. Before the fix a's emptiness could overwrite c's
+// registering it is refused tunnel.ErrOwned. Before the fix a's emptiness could overwrite c's
 // fresh claim, and the live route lapsed a RouteTTL later (another tenant with the same key
 // even joined the owner's pool on c).
 func TestClusterLiveRouteNeverLapsesAsMembersMoveEdges(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	const ttl = 1500 * time.Millisecond
-	tenants := func(c *ServerConfig) {
+	tenants := func(c *tunnel.ServerConfig) {
 		c.Auth = tenantAuth()
 		c.RouteTTL = ttl
 		c.RegisterRate, c.RegisterBurst = 1000, 1000
 	}
 	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: tenants})
 	c := startClusterEdge(t, nodes, "c", clusterOpts{edit: tenants})
-	sa := a.connect(WithToken(acmeToken), WithReconnect(false))
+	sa := a.connect(tunnel.WithToken(acmeToken), tunnel.WithReconnect(false))
 	var subs []string
 	empty := map[string]bool{}
 	for round := range 60 {
 		sub := fmt.Sprintf("race%d", round)
 		subs = append(subs, sub)
-		spec := TunnelSpec{Subdomain: sub, Group: "g", GroupKey: "k"}
+		spec := tunnel.TunnelSpec{Subdomain: sub, Group: "g", GroupKey: "k"}
 		ta, err := sa.Forward(ctxT(t), spec, hostPort(backend(t, "A").URL))
 		require.NoError(t, err)
 		c.waitMembers(t, sub, map[string]int{"a": 1})
-		_, err = c.connect(WithToken(acmeToken), WithReconnect(false)).Forward(ctxT(t), spec, hostPort(backend(t, "C").URL))
+		_, err = c.connect(tunnel.WithToken(acmeToken), tunnel.WithReconnect(false)).Forward(ctxT(t), spec, hostPort(backend(t, "C").URL))
 		require.NoError(t, err)
 		require.NoError(t, ta.Close()) // a's last member leaves as c's joins
 		a.waitMembers(t, sub, map[string]int{"c": 1})
@@ -218,7 +205,7 @@ func TestClusterLiveRouteNeverLapsesAsMembersMoveEdges(t *testing.T) {
 		// has lost it; it must not land over c's claim, and nothing observable marks that it
 		// did not: give it a moment before reading the route.
 		time.Sleep(50 * time.Millisecond)
-		r, err := a.routes.st.Get(t.Context(), "http/"+sub)
+		r, err := a.c.routes.Get(t.Context(), "http/"+sub)
 		require.NoError(t, err)
 		require.NotNil(t, r)
 		empty[sub] = !r.EmptySince.IsZero()
@@ -231,9 +218,9 @@ func TestClusterLiveRouteNeverLapsesAsMembersMoveEdges(t *testing.T) {
 	time.Sleep(ttl + 200*time.Millisecond)
 	for _, sub := range subs {
 		require.Equal(t, map[string]int{"c": 1}, a.members(sub), "the owner's member is still live")
-		_, err := a.connect(WithToken(globexToken), WithReconnect(false)).Forward(ctxT(t),
-			TunnelSpec{Subdomain: sub, Group: "g", GroupKey: "k"}, hostPort(backend(t, "G").URL))
-		require.ErrorIs(t, err, ErrOwned, "route %s, live with acme's member on c (recorded empty: %v), was taken by globex",
+		_, err := a.connect(tunnel.WithToken(globexToken), tunnel.WithReconnect(false)).Forward(ctxT(t),
+			tunnel.TunnelSpec{Subdomain: sub, Group: "g", GroupKey: "k"}, hostPort(backend(t, "G").URL))
+		require.ErrorIs(t, err, tunnel.ErrOwned, "route %s, live with acme's member on c (recorded empty: %v), was taken by globex",
 			sub, empty[sub])
 	}
 }
@@ -314,13 +301,10 @@ func (p *cutProxy) restore() {
 }
 
 // viaProxy makes an edge reach NATS through p only.
-func viaProxy(p *cutProxy, edit func(*ServerConfig)) func(*ServerConfig) {
-	return func(c *ServerConfig) {
-		c.Cluster.NATSURLs = []string{"nats://" + p.addr}
-		c.Cluster.NATSOptions = append(c.Cluster.NATSOptions, nats.IgnoreDiscoveredServers(), nats.DontRandomize())
-		if edit != nil {
-			edit(c)
-		}
+func viaProxy(p *cutProxy) func(*Config) {
+	return func(c *Config) {
+		c.NATSURLs = []string{"nats://" + p.addr}
+		c.NATSOptions = append(c.NATSOptions, nats.IgnoreDiscoveredServers(), nats.DontRandomize())
 	}
 }
 
@@ -328,20 +312,20 @@ func viaProxy(p *cutProxy, edit func(*ServerConfig)) func(*ServerConfig) {
 // off from NATS (through a proxy) while it keeps its members and serves them; edge b takes
 // a's lease for lapsed, drops a's members and records the route empty. When a's NATS
 // connection returns, b serves a's members again, and RouteTTL later the route is still
-// there, no longer recorded empty, and another tenant registering it is refused ErrOwned.
+// there, no longer recorded empty, and another tenant registering it is refused tunnel.ErrOwned.
 // Before the fix nothing cleared the emptiness, and the live route's claim lapsed.
 func TestClusterLiveRouteNeverLapsesThroughANATSCut(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	p := newCutProxy(t, strings.TrimPrefix(nodes[0].ClientURL(), "nats://"))
 	const ttl = 2 * time.Second
 	lease := 600 * time.Millisecond
-	tenants := func(c *ServerConfig) {
+	tenants := func(c *tunnel.ServerConfig) {
 		c.Auth = tenantAuth()
 		c.RouteTTL = ttl
 	}
-	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease, edit: viaProxy(p, tenants)})
+	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease, edit: tenants, cluster: viaProxy(p)})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease, edit: tenants})
-	_, err := a.connect(WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	_, err := a.connect(tunnel.WithToken(acmeToken)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
 	require.NoError(t, err)
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
 
@@ -350,7 +334,7 @@ func TestClusterLiveRouteNeverLapsesThroughANATSCut(t *testing.T) {
 	// The cut lasts until b has dropped a's members and recorded the route empty.
 	b.waitMembers(t, "pool", map[string]int{})
 	require.Eventually(t, func() bool {
-		r, err := b.routes.st.Get(t.Context(), "http/pool")
+		r, err := b.c.routes.Get(t.Context(), "http/pool")
 		return err == nil && r != nil && !r.EmptySince.IsZero()
 	}, 5*time.Second, 10*time.Millisecond, "b never recorded the route empty while a was cut off")
 	p.restore()
@@ -363,12 +347,12 @@ func TestClusterLiveRouteNeverLapsesThroughANATSCut(t *testing.T) {
 	// RouteTTL run out (a claim still recorded empty would lapse by then), with a sweep.
 	time.Sleep(ttl + 500*time.Millisecond)
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
-	r, err := b.routes.st.Get(t.Context(), "http/pool")
+	r, err := b.c.routes.Get(t.Context(), "http/pool")
 	require.NoError(t, err)
 	require.NotNil(t, r, "the live route was swept")
 	require.True(t, r.EmptySince.IsZero(), "the live route is recorded empty since %v", r.EmptySince)
-	_, err = b.connect(WithToken(globexToken), WithReconnect(false)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "G").URL))
-	require.ErrorIs(t, err, ErrOwned, "globex took acme's live route")
+	_, err = b.connect(tunnel.WithToken(globexToken), tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "G").URL))
+	require.ErrorIs(t, err, tunnel.ErrOwned, "globex took acme's live route")
 }
 
 // A rolling key rotation works across edges as on one edge: members of pool "pool" with key
@@ -397,7 +381,7 @@ func TestClusterRollingKeyRotation(t *testing.T) {
 	spread := assert.Eventually(t, whole, 5*time.Second, 10*time.Millisecond,
 		"b's view of the pool lacks a's rotated member: %v", b.members("pool"))
 	// A connector not yet rotated may still join, on either edge, as on one edge.
-	_, err = b.connect(WithReconnect(false)).Forward(ctxT(t), clusterPool("k1"), hostPort(backend(t, "B2").URL))
+	_, err = b.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("k1"), hostPort(backend(t, "B2").URL))
 	assert.NoError(t, err, "an old-key member refused on b mid-rotation")
 	require.True(t, spread && err == nil)
 }
@@ -417,31 +401,31 @@ func TestClusterDeadEdgeReleasesSoloTCPPorts(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	const port = soloTCPPort
 	lease := 600 * time.Millisecond
-	one := func(c *ServerConfig) {
+	one := func(c *tunnel.ServerConfig) {
 		c.TCPPorts = group.PortRange{Lo: port, Hi: port}
 		c.RouteTTL = time.Second
 	}
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease, edit: one})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease, edit: one})
-	ta, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "solo"}, tcpNamed(t, "solo"))
+	ta, err := a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Name: "solo"}, tcpNamed(t, "solo"))
 	require.NoError(t, err)
 	require.Equal(t, port, ta.Port())
 	// While a holds it, b has no port to give: the registration is refused, and b holds
 	// the port back (until the reservation goes).
-	_, err = b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "early"}, tcpNamed(t, "early"))
+	_, err = b.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Name: "early"}, tcpNamed(t, "early"))
 	require.ErrorIs(t, err, group.ErrNoPorts)
 	a.kill()
 	require.Eventually(t, func() bool { return edgeLease(b, "a") == "expired" }, 5*time.Second, 10*time.Millisecond)
 	// The dead edge's reservation goes within 2 s (a lease after the lapse, and a sweep)...
 	require.Eventually(t, func() bool {
-		r, err := b.routes.st.Get(t.Context(), fmt.Sprintf("port/%d", port))
+		r, err := b.c.routes.Get(t.Context(), fmt.Sprintf("port/%d", port))
 		return err == nil && r == nil
 	}, 2*time.Second, 20*time.Millisecond, "port %d is still reserved for a tunnel of the dead edge", port)
 	// ...and the port is b's again to give to a new solo TCP tunnel (the sweep that deleted
 	// the reservation gives back the port b held back).
-	var tb *Tunnel
+	var tb *tunnel.Tunnel
 	require.Eventually(t, func() bool {
-		tb, err = b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "again"}, tcpNamed(t, "again"))
+		tb, err = b.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Name: "again"}, tcpNamed(t, "again"))
 		return err == nil
 	}, 3*time.Second, 100*time.Millisecond, "b never offers port %d again: %v", port, err)
 	require.Equal(t, port, tb.Port())
@@ -538,14 +522,14 @@ func TestClusterTwoSoloTunnelsRace(t *testing.T) {
 	var both []string
 	for round := range 20 {
 		sub := fmt.Sprintf("solo%d", round)
-		sessions := []*Session{a.connect(WithReconnect(false)), b.connect(WithReconnect(false))}
+		sessions := []*tunnel.Session{a.connect(tunnel.WithReconnect(false)), b.connect(tunnel.WithReconnect(false))}
 		errs := make([]error, 2)
 		start := make(chan struct{})
 		var wg sync.WaitGroup
 		for i := range sessions {
 			wg.Go(func() {
 				<-start
-				_, errs[i] = sessions[i].Forward(ctxT(t), TunnelSpec{Subdomain: sub}, hostPort(backend(t, fmt.Sprint(i)).URL))
+				_, errs[i] = sessions[i].Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: sub}, hostPort(backend(t, fmt.Sprint(i)).URL))
 			})
 		}
 		close(start)

@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 // Races and recoveries of a cluster (several edges sharing pools through NATS JetStream)
 // that a user relies on without seeing them: two registrations racing on two edges for one
@@ -12,12 +12,10 @@ package tunnel
 // racing registrations over several rounds) and names, in its comment, what used to go wrong.
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +24,8 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/wire"
+	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/tunneltest"
 )
 
 // A NATS whose store was wiped loses the routes bucket; a live route is then still its
@@ -37,23 +37,23 @@ import (
 // route, and the route became globex's once acme's members left.)
 func TestClusterWipedRoutesBucketKeepsALiveRouteItsTenants(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
-	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: func(c *ServerConfig) {
+	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: func(c *tunnel.ServerConfig) {
 		c.Auth, c.RouteTTL = tenantAuth(), time.Hour
 	}})
-	acme := a.connect(WithToken(acmeToken))
+	acme := a.connect(tunnel.WithToken(acmeToken))
 	_, err := acme.Forward(ctxT(t), clusterPool("acme-key"), hostPort(backend(t, "acme").URL))
 	require.NoError(t, err)
 
 	js, ctx := jetStreamOn(t, nodes[0])
 	require.NoError(t, js.DeleteKeyValue(ctx, "warren_routes"), "the routes bucket wiped")
 
-	globex := a.connect(WithToken(globexToken), WithReconnect(false))
-	_, err = globex.Forward(ctxT(t), TunnelSpec{Subdomain: "pool"}, hostPort(backend(t, "globex").URL))
+	globex := a.connect(tunnel.WithToken(globexToken), tunnel.WithReconnect(false))
+	_, err = globex.Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "pool"}, hostPort(backend(t, "globex").URL))
 	require.Error(t, err, "another tenant's solo tunnel on acme's live pool")
 
-	_, ownerErr := a.connect(WithToken(acmeToken), WithReconnect(false)).Forward(ctxT(t), clusterPool("acme-key"),
+	_, ownerErr := a.connect(tunnel.WithToken(acmeToken), tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("acme-key"),
 		hostPort(backend(t, "acme2").URL))
-	r, err := a.routes.st.Get(t.Context(), "http/pool")
+	r, err := a.c.routes.Get(t.Context(), "http/pool")
 	require.NoError(t, err)
 	if r != nil {
 		assert.Equal(t, "acme", r.Tenant, "the refused tenant's claim was left in the route store")
@@ -78,21 +78,21 @@ func TestClusterSoloClaimNotTakenWithAWrongResumeToken(t *testing.T) {
 	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
 	solo := &wire.Register{Req: 1, Proto: group.ProtoHTTP, Label: "solo"}
 
-	_, ctrlA, welcome := rawHello(t, a.controlAddr, "", "")
+	_, ctrlA, welcome := rawHello(t, a.ControlAddr, "", "")
 	reg, ok := rawRegister(t, ctrlA, solo).(*wire.Registered)
 	require.True(t, ok, "solo tunnel refused on a")
 	remoteRecord(t, b, "a", reg.TunnelID)
 	claimed := time.Now()
 	a.close() // graceful: its lease and records are deleted; the route's claim stays
 	require.Eventually(t, func() bool {
-		b.cluster.remote.mu.Lock()
-		defer b.cluster.remote.mu.Unlock()
-		return len(b.cluster.remote.edges["a"].records) == 0
+		b.c.remote.mu.Lock()
+		defer b.c.remote.mu.Unlock()
+		return len(b.c.remote.edges["a"].records) == 0
 	}, 5*time.Second, 10*time.Millisecond)
 
-	_, ctrl, _ := rawHello(t, b.controlAddr, welcome.SessionID, welcome.ResumeToken+"x")
+	_, ctrl, _ := rawHello(t, b.ControlAddr, welcome.SessionID, welcome.ResumeToken+"x")
 	m := rawRegister(t, ctrl, solo)
-	_, ctrlReal, _ := rawHello(t, b.controlAddr, welcome.SessionID, welcome.ResumeToken)
+	_, ctrlReal, _ := rawHello(t, b.ControlAddr, welcome.SessionID, welcome.ResumeToken)
 	real := rawRegister(t, ctrlReal, solo)
 	require.Less(t, time.Since(claimed), lease, "the claim's lease ran out: the test proves nothing")
 	assert.IsType(t, &wire.Rejected{}, m, "a connector naming the holder's session with a wrong token took the subdomain")
@@ -111,8 +111,8 @@ func TestClusterTCPPoolOfAnOldKeyServedOnEveryEdge(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	a := startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1"})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2"})
-	spec := func(key string, prev ...string) TunnelSpec {
-		return TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: key, PreviousGroupKeys: prev}
+	spec := func(key string, prev ...string) tunnel.TunnelSpec {
+		return tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: "db", GroupKey: key, PreviousGroupKeys: prev}
 	}
 	rotated, err := a.connect().Forward(ctxT(t), spec("k2", "k1"), tcpNamed(t, "new"))
 	require.NoError(t, err)
@@ -142,11 +142,11 @@ func TestClusterTCPPoolOfAnOldKeyServedOnEveryEdge(t *testing.T) {
 func TestClusterTwoKeysRaceOnAReservedEndpoint(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	const rounds = 6
-	var eps []Endpoint
+	var eps []tunnel.Endpoint
 	for i := range rounds {
-		eps = append(eps, Endpoint{Subdomain: fmt.Sprintf("res%d", i), Group: "g"})
+		eps = append(eps, tunnel.Endpoint{Subdomain: fmt.Sprintf("res%d", i), Group: "g"})
 	}
-	withEps := func(c *ServerConfig) { c.Endpoints = eps }
+	withEps := func(c *tunnel.ServerConfig) { c.Endpoints = eps }
 	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: withEps})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{edit: withEps})
 	var both []string
@@ -158,17 +158,6 @@ func TestClusterTwoKeysRaceOnAReservedEndpoint(t *testing.T) {
 		}
 	}
 	require.Empty(t, both, "reserved routes where both keys won, one on each edge")
-}
-
-// dialEdgesInTurn makes a connector dial the control ports of edges in turn: its first dial goes
-// to edges[0], its second to edges[1], and so on (the last one after that).
-func dialEdgesInTurn(edges ...*clusterEdge) Option {
-	var dials atomic.Int32
-	return WithDialer(func(ctx context.Context, network, _ string) (net.Conn, error) {
-		i := min(int(dials.Add(1))-1, len(edges)-1)
-		var d net.Dialer
-		return d.DialContext(ctx, network, edges[i].controlAddr)
-	})
 }
 
 // A solo tunnel's connector that moves twice within one lease (edge a killed, it moves to
@@ -184,7 +173,7 @@ func TestClusterSoloTunnelMovedTwiceWithinALeaseComesBack(t *testing.T) {
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
 	c := startClusterEdge(t, nodes, "c", clusterOpts{lease: lease})
-	_, err := a.connect(dialEdgesInTurn(a, b, c)).Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "S").URL))
+	_, err := a.connect(dialEdgesInTurn(a, b, c)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "S").URL))
 	require.NoError(t, err)
 	c.waitMembers(t, "solo", map[string]int{"a": 1})
 	a.kill()
@@ -215,12 +204,12 @@ func TestClusterReturningPoolRacesAChangeOnItsRoute(t *testing.T) {
 	var both []string
 	for round := range rounds {
 		sub := fmt.Sprintf("old%d", round)
-		change := TunnelSpec{Subdomain: sub, Group: "g", GroupKey: "k1"}
+		change := tunnel.TunnelSpec{Subdomain: sub, Group: "g", GroupKey: "k1"}
 		if round%2 == 1 {
-			change = TunnelSpec{Subdomain: sub} // a solo tunnel
+			change = tunnel.TunnelSpec{Subdomain: sub} // a solo tunnel
 		}
-		specs := []TunnelSpec{{Subdomain: sub, Group: "g", GroupKey: "k0"}, change}
-		sessions := []*Session{a.connect(WithReconnect(false)), b.connect(WithReconnect(false))}
+		specs := []tunnel.TunnelSpec{{Subdomain: sub, Group: "g", GroupKey: "k0"}, change}
+		sessions := []*tunnel.Session{a.connect(tunnel.WithReconnect(false)), b.connect(tunnel.WithReconnect(false))}
 		errs := make([]error, 2)
 		start := make(chan struct{})
 		var wg sync.WaitGroup
@@ -255,7 +244,7 @@ func TestClusterMembersBucketAloneRecreated(t *testing.T) {
 	js, ctx := jetStreamOn(t, nodes[0])
 	require.NoError(t, js.DeleteKeyValue(ctx, "warren_members"))
 
-	_, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
+	_, err := a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
 		hostPort(backend(t, "F").URL))
 	require.NoError(t, err)
 	b.waitMembers(t, "fresh", map[string]int{"a": 1})
@@ -280,7 +269,7 @@ func TestClusterMembersBucketRecreatedByAnotherWriter(t *testing.T) {
 	// Some history in the members bucket: tunnels come and go.
 	for i := range 20 {
 		sub := fmt.Sprintf("churn%d", i)
-		tun, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: sub}, hostPort(backend(t, "C").URL))
+		tun, err := a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: sub}, hostPort(backend(t, "C").URL))
 		require.NoError(t, err)
 		b.waitMembers(t, sub, map[string]int{"a": 1})
 		require.NoError(t, tun.Shutdown(ctxT(t)))
@@ -289,10 +278,10 @@ func TestClusterMembersBucketRecreatedByAnotherWriter(t *testing.T) {
 
 	js, ctx := jetStreamOn(t, nodes[0])
 	require.NoError(t, js.DeleteKeyValue(ctx, "warren_members"))
-	_, err := js.CreateKeyValue(ctx, a.cluster.bucketConfigs()[0])
+	_, err := js.CreateKeyValue(ctx, a.c.bucketConfigs()[0])
 	require.NoError(t, err)
 
-	fresh, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
+	fresh, err := a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
 		hostPort(backend(t, "F").URL))
 	require.NoError(t, err)
 	members, err := js.KeyValue(ctx, "warren_members")
@@ -312,18 +301,20 @@ func TestClusterMembersBucketRecreatedByAnotherWriter(t *testing.T) {
 // for a lease, though no edge served the subdomain: a crash loop or a quick redeploy lost
 // its subdomain for that long.)
 func TestClusterSoloSubdomainFreeOnceItsTunnelClosed(t *testing.T) {
-	again := func(t *testing.T, e *testEdge) error {
-		first, err := e.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "1").URL))
+	again := func(t *testing.T, e *tunneltest.Edge) error {
+		first, err := tunneltest.Connect(t, e, tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "solo"},
+			hostPort(backend(t, "1").URL))
 		require.NoError(t, err)
 		require.NoError(t, first.Shutdown(ctxT(t)))
-		require.Eventually(t, func() bool { return e.registry.LookupHTTP("solo") == nil }, 5*time.Second, 5*time.Millisecond)
-		_, err = e.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "solo"}, hostPort(backend(t, "2").URL))
+		require.Eventually(t, func() bool { _, ok := e.Registry().LookupHTTP("solo"); return !ok }, 5*time.Second, 5*time.Millisecond)
+		_, err = tunneltest.Connect(t, e, tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "solo"},
+			hostPort(backend(t, "2").URL))
 		return err
 	}
-	require.NoError(t, again(t, startEdge(t, ServerConfig{LoadBalancing: true})), "one edge")
+	require.NoError(t, again(t, tunneltest.NewEdge(t, tunnel.ServerConfig{LoadBalancing: true})), "one edge")
 	nodes := startNATSCluster(t, 1)
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: 5 * time.Second})
-	require.NoError(t, again(t, a.testEdge), "an edge of a cluster")
+	require.NoError(t, again(t, a.Edge), "an edge of a cluster")
 }
 
 // natsCutSoloPort is TestClusterSoloTCPPortLeadsToOneTunnelAfterANATSCut's one-port range
@@ -343,13 +334,13 @@ func TestClusterSoloTCPPortLeadsToOneTunnelAfterANATSCut(t *testing.T) {
 	p := newCutProxy(t, strings.TrimPrefix(nodes[0].ClientURL(), "nats://"))
 	const port = natsCutSoloPort
 	lease := 600 * time.Millisecond
-	one := func(c *ServerConfig) {
+	one := func(c *tunnel.ServerConfig) {
 		c.TCPPorts = group.PortRange{Lo: port, Hi: port}
 		c.RouteTTL = time.Second
 	}
-	a := startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1", lease: lease, edit: viaProxy(p, one)})
+	a := startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1", lease: lease, edit: one, cluster: viaProxy(p)})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2", lease: lease, edit: one})
-	ta, err := a.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "solo"}, tcpNamed(t, "a-solo"))
+	ta, err := a.connect().Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Name: "solo"}, tcpNamed(t, "a-solo"))
 	require.NoError(t, err)
 	require.Equal(t, port, ta.Port())
 	at := func(e *clusterEdge) string {
@@ -361,10 +352,10 @@ func TestClusterSoloTCPPortLeadsToOneTunnelAfterANATSCut(t *testing.T) {
 	p.cut()
 	require.Eventually(t, func() bool { return edgeLease(b, "a") == "expired" }, 5*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
-		r, err := b.routes.st.Get(t.Context(), fmt.Sprintf("port/%d", port))
+		r, err := b.c.routes.Get(t.Context(), fmt.Sprintf("port/%d", port))
 		return err == nil && r == nil
 	}, 5*time.Second, 20*time.Millisecond, "b never released the cut edge's port (the test proves nothing)")
-	tb, err := b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "other"}, tcpNamed(t, "b-other"))
+	tb, err := b.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Name: "other"}, tcpNamed(t, "b-other"))
 	require.NoError(t, err)
 	require.Equal(t, port, tb.Port())
 	require.Equal(t, "a-solo", at(a), "a serves its tunnel all through the cut")

@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"crypto/sha256"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/internal/throttle"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // peerHello is the edge-to-edge handshake of edge id presenting token.
@@ -40,7 +41,7 @@ func handshake(c net.Conn, hello []byte) (byte, error) {
 // other edge's link works and requests cross it.
 func TestClusterPeerPortRefusesBadActors(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
-	limits := func(c *ServerConfig) {
+	limits := func(c *tunnel.ServerConfig) {
 		c.MaxPreAuthConnsPerIP = 2
 		c.MaxAuthFailuresPerIP = 3
 		c.AuthFailureDelay = -1
@@ -74,7 +75,7 @@ func TestClusterPeerPortRefusesBadActors(t *testing.T) {
 		dialFrom(t, "127.0.0.12", a.peerAddr)
 	}
 	require.Eventually(t, func() bool {
-		_, held := a.cluster.preAuth.Held(throttle.KeyOfString("127.0.0.12"))
+		_, held := a.c.preAuth.Held(throttle.KeyOfString("127.0.0.12"))
 		return held == 2
 	}, 5*time.Second, 5*time.Millisecond)
 	third := dialFrom(t, "127.0.0.12", a.peerAddr)
@@ -86,9 +87,9 @@ func TestClusterPeerPortRefusesBadActors(t *testing.T) {
 	// The real edge's requests still cross to a's member, over a new link too.
 	code, body := b.get("pool", "/")
 	require.Equal(t, 200, code, body)
-	b.cluster.remote.mu.Lock()
-	l := b.cluster.remote.edges["a"].link
-	b.cluster.remote.mu.Unlock()
+	b.c.remote.mu.Lock()
+	l := b.c.remote.edges["a"].link
+	b.c.remote.mu.Unlock()
 	l.close()
 	require.Eventually(t, func() bool {
 		code, _ := b.get("pool", "/")

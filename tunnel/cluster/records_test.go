@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"crypto/sha256"
@@ -11,13 +11,29 @@ import (
 	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // Member records and what other edges decide from them: a connector's resume proof
 // (a solo tunnel moving edge) and a pool's keys mid-rotation.
+
+// rawControl opens a hand-made connector connection to addr and its control stream.
+func rawControl(t *testing.T, addr string) (*yamux.Session, net.Conn) {
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	sess, err := yamux.Client(c, mux.ClientConfig(zap.NewNop()))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sess.Close() })
+	st, err := sess.OpenStream()
+	require.NoError(t, err)
+	_ = st.SetDeadline(time.Now().Add(10 * time.Second))
+	return sess, st
+}
 
 // rawHello opens a hand-made connector session on addr, resuming session resume with token
 // when resume is set, and returns its Welcome.
@@ -46,9 +62,9 @@ func remoteRecord(t *testing.T, e *clusterEdge, from, id string) memberRecord {
 	t.Helper()
 	var rec memberRecord
 	require.Eventually(t, func() bool {
-		e.cluster.remote.mu.Lock()
-		defer e.cluster.remote.mu.Unlock()
-		re := e.cluster.remote.edges[from]
+		e.c.remote.mu.Lock()
+		defer e.c.remote.mu.Unlock()
+		re := e.c.remote.edges[from]
 		if re == nil {
 			return false
 		}
@@ -72,7 +88,7 @@ func TestClusterRecordsSoloResumeNeedsTheToken(t *testing.T) {
 		return &wire.Register{Req: req, Proto: group.ProtoHTTP, Label: "solo"}
 	}
 
-	_, ctrlA, welcome := rawHello(t, a.controlAddr, "", "")
+	_, ctrlA, welcome := rawHello(t, a.ControlAddr, "", "")
 	reg, ok := rawRegister(t, ctrlA, solo(1)).(*wire.Registered)
 	require.True(t, ok, "solo tunnel refused on a")
 	rec := remoteRecord(t, b, "a", reg.TunnelID)
@@ -90,22 +106,22 @@ func TestClusterRecordsSoloResumeNeedsTheToken(t *testing.T) {
 		assert.Contains(t, rej.Message, "subdomain 'solo' is already in use", who)
 	}
 	// Another connector, and one that names the session with a wrong token, are refused.
-	_, ctrl, _ := rawHello(t, b.controlAddr, "", "")
+	_, ctrl, _ := rawHello(t, b.ControlAddr, "", "")
 	inUse(rawRegister(t, ctrl, solo(1)), "a connector without a resume claim")
-	_, ctrl, _ = rawHello(t, b.controlAddr, welcome.SessionID, welcome.ResumeToken+"x")
+	_, ctrl, _ = rawHello(t, b.ControlAddr, welcome.SessionID, welcome.ResumeToken+"x")
 	inUse(rawRegister(t, ctrl, solo(1)), "a connector with a wrong resume token")
-	_, ctrl, _ = rawHello(t, b.controlAddr, "other-session", welcome.ResumeToken)
+	_, ctrl, _ = rawHello(t, b.ControlAddr, "other-session", welcome.ResumeToken)
 	inUse(rawRegister(t, ctrl, solo(1)), "the right token for another session")
 
 	// The connector itself is taken at once.
-	_, ctrl, _ = rawHello(t, b.controlAddr, welcome.SessionID, welcome.ResumeToken)
+	_, ctrl, _ = rawHello(t, b.ControlAddr, welcome.SessionID, welcome.ResumeToken)
 	m := rawRegister(t, ctrl, solo(1))
 	require.IsType(t, &wire.Registered{}, m, "the connector that held the session refused on b")
 	require.Less(t, time.Since(killed), lease, "the dead edge's lease lapsed: the test proves nothing")
-	b.cluster.remote.mu.Lock()
-	_, stale := b.cluster.remote.edges["a"].records[reg.TunnelID]
-	expired := b.cluster.remote.edges["a"].expired
-	b.cluster.remote.mu.Unlock()
+	b.c.remote.mu.Lock()
+	_, stale := b.c.remote.edges["a"].records[reg.TunnelID]
+	expired := b.c.remote.edges["a"].expired
+	b.c.remote.mu.Unlock()
 	require.True(t, stale && !expired, "the dead edge's record was gone: the test proves nothing")
 }
 
@@ -159,14 +175,14 @@ func TestClusterRecordsCarryRotationKeys(t *testing.T) {
 		return len(g) == 1 && g[0].KeyHash == group.HashKey("k2")
 	}, 5*time.Second, 10*time.Millisecond, "b's pool did not move to the rotated key")
 	// b's own member still holds k1: another k1 connector joins on either edge.
-	_, err = b.connect(WithReconnect(false)).Forward(ctxT(t), clusterPool("k1"), hostPort(backend(t, "B2").URL))
+	_, err = b.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("k1"), hostPort(backend(t, "B2").URL))
 	require.NoError(t, err)
-	_, err = a.connect(WithReconnect(false)).Forward(ctxT(t), clusterPool("k1"), hostPort(backend(t, "A1").URL))
+	_, err = a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("k1"), hostPort(backend(t, "A1").URL))
 	require.NoError(t, err)
 	a.waitMembers(t, "pool", map[string]int{"a": 2, "b": 2})
 	b.waitMembers(t, "pool", map[string]int{"a": 2, "b": 2})
 	// A key no member holds is still refused.
-	_, err = b.connect(WithReconnect(false)).Forward(ctxT(t), clusterPool("k3"), hostPort(backend(t, "X").URL))
+	_, err = b.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("k3"), hostPort(backend(t, "X").URL))
 	require.ErrorContains(t, err, "group key does not match")
 }
 
@@ -180,16 +196,16 @@ func TestClusterRecordsMovedConnectorEndsItsOldSession(t *testing.T) {
 	b := startClusterEdge(t, nodes, "b", clusterOpts{})
 	solo := &wire.Register{Req: 1, Proto: group.ProtoHTTP, Label: "solo"}
 
-	muxA, ctrlA, welcome := rawHello(t, a.controlAddr, "", "")
+	muxA, ctrlA, welcome := rawHello(t, a.ControlAddr, "", "")
 	reg, ok := rawRegister(t, ctrlA, solo).(*wire.Registered)
 	require.True(t, ok, "solo tunnel refused on a")
 	remoteRecord(t, b, "a", reg.TunnelID)
 
 	// A wrong token ends nothing.
-	_, ctrl, _ := rawHello(t, b.controlAddr, welcome.SessionID, welcome.ResumeToken+"x")
+	_, ctrl, _ := rawHello(t, b.ControlAddr, welcome.SessionID, welcome.ResumeToken+"x")
 	require.IsType(t, &wire.Rejected{}, rawRegister(t, ctrl, solo))
 
-	_, ctrlB, _ := rawHello(t, b.controlAddr, welcome.SessionID, welcome.ResumeToken)
+	_, ctrlB, _ := rawHello(t, b.ControlAddr, welcome.SessionID, welcome.ResumeToken)
 	require.IsType(t, &wire.Registered{}, rawRegister(t, ctrlB, solo), "the moved connector refused on b")
 	select {
 	case <-muxA.CloseChan():
@@ -207,8 +223,8 @@ func TestClusterRecordsTCPRotationAcrossEdges(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	a := startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1"})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2"})
-	spec := func(key string, prev ...string) TunnelSpec {
-		return TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: key, PreviousGroupKeys: prev}
+	spec := func(key string, prev ...string) tunnel.TunnelSpec {
+		return tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: "db", GroupKey: key, PreviousGroupKeys: prev}
 	}
 	t1, err := a.connect().Forward(ctxT(t), spec("k1"), tcpNamed(t, "db"))
 	require.NoError(t, err)
@@ -242,7 +258,7 @@ func TestClusterRecordsSoloMovesRightAfterItsClaim(t *testing.T) {
 	lease := 5 * time.Second
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease})
-	_, err := a.connect(failoverDialer(a, b)).Forward(ctxT(t), TunnelSpec{Subdomain: "moving"}, hostPort(backend(t, "M").URL))
+	_, err := a.connect(failoverDialer(a, b)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "moving"}, hostPort(backend(t, "M").URL))
 	require.NoError(t, err)
 	claimed := time.Now()
 	a.close()

@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"fmt"
@@ -10,18 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/admin"
 )
-
-// edgeLease is the lease state edge e shows for edge id in /api/cluster ("" when unlisted).
-func edgeLease(e *clusterEdge, id string) string {
-	ci := e.info()
-	for _, ce := range ci.Edges {
-		if ce.ID == id {
-			return ce.Lease
-		}
-	}
-	return ""
-}
 
 // An edge killed with members: its routes stay their owner's for RouteTTL from the moment the
 // members vanished, on every surviving edge, so that the owner's connectors can fail over
@@ -32,14 +23,14 @@ func edgeLease(e *clusterEdge, id string) string {
 func TestClusterReviewKilledEdgeKeepsRouteOwner(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	const ttl = 3 * time.Second
-	tenants := func(c *ServerConfig) {
+	tenants := func(c *tunnel.ServerConfig) {
 		c.Auth = tenantAuth()
 		c.RouteTTL = ttl
 	}
 	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: tenants})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{edit: tenants})
 	bStarted := time.Now()
-	_, err := a.connect(WithToken(acmeToken), WithReconnect(false)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	_, err := a.connect(tunnel.WithToken(acmeToken), tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
 	require.NoError(t, err)
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
 	// b has run longer than RouteTTL (an edge in production has run for days).
@@ -47,8 +38,8 @@ func TestClusterReviewKilledEdgeKeepsRouteOwner(t *testing.T) {
 	a.kill()
 	require.Eventually(t, func() bool { return edgeLease(b, "a") == "expired" }, 5*time.Second, 10*time.Millisecond)
 	// Well within RouteTTL of the members vanishing: the route is still acme's.
-	_, err = b.connect(WithToken(globexToken), WithReconnect(false)).Forward(ctxT(t), clusterPool("other"), hostPort(backend(t, "G").URL))
-	require.ErrorIs(t, err, ErrOwned, "another tenant took the dead edge's route at once")
+	_, err = b.connect(tunnel.WithToken(globexToken), tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("other"), hostPort(backend(t, "G").URL))
+	require.ErrorIs(t, err, tunnel.ErrOwned, "another tenant took the dead edge's route at once")
 }
 
 // A pool that fell to zero healthy members, was removed and came back, alerts again when it
@@ -57,7 +48,7 @@ func TestClusterReviewKilledEdgeKeepsRouteOwner(t *testing.T) {
 func TestClusterReviewAlertAfterPoolRecreated(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	rcv := newReceiver(t)
-	alerting := func(c *ServerConfig) {
+	alerting := func(c *tunnel.ServerConfig) {
 		c.AlertWebhookURL = rcv.URL
 		c.AllowPrivateAlertWebhooks = true
 		c.AlertMinInterval = time.Millisecond
@@ -78,7 +69,7 @@ func TestClusterReviewAlertAfterPoolRecreated(t *testing.T) {
 	var sw1 switchable
 	spec := clusterPool("k")
 	spec.Health = sw1.spec()
-	sess := a.connect(WithReconnect(false))
+	sess := a.connect(tunnel.WithReconnect(false))
 	tun, err := sess.Forward(ctxT(t), spec, hostPort(backend(t, "A").URL))
 	require.NoError(t, err)
 	b.waitMembers(t, "pool", map[string]int{"a": 1})
@@ -86,7 +77,7 @@ func TestClusterReviewAlertAfterPoolRecreated(t *testing.T) {
 	require.Eventually(t, func() bool { return zeros() == 1 }, 10*time.Second, 10*time.Millisecond, "%+v", rcv.alerts())
 	firstFall := time.Now()
 	for _, e := range []*clusterEdge{a, b} {
-		require.Eventually(t, func() bool { return len(e.members("pool")) == 0 && e.registry.LookupHTTP("pool") == nil },
+		require.Eventually(t, func() bool { return len(e.members("pool")) == 0 && !lookupHTTP(e, "pool") },
 			10*time.Second, 10*time.Millisecond)
 	}
 
@@ -100,7 +91,8 @@ func TestClusterReviewAlertAfterPoolRecreated(t *testing.T) {
 	require.Eventually(t, func() bool { return time.Since(firstFall) > 1200*time.Millisecond }, 3*time.Second, 20*time.Millisecond)
 	sw2.down.Store(true)
 	for _, e := range []*clusterEdge{a, b} {
-		require.Eventually(t, func() bool { return e.alerts.decided()["group_zero_healthy"] == 2 }, 10*time.Second, 10*time.Millisecond)
+		require.Eventually(t, func() bool { n, _ := e.alerts.decided("group_zero_healthy"); return n == 2 }, 10*time.Second, 10*time.Millisecond,
+			"edge %s", e.id)
 	}
 	require.Eventually(t, func() bool { return zeros() == 2 }, 5*time.Second, 10*time.Millisecond,
 		"the second fall was decided on every edge but sent by none: %+v", rcv.alerts())
@@ -113,8 +105,8 @@ func TestClusterReviewSoloTCPDoesNotTakeAPoolPort(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	a := startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1"})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2"})
-	dbSpec := TunnelSpec{Proto: ProtoTCP, Group: "db", GroupKey: "k"}
-	sb := b.connect(WithReconnect(false))
+	dbSpec := tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: "db", GroupKey: "k"}
+	sb := b.connect(tunnel.WithReconnect(false))
 	tdb, err := sb.Forward(ctxT(t), dbSpec, tcpNamed(t, "db"))
 	require.NoError(t, err)
 	port := tdb.Port()
@@ -130,7 +122,7 @@ func TestClusterReviewSoloTCPDoesNotTakeAPoolPort(t *testing.T) {
 		return true
 	}, 10*time.Second, 10*time.Millisecond)
 
-	solo, err := a.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, tcpNamed(t, "solo"))
+	solo, err := a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Proto: tunnel.ProtoTCP}, tcpNamed(t, "solo"))
 	require.NoError(t, err)
 	require.NotEqual(t, port, solo.Port(), "the solo tunnel took port %d, reserved for pool db", port)
 
@@ -154,14 +146,14 @@ func TestClusterReviewSoloTCPDoesNotTakeAPoolPort(t *testing.T) {
 // backends, one per edge.
 func TestClusterReviewSoloAndPoolOnOneSubdomain(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
-	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: func(c *ServerConfig) {
-		c.Cluster.Advertise = "127.0.0.1:1" // nobody listens: b cannot link to a
+	a := startClusterEdge(t, nodes, "a", clusterOpts{cluster: func(c *Config) {
+		c.Advertise = "127.0.0.1:1" // nobody listens: b cannot link to a
 	}})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{})
 	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return b.cluster.liveAnywhere("http", "pool") }, 5*time.Second, 10*time.Millisecond)
-	_, err = b.connect(WithReconnect(false)).Forward(ctxT(t), TunnelSpec{Subdomain: "pool"}, hostPort(backend(t, "B").URL))
+	require.Eventually(t, func() bool { return b.c.liveAnywhere("http", "pool") }, 5*time.Second, 10*time.Millisecond)
+	_, err = b.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "pool"}, hostPort(backend(t, "B").URL))
 	// b cannot reach a's member, and refuses as if it could, rather than split the
 	// subdomain between a pool on a and a solo tunnel on b.
 	require.ErrorIs(t, err, group.ErrInUse, "a solo tunnel took a subdomain whose pool lives on another edge")
@@ -174,13 +166,15 @@ func TestClusterDuplicateEdgeIDIsReported(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	lease := 600 * time.Millisecond
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
-	require.Eventually(t, a.cluster.ownSeen.Load, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, a.c.ownSeen.Load, 5*time.Second, 10*time.Millisecond)
 	// A restart with the same edge_id: no warning.
 	a.close()
 	a = startClusterEdge(t, nodes, "a", clusterOpts{lease: lease})
-	require.Eventually(t, a.cluster.ownSeen.Load, 5*time.Second, 10*time.Millisecond)
+	require.Eventually(t, a.c.ownSeen.Load, 5*time.Second, 10*time.Millisecond)
 	time.Sleep(3 * lease) // renewals of the restarted edge only
-	require.Empty(t, a.info().Warnings)
+	var ci admin.ClusterInfo
+	a.adminJSON(t, "/api/cluster", &ci)
+	require.Empty(t, ci.Warnings)
 
 	twin := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease, host: "127.0.0.2"})
 	for _, e := range []*clusterEdge{a, twin} {
@@ -188,5 +182,15 @@ func TestClusterDuplicateEdgeIDIsReported(t *testing.T) {
 			ci := e.info()
 			return len(ci.Warnings) == 1 && strings.Contains(ci.Warnings[0], "two edges share one edge_id")
 		}, 5*time.Second, 20*time.Millisecond, "edge at %s", e.host)
+		var ci admin.ClusterInfo
+		e.adminJSON(t, "/api/cluster", &ci)
+		require.Len(t, ci.Warnings, 1, "edge at %s", e.host)
+		require.Contains(t, ci.Warnings[0], "two edges share one edge_id", "edge at %s", e.host)
 	}
+}
+
+// lookupHTTP reports whether edge e has a group for subdomain sub in its routing table.
+func lookupHTTP(e *clusterEdge, sub string) bool {
+	_, ok := e.Registry().LookupHTTP(sub)
+	return ok
 }

@@ -1,4 +1,4 @@
-package tunnel
+package cluster
 
 import (
 	"io"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
+
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // BenchmarkClusterHTTP measures a request served by a local member next to one forwarded
@@ -19,15 +21,15 @@ import (
 // carries each over its link to a), "direct" to the backend. 32 keep-alive clients, tiny
 // responses; p50 and p99 are reported with the rate.
 //
-//	go test -run '^$' -bench BenchmarkClusterHTTP -benchtime 5s ./tunnel
+//	go test -run '^$' -bench BenchmarkClusterHTTP -benchtime 5s ./tunnel/cluster
 func BenchmarkClusterHTTP(b *testing.B) {
 	nodes := startNATSCluster(b, 1)
-	quiet := func(c *ServerConfig) { c.Logger = zap.NewNop() }
+	quiet := func(c *tunnel.ServerConfig) { c.Logger = zap.NewNop() }
 	ea := startClusterEdge(b, nodes, "a", clusterOpts{edit: quiet, lease: 5 * time.Second})
 	eb := startClusterEdge(b, nodes, "b", clusterOpts{edit: quiet, lease: 5 * time.Second})
 	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	b.Cleanup(be.Close)
-	_, err := ea.connect(WithLogger(zap.NewNop())).Forward(ctxT(b), clusterPool("k"), hostPort(be.URL))
+	_, err := ea.connect(tunnel.WithLogger(zap.NewNop())).Forward(ctxT(b), clusterPool("k"), hostPort(be.URL))
 	require.NoError(b, err)
 	eb.waitMembers(b, "pool", map[string]int{"a": 1})
 	run := func(b *testing.B, client *http.Client, url string) {
@@ -66,8 +68,8 @@ func BenchmarkClusterHTTP(b *testing.B) {
 		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
 		b.ReportMetric(float64(len(lat))/b.Elapsed().Seconds(), "req/s")
 	}
-	b.Run("local", func(b *testing.B) { run(b, ea.client, ea.url("pool", "/")) })
-	b.Run("forwarded", func(b *testing.B) { run(b, eb.client, eb.url("pool", "/")) })
+	b.Run("local", func(b *testing.B) { run(b, ea.Client, ea.URL("pool", "/")) })
+	b.Run("forwarded", func(b *testing.B) { run(b, eb.Client, eb.URL("pool", "/")) })
 	direct := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	b.Cleanup(direct.CloseIdleConnections)
 	b.Run("direct", func(b *testing.B) { run(b, direct, be.URL+"/") })
