@@ -45,9 +45,11 @@ import (
 // loses its connection, whose response cannot end cleanly any more; an HTTP/2 client loses
 // that stream only (RST_STREAM INTERNAL_ERROR), the rest of its connection goes on.
 //
-// The watch costs a request two uncontended locks of its own per write and one timer, armed
-// at a write when none is pending; the budgets are touched only by stalled responses, under
-// locks sharded by client address.
+// The watch costs a request two uncontended locks of its own per write, and a timer once
+// its body outgrows what net/http buffers (serverBuffered), armed at a write when none is
+// pending; the budgets are touched only by stalled responses, under locks sharded by
+// client address. An HTTP/1.x response also sets its connection's write deadline once, as
+// the handler returns (endResponse).
 
 // stallGrace is how long a write to a public client may block before its response counts
 // as stalled. A write that blocks at all means the client's TCP send buffer or HTTP/2 flow
@@ -253,7 +255,7 @@ func windowOf(x exchange) int64 {
 func (w *stallWatch) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func (w *stallWatch) Write(p []byte) (int, error) {
-	w.begin()
+	w.begin(len(p))
 	n, err := w.ResponseWriter.Write(p)
 	w.end(n)
 	return n, err
@@ -266,7 +268,7 @@ func (w *stallWatch) WriteHeader(code int) {
 		w.ResponseWriter.WriteHeader(code)
 		return
 	}
-	w.begin()
+	w.begin(-1)
 	w.ResponseWriter.WriteHeader(code)
 	w.end(0)
 }
@@ -274,7 +276,7 @@ func (w *stallWatch) WriteHeader(code int) {
 // FlushError watches a flush, which writes what the server buffers of the response: a
 // small write waits there, and its flush is what blocks.
 func (w *stallWatch) FlushError() error {
-	w.begin()
+	w.begin(-1)
 	err := http.NewResponseController(w.ResponseWriter).Flush()
 	w.end(0)
 	return err
@@ -283,12 +285,19 @@ func (w *stallWatch) FlushError() error {
 // Flush is FlushError for callers that want an http.Flusher.
 func (w *stallWatch) Flush() { _ = w.FlushError() }
 
-// begin notes a write starting and schedules a check of it, unless one is scheduled.
-func (w *stallWatch) begin() {
+// serverBuffered is what net/http holds of a response body before it writes any of it to
+// the connection, until a flush or the handler's end: 2 KiB for HTTP/1.x (4 KiB for
+// HTTP/2). A write that keeps the body within it cannot block, and is not timed: most
+// responses are that small, and pay no timer.
+const serverBuffered = 2 << 10
+
+// begin notes a write of size body bytes starting (size -1: a flush, or an interim
+// response, which go out at once) and schedules a check of it, unless one is scheduled.
+func (w *stallWatch) begin(size int) {
 	w.mu.Lock()
 	w.writing = true
 	w.writes++
-	if !w.armed && !w.ended {
+	if !w.armed && !w.ended && (size < 0 || w.written+int64(size) > serverBuffered) {
 		w.armed, w.watching, w.stalled = true, w.writes, false
 		if w.timer == nil {
 			w.timer = time.AfterFunc(w.grace(), w.check)
@@ -384,7 +393,7 @@ func (w *stallWatch) cutLocked(reason cutReason) {
 	w.h.cfg.Logger.Debug("response cut: its client is not keeping up",
 		zap.String("reason", reason.String()), zap.String("client", w.remote),
 		zap.Int64("written", w.written), zap.Int64("stalled_bytes", w.h.stalls.held.Load()))
-	_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(pastTime)
+	setWriteDeadline(w.ResponseWriter, pastTime)
 }
 
 // finish ends the watch when the handler returns: no check touches the response any more,
@@ -426,6 +435,22 @@ func (h *HTTP) endResponse(w http.ResponseWriter, r *http.Request, watch *stallW
 	// client already fell behind once. (One that never did, and whose last bytes wait for
 	// a window its client never grants, holds its stream until the connection ends.)
 	if r.ProtoMajor == 1 || stalled {
-		_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(t))
+		setWriteDeadline(w, time.Now().Add(t))
+	}
+}
+
+// setWriteDeadline is http.ResponseController's SetWriteDeadline without its error for a
+// writer that has none (a test's recorder), which costs an allocation a request.
+func setWriteDeadline(w http.ResponseWriter, t time.Time) {
+	for {
+		switch x := w.(type) {
+		case interface{ SetWriteDeadline(time.Time) error }:
+			_ = x.SetWriteDeadline(t)
+			return
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return
+		}
 	}
 }

@@ -1,9 +1,15 @@
 package proxy
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/warren-tunnel/warren/group"
 
 	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/throttle"
@@ -82,4 +88,37 @@ func TestStalledResponseCharge(t *testing.T) {
 	}
 	require.Equal(t, int64(h2StreamWindow), windowOf(&h2Exchange{}))
 	require.Equal(t, int64(mux.StreamWindow), windowOf(&memberConn{}))
+}
+
+// discardWriter is a ResponseWriter that takes every write at once, with a write deadline
+// as an HTTP/1.x server's has.
+type discardWriter struct{ h http.Header }
+
+func (d *discardWriter) Header() http.Header              { return d.h }
+func (d *discardWriter) Write(p []byte) (int, error)      { return len(p), nil }
+func (d *discardWriter) WriteHeader(int)                  {}
+func (d *discardWriter) SetWriteDeadline(time.Time) error { return nil }
+func (d *discardWriter) FlushError() error                { return nil }
+
+// BenchmarkStallWatch is what watching a response costs a request whose client keeps up:
+// a small body (net/http buffers it: no timer), and one of 64 KiB written in one go (a
+// timer armed, then stopped), with the handler's end (endResponse) included.
+func BenchmarkStallWatch(b *testing.B) {
+	h := NewHTTP(Config{Registry: group.NewRegistry(group.Config{}), ResponseStallTimeout: time.Minute,
+		StalledBytesPerConn: 16 << 20, StalledBytesPerClient: 64 << 20, StalledBytes: 256 << 20})
+	r := httptest.NewRequest(http.MethodGet, "http://app.example/", nil)
+	for _, size := range []int{2, 64 << 10} {
+		body := make([]byte, size)
+		b.Run(strconv.Itoa(size), func(b *testing.B) {
+			b.ReportAllocs()
+			w := &discardWriter{h: http.Header{}}
+			for b.Loop() {
+				var sw stallWatch
+				sw.start(h, w, "192.0.2.7:40000")
+				sw.expect(mux.StreamWindow, int64(size))
+				_, _ = sw.Write(body)
+				h.endResponse(w, r, &sw)
+			}
+		})
+	}
 }
