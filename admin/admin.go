@@ -46,6 +46,12 @@ type Stats struct {
 	RetriesIdempotent uint64
 	// Deliveries counts alert deliveries by result.
 	Deliveries map[webhook.Result]uint64
+	// ResponsesCut counts the public responses cut because their client did not keep up,
+	// by rule: "stall_timeout", "conn_budget", "ip_budget", "edge_budget".
+	ResponsesCut map[string]uint64
+	// StalledResponseBytes is what the responses whose client is not keeping up are
+	// charged now (what they may hold at the edge).
+	StalledResponseBytes int64
 }
 
 // Config is what a Plane reads of its edge. View and URL are required.

@@ -48,6 +48,13 @@ func (s *Server) newAdmin() error {
 				RetriesResetUnread: s.retries.unread.Load(),
 				RetriesIdempotent:  s.retries.idempotent.Load(),
 				Deliveries:         s.alerts.deliveries(),
+				ResponsesCut: map[string]uint64{
+					"stall_timeout": s.cuts.StallTimeout.Load(),
+					"conn_budget":   s.cuts.ConnBudget.Load(),
+					"ip_budget":     s.cuts.ClientBudget.Load(),
+					"edge_budget":   s.cuts.EdgeBudget.Load(),
+				},
+				StalledResponseBytes: s.ingress.StalledBytes(),
 			}
 		},
 		Endpoints: s.routes.idleEndpoints,

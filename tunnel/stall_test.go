@@ -8,10 +8,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -301,9 +303,20 @@ func TestClientAddressOverItsBudgetIsCut(t *testing.T) {
 	require.Equal(t, uint64(1), e.cuts.ClientBudget.Load())
 	require.Zero(t, e.cuts.StallTimeout.Load()+e.cuts.ConnBudget.Load()+e.cuts.EdgeBudget.Load())
 
+	require.NoError(t, testutil.GatherAndCompare(e.admin.Gatherer(), strings.NewReader(`# HELP warren_http_responses_cut_total Public HTTP responses cut because their client did not keep up, by rule: a write to it made no progress for the stall timeout (stall_timeout), or the response stalled while its connection's, its client address's or the edge's stalled responses held their budget (conn_budget, ip_budget, edge_budget).
+# TYPE warren_http_responses_cut_total counter
+warren_http_responses_cut_total{reason="conn_budget"} 0
+warren_http_responses_cut_total{reason="edge_budget"} 0
+warren_http_responses_cut_total{reason="ip_budget"} 1
+warren_http_responses_cut_total{reason="stall_timeout"} 0
+`), "warren_http_responses_cut_total"))
+	// The three stalled downloads are charged a window each.
+	require.Eventually(t, func() bool { return e.ingress.StalledBytes() == 3*window }, 10*time.Second, 5*time.Millisecond)
+
 	for _, c := range conns {
 		_ = c.(*net.TCPConn).SetLinger(0)
 		_ = c.Close()
 	}
 	require.Eventually(t, func() bool { return activeStreams(e, "dl") == 0 }, 10*time.Second, 5*time.Millisecond)
+	require.Zero(t, e.ingress.StalledBytes())
 }

@@ -205,6 +205,9 @@ func (l *stallLedger) release(key throttle.Key, conn string, n int64) {
 	}
 }
 
+// StalledBytes is what the responses whose client is not keeping up are charged now.
+func (h *HTTP) StalledBytes() int64 { return h.stalls.held.Load() }
+
 // stallWatch is a public response's writer as the reverse proxy sees it: it times each
 // write to the client and applies the stall rules above. Its zero value watches nothing
 // until start.
