@@ -206,7 +206,7 @@ type ServerConfig struct {
 	// 4 MiB (1 MiB for an h2c backend), or the rest of its body when that is known and
 	// shorter; about three times that in resident memory. A response that would take a
 	// budget over is cut at once (as for ResponseStallTimeout), the ones already counted
-	// keep their place. Defaults 16 MiB, 64 MiB and 256 MiB (4, 16 and 64 stalled
+	// keep their place. Defaults 16 MiB, 32 MiB and 256 MiB (4, 8 and 64 stalled
 	// downloads); negative means no budget. Everyone behind one address (a NAT) shares its
 	// budget.
 	MaxStalledResponseBytesPerConn, MaxStalledResponseBytesPerIP, MaxStalledResponseBytes int64
@@ -279,7 +279,7 @@ type ServerConfig struct {
 const (
 	DefaultResponseStallTimeout           = 60 * time.Second
 	DefaultMaxStalledResponseBytesPerConn = 16 << 20
-	DefaultMaxStalledResponseBytesPerIP   = 64 << 20
+	DefaultMaxStalledResponseBytesPerIP   = 32 << 20
 	DefaultMaxStalledResponseBytes        = 256 << 20
 )
 

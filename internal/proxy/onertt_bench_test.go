@@ -31,7 +31,7 @@ func BenchmarkEdgeHTTP(b *testing.B) {
 // timeout and budgets of its responses (tunnel.ServerConfig's defaults).
 func benchConfig(reg *group.Registry) Config {
 	return Config{Registry: reg, Domain: testDomain, ResponseStallTimeout: time.Minute,
-		StalledBytesPerConn: 16 << 20, StalledBytesPerClient: 64 << 20, StalledBytes: 256 << 20}
+		StalledBytesPerConn: 16 << 20, StalledBytesPerClient: 32 << 20, StalledBytes: 256 << 20}
 }
 
 // benchHandler sends the same small GET through h b.N times and reports, besides the

@@ -105,7 +105,7 @@ func (d *discardWriter) FlushError() error                { return nil }
 // timer armed, then stopped), with the handler's end (endResponse) included.
 func BenchmarkStallWatch(b *testing.B) {
 	h := NewHTTP(Config{Registry: group.NewRegistry(group.Config{}), ResponseStallTimeout: time.Minute,
-		StalledBytesPerConn: 16 << 20, StalledBytesPerClient: 64 << 20, StalledBytes: 256 << 20})
+		StalledBytesPerConn: 16 << 20, StalledBytesPerClient: 32 << 20, StalledBytes: 256 << 20})
 	r := httptest.NewRequest(http.MethodGet, "http://app.example/", nil)
 	for _, size := range []int{2, 64 << 10} {
 		body := make([]byte, size)

@@ -269,7 +269,7 @@ type Limits struct {
 	// client is not keeping up may hold at the edge: in all, per public
 	// connection and per client address (an IPv4 address or an IPv6 /64).
 	// A response over one is cut at once; 0 means no bound. Defaults 256 MiB,
-	// 16 MiB and 64 MiB.
+	// 16 MiB and 32 MiB.
 	MaxStalledResponseBytes        int64 `toml:"max_stalled_response_bytes"`
 	MaxStalledResponseBytesPerConn int64 `toml:"max_stalled_response_bytes_per_conn"`
 	MaxStalledResponseBytesPerIP   int64 `toml:"max_stalled_response_bytes_per_ip"`
@@ -364,7 +364,7 @@ func defaultServer(file string) *Server {
 			ResponseStallTimeout:           60 * time.Second,
 			MaxStalledResponseBytes:        256 << 20,
 			MaxStalledResponseBytesPerConn: 16 << 20,
-			MaxStalledResponseBytesPerIP:   64 << 20,
+			MaxStalledResponseBytesPerIP:   32 << 20,
 
 			MaxPreAuthConns:      256,
 			MaxPreAuthConnsPerIP: 16,

@@ -61,7 +61,7 @@ func TestServerDefaults(t *testing.T) {
 			ResponseStallTimeout:           60 * time.Second,
 			MaxStalledResponseBytes:        256 << 20,
 			MaxStalledResponseBytesPerConn: 16 << 20,
-			MaxStalledResponseBytesPerIP:   64 << 20,
+			MaxStalledResponseBytesPerIP:   32 << 20,
 
 			MaxPreAuthConns:      256,
 			MaxPreAuthConnsPerIP: 16,
@@ -412,7 +412,7 @@ func TestServerErrors(t *testing.T) {
 		{"stalled bytes per ip above the total", serverDoc("[limits]\nmax_stalled_response_bytes = 30000000\nmax_stalled_response_bytes_per_ip = 40000000\n"),
 			[]want{{5, "limits.max_stalled_response_bytes_per_ip", config.ErrInvalid, "40000000 is above limits.max_stalled_response_bytes 30000000 (line 4)"}}},
 		{"stalled bytes per conn above the default per ip", serverDoc("[limits]\nmax_stalled_response_bytes_per_conn = 100000000\n"),
-			[]want{{4, "limits.max_stalled_response_bytes_per_conn", config.ErrInvalid, "100000000 is above limits.max_stalled_response_bytes_per_ip 67108864"}}},
+			[]want{{4, "limits.max_stalled_response_bytes_per_conn", config.ErrInvalid, "100000000 is above limits.max_stalled_response_bytes_per_ip 33554432"}}},
 		{"stalled bytes per conn above the total, no per ip", serverDoc("[limits]\nmax_stalled_response_bytes_per_ip = 0\nmax_stalled_response_bytes_per_conn = 300000000\n"),
 			[]want{{5, "limits.max_stalled_response_bytes_per_conn", config.ErrInvalid, "300000000 is above limits.max_stalled_response_bytes 268435456"}}},
 
