@@ -201,7 +201,7 @@ type ServerConfig struct {
 	// may hold at the edge: per public connection, per client address (the connection's
 	// remote address: an IPv4 address or an IPv6 /64; forwarding headers are not believed
 	// for this) and for the whole edge. A response is not keeping up while one of its writes
-	// to the client has been blocked for more than 50 ms; it then counts what its member may
+	// to the client has been blocked for more than 20 ms; it then counts what its member may
 	// send ahead of the client, which the edge holds: its data stream's receive window,
 	// 4 MiB (1 MiB for an h2c backend), or the rest of its body when that is known and
 	// shorter; about three times that in resident memory. A response that would take a

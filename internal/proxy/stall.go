@@ -53,13 +53,15 @@ import (
 
 // stallGrace is how long a write to a public client may block before its response counts
 // as stalled. A write that blocks at all means the client's TCP send buffer or HTTP/2 flow
-// window is full; within the grace the member fills the response's window at the edge
-// anyway (4 MiB arrive in 50 ms at 80 MB/s, a fast member link), so a longer grace would
-// let many responses fill theirs before any budget was consulted. A client that only pauses
-// (a full send buffer that drains within the grace) is never counted, and one counted is
-// cut only over a budget or at the stall timeout: a slow but steady client is charged while
-// each of its writes waits, and released when it goes through.
-const stallGrace = 50 * time.Millisecond
+// window is full, and from then on the member refills the response's window at the edge:
+// 4 MiB take 50 ms at 80 MB/s, a fast member link, and a response cut then has held that
+// much until its member's stream ends. So the grace is short, to let few bytes in before a
+// budget is consulted (in the attacks on loopback, a grace of 50 ms let the responses
+// cut hold about twice what 20 ms let them). A client that only pauses, whose buffer drains
+// within the grace, is never counted; one counted is cut only over a budget or at the stall
+// timeout: a slow but steady client is charged while each of its writes waits, and released
+// when the write goes through.
+const stallGrace = 20 * time.Millisecond
 
 // cutReason is why a response was cut; notCut: it was not.
 type cutReason uint8
