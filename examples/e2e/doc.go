@@ -7,7 +7,8 @@
 // policies (weights, a backup tier, idempotent retry and outlier ejection when a backend
 // dies, a rolling group key rotation) through the mains, tenants against each other, a
 // cluster of two edge processes on an embedded NATS server with one of them killed by SIGKILL
-// under load (cluster_test.go), and the edge's status page in headless Chromium (browser_test.go; skipped without Chromium unless
+// under load (cluster_test.go), public clients that stop reading large downloads while the
+// edge's memory is measured (stall_test.go), and the edge's status page in headless Chromium (browser_test.go; skipped without Chromium unless
 // WARREN_REQUIRE_BROWSER is set).
 //
 // The package holds only tests; run them with

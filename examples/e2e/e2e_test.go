@@ -200,6 +200,16 @@ type edge struct {
 // [load_balancing] table.
 func startEdge(t *testing.T, httpOff bool, lbExtra ...string) *edge {
 	t.Helper()
+	return startEdgeWith(t, httpOff, edgeExtra{lb: lbExtra})
+}
+
+// edgeExtra are more lines of the [server], [limits] and [load_balancing] tables of the
+// server.toml startEdgeWith writes.
+type edgeExtra struct{ server, limits, lb []string }
+
+// startEdgeWith is startEdge with more lines in three of the file's tables.
+func startEdgeWith(t *testing.T, httpOff bool, extra edgeExtra) *edge {
+	t.Helper()
 	ports := freePorts(t, 4)
 	e := &edge{control: ports[0], http: ports[1], admin: ports[2], tcp: ports[3]}
 	if httpOff {
@@ -213,6 +223,7 @@ bind = "127.0.0.1"
 http_port = %d
 control_port = %d
 admin_port = %d
+%s
 
 [auth]
 require_auth = true
@@ -222,11 +233,13 @@ admin_token = %q
 [limits]
 tcp_port_range = [%d, %d]
 drain_timeout_secs = 5
+%s
 
 [load_balancing]
 enabled = true
 %s
-`, e.http, e.control, e.admin, token, adminToken, e.tcp, e.tcp, strings.Join(lbExtra, "\n")), 0o600))
+`, e.http, e.control, e.admin, strings.Join(extra.server, "\n"), token, adminToken, e.tcp, e.tcp,
+		strings.Join(extra.limits, "\n"), strings.Join(extra.lb, "\n")), 0o600))
 	e.proc = start(t, "edge", "edge", "-config", path)
 
 	waitAdmin(t, e.proc, fmt.Sprintf("http://127.0.0.1:%d/healthz", e.admin))
