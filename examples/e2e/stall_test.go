@@ -58,13 +58,22 @@ func rss(t *testing.T, pid int) int64 {
 	return kb << 10
 }
 
-// peakRSS samples process pid's resident memory every 20 ms until stop is called, which
-// returns the highest sample.
+// peakRSS samples process pid's resident memory every 20 ms until stop is called (or the
+// test ends), which returns the highest sample.
 func peakRSS(t *testing.T, pid int) (stop func() int64) {
 	t.Helper()
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	var peak int64
+	var once sync.Once
+	stop = func() int64 {
+		once.Do(func() {
+			close(done)
+			wg.Wait()
+		})
+		return peak
+	}
+	t.Cleanup(func() { stop() })
 	wg.Go(func() {
 		tick := time.NewTicker(20 * time.Millisecond)
 		defer tick.Stop()
@@ -82,11 +91,7 @@ func peakRSS(t *testing.T, pid int) (stop func() int64) {
 			}
 		}
 	})
-	return func() int64 {
-		close(done)
-		wg.Wait()
-		return peak
-	}
+	return stop
 }
 
 // cutMetric finds warren_http_responses_cut_total's series in the edge's metrics.
