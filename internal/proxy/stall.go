@@ -38,12 +38,15 @@ import (
 //   - a response whose write to the client has been blocked for Config.ResponseStallTimeout
 //     is cut, budget or not (nginx's send_timeout: the time between two successful writes).
 //
-// Cutting a response sets its write deadline in the past (http.ResponseController): the
-// blocked write fails, the reverse proxy aborts the handler (http.ErrAbortHandler) and
-// closes the member's response body, which closes the member's stream (memberBody.Close,
-// memberConn.close) or resets the request on an h2c member's connection. An HTTP/1.x client
-// loses its connection, whose response cannot end cleanly any more; an HTTP/2 client loses
-// that stream only (RST_STREAM INTERNAL_ERROR), the rest of its connection goes on.
+// Cutting a response sets its write deadline in the past (the server's SetWriteDeadline, as
+// http.ResponseController calls it): the blocked write fails, the reverse proxy aborts the
+// handler (http.ErrAbortHandler) and closes the member's response body, which closes the
+// member's stream (memberBody.Close, memberConn.close) or resets the request on an h2c
+// member's connection. An HTTP/1.x client loses its connection, whose response cannot end
+// cleanly any more; an HTTP/2 client loses that stream only (RST_STREAM INTERNAL_ERROR), the
+// rest of its connection goes on. What the member's yamux stream received is freed once the
+// connector ends its side of the stream too: closing ends only the edge's side, and until
+// the connector learns of it the stream goes on filling its window.
 //
 // The watch costs a request two uncontended locks of its own per write, and a timer once
 // its body outgrows what net/http buffers (serverBuffered), armed at a write when none is
