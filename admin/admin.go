@@ -47,7 +47,8 @@ type Stats struct {
 	// Deliveries counts alert deliveries by result.
 	Deliveries map[webhook.Result]uint64
 	// ResponsesCut counts the public responses cut because their client did not keep up,
-	// by rule: "stall_timeout", "conn_budget", "ip_budget", "edge_budget".
+	// by rule: "stall_timeout", "conn_budget", "ip_budget", "edge_budget" (each has a
+	// series, zero or not).
 	ResponsesCut map[string]uint64
 	// StalledResponseBytes is what the responses whose client is not keeping up are
 	// charged now (what they may hold at the edge).

@@ -203,8 +203,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesOpenFailed), "open_failed")
 	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesResetUnread), "reset_unread")
 	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesIdempotent), "idempotent")
-	for _, reason := range []string{"stall_timeout", "conn_budget", "ip_budget", "edge_budget"} {
-		ch <- prometheus.MustNewConstMetric(c.responsesCut, prometheus.CounterValue, float64(stats.ResponsesCut[reason]), reason)
+	for reason, n := range stats.ResponsesCut {
+		ch <- prometheus.MustNewConstMetric(c.responsesCut, prometheus.CounterValue, float64(n), reason)
 	}
 	ch <- prometheus.MustNewConstMetric(c.stalledBytes, prometheus.GaugeValue, float64(stats.StalledResponseBytes))
 	deliveries := maps.Clone(stats.Deliveries)

@@ -42,18 +42,13 @@ func (s *Server) newAdmin() error {
 		AdminToken: s.cfg.AdminToken,
 		Stats: func() admin.Stats { // the counters the admin plane reads at each scrape
 			return admin.Stats{
-				HTTPRequests:       s.requests.http.Load(),
-				TCPConnections:     s.requests.tcp.Load(),
-				RetriesOpenFailed:  s.retries.open.Load(),
-				RetriesResetUnread: s.retries.unread.Load(),
-				RetriesIdempotent:  s.retries.idempotent.Load(),
-				Deliveries:         s.alerts.deliveries(),
-				ResponsesCut: map[string]uint64{
-					"stall_timeout": s.cuts.StallTimeout.Load(),
-					"conn_budget":   s.cuts.ConnBudget.Load(),
-					"ip_budget":     s.cuts.ClientBudget.Load(),
-					"edge_budget":   s.cuts.EdgeBudget.Load(),
-				},
+				HTTPRequests:         s.requests.http.Load(),
+				TCPConnections:       s.requests.tcp.Load(),
+				RetriesOpenFailed:    s.retries.open.Load(),
+				RetriesResetUnread:   s.retries.unread.Load(),
+				RetriesIdempotent:    s.retries.idempotent.Load(),
+				Deliveries:           s.alerts.deliveries(),
+				ResponsesCut:         s.cuts.ByReason(),
 				StalledResponseBytes: s.ingress.StalledBytes(),
 			}
 		},

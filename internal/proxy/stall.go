@@ -101,6 +101,17 @@ type CutCounts struct {
 	ConnBudget, ClientBudget, EdgeBudget atomic.Uint64
 }
 
+// ByReason returns the counts by the reason's metric label: stall_timeout, conn_budget,
+// ip_budget, edge_budget.
+func (c *CutCounts) ByReason() map[string]uint64 {
+	return map[string]uint64{
+		cutStallTimeout.String(): c.StallTimeout.Load(),
+		cutConnBudget.String():   c.ConnBudget.Load(),
+		cutClientBudget.String(): c.ClientBudget.Load(),
+		cutEdgeBudget.String():   c.EdgeBudget.Load(),
+	}
+}
+
 func (c *CutCounts) add(r cutReason) {
 	switch r {
 	case cutStallTimeout:
