@@ -192,6 +192,28 @@ type ServerConfig struct {
 	// RequestBodyMinRateGrace is how long a request body may take before
 	// RequestBodyMinRate applies. Default 10 s.
 	RequestBodyMinRateGrace time.Duration
+	// ResponseStallTimeout cuts a response whose write to its public client has made no
+	// progress for this long (a client that stopped reading): an HTTP/1.x client's
+	// connection is closed, an HTTP/2 client's stream is reset (the connection goes on), and
+	// the member's stream is closed. The edge writes a response in chunks of at most 64 KiB,
+	// so a client must take about 1 KiB/s to keep a response going. It also bounds the
+	// last write of a response, after the handler. Default 60 s, as nginx's send_timeout;
+	// negative means no limit.
+	ResponseStallTimeout time.Duration
+	// MaxStalledResponseBytesPerConn, MaxStalledResponseBytesPerIP and
+	// MaxStalledResponseBytes bound what responses whose public client is not keeping up
+	// may hold at the edge: per public connection, per client address (the connection's
+	// remote address: an IPv4 address or an IPv6 /64; forwarding headers are not believed
+	// for this) and for the whole edge. A response is not keeping up while one of its writes
+	// to the client has been blocked for more than 20 ms; it then counts what its member may
+	// send ahead of the client, which the edge holds: its data stream's receive window,
+	// 4 MiB (1 MiB for an h2c backend), or the rest of its body when that is known and
+	// shorter; about three times that in resident memory. A response that would take a
+	// budget over is cut at once (as for ResponseStallTimeout), the ones already counted
+	// keep their place. Defaults 16 MiB, 32 MiB and 256 MiB (4, 8 and 64 stalled
+	// downloads); negative means no budget. Everyone behind one address (a NAT) shares its
+	// budget.
+	MaxStalledResponseBytesPerConn, MaxStalledResponseBytesPerIP, MaxStalledResponseBytes int64
 
 	// AlertWebhookURL is the operator's URL: the edge POSTs a group_zero_healthy alert
 	// to it whenever any group reaches zero healthy members, in addition to the tenant URLs
@@ -239,6 +261,15 @@ type ServerConfig struct {
 	Limits       TenantLimits
 	TenantLimits map[string]TenantLimits
 }
+
+// Defaults of the stalled-response limits (ServerConfig.ResponseStallTimeout and the
+// MaxStalledResponseBytes budgets).
+const (
+	DefaultResponseStallTimeout           = 60 * time.Second
+	DefaultMaxStalledResponseBytesPerConn = 16 << 20
+	DefaultMaxStalledResponseBytesPerIP   = 32 << 20
+	DefaultMaxStalledResponseBytes        = 256 << 20
+)
 
 func (c *ServerConfig) setDefaults() error {
 	if c.Domain == "" {
@@ -309,6 +340,18 @@ func (c *ServerConfig) setDefaults() error {
 	}
 	if c.RequestBodyMinRateGrace <= 0 {
 		c.RequestBodyMinRateGrace = 10 * time.Second
+	}
+	if c.ResponseStallTimeout == 0 {
+		c.ResponseStallTimeout = DefaultResponseStallTimeout
+	}
+	if c.MaxStalledResponseBytesPerConn == 0 {
+		c.MaxStalledResponseBytesPerConn = DefaultMaxStalledResponseBytesPerConn
+	}
+	if c.MaxStalledResponseBytesPerIP == 0 {
+		c.MaxStalledResponseBytesPerIP = DefaultMaxStalledResponseBytesPerIP
+	}
+	if c.MaxStalledResponseBytes == 0 {
+		c.MaxStalledResponseBytes = DefaultMaxStalledResponseBytes
 	}
 	if c.AlertTimeout <= 0 {
 		c.AlertTimeout = webhook.DefaultTimeout

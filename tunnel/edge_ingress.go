@@ -37,6 +37,11 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 		RequestBodyTimeout:      max(c.RequestBodyTimeout, 0),
 		RequestBodyMinRate:      max(c.RequestBodyMinRate, 0),
 		RequestBodyMinRateGrace: c.RequestBodyMinRateGrace,
+
+		ResponseStallTimeout:  max(c.ResponseStallTimeout, 0),
+		StalledBytesPerConn:   max(c.MaxStalledResponseBytesPerConn, 0),
+		StalledBytesPerClient: max(c.MaxStalledResponseBytesPerIP, 0),
+		StalledBytes:          max(c.MaxStalledResponseBytes, 0),
 	}
 }
 

@@ -48,18 +48,27 @@ type Counters struct {
 	RetriesIdempotent uint64
 	// Deliveries counts alert deliveries by result.
 	Deliveries map[webhook.Result]uint64
+	// ResponsesCut counts the public responses cut because their client did not keep up,
+	// by rule: "stall_timeout", "conn_budget", "ip_budget", "edge_budget" (each has a
+	// series, zero or not).
+	ResponsesCut map[string]uint64
+	// StalledResponseBytes is what the responses whose client is not keeping up are
+	// charged now (what they may hold at the edge).
+	StalledResponseBytes int64
 }
 
 // Counters reads the edge's counters now.
 func (o Operator) Counters() Counters {
 	s := o.s
 	return Counters{
-		HTTPRequests:       s.requests.http.Load(),
-		TCPConnections:     s.requests.tcp.Load(),
-		RetriesOpenFailed:  s.retries.open.Load(),
-		RetriesResetUnread: s.retries.unread.Load(),
-		RetriesIdempotent:  s.retries.idempotent.Load(),
-		Deliveries:         s.alerts.deliveries(),
+		HTTPRequests:         s.requests.http.Load(),
+		TCPConnections:       s.requests.tcp.Load(),
+		RetriesOpenFailed:    s.retries.open.Load(),
+		RetriesResetUnread:   s.retries.unread.Load(),
+		RetriesIdempotent:    s.retries.idempotent.Load(),
+		Deliveries:           s.alerts.deliveries(),
+		ResponsesCut:         s.cuts.ByReason(),
+		StalledResponseBytes: s.ingress.StalledBytes(),
 	}
 }
 

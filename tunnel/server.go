@@ -67,6 +67,8 @@ type Server struct {
 	// retries counts dispatches sent to one other member (metrics): after a failed stream
 	// open, and after a backend reset a bodyless request unread.
 	retries struct{ open, unread, idempotent atomic.Uint64 }
+	// cuts counts the responses cut because their client did not keep up (metrics).
+	cuts proxy.CutCounts
 	// data holds the data connections' counters (edge_data.go).
 	data edgeData
 
@@ -100,7 +102,8 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.httpsPort.Store(int32(cfg.PublicHTTPSPort))
 	pc := cfg.proxyConfig()
 	pc.Stats = proxy.Stats{HTTPRequests: &s.requests.http, TCPConnections: &s.requests.tcp,
-		RetriesOpenFailed: &s.retries.open, RetriesResetUnread: &s.retries.unread, RetriesIdempotent: &s.retries.idempotent}
+		RetriesOpenFailed: &s.retries.open, RetriesResetUnread: &s.retries.unread, RetriesIdempotent: &s.retries.idempotent,
+		ResponsesCut: &s.cuts}
 	pc.RetryIdempotent = s.retryIdempotent
 	if cfg.OutlierEjection != nil {
 		pc.Outcome = func(m *group.Member, failed bool, reason string) { s.registry.ReportOutcome(m, failed, reason) }

@@ -69,7 +69,7 @@ func endlessBackend(t *testing.T) (port int, live *atomic.Int64) {
 // 5-minute stream close timeout (measured: 200 aborts took the edge from 18 MB to 1.17 GB).
 // The RSS figures are logged; RELIABILITY.md records them.
 func TestAbortedDownloadsDoNotPinTheEdge(t *testing.T) {
-	e := startEdgeWith(t, edgeExtra{server: []string{"h2c = true"}}, false)
+	e := startEdgeWith(t, false, edgeExtra{server: []string{"h2c = true"}})
 	port, live := endlessBackend(t)
 	startConnector(t, "connector", e, token, tunnelConf{name: "dl", proto: "http", subdomain: "dl", localPort: port})
 	addr := fmt.Sprintf("127.0.0.1:%d", e.http)

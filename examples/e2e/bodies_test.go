@@ -128,7 +128,7 @@ func TestDeclaredBodiesThatNeverComeHoldNoConnections(t *testing.T) {
 		// body, and a loaded machine.
 		bound = 10 * time.Second
 	)
-	e := startEdgeWith(t, edgeExtra{limits: []string{"request_body_timeout_secs = 1"}}, false)
+	e := startEdgeWith(t, false, edgeExtra{limits: []string{"request_body_timeout_secs = 1"}})
 	backend := bodyReadingBackend(t)
 	c := startConnector(t, "connector", e, token, tunnelConf{name: "up", proto: "http", subdomain: "up", localPort: backend})
 	c.line(t, "tunnel up: ")

@@ -8,8 +8,9 @@
 // dies, a rolling group key rotation) through the mains, tenants against each other, a
 // cluster of two edge processes on an embedded NATS server with one of them killed by SIGKILL
 // under load (cluster_test.go), a few hundred anonymous clients declaring request bodies they
-// never send, which the edge answers and closes (bodies_test.go), and the edge's status page
-// in headless Chromium (browser_test.go; skipped without Chromium unless
+// never send, which the edge answers and closes (bodies_test.go), public clients that stop
+// reading large downloads while the edge's memory is measured (stall_test.go), and the edge's
+// status page in headless Chromium (browser_test.go; skipped without Chromium unless
 // WARREN_REQUIRE_BROWSER is set). gRPC through HTTP, HTTPS and TLS passthrough tunnels runs
 // with grpc-go against an edge and connectors in this process, on the library's public API
 // (grpc_test.go, inproc_test.go).

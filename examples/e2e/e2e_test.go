@@ -209,16 +209,15 @@ type edge struct {
 // [load_balancing] table.
 func startEdge(t *testing.T, httpOff bool, lbExtra ...string) *edge {
 	t.Helper()
-	return startEdgeWith(t, edgeExtra{}, httpOff, lbExtra...)
+	return startEdgeWith(t, httpOff, edgeExtra{lb: lbExtra})
 }
 
-// edgeExtra is more lines for tables of the server.toml startEdgeWith writes.
-type edgeExtra struct {
-	server, limits []string
-}
+// edgeExtra are more lines of the [server], [limits] and [load_balancing] tables of the
+// server.toml startEdgeWith writes.
+type edgeExtra struct{ server, limits, lb []string }
 
-// startEdgeWith is startEdge with more lines in its [server] and [limits] tables.
-func startEdgeWith(t *testing.T, extra edgeExtra, httpOff bool, lbExtra ...string) *edge {
+// startEdgeWith is startEdge with more lines in three of the file's tables.
+func startEdgeWith(t *testing.T, httpOff bool, extra edgeExtra) *edge {
 	t.Helper()
 	ports := freePorts(t, 4)
 	e := &edge{control: ports[0], http: ports[1], admin: ports[2], tcp: ports[3]}
@@ -249,7 +248,7 @@ drain_timeout_secs = 5
 enabled = true
 %s
 `, e.http, e.control, e.admin, strings.Join(extra.server, "\n"), token, adminToken, e.tcp, e.tcp,
-		strings.Join(extra.limits, "\n"), strings.Join(lbExtra, "\n")), 0o600))
+		strings.Join(extra.limits, "\n"), strings.Join(extra.lb, "\n")), 0o600))
 	e.proc = start(t, "edge", "edge", "-config", path)
 
 	waitAdmin(t, e.proc, fmt.Sprintf("http://127.0.0.1:%d/healthz", e.admin))

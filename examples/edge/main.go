@@ -237,6 +237,11 @@ func buildServerConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, 
 		RequestBodyMinRate:      orNoLimit(c.Limits.RequestBodyMinRate),
 		RequestBodyMinRateGrace: c.Limits.RequestBodyMinRateGrace,
 
+		ResponseStallTimeout:           orNoLimit(c.Limits.ResponseStallTimeout),
+		MaxStalledResponseBytes:        orNoLimit(c.Limits.MaxStalledResponseBytes),
+		MaxStalledResponseBytesPerConn: orNoLimit(c.Limits.MaxStalledResponseBytesPerConn),
+		MaxStalledResponseBytesPerIP:   orNoLimit(c.Limits.MaxStalledResponseBytesPerIP),
+
 		HelloTimeout:         c.Limits.HelloTimeout,
 		MaxPreAuthConns:      c.Limits.MaxPreAuthConns,
 		MaxPreAuthConnsPerIP: c.Limits.MaxPreAuthConnsPerIP,

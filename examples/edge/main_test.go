@@ -146,6 +146,10 @@ hello_timeout_secs = 2
 max_auth_failures_per_ip = 5
 auth_failure_window_secs = 60
 auth_block_secs = 120
+response_stall_timeout_secs = 7
+max_stalled_response_bytes = 0
+max_stalled_response_bytes_per_conn = 8388608
+max_stalled_response_bytes_per_ip = 33554432
 [load_balancing]
 alert_webhook_url = "https://hooks.example.com/x"
 allow_private_alert_webhooks = true
@@ -163,6 +167,18 @@ retry_unread_requests = true
 	require.Equal(t, 5, sc.MaxAuthFailuresPerIP)
 	require.Equal(t, time.Minute, sc.AuthFailureWindow)
 	require.Equal(t, 2*time.Minute, sc.AuthBlockDuration)
+	require.Equal(t, 7*time.Second, sc.ResponseStallTimeout)
+	require.Equal(t, int64(-1), sc.MaxStalledResponseBytes, "0 in the file: no bound")
+	require.Equal(t, int64(8<<20), sc.MaxStalledResponseBytesPerConn)
+	require.Equal(t, int64(32<<20), sc.MaxStalledResponseBytesPerIP)
+
+	// 0 in the file turns the stall timeout off, and the defaults are the edge's.
+	sc, err = serverConfig(parse(t, "[server]\ndomain = \"localhost\"\n[limits]\nresponse_stall_timeout_secs = 0\n"), zap.NewNop())
+	require.NoError(t, err)
+	require.Negative(t, sc.ResponseStallTimeout)
+	require.Equal(t, int64(tunnel.DefaultMaxStalledResponseBytes), sc.MaxStalledResponseBytes)
+	require.Equal(t, int64(tunnel.DefaultMaxStalledResponseBytesPerConn), sc.MaxStalledResponseBytesPerConn)
+	require.Equal(t, int64(tunnel.DefaultMaxStalledResponseBytesPerIP), sc.MaxStalledResponseBytesPerIP)
 }
 
 func TestRunBadConfigExits2(t *testing.T) {

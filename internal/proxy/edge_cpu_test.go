@@ -148,7 +148,7 @@ func BenchmarkEdgeHTTPGuarded(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	benchHandler(b, NewHTTP(Config{Registry: reg, Domain: testDomain}).GuardTLSRoutes())
+	benchHandler(b, NewHTTP(benchConfig(reg)).GuardTLSRoutes())
 }
 
 // TestCopyBufPool: the reverse proxy's buffers are full-sized, come back from the pool

@@ -40,6 +40,8 @@ import (
 type HTTP struct {
 	cfg   Config
 	proxy *httputil.ReverseProxy
+	// stalls holds the budgets of the responses whose client is not keeping up (stall.go).
+	stalls *stallLedger
 }
 
 // reqInfoKey carries a public request's *reqInfo in its context, from ServeHTTP to the
@@ -53,6 +55,8 @@ type reqInfo struct {
 	g    *group.Group
 	aff  *affinity   // the group's affinity for the request, or nil
 	body *publicBody // the public request body, or nil
+	// watch is the response's stall watch (stall.go), or nil when the edge watches none.
+	watch *stallWatch
 }
 
 // infoOf returns the reqInfo in ctx, or nil.
@@ -69,6 +73,8 @@ func infoOf(ctx context.Context) *reqInfo {
 type reqCtx struct {
 	context.Context
 	ri reqInfo
+	// sw is the response's stall watch, kept here for the same reason.
+	sw stallWatch
 }
 
 // Value implements context.Context.
@@ -131,7 +137,7 @@ func setAffinityCookie(resp *http.Response, m *group.Member, a *affinity) {
 // NewHTTP returns the HTTP ingress configured by cfg.
 func NewHTTP(cfg Config) *HTTP {
 	cfg.setDefaults()
-	h := &HTTP{cfg: cfg}
+	h := &HTTP{cfg: cfg, stalls: newStallLedger(cfg.StalledBytesPerConn, cfg.StalledBytesPerClient, cfg.StalledBytes)}
 	trusted := newTrustedProxies(cfg.TrustedProxies)
 	h.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -169,6 +175,8 @@ type routed struct {
 
 // serve is ServeHTTP; rt, when not nil, is the request's route as GuardTLSRoutes found it.
 func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
+	var watch *stallWatch
+	defer func() { h.endResponse(w, r, watch) }()
 	if isH2CPreface(r) {
 		// A client speaking HTTP/2 with prior knowledge to a listener that does not: it
 		// is told so in HTTP/2, instead of being given a 404 it cannot read.
@@ -280,12 +288,26 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	// exchange counts them itself (memberConn.readResponse), an h2c member's has a hook of
 	// its own (h2Exchange.roundTrip). (A hook here, for every request, cost a reflect-made
 	// function and four allocations per request, in httptrace's composing of hooks.)
+	var out http.ResponseWriter = w
 	if !r.ProtoAtLeast(1, 1) {
 		// No 1xx response to an HTTP/1.0 client (RFC 9110 §15.2): it would take it for
 		// the final one.
-		w = http10Writer{w}
+		out = http10Writer{w}
 	}
-	h.proxy.ServeHTTP(w, r.WithContext(ctx))
+	if h.watchesStalls() {
+		watch = &rc.sw
+		watch.start(h, out, r.RemoteAddr)
+		ri.watch = watch
+		out = watch
+	}
+	h.proxy.ServeHTTP(out, r.WithContext(ctx))
+}
+
+// watchesStalls reports whether responses are watched for clients that do not keep up: a
+// stall timeout or a budget is set.
+func (h *HTTP) watchesStalls() bool {
+	c := &h.cfg
+	return c.ResponseStallTimeout > 0 || c.StalledBytesPerConn > 0 || c.StalledBytesPerClient > 0 || c.StalledBytes > 0
 }
 
 // errTooManyInterim fails a request whose backend sent maxInterimResponses 1xx responses
@@ -481,13 +503,12 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Header.Del("Expect")
 		}
 	}
-	aff := ri.aff
-	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed, outcome: t.cfg.Outcome, aff: aff, ctx: req.Context()}
+	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed, outcome: t.cfg.Outcome, aff: ri.aff, ctx: req.Context()}
 	pc, m, err := t.conn(p, req)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := t.attempt(pc, m, req, aff)
+	resp, err := t.attempt(pc, m, req, ri)
 	if err == nil || req.Context().Err() != nil {
 		return resp, err
 	}
@@ -512,7 +533,7 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		t.cfg.Stats.RetriesOpenFailed.Add(1)
 		req.Body = body
-		return t.attempt(pc2, m2, req, aff)
+		return t.attempt(pc2, m2, req, ri)
 	case errors.Is(err, errUnread) && t.cfg.RetryUnreadRequests && bodyless:
 		// The member's backend reset its connection with the request unread (it died or
 		// dropped its queue): no byte of it reached a handler, and having no body it can be
@@ -542,7 +563,7 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	retries.Add(1)
 	rp.rewind(req)
-	return t.attempt(pc2, m2, req, aff)
+	return t.attempt(pc2, m2, req, ri)
 }
 
 // resendBody returns the body of req's next attempt after its stream on pc was refused:
@@ -573,11 +594,17 @@ type exchange interface {
 }
 
 // attempt sends req to member m on pc and reports how it went to Config.Outcome. With
-// cookie affinity (aff), the response hands out m's token if the request did not carry it.
-func (t *memberTransport) attempt(pc exchange, m *group.Member, req *http.Request, aff *affinity) (*http.Response, error) {
+// cookie affinity (ri.aff), the response hands out m's token if the request did not carry
+// it; the response's stall watch learns what the response may hold at the edge.
+func (t *memberTransport) attempt(pc exchange, m *group.Member, req *http.Request, ri *reqInfo) (*http.Response, error) {
 	resp, err := pc.roundTrip(req, m)
-	if err == nil && aff != nil && aff.cookie {
-		setAffinityCookie(resp, m, aff)
+	if err == nil {
+		if aff := ri.aff; aff != nil && aff.cookie {
+			setAffinityCookie(resp, m, aff)
+		}
+		if ri.watch != nil {
+			ri.watch.expect(windowOf(pc), resp.ContentLength)
+		}
 	}
 	if f := t.cfg.Outcome; f != nil {
 		switch {

@@ -24,7 +24,14 @@ func BenchmarkEdgeHTTP(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	benchHandler(b, NewHTTP(Config{Registry: reg, Domain: testDomain}))
+	benchHandler(b, NewHTTP(benchConfig(reg)))
+}
+
+// benchConfig is the ingress's configuration as an edge runs it by default, with the stall
+// timeout and budgets of its responses (tunnel.ServerConfig's defaults).
+func benchConfig(reg *group.Registry) Config {
+	return Config{Registry: reg, Domain: testDomain, ResponseStallTimeout: time.Minute,
+		StalledBytesPerConn: 16 << 20, StalledBytesPerClient: 32 << 20, StalledBytes: 256 << 20}
 }
 
 // benchHandler sends the same small GET through h b.N times and reports, besides the

@@ -127,6 +127,20 @@ type Config struct {
 	// RequestBodyMinRateGrace is the time a request body gets before RequestBodyMinRate
 	// applies.
 	RequestBodyMinRateGrace time.Duration
+	// ResponseStallTimeout cuts a response whose write to its public client has made no
+	// progress for this long: an HTTP/1.x client's connection is closed, an HTTP/2 client's
+	// stream reset, and the member's stream closed. It also bounds what the server writes
+	// of a response after the handler returned. 0 means no limit. See stall.go.
+	ResponseStallTimeout time.Duration
+	// StalledBytesPerConn, StalledBytesPerClient and StalledBytes are budgets, in bytes, of
+	// what the responses whose public client is not keeping up (a write to it blocked for
+	// longer than a short grace) may hold at the edge: per public connection, per client
+	// address (an IPv4 address or an IPv6 /64 of the connection's remote address) and in
+	// all. Each such response counts what its member may send ahead of the client: its
+	// stream's receive window (4 MiB; 1 MiB for an h2c member), or the rest of its body if
+	// shorter. A response that would take a budget over is cut at once, as at the stall
+	// timeout. 0 means no budget.
+	StalledBytesPerConn, StalledBytesPerClient, StalledBytes int64
 	// RetryUnreadRequests lets a bodyless HTTP request go to one other member when the
 	// first member's backend reset its connection with the request unread.
 	RetryUnreadRequests bool
@@ -191,6 +205,8 @@ type Stats struct {
 	// other member because the first failed before any byte of a response arrived, other
 	// than those counted in RetriesResetUnread.
 	RetriesIdempotent *atomic.Uint64
+	// ResponsesCut counts the responses cut because their client did not keep up, by rule.
+	ResponsesCut *CutCounts
 }
 
 func (c *Config) setDefaults() {
@@ -214,6 +230,9 @@ func (c *Config) setDefaults() {
 		if *p == nil {
 			*p = new(atomic.Uint64)
 		}
+	}
+	if c.Stats.ResponsesCut == nil {
+		c.Stats.ResponsesCut = new(CutCounts)
 	}
 }
 

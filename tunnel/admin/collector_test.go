@@ -51,6 +51,27 @@ warren_webhook_deliveries_total{result="success"} 3
 	require.NoError(t, testutil.GatherAndCompare(p.Gatherer(), strings.NewReader(want), names...))
 	stats.RetriesIdempotent = 1
 	require.NoError(t, testutil.GatherAndCompare(p.Gatherer(), strings.NewReader(retries(5, 2, 1)), "warren_dispatch_retries_total"))
+
+	// The responses cut because their client did not keep up, by rule, and what stalled
+	// responses are charged now.
+	stats.ResponsesCut = map[string]uint64{"conn_budget": 0, "edge_budget": 0, "ip_budget": 1, "stall_timeout": 2}
+	stats.StalledResponseBytes = 3 << 22
+	require.NoError(t, testutil.GatherAndCompare(p.Gatherer(), strings.NewReader(`# HELP warren_http_responses_cut_total Public HTTP responses cut because their client did not keep up, by rule: a write to it made no progress for the stall timeout (stall_timeout), or the response stalled while its connection's, its client address's or the edge's stalled responses held their budget (conn_budget, ip_budget, edge_budget).
+# TYPE warren_http_responses_cut_total counter
+warren_http_responses_cut_total{reason="conn_budget"} 0
+warren_http_responses_cut_total{reason="edge_budget"} 0
+warren_http_responses_cut_total{reason="ip_budget"} 1
+warren_http_responses_cut_total{reason="stall_timeout"} 2
+`), "warren_http_responses_cut_total"))
+	families, err := p.Gatherer().Gather()
+	require.NoError(t, err)
+	var stalled float64 = -1
+	for _, f := range families {
+		if f.GetName() == "warren_http_stalled_response_bytes" {
+			stalled = f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	require.Equal(t, float64(3<<22), stalled, "warren_http_stalled_response_bytes")
 }
 
 // An edge of a cluster: the per-group series count every member the edge sees, its own and

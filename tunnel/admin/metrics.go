@@ -23,6 +23,7 @@ type collector struct {
 	members, dispatches, failures             *prometheus.Desc
 	activeTunnels, requests, webhookDelivery  *prometheus.Desc
 	retries, ejections                        *prometheus.Desc
+	responsesCut, stalledBytes                *prometheus.Desc
 	clusterMembers, clusterEdges, clusterNATS *prometheus.Desc // only in a cluster
 
 	mu      sync.Mutex
@@ -57,6 +58,12 @@ func newCollector(cfg config) *collector {
 		retries: prometheus.NewDesc("warren_dispatch_retries_total",
 			"Requests and connections sent to one other member, by reason: opening the stream to the first failed (open_failed), its backend reset the connection with the bodyless request unread (reset_unread), or an idempotent request's member failed before answering (idempotent; opt-in).",
 			[]string{"reason"}, nil),
+		responsesCut: prometheus.NewDesc("warren_http_responses_cut_total",
+			"Public HTTP responses cut because their client did not keep up, by rule: a write to it made no progress for the stall timeout (stall_timeout), or the response stalled while its connection's, its client address's or the edge's stalled responses held their budget (conn_budget, ip_budget, edge_budget).",
+			[]string{"reason"}, nil),
+		stalledBytes: prometheus.NewDesc("warren_http_stalled_response_bytes",
+			"What the public HTTP responses whose client is not keeping up may hold at the edge now, as charged to the edge's budget (each its member stream's window, or the rest of its body if shorter).",
+			nil, nil),
 		ejections: prometheus.NewDesc("warren_member_ejections_total",
 			"Members of the groups with this name ejected by passive outlier detection (streams failing in a row).",
 			[]string{"group"}, region),
@@ -99,7 +106,7 @@ func (c *collector) observe(ev group.Event) {
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.members, c.dispatches, c.failures, c.activeTunnels, c.requests, c.webhookDelivery, c.retries, c.ejections} {
+	for _, d := range []*prometheus.Desc{c.members, c.dispatches, c.failures, c.activeTunnels, c.requests, c.webhookDelivery, c.retries, c.ejections, c.responsesCut, c.stalledBytes} {
 		ch <- d
 	}
 	if c.cfg.Cluster != nil {
@@ -196,6 +203,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesOpenFailed), "open_failed")
 	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesResetUnread), "reset_unread")
 	ch <- prometheus.MustNewConstMetric(c.retries, prometheus.CounterValue, float64(stats.RetriesIdempotent), "idempotent")
+	for reason, n := range stats.ResponsesCut {
+		ch <- prometheus.MustNewConstMetric(c.responsesCut, prometheus.CounterValue, float64(n), reason)
+	}
+	ch <- prometheus.MustNewConstMetric(c.stalledBytes, prometheus.GaugeValue, float64(stats.StalledResponseBytes))
 	deliveries := maps.Clone(stats.Deliveries)
 	if deliveries == nil {
 		deliveries = map[webhook.Result]uint64{}

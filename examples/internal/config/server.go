@@ -260,6 +260,19 @@ type Limits struct {
 	// the minimum rate applies (request_body_min_rate_grace_secs).
 	// Default 10s.
 	RequestBodyMinRateGrace time.Duration `toml:"-"`
+	// ResponseStallTimeout cuts a response whose write to its public client
+	// has made no progress for this long (response_stall_timeout_secs); 0
+	// means no limit. Default 60s.
+	ResponseStallTimeout time.Duration `toml:"-"`
+	// MaxStalledResponseBytes, MaxStalledResponseBytesPerConn and
+	// MaxStalledResponseBytesPerIP bound what the responses whose public
+	// client is not keeping up may hold at the edge: in all, per public
+	// connection and per client address (an IPv4 address or an IPv6 /64).
+	// A response over one is cut at once; 0 means no bound. Defaults 256 MiB,
+	// 16 MiB and 32 MiB.
+	MaxStalledResponseBytes        int64 `toml:"max_stalled_response_bytes"`
+	MaxStalledResponseBytesPerConn int64 `toml:"max_stalled_response_bytes_per_conn"`
+	MaxStalledResponseBytesPerIP   int64 `toml:"max_stalled_response_bytes_per_ip"`
 	// MaxPreAuthConns caps the control connections not yet authenticated,
 	// in all; MaxPreAuthConnsPerIP those from one source address (an IPv4
 	// address or an IPv6 /64), at most MaxPreAuthConns. A connection over
@@ -347,6 +360,11 @@ func defaultServer(file string) *Server {
 			RequestBodyTimeout:      60 * time.Second,
 			RequestBodyMinRate:      1024,
 			RequestBodyMinRateGrace: 10 * time.Second,
+
+			ResponseStallTimeout:           60 * time.Second,
+			MaxStalledResponseBytes:        256 << 20,
+			MaxStalledResponseBytesPerConn: 16 << 20,
+			MaxStalledResponseBytesPerIP:   32 << 20,
 
 			MaxPreAuthConns:      256,
 			MaxPreAuthConnsPerIP: 16,
@@ -454,6 +472,9 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	}
 	if d := f.Limits.RequestBodyMinRateGrace; d != nil {
 		r.duration("limits.request_body_min_rate_grace_secs", float64(*d), &cfg.Limits.RequestBodyMinRateGrace)
+	}
+	if d := f.Limits.ResponseStallTimeout; d != nil {
+		r.duration("limits.response_stall_timeout_secs", float64(*d), &cfg.Limits.ResponseStallTimeout)
 	}
 	if d := f.Limits.HelloTimeout; d != nil {
 		r.duration("limits.hello_timeout_secs", float64(*d), &cfg.Limits.HelloTimeout)
@@ -580,6 +601,10 @@ func (c *Server) validate(r *reporter) {
 	if l.RequestBodyMinRateGrace <= 0 {
 		r.add("limits.request_body_min_rate_grace_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(l.RequestBodyMinRateGrace))
 	}
+	if l.ResponseStallTimeout < 0 {
+		r.add("limits.response_stall_timeout_secs", ErrInvalid, "must be 0 (no limit) or more seconds, got %s", formatDuration(l.ResponseStallTimeout))
+	}
+	l.validateStalledBudgets(r)
 	switch {
 	case l.MaxPreAuthConns < 1:
 		r.add("limits.max_preauth_conns", ErrInvalid, "must be at least 1, got %d", l.MaxPreAuthConns)
@@ -795,5 +820,33 @@ func (c *Server) validateAuth(r *reporter) {
 	// The edges' token must be none of the others: whoever holds it can join as an edge.
 	if c.Cluster != nil && c.Cluster.Token != "" {
 		claim("cluster.token", c.Cluster.Token)
+	}
+}
+
+// validateStalledBudgets checks the stalled-response budgets: none negative, and a narrower
+// one (a connection's, an address's) no larger than a wider one that is set, which would
+// make it meaningless.
+func (l *Limits) validateStalledBudgets(r *reporter) {
+	const (
+		total   = "limits.max_stalled_response_bytes"
+		perIP   = "limits.max_stalled_response_bytes_per_ip"
+		perConn = "limits.max_stalled_response_bytes_per_conn"
+	)
+	budgets := []struct {
+		key string
+		v   int64
+	}{{perConn, l.MaxStalledResponseBytesPerConn}, {perIP, l.MaxStalledResponseBytesPerIP}, {total, l.MaxStalledResponseBytes}}
+	for _, b := range budgets {
+		if b.v < 0 {
+			r.add(b.key, ErrInvalid, "must be 0 (no bound) or more bytes, got %d", b.v)
+		}
+	}
+	for i, narrow := range budgets {
+		for _, wide := range budgets[i+1:] {
+			if narrow.v > 0 && wide.v > 0 && narrow.v > wide.v {
+				r.add(narrow.key, ErrInvalid, "%d is above %s %d%s", narrow.v, wide.key, wide.v, r.lineNote(wide.key))
+				break
+			}
+		}
 	}
 }

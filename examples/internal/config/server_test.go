@@ -58,6 +58,11 @@ func TestServerDefaults(t *testing.T) {
 			RequestBodyMinRate:      1024,
 			RequestBodyMinRateGrace: 10 * time.Second,
 
+			ResponseStallTimeout:           60 * time.Second,
+			MaxStalledResponseBytes:        256 << 20,
+			MaxStalledResponseBytesPerConn: 16 << 20,
+			MaxStalledResponseBytesPerIP:   32 << 20,
+
 			MaxPreAuthConns:      256,
 			MaxPreAuthConnsPerIP: 16,
 			HelloTimeout:         5 * time.Second,
@@ -116,6 +121,10 @@ max_concurrent_per_member = 8
 request_body_timeout_secs = 0
 request_body_min_rate = 512
 request_body_min_rate_grace_secs = 2.5
+response_stall_timeout_secs = 7.5
+max_stalled_response_bytes = 100000000
+max_stalled_response_bytes_per_conn = 0
+max_stalled_response_bytes_per_ip = 20000000
 max_preauth_conns = 100
 max_preauth_conns_per_ip = 4
 hello_timeout_secs = 2.5
@@ -176,6 +185,11 @@ key_sha256 = "5fbf9bf10407864eb8562d42e245fd6435ebebff6cdea8cae46bec8da0b11e9a"
 			RequestBodyTimeout:      0,
 			RequestBodyMinRate:      512,
 			RequestBodyMinRateGrace: 2500 * time.Millisecond,
+
+			ResponseStallTimeout:           7500 * time.Millisecond,
+			MaxStalledResponseBytes:        100_000_000,
+			MaxStalledResponseBytesPerConn: 0,
+			MaxStalledResponseBytesPerIP:   20_000_000,
 
 			MaxPreAuthConns:      100,
 			MaxPreAuthConnsPerIP: 4,
@@ -385,6 +399,22 @@ func TestServerErrors(t *testing.T) {
 			[]want{{4, "limits.request_body_min_rate", config.ErrInvalid, "must be 0 (no minimum) or more bytes per second, got -5"}}},
 		{"body min rate grace zero", serverDoc("[limits]\nrequest_body_min_rate_grace_secs = 0\n"),
 			[]want{{4, "limits.request_body_min_rate_grace_secs", config.ErrInvalid, "must be greater than 0 seconds, got 0"}}},
+		{"response stall timeout negative", serverDoc("[limits]\nresponse_stall_timeout_secs = -1\n"),
+			[]want{{4, "limits.response_stall_timeout_secs", config.ErrInvalid, "must be 0 (no limit) or more seconds, got -1"}}},
+		{"response stall timeout infinite", serverDoc("[limits]\nresponse_stall_timeout_secs = inf\n"),
+			[]want{{4, "limits.response_stall_timeout_secs", config.ErrInvalid, "finite"}}},
+		{"stalled bytes negative", serverDoc("[limits]\nmax_stalled_response_bytes = -1\nmax_stalled_response_bytes_per_ip = -2\nmax_stalled_response_bytes_per_conn = -3\n"),
+			[]want{
+				{4, "limits.max_stalled_response_bytes", config.ErrInvalid, "must be 0 (no bound) or more bytes, got -1"},
+				{5, "limits.max_stalled_response_bytes_per_ip", config.ErrInvalid, "must be 0 (no bound) or more bytes, got -2"},
+				{6, "limits.max_stalled_response_bytes_per_conn", config.ErrInvalid, "must be 0 (no bound) or more bytes, got -3"},
+			}},
+		{"stalled bytes per ip above the total", serverDoc("[limits]\nmax_stalled_response_bytes = 30000000\nmax_stalled_response_bytes_per_ip = 40000000\n"),
+			[]want{{5, "limits.max_stalled_response_bytes_per_ip", config.ErrInvalid, "40000000 is above limits.max_stalled_response_bytes 30000000 (line 4)"}}},
+		{"stalled bytes per conn above the default per ip", serverDoc("[limits]\nmax_stalled_response_bytes_per_conn = 100000000\n"),
+			[]want{{4, "limits.max_stalled_response_bytes_per_conn", config.ErrInvalid, "100000000 is above limits.max_stalled_response_bytes_per_ip 33554432"}}},
+		{"stalled bytes per conn above the total, no per ip", serverDoc("[limits]\nmax_stalled_response_bytes_per_ip = 0\nmax_stalled_response_bytes_per_conn = 300000000\n"),
+			[]want{{5, "limits.max_stalled_response_bytes_per_conn", config.ErrInvalid, "300000000 is above limits.max_stalled_response_bytes 268435456"}}},
 
 		// [load_balancing]
 		{"unknown strategy", serverDoc("[load_balancing]\nstrategy = \"round_robin\"\n"),
@@ -494,6 +524,10 @@ func TestServerWrongTypes(t *testing.T) {
 		{"limits", "max_auth_failures_per_ip", "true", "expected an integer, got a boolean"},
 		{"limits", "auth_failure_window_secs", "[600]", "expected a number of seconds, got an array"},
 		{"limits", "auth_block_secs", `"900"`, "expected a number of seconds, got a string"},
+		{"limits", "response_stall_timeout_secs", `"60"`, "expected a number of seconds, got a string"},
+		{"limits", "max_stalled_response_bytes", "1.5", "expected an integer, got a floating-point number"},
+		{"limits", "max_stalled_response_bytes_per_conn", `"16MiB"`, "expected an integer, got a string"},
+		{"limits", "max_stalled_response_bytes_per_ip", "true", "expected an integer, got a boolean"},
 		{"load_balancing", "enabled", `"true"`, "expected a boolean (true or false), got a string"},
 		{"load_balancing", "strategy", "1", "expected a string, got an integer"},
 		{"load_balancing", "alert_webhook_url", "07:32:00", "expected a string, got a time"},

@@ -39,6 +39,7 @@ type serverFile struct {
 
 		RequestBodyTimeout      *seconds `toml:"request_body_timeout_secs"`
 		RequestBodyMinRateGrace *seconds `toml:"request_body_min_rate_grace_secs"`
+		ResponseStallTimeout    *seconds `toml:"response_stall_timeout_secs"`
 
 		HelloTimeout      *seconds `toml:"hello_timeout_secs"`
 		AuthFailureWindow *seconds `toml:"auth_failure_window_secs"`
