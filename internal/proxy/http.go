@@ -24,7 +24,8 @@ import (
 // HTTP is the public HTTP ingress, an http.Handler: it routes each request by its Host
 // header (<subdomain>.<Domain>) to a group and proxies it to one member, per request, over a
 // pooled keep-alive stream; the group's affinity, if it has one, chooses the member, and a
-// failed attempt may go to one other member (see the package documentation). Unknown hosts get 404, a group with no selectable member 503, a
+// failed attempt may go to one other member (see the package documentation). A CONNECT
+// gets 405 before anything else. Unknown hosts get 404, a group with no selectable member 503, a
 // backend that fails mid-request 502; a Host with a bad port (not 0-65535) and a malformed
 // request body get 400, a request body that arrives too slowly (Config.RequestBodyTimeout,
 // Config.RequestBodyMinRate) 408. Once a response has started, any of these failures
@@ -176,6 +177,10 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		return
 	}
 	h.cfg.Stats.HTTPRequests.Add(1)
+	if r.Method == http.MethodConnect {
+		h.refuseConnect(w, r)
+		return
+	}
 	if !validHostPort(r.Host) {
 		http.Error(w, fmt.Sprintf("invalid port in host %q", r.Host), http.StatusBadRequest)
 		return
@@ -286,6 +291,24 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		w = http10Writer{w}
 	}
 	h.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// allowedMethods is the Allow header of the edge's 405 to CONNECT: every method but CONNECT
+// goes to the backend.
+const allowedMethods = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, TRACE"
+
+// refuseConnect answers a CONNECT request 405, before any member is involved. The edge is a
+// reverse proxy, not a forward one (as Caddy and nginx, which refuse it alike): relaying
+// CONNECT as an ordinary request carried the backend's answer back but not the client's
+// bytes, and left the member's stream open once the client had sent some and gone. An
+// HTTP/1.x connection is closed after the answer: a client that did not wait for it may
+// already have sent tunnel bytes, which must not be read as its next request.
+func (h *HTTP) refuseConnect(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Allow", allowedMethods)
+	if r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
+	h.fail(w, r, "CONNECT is not supported: this is a reverse proxy, not a forward proxy", http.StatusMethodNotAllowed)
 }
 
 // errTooManyInterim fails a request whose backend sent maxInterimResponses 1xx responses

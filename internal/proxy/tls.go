@@ -425,6 +425,10 @@ func (p *helloParser) vector(lenBytes int) (helloParser, bool) {
 func (h *HTTP) GuardTLSRoutes() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The route found here is handed on: ServeHTTP does not look it up again.
+		if r.Method == http.MethodConnect {
+			h.serve(w, r, nil) // refused there (405), whatever the Host
+			return
+		}
 		var rt routed
 		if rt.sub, rt.ok = subdomainOf(r.Host, h.cfg.Domain); rt.ok {
 			rt.g = h.cfg.Registry.LookupHTTP(rt.sub)
