@@ -170,8 +170,11 @@ type ServerConfig struct {
 	// (X-Forwarded-For, else Forwarded) that is not a trusted proxy, as nginx's
 	// real_ip_recursive. From any other peer, the client's own values of all five are
 	// dropped and replaced by the edge's: the peer's address, the listener's scheme, the
-	// Host. Nil (the default) trusts no peer. Each prefix must be valid (NewServer refuses
-	// the zero Prefix); a restart applies a change.
+	// Host. The other headers only a proxy may set (X-Forwarded-Ssl, -Scheme, -Port,
+	// Front-End-Https, X-Client-IP, True-Client-IP, CF-Connecting-IP, X-Original-URL and
+	// the like) are kept from a trusted proxy and dropped from any other peer; the edge does
+	// not set them itself. Nil (the default) trusts no peer. Each prefix must be valid
+	// (NewServer refuses the zero Prefix); a restart applies a change.
 	TrustedProxies []netip.Prefix
 	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
 	RequestBodyMaxBytes int64

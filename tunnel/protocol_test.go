@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // tallyingBackend is a loopback HTTP/1.1 backend that counts the connections it accepted and
@@ -87,3 +90,88 @@ func TestConnectIsRefusedBeforeAnyMember(t *testing.T) {
 
 // allowedMethodsForTest is the Allow header of the edge's 405 to CONNECT.
 const allowedMethodsForTest = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, TRACE"
+
+// TestSpoofableHeadersNeverReachTheBackend: headers only a proxy may set, sent by a client
+// that is no trusted proxy (X-Forwarded-Ssl: on, which Rack takes for HTTPS, the port, a
+// CDN's client address, an original URL), reach no backend, over HTTP/1.1 or HTTP/2; the
+// backend sees the edge's Via element with the protocol the client spoke.
+func TestSpoofableHeadersNeverReachTheBackend(t *testing.T) {
+	pki := newTestPKI(t)
+	e, httpsAddr := startTLSEdge(t, pki, ServerConfig{})
+	spoofed := []string{"X-Forwarded-Ssl", "Front-End-Https", "X-Forwarded-Scheme", "X-Forwarded-Port",
+		"X-Client-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "X-Original-Url"}
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, n := range spoofed {
+			if v := r.Header.Values(n); len(v) > 0 {
+				fmt.Fprintf(w, "%s: %q\n", n, v)
+			}
+		}
+		fmt.Fprintf(w, "Via: %q\n", r.Header.Values("Via"))
+	}))
+	t.Cleanup(be.Close)
+	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "web"}, hostPort(be.URL))
+	require.NoError(t, err)
+	host := "web." + testDomain
+
+	for url, c := range map[string]*http.Client{
+		"http://" + host + "/":  e.client,
+		"https://" + host + "/": tlsClient(t, pki, httpsAddr, "h2"),
+	} {
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		require.NoError(t, err)
+		for _, n := range spoofed {
+			req.Header.Set(n, "on")
+		}
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("Via: [\"%d.%d warren\"]\n", resp.ProtoMajor, resp.ProtoMinor), string(body), url)
+	}
+}
+
+// TestH2PathWithASpaceIsRefused: an HTTP/2 request whose :path holds a space ("/x?a=1
+// HTTP/1.0", which would end the request line to an HTTP/1.1 member early) is answered 400
+// by the edge, as net/http answers such a request line over HTTP/1.1; no member is
+// involved, and the connection goes on.
+func TestH2PathWithASpaceIsRefused(t *testing.T) {
+	e := startEdge(t, ServerConfig{PublicH2C: true})
+	be, conns, _ := tallyingBackend(t)
+	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "web"}, hostPort(be.URL))
+	require.NoError(t, err)
+	c, fr := h2Frames(t, e.publicAddr)
+	var hbuf bytes.Buffer
+	enc := hpack.NewEncoder(&hbuf)
+	for i, path := range []string{"/x?a=1 HTTP/1.0", "/x?a=1"} {
+		require.NoError(t, fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), EndStream: true, EndHeaders: true,
+			BlockFragment: h2Head(t, enc, &hbuf, "GET", "web."+testDomain, path)}))
+	}
+	status := map[uint32]string{}
+	dec := hpack.NewDecoder(4096, nil)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	for len(status) < 2 {
+		f, err := fr.ReadFrame()
+		require.NoError(t, err)
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				require.NoError(t, fr.WriteSettingsAck())
+			}
+		case *http2.GoAwayFrame:
+			t.Fatalf("GOAWAY %v", f.ErrCode)
+		case *http2.RSTStreamFrame:
+			t.Fatalf("stream %d reset: %v", f.StreamID, f.ErrCode)
+		case *http2.HeadersFrame:
+			fields, err := dec.DecodeFull(f.HeaderBlockFragment())
+			require.NoError(t, err)
+			for _, hf := range fields {
+				if hf.Name == ":status" {
+					status[f.StreamID] = hf.Value
+				}
+			}
+		}
+	}
+	require.Equal(t, map[uint32]string{1: "400", 3: "200"}, status)
+	require.Equal(t, int64(1), conns.Load(), "the request with a space in its :path reached the backend")
+}

@@ -25,7 +25,8 @@ import (
 // header (<subdomain>.<Domain>) to a group and proxies it to one member, per request, over a
 // pooled keep-alive stream; the group's affinity, if it has one, chooses the member, and a
 // failed attempt may go to one other member (see the package documentation). A CONNECT
-// gets 405 before anything else. Unknown hosts get 404, a group with no selectable member 503, a
+// gets 405 before anything else, and an HTTP/2 request whose :path holds a space 400.
+// Unknown hosts get 404, a group with no selectable member 503, a
 // backend that fails mid-request 502; a Host with a bad port (not 0-65535) and a malformed
 // request body get 400, a request body that arrives too slowly (Config.RequestBodyTimeout,
 // Config.RequestBodyMinRate) 408. Once a response has started, any of these failures
@@ -179,6 +180,15 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	h.cfg.Stats.HTTPRequests.Add(1)
 	if r.Method == http.MethodConnect {
 		h.refuseConnect(w, r)
+		return
+	}
+	if r.ProtoMajor == 2 && strings.IndexByte(r.RequestURI, ' ') >= 0 {
+		// An HTTP/2 :path may hold a space, which net/http's HTTP/2 server lets through
+		// (its query is kept raw): written into the request line to an HTTP/1.1 member
+		// ("GET /x?a=1 HTTP/1.0 HTTP/1.1"), it would end the target there and make the
+		// rest the backend's protocol version. Refused as net/http refuses such a request
+		// line over HTTP/1.1.
+		h.fail(w, r, "bad request: a space in the request target", http.StatusBadRequest)
 		return
 	}
 	if !validHostPort(r.Host) {
