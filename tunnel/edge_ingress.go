@@ -3,6 +3,7 @@ package tunnel
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"slices"
@@ -89,12 +90,14 @@ func (s *Server) ServePublic(l net.Listener) error {
 // effect at once).
 //
 // It also carries the TLS passthrough tunnels (ProtoTLS): each connection's ClientHello is
-// read first (at most 16 KiB and 5 bytes, within ServerConfig.ReadHeaderTimeout; a client
-// that sends none in time is closed), and a connection whose server name is
-// <subdomain>.<Domain> of a tls pool goes, still encrypted and ClientHello included, to one
-// of its members, as a TCP connection would. Every other connection is served here as if
-// nothing had been read: TLS terminated with TLSConfig, routed by Host (an unknown name
-// gets 404, as before).
+// read first, reassembled from as many TLS records as the client spread it over (a
+// ClientHello of at most 16 KiB, at most 20 KiB read, within
+// ServerConfig.ReadHeaderTimeout; a client that sends none in time is closed), and a
+// connection whose server name is <subdomain>.<Domain> of a tls pool goes, still encrypted
+// and its records unchanged, to one of its members, as a TCP connection would. Every other
+// connection is served here as if nothing had been read: TLS terminated with TLSConfig,
+// routed by Host (an unknown name gets 404, as before); a handshake naming a tls pool that
+// reaches this server anyway fails, never terminated with the edge's certificate.
 func (s *Server) ServePublicTLS(l net.Listener) error {
 	if s.cfg.TLSConfig == nil {
 		return errors.New("tunnel: ServePublicTLS needs ServerConfig.TLSConfig")
@@ -102,13 +105,38 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 	s.httpsPort.CompareAndSwap(0, int32(portOf(l.Addr())))
 	var p http.Protocols
 	p.SetHTTP1(true)
-	cfg := s.cfg.TLSConfig
+	cfg := s.refusePassthroughNames(s.cfg.TLSConfig)
 	if !s.cfg.DisablePublicHTTP2 {
 		p.SetHTTP2(true)
 		cfg = withALPN(cfg, "h2", "http/1.1")
 	}
 	pl := s.ingress.PassthroughListener(l, proxy.PassthroughOptions{HelloTimeout: s.cfg.ReadHeaderTimeout, Go: s.spawn})
 	return s.serveHTTP(tls.NewListener(pl, cfg), s.Handler(), &p, 0)
+}
+
+// refusePassthroughNames returns the configuration to serve the embedder's cfg with on the
+// public HTTPS listener: the same, but a handshake whose server name is a TLS passthrough
+// tunnel's fails. The router in front (PassthroughListener) carries such connections to
+// their members; one that reached this server anyway (a ClientHello the router could not
+// read within its bounds, a pool registered while it read) must not have its TLS, and the
+// client's plaintext after it, terminated at the edge with the edge's certificate. As
+// withALPN, it keeps cfg itself for the handshakes: what cfg's GetConfigForClient returns,
+// or cfg as it is then.
+func (s *Server) refusePassthroughNames(cfg *tls.Config) *tls.Config {
+	pick := cfg.GetConfigForClient
+	w := cfg.Clone()
+	w.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		if s.ingress.PassthroughName(hello.ServerName) {
+			return nil, fmt.Errorf("%s is a TLS passthrough tunnel: its TLS is never terminated at the edge", hello.ServerName)
+		}
+		if pick != nil {
+			if c, err := pick(hello); err != nil || c != nil {
+				return c, err
+			}
+		}
+		return cfg, nil
+	}
+	return w
 }
 
 // withALPN returns the configuration to serve the embedder's cfg with, offering protos in
