@@ -148,7 +148,12 @@ type ServerConfig struct {
 
 	// ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes protect the public HTTP listeners
 	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB. The admin listener has
-	// them too, and twice ReadHeaderTimeout for a whole request, body included.
+	// them too, and twice ReadHeaderTimeout for a whole request, body included. A request
+	// whose headers are over MaxHeaderBytes gets 431: over HTTP/1.1 the connection is then
+	// closed, over HTTP/2 only that stream ends. The public HTTP/2 servers decode a header
+	// block up to twice MaxHeaderBytes (at least 64 KiB) to answer it so; one header field
+	// past that ends the HTTP/2 connection (COMPRESSION_ERROR), as the edge would have to
+	// hold it.
 	ReadHeaderTimeout, IdleTimeout time.Duration
 	MaxHeaderBytes                 int
 	// PublicH2C makes the public HTTP listener (ServePublic) serve HTTP/2 over cleartext

@@ -34,6 +34,10 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 		TCPBindHost:         c.TCPBindHost,
 		ListenTCP:           c.ListenTCP,
 
+		// HTTP/2 header blocks are decoded up to h2HeaderBlockBytes (edge_h2.go): the
+		// proxy answers those over MaxHeaderBytes.
+		MaxHeaderBytes: c.MaxHeaderBytes,
+
 		// Negative (no limit) is zero to the proxy.
 		RequestBodyTimeout:      max(c.RequestBodyTimeout, 0),
 		RequestBodyMinRate:      max(c.RequestBodyMinRate, 0),
@@ -80,7 +84,7 @@ func (s *Server) ServePublic(l net.Listener) error {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(s.cfg.PublicH2C)
-	return s.serveHTTP(l, s.Handler(), &p, 0)
+	return s.serveHTTP(l, s.Handler(), &p, 0, true)
 }
 
 // ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig, offering HTTP/2 ("h2"
@@ -111,7 +115,7 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 		cfg = withALPN(cfg, "h2", "http/1.1")
 	}
 	pl := s.ingress.PassthroughListener(l, proxy.PassthroughOptions{HelloTimeout: s.cfg.ReadHeaderTimeout, Go: s.spawn})
-	return s.serveHTTP(tls.NewListener(pl, cfg), s.Handler(), &p, 0)
+	return s.serveHTTP(tls.NewListener(pl, cfg), s.Handler(), &p, 0, true)
 }
 
 // refusePassthroughNames returns the configuration to serve the embedder's cfg with on the
@@ -183,8 +187,11 @@ func withALPN(cfg *tls.Config, protos ...string) *tls.Config {
 // default); Close waits for its connections' goroutines. readTimeout, when positive, bounds
 // each whole request, body included (the admin listener); a public upload is bounded by
 // the proxy's deadlines on each read instead. On every listener, an HTTP/1.x connection is
-// closed after an answer that left its request body unread (closeAfterAbandonedBody).
-func (s *Server) serveHTTP(l net.Listener, h http.Handler, protos *http.Protocols, readTimeout time.Duration) error {
+// closed after an answer that left its request body unread (closeAfterAbandonedBody), and
+// HTTP/2 never advertises extended CONNECT (edge_h2.go). A public listener (public) decodes
+// HTTP/2 header blocks up to h2HeaderBlockBytes, its handler (the proxy) answering those
+// over MaxHeaderBytes 431; any other decodes them up to MaxHeaderBytes, as HTTP/1.1.
+func (s *Server) serveHTTP(l net.Listener, h http.Handler, protos *http.Protocols, readTimeout time.Duration, public bool) error {
 	hs := &http.Server{
 		Handler:           closeAfterAbandonedBody(h, s.cfg.unreadBodyLinger()),
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
@@ -202,6 +209,11 @@ func (s *Server) serveHTTP(l net.Listener, h http.Handler, protos *http.Protocol
 			WriteByteTimeout:              publicH2WriteByteTimeout,
 		},
 	}
+	h2HeaderBytes := 0
+	if public {
+		h2HeaderBytes = h2HeaderBlockBytes(s.cfg.MaxHeaderBytes)
+	}
+	setupHTTP2(hs, h2HeaderBytes)
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()

@@ -3,11 +3,15 @@ package tunnel
 import (
 	"bufio"
 	"bytes"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -174,4 +178,181 @@ func TestH2PathWithASpaceIsRefused(t *testing.T) {
 	}
 	require.Equal(t, map[uint32]string{1: "400", 3: "200"}, status)
 	require.Equal(t, int64(1), conns.Load(), "the request with a space in its :path reached the backend")
+}
+
+// h2ServerSettings reads the first frame the server on c sends, its SETTINGS, after the
+// client preface.
+func h2ServerSettings(t *testing.T, c net.Conn) map[http2.SettingID]uint32 {
+	t.Helper()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	_, err := io.WriteString(c, http2.ClientPreface)
+	require.NoError(t, err)
+	fr := http2.NewFramer(c, c)
+	require.NoError(t, fr.WriteSettings())
+	f, err := fr.ReadFrame()
+	require.NoError(t, err)
+	sf, ok := f.(*http2.SettingsFrame)
+	require.True(t, ok, "the server's first frame is %v", f)
+	settings := map[http2.SettingID]uint32{}
+	require.NoError(t, sf.ForeachSetting(func(s http2.Setting) error { settings[s.ID] = s.Val; return nil }))
+	return settings
+}
+
+// TestPublicH2NeverAdvertisesExtendedConnect: with GODEBUG=http2xconnect=1, net/http's
+// HTTP/2 server advertises extended CONNECT (RFC 8441), and browsers then send WebSockets
+// that way, which the edge does not carry; the edge's public HTTP/2 servers (h2c and h2 by
+// ALPN) never advertise it, and still serve. net/http reads GODEBUG from the environment
+// once, as it initialises (os.Setenv in a test is too late, and //go:debug does not know
+// http2xconnect): the test runs itself again in a process started with it.
+func TestPublicH2NeverAdvertisesExtendedConnect(t *testing.T) {
+	if os.Getenv("WARREN_TEST_XCONNECT") == "" {
+		cmd := exec.CommandContext(ctxT(t), os.Args[0], "-test.run=^TestPublicH2NeverAdvertisesExtendedConnect$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "GODEBUG=http2xconnect=1", "WARREN_TEST_XCONNECT=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "--- PASS: TestPublicH2NeverAdvertisesExtendedConnect", "%s", out)
+		return
+	}
+
+	plain := httptest.NewUnstartedServer(http.NotFoundHandler())
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	plain.Config.Protocols = &p
+	plain.Start()
+	t.Cleanup(plain.Close)
+	c, err := net.Dial("tcp", plain.Listener.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, uint32(1), h2ServerSettings(t, c)[http2.SettingEnableConnectProtocol],
+		"net/http does not advertise extended CONNECT here: GODEBUG did not take")
+
+	pki := newTestPKI(t)
+	e, httpsAddr := startTLSEdge(t, pki, ServerConfig{PublicH2C: true})
+	be := protoBackend(t)
+	_, err = e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(be.URL))
+	require.NoError(t, err)
+	h2c, err := net.Dial("tcp", e.publicAddr)
+	require.NoError(t, err)
+	defer h2c.Close()
+	h2, err := tls.Dial("tcp", httpsAddr, &tls.Config{RootCAs: pki.pool, ServerName: "edge.test", NextProtos: []string{"h2"}})
+	require.NoError(t, err)
+	defer h2.Close()
+	require.Equal(t, "h2", h2.ConnectionState().NegotiatedProtocol)
+	for name, conn := range map[string]net.Conn{"h2c": h2c, "h2": h2} {
+		settings := h2ServerSettings(t, conn)
+		require.NotContains(t, settings, http2.SettingEnableConnectProtocol, "%s: the edge advertises extended CONNECT", name)
+		require.Equal(t, uint32(publicH2MaxStreams), settings[http2.SettingMaxConcurrentStreams], "%s: the rest of its SETTINGS", name)
+		require.Equal(t, uint32(publicH2MaxReadFrameSize), settings[http2.SettingMaxFrameSize], name)
+	}
+	for url, client := range map[string]*http.Client{
+		"http://app." + testDomain + "/x":  h2cClient(t, e.publicAddr),
+		"https://app." + testDomain + "/x": tlsClient(t, pki, httpsAddr, "h2"),
+	} {
+		resp, body := fetch(t, client, url)
+		require.Equal(t, http.StatusOK, resp.StatusCode, url)
+		require.Equal(t, 2, resp.ProtoMajor, url)
+		require.Equal(t, "HTTP/1.1 /x", body, url)
+	}
+}
+
+// writeH2Block writes the header block of stream id as curl does: a HEADERS frame and
+// CONTINUATION frames of at most 16 KiB each.
+func writeH2Block(t *testing.T, fr *http2.Framer, id uint32, block []byte, endStream bool) {
+	t.Helper()
+	const frame = 16 << 10
+	first := block[:min(frame, len(block))]
+	rest := block[len(first):]
+	require.NoError(t, fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first,
+		EndStream: endStream, EndHeaders: len(rest) == 0}))
+	for len(rest) > 0 {
+		n := min(frame, len(rest))
+		require.NoError(t, fr.WriteContinuation(id, n == len(rest), rest[:n]))
+		rest = rest[n:]
+	}
+}
+
+// TestH2OversizedHeaderGets431: one header field over MaxHeaderBytes (40 KiB, the limit
+// being 32 KiB) on an HTTP/2 connection gets its stream a 431, as over HTTP/1.1, and the
+// connection goes on: a request in flight on it completes, the next is served. (It used
+// to end the connection, GOAWAY COMPRESSION_ERROR, and every stream on it.) The edge still
+// bounds what it holds: a field over its HTTP/2 bound (twice the limit) ends the
+// connection, since staying in step with the client's HPACK state would mean holding it.
+func TestH2OversizedHeaderGets431(t *testing.T) {
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "got %d", len(b))
+	}))
+	t.Cleanup(be.Close)
+	e := startEdge(t, ServerConfig{PublicH2C: true})
+	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(be.URL))
+	require.NoError(t, err)
+	c, fr := h2Frames(t, e.publicAddr)
+	var hbuf bytes.Buffer
+	enc := hpack.NewEncoder(&hbuf)
+	block := func(method string, extra ...hpack.HeaderField) []byte {
+		b := bytes.Clone(h2Head(t, enc, &hbuf, method, "app."+testDomain, "/"))
+		hbuf.Reset()
+		for _, hf := range extra {
+			require.NoError(t, enc.WriteField(hf))
+		}
+		return append(b, hbuf.Bytes()...)
+	}
+
+	status := map[uint32]string{}
+	bodies := map[uint32]string{}
+	dec := hpack.NewDecoder(4096, nil)
+	// await reads frames until stream id is answered, and returns the GOAWAY if one came.
+	await := func(id uint32) *http2.GoAwayFrame {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		for {
+			f, err := fr.ReadFrame()
+			require.NoError(t, err)
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					require.NoError(t, fr.WriteSettingsAck())
+				}
+			case *http2.GoAwayFrame:
+				return f
+			case *http2.RSTStreamFrame:
+				t.Fatalf("stream %d reset: %v", f.StreamID, f.ErrCode)
+			case *http2.HeadersFrame:
+				fields, err := dec.DecodeFull(f.HeaderBlockFragment())
+				require.NoError(t, err)
+				for _, hf := range fields {
+					if hf.Name == ":status" {
+						status[f.StreamID] = hf.Value
+					}
+				}
+				if f.StreamID == id && f.StreamEnded() {
+					return nil
+				}
+			case *http2.DataFrame:
+				bodies[f.StreamID] += string(f.Data())
+				if f.StreamID == id && f.StreamEnded() {
+					return nil
+				}
+			}
+		}
+	}
+
+	writeH2Block(t, fr, 1, block("POST"), false) // its body comes later
+	writeH2Block(t, fr, 3, block("GET", hpack.HeaderField{Name: "x-big", Value: strings.Repeat("x", 40<<10)}), true)
+	if g := await(3); g != nil {
+		t.Fatalf("one large header ended the connection: GOAWAY %v", g.ErrCode)
+	}
+	require.Equal(t, "431", status[3])
+	require.NoError(t, fr.WriteData(1, true, []byte("hello")))
+	require.Nil(t, await(1))
+	require.Equal(t, "200", status[1])
+	require.Equal(t, "got 5", bodies[1], "the request in flight completes")
+	writeH2Block(t, fr, 5, block("GET"), true)
+	require.Nil(t, await(5))
+	require.Equal(t, "200", status[5], "the next request is served")
+
+	writeH2Block(t, fr, 7, block("GET", hpack.HeaderField{Name: "x-huge", Value: strings.Repeat("x", 200<<10)}), true)
+	g := await(7)
+	require.NotNil(t, g, "a header field over the edge's HTTP/2 bound was decoded")
+	require.Equal(t, http2.ErrCodeCompression, g.ErrCode)
 }

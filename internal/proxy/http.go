@@ -24,8 +24,9 @@ import (
 // HTTP is the public HTTP ingress, an http.Handler: it routes each request by its Host
 // header (<subdomain>.<Domain>) to a group and proxies it to one member, per request, over a
 // pooled keep-alive stream; the group's affinity, if it has one, chooses the member, and a
-// failed attempt may go to one other member (see the package documentation). A CONNECT
-// gets 405 before anything else, and an HTTP/2 request whose :path holds a space 400.
+// failed attempt may go to one other member (see the package documentation). Before
+// anything else, an HTTP/2 request whose header list is over Config.MaxHeaderBytes gets
+// 431, a CONNECT 405, an HTTP/2 request whose :path holds a space 400.
 // Unknown hosts get 404, a group with no selectable member 503, a
 // backend that fails mid-request 502; a Host with a bad port (not 0-65535) and a malformed
 // request body get 400, a request body that arrives too slowly (Config.RequestBodyTimeout,
@@ -178,6 +179,10 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		return
 	}
 	h.cfg.Stats.HTTPRequests.Add(1)
+	if r.ProtoMajor == 2 && h.cfg.MaxHeaderBytes > 0 && h2HeaderListSize(r) > h.cfg.MaxHeaderBytes+h2HeaderSlack {
+		h.fail(w, r, fmt.Sprintf("request header fields over the limit of %d bytes", h.cfg.MaxHeaderBytes), http.StatusRequestHeaderFieldsTooLarge)
+		return
+	}
 	if r.Method == http.MethodConnect {
 		h.refuseConnect(w, r)
 		return
@@ -301,6 +306,28 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		w = http10Writer{w}
 	}
 	h.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// h2HeaderSlack is what net/http's HTTP/2 server adds to MaxHeaderBytes for its header list
+// limit: 32 bytes for each of 10 fields, as HTTP/2 counts 32 bytes more for each.
+const h2HeaderSlack = 10 * 32
+
+// h2HeaderListSize is the size of an HTTP/2 request's header list as RFC 7541 counts it, and
+// net/http's HTTP/2 server against its limit: each field's name and value and 32 bytes,
+// the pseudo-header fields included.
+func h2HeaderListSize(r *http.Request) int {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	n := len(":method") + len(r.Method) + len(":scheme") + len(scheme) + len(":authority") + len(r.Host) +
+		len(":path") + len(r.RequestURI) + 4*32
+	for k, vv := range r.Header {
+		for _, v := range vv {
+			n += len(k) + len(v) + 32
+		}
+	}
+	return n
 }
 
 // allowedMethods is the Allow header of the edge's 405 to CONNECT: every method but CONNECT

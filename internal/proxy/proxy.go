@@ -117,6 +117,12 @@ type Config struct {
 	// IdleStreamTimeout is how long an idle keep-alive stream to a member may be reused.
 	// Default 4 s.
 	IdleStreamTimeout time.Duration
+	// MaxHeaderBytes is the public listeners' header limit: an HTTP/2 request whose header
+	// list is over it (RFC 7541 sizes, each field's name and value and 32 bytes, pseudo
+	// headers included, with the 320 bytes of slack net/http gives HTTP/2) gets 431. The
+	// edge's HTTP/2 servers decode header blocks past it, so that one large header ends
+	// one request rather than the connection. 0: not checked (net/http's limit holds).
+	MaxHeaderBytes int
 	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
 	RequestBodyMaxBytes int64
 	// RequestBodyTimeout bounds how long a public request body may take to arrive, from
