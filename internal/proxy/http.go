@@ -26,11 +26,12 @@ import (
 // pooled keep-alive stream; the group's affinity, if it has one, chooses the member, and a
 // failed attempt may go to one other member (see the package documentation). Before
 // anything else, an HTTP/2 request whose header list is over Config.MaxHeaderBytes gets
-// 431, a CONNECT 405, an HTTP/2 request whose :path holds a space 400.
-// Unknown hosts get 404, a group with no selectable member 503, a
-// backend that fails mid-request 502; a Host with a bad port (not 0-65535) and a malformed
-// request body get 400, a request body that arrives too slowly (Config.RequestBodyTimeout,
-// Config.RequestBodyMinRate) 408. Once a response has started, any of these failures
+// 431, a CONNECT 405, an HTTP/2 request whose :path holds a space 400. Unknown hosts get
+// 404, a group with no selectable member 503, a backend that fails mid-request 502; a Host
+// with a bad port (not 0-65535) and a malformed request body get 400, a request body that
+// arrives too slowly (Config.RequestBodyTimeout, Config.RequestBodyMinRate) 408. A gRPC
+// call gets each of these answers as a gRPC status (HTTP.fail, grpcerr.go). Once a
+// response has started, any of these failures
 // aborts the client's connection instead of ending the response cleanly (the
 // http.ErrAbortHandler panic of httputil.ReverseProxy under an http.Server): a body with a
 // Content-Length ends short, a chunked one without its last chunk. Each request carries the
@@ -197,7 +198,7 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		return
 	}
 	if !validHostPort(r.Host) {
-		http.Error(w, fmt.Sprintf("invalid port in host %q", r.Host), http.StatusBadRequest)
+		h.fail(w, r, fmt.Sprintf("invalid port in host %q", r.Host), http.StatusBadRequest)
 		return
 	}
 	var sub string
@@ -208,7 +209,7 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		sub, ok = subdomainOf(r.Host, h.cfg.Domain)
 	}
 	if !ok {
-		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
+		h.fail(w, r, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
 		return
 	}
 	if h.cfg.HTTPGate != nil {
@@ -218,7 +219,7 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 				if refused.RetryAfter > 0 {
 					w.Header().Set("Retry-After", strconv.Itoa(int(refused.RetryAfter.Seconds())))
 				}
-				http.Error(w, refused.Reason, refused.Status)
+				h.fail(w, r, refused.Reason, refused.Status)
 				return
 			}
 			defer done()
@@ -232,16 +233,21 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	}
 	if g == nil {
 		if h.cfg.Reserved != nil && h.cfg.Reserved(sub) {
-			http.Error(w, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
+			h.fail(w, r, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
 			return
 		}
-		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
+		h.fail(w, r, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
 		return
 	}
 	if g.Proto == group.ProtoHTTPS && r.TLS == nil {
 		if host := h.cfg.HTTPSHost(sub); host != "" {
 			u := *r.URL
 			u.Scheme, u.Host = "https", host
+			if isGRPC(r) {
+				// A gRPC client follows no redirect: it is told where the service is.
+				h.fail(w, r, fmt.Sprintf("%s is served over HTTPS only: %s", r.Host, u.String()), http.StatusPermanentRedirect)
+				return
+			}
 			http.Redirect(w, r, u.String(), http.StatusPermanentRedirect)
 			return
 		}
@@ -261,7 +267,7 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	}
 	if max := h.cfg.RequestBodyMaxBytes; max > 0 && r.Body != nil && r.Body != http.NoBody {
 		if r.ContentLength > max {
-			http.Error(w, fmt.Sprintf("request body over the limit of %d bytes", max), http.StatusRequestEntityTooLarge)
+			h.fail(w, r, fmt.Sprintf("request body over the limit of %d bytes", max), http.StatusRequestEntityTooLarge)
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, max)

@@ -486,7 +486,7 @@ func (h *HTTP) GuardTLSRoutes() http.Handler {
 		if rt.sub, rt.ok = subdomainOf(r.Host, h.cfg.Domain); rt.ok {
 			rt.g = h.cfg.Registry.LookupHTTP(rt.sub)
 			if g := rt.g; g != nil && g.Proto == group.ProtoTLS {
-				http.Error(w, fmt.Sprintf("%s is a TLS passthrough tunnel: connect to the HTTPS port with TLS and server name %s.%s",
+				h.fail(w, r, fmt.Sprintf("%s is a TLS passthrough tunnel: connect to the HTTPS port with TLS and server name %s.%s",
 					rt.sub, rt.sub, h.cfg.Domain), http.StatusMisdirectedRequest)
 				return
 			}
