@@ -34,7 +34,7 @@ import (
 // serves any net.Conn it is given, so both kinds go through it, wrapped: an h2 connection
 // once the edge read its client preface itself (the TLS state stays available to the
 // server through ConnectionState). The http.Server handed to those functions is their base
-// configuration: a second one with the header limit of HTTP/2 (h2Base). Should net/http
+// configuration: a second one, with the header limit of HTTP/2 (setupHTTP2). Should net/http
 // stop handing connections over this way, the functions are left as they are: HTTP/2 still
 // works, without these two changes (TestPublicH2NeverAdvertisesExtendedConnect and
 // TestH2OversizedHeaderGets431 say so).

@@ -3,6 +3,7 @@ package tunnel
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
@@ -68,7 +69,7 @@ func TestConnectIsRefusedBeforeAnyMember(t *testing.T) {
 	require.Equal(t, allowedMethodsForTest, resp.Header.Get("Allow"))
 	require.True(t, resp.Close, "the HTTP/1.1 connection is kept after a refused CONNECT")
 	_, err = br.ReadByte()
-	require.ErrorIs(t, err, io.EOF, "the bytes behind the CONNECT were answered as a request")
+	require.Error(t, err, "the bytes behind the CONNECT were answered as a request")
 
 	for name, client := range map[string]*http.Client{
 		"http":  h2cClient(t, e.publicAddr),
@@ -206,7 +207,9 @@ func h2ServerSettings(t *testing.T, c net.Conn) map[http2.SettingID]uint32 {
 // http2xconnect): the test runs itself again in a process started with it.
 func TestPublicH2NeverAdvertisesExtendedConnect(t *testing.T) {
 	if os.Getenv("WARREN_TEST_XCONNECT") == "" {
-		cmd := exec.CommandContext(ctxT(t), os.Args[0], "-test.run=^TestPublicH2NeverAdvertisesExtendedConnect$", "-test.count=1", "-test.v")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestPublicH2NeverAdvertisesExtendedConnect$", "-test.count=1", "-test.v")
 		cmd.Env = append(os.Environ(), "GODEBUG=http2xconnect=1", "WARREN_TEST_XCONNECT=1")
 		out, err := cmd.CombinedOutput()
 		require.NoError(t, err, "%s", out)

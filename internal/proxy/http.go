@@ -31,10 +31,10 @@ import (
 // with a bad port (not 0-65535) and a malformed request body get 400, a request body that
 // arrives too slowly (Config.RequestBodyTimeout, Config.RequestBodyMinRate) 408. A gRPC
 // call gets each of these answers as a gRPC status (HTTP.fail, grpcerr.go). Once a
-// response has started, any of these failures
-// aborts the client's connection instead of ending the response cleanly (the
-// http.ErrAbortHandler panic of httputil.ReverseProxy under an http.Server): a body with a
-// Content-Length ends short, a chunked one without its last chunk. Each request carries the
+// response has started, any of these failures aborts the client's connection instead of
+// ending the response cleanly (the http.ErrAbortHandler panic of httputil.ReverseProxy
+// under an http.Server): a body with a Content-Length ends short, a chunked one without
+// its last chunk. Each request carries the
 // edge's forwarding headers (Config.TrustedProxies, forwarded.go), and an Expect:
 // 100-continue reaches the backend, which decides whether the client's body is read
 // (memberConn.roundTrip; net/http's transport for h2c members), unless the edge already
