@@ -57,8 +57,8 @@ const (
 
 // PassthroughOptions configures HTTP.PassthroughListener.
 type PassthroughOptions struct {
-	// HelloTimeout bounds the time a new connection has to send its first TLS record (the
-	// ClientHello); a connection that has not sent it by then is closed. Default 10 s.
+	// HelloTimeout bounds the time a new connection has to send its ClientHello, every
+	// record of it; a connection that has not sent it by then is closed. Default 10 s.
 	HelloTimeout time.Duration
 	// Go runs f in a new goroutine that the caller waits for, or reports false, without
 	// running it, once the caller is shutting down. Nil: the listener's own goroutines,
