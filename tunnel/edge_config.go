@@ -148,7 +148,12 @@ type ServerConfig struct {
 
 	// ReadHeaderTimeout, IdleTimeout and MaxHeaderBytes protect the public HTTP listeners
 	// from slow or hostile clients. Defaults 10 s, 120 s, 32 KiB. The admin listener has
-	// them too, and twice ReadHeaderTimeout for a whole request, body included.
+	// them too, and twice ReadHeaderTimeout for a whole request, body included. A request
+	// whose headers are over MaxHeaderBytes gets 431: over HTTP/1.1 the connection is then
+	// closed, over HTTP/2 only that stream ends. The public HTTP/2 servers decode a header
+	// block up to twice MaxHeaderBytes (at least 64 KiB) to answer it so; one header field
+	// past that ends the HTTP/2 connection (COMPRESSION_ERROR), as the edge would have to
+	// hold it.
 	ReadHeaderTimeout, IdleTimeout time.Duration
 	MaxHeaderBytes                 int
 	// PublicH2C makes the public HTTP listener (ServePublic) serve HTTP/2 over cleartext
@@ -170,8 +175,11 @@ type ServerConfig struct {
 	// (X-Forwarded-For, else Forwarded) that is not a trusted proxy, as nginx's
 	// real_ip_recursive. From any other peer, the client's own values of all five are
 	// dropped and replaced by the edge's: the peer's address, the listener's scheme, the
-	// Host. Nil (the default) trusts no peer. Each prefix must be valid (NewServer refuses
-	// the zero Prefix); a restart applies a change.
+	// Host. The other headers only a proxy may set (X-Forwarded-Ssl, -Scheme, -Port,
+	// Front-End-Https, X-Client-IP, True-Client-IP, CF-Connecting-IP, X-Original-URL and
+	// the like) are kept from a trusted proxy and dropped from any other peer; the edge does
+	// not set them itself. Nil (the default) trusts no peer. Each prefix must be valid
+	// (NewServer refuses the zero Prefix); a restart applies a change.
 	TrustedProxies []netip.Prefix
 	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
 	RequestBodyMaxBytes int64

@@ -3,6 +3,7 @@ package tunnel
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"slices"
@@ -32,6 +33,10 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 		TrustedProxies:      c.TrustedProxies,
 		TCPBindHost:         c.TCPBindHost,
 		ListenTCP:           c.ListenTCP,
+
+		// HTTP/2 header blocks are decoded up to h2HeaderBlockBytes (edge_h2.go): the
+		// proxy answers those over MaxHeaderBytes.
+		MaxHeaderBytes: c.MaxHeaderBytes,
 
 		// Negative (no limit) is zero to the proxy.
 		RequestBodyTimeout:      max(c.RequestBodyTimeout, 0),
@@ -84,7 +89,7 @@ func (s *Server) ServePublic(l net.Listener) error {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(s.cfg.PublicH2C)
-	return s.serveHTTP(l, s.Handler(), &p, 0)
+	return s.serveHTTP(l, s.Handler(), &p, 0, true)
 }
 
 // ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig, offering HTTP/2 ("h2"
@@ -94,12 +99,14 @@ func (s *Server) ServePublic(l net.Listener) error {
 // effect at once).
 //
 // It also carries the TLS passthrough tunnels (ProtoTLS): each connection's ClientHello is
-// read first (at most 16 KiB and 5 bytes, within ServerConfig.ReadHeaderTimeout; a client
-// that sends none in time is closed), and a connection whose server name is
-// <subdomain>.<Domain> of a tls pool goes, still encrypted and ClientHello included, to one
-// of its members, as a TCP connection would. Every other connection is served here as if
-// nothing had been read: TLS terminated with TLSConfig, routed by Host (an unknown name
-// gets 404, as before).
+// read first, reassembled from as many TLS records as the client spread it over (a
+// ClientHello of at most 16 KiB, at most 20 KiB read, within
+// ServerConfig.ReadHeaderTimeout; a client that sends none in time is closed), and a
+// connection whose server name is <subdomain>.<Domain> of a tls pool goes, still encrypted
+// and its records unchanged, to one of its members, as a TCP connection would. Every other
+// connection is served here as if nothing had been read: TLS terminated with TLSConfig,
+// routed by Host (an unknown name gets 404, as before); a handshake naming a tls pool that
+// reaches this server anyway fails, never terminated with the edge's certificate.
 func (s *Server) ServePublicTLS(l net.Listener) error {
 	if s.cfg.TLSConfig == nil {
 		return errors.New("tunnel: ServePublicTLS needs ServerConfig.TLSConfig")
@@ -107,13 +114,38 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 	s.httpsPort.CompareAndSwap(0, int32(portOf(l.Addr())))
 	var p http.Protocols
 	p.SetHTTP1(true)
-	cfg := s.cfg.TLSConfig
+	cfg := s.refusePassthroughNames(s.cfg.TLSConfig)
 	if !s.cfg.DisablePublicHTTP2 {
 		p.SetHTTP2(true)
 		cfg = withALPN(cfg, "h2", "http/1.1")
 	}
 	pl := s.ingress.PassthroughListener(l, proxy.PassthroughOptions{HelloTimeout: s.cfg.ReadHeaderTimeout, Go: s.spawn})
-	return s.serveHTTP(tls.NewListener(pl, cfg), s.Handler(), &p, 0)
+	return s.serveHTTP(tls.NewListener(pl, cfg), s.Handler(), &p, 0, true)
+}
+
+// refusePassthroughNames returns the configuration to serve the embedder's cfg with on the
+// public HTTPS listener: the same, but a handshake whose server name is a TLS passthrough
+// tunnel's fails. The router in front (PassthroughListener) carries such connections to
+// their members; one that reached this server anyway (a ClientHello the router could not
+// read within its bounds, a pool registered while it read) must not have its TLS, and the
+// client's plaintext after it, terminated at the edge with the edge's certificate. As
+// withALPN, it keeps cfg itself for the handshakes: what cfg's GetConfigForClient returns,
+// or cfg as it is then.
+func (s *Server) refusePassthroughNames(cfg *tls.Config) *tls.Config {
+	pick := cfg.GetConfigForClient
+	w := cfg.Clone()
+	w.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		if s.ingress.PassthroughName(hello.ServerName) {
+			return nil, fmt.Errorf("%s is a TLS passthrough tunnel: its TLS is never terminated at the edge", hello.ServerName)
+		}
+		if pick != nil {
+			if c, err := pick(hello); err != nil || c != nil {
+				return c, err
+			}
+		}
+		return cfg, nil
+	}
+	return w
 }
 
 // withALPN returns the configuration to serve the embedder's cfg with, offering protos in
@@ -160,8 +192,11 @@ func withALPN(cfg *tls.Config, protos ...string) *tls.Config {
 // default); Close waits for its connections' goroutines. readTimeout, when positive, bounds
 // each whole request, body included (the admin listener); a public upload is bounded by
 // the proxy's deadlines on each read instead. On every listener, an HTTP/1.x connection is
-// closed after an answer that left its request body unread (closeAfterAbandonedBody).
-func (s *Server) serveHTTP(l net.Listener, h http.Handler, protos *http.Protocols, readTimeout time.Duration) error {
+// closed after an answer that left its request body unread (closeAfterAbandonedBody), and
+// HTTP/2 never advertises extended CONNECT (edge_h2.go). A public listener (public) decodes
+// HTTP/2 header blocks up to h2HeaderBlockBytes, its handler (the proxy) answering those
+// over MaxHeaderBytes 431; any other decodes them up to MaxHeaderBytes, as HTTP/1.1.
+func (s *Server) serveHTTP(l net.Listener, h http.Handler, protos *http.Protocols, readTimeout time.Duration, public bool) error {
 	hs := &http.Server{
 		Handler:           closeAfterAbandonedBody(h, s.cfg.unreadBodyLinger()),
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
@@ -179,6 +214,11 @@ func (s *Server) serveHTTP(l net.Listener, h http.Handler, protos *http.Protocol
 			WriteByteTimeout:              publicH2WriteByteTimeout,
 		},
 	}
+	h2HeaderBytes := 0
+	if public {
+		h2HeaderBytes = h2HeaderBlockBytes(s.cfg.MaxHeaderBytes)
+	}
+	setupHTTP2(hs, h2HeaderBytes)
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()

@@ -331,7 +331,7 @@ func (s *Server) DialContext(ctx context.Context, _, _ string) (net.Conn, error)
 // by it), and an HTTP/1.x connection is closed after an answer that left its request body
 // unread.
 func (s *Server) ServeAdmin(l net.Listener, h http.Handler) error {
-	return s.serveHTTP(l, h, nil, s.cfg.adminReadTimeout())
+	return s.serveHTTP(l, h, nil, s.cfg.adminReadTimeout(), false)
 }
 
 // ListenAndServe listens on the configured addresses (control, public HTTP, and HTTPS and

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -335,4 +336,100 @@ func TestTLSPassthroughValidation(t *testing.T) {
 
 	require.ErrorContains(t, (&Endpoint{Subdomain: "x", Proto: ProtoTLS}).validate(group.PortRange{}), "a group name is required")
 	require.NoError(t, (&Endpoint{Subdomain: "x", Proto: ProtoTLS, Group: "x"}).validate(group.PortRange{}))
+}
+
+// passthroughALPN is an ALPN list long enough to spread a ClientHello over several 512-byte
+// records; the backend picks http/1.1.
+func passthroughALPN(n int) []string {
+	var protos []string
+	for i := range n {
+		protos = append(protos, fmt.Sprintf("x-protocol-number-%03d-with-a-long-name", i))
+	}
+	return append(protos, "http/1.1")
+}
+
+// TestTLSPassthroughSplitClientHelloWithOpenSSL: openssl s_client sending its ClientHello
+// in 512-byte records (-max_send_frag 512, a long ALPN list) reaches the pool's backend,
+// which does the handshake: the request and its Authorization go to the backend, and the
+// edge never terminates the TLS (before, it did, with its own certificate, and answered the
+// client's plaintext 421).
+func TestTLSPassthroughSplitClientHelloWithOpenSSL(t *testing.T) {
+	openssl, err := exec.LookPath("openssl")
+	if err != nil {
+		t.Skip("no openssl on this machine")
+	}
+	e, httpsAddr, _, _ := passthroughEdge(t, ServerConfig{})
+	beCert, _ := selfSigned(t, "pool backend", "pool."+testDomain)
+	auth := make(chan string, 1)
+	b := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case auth <- r.Header.Get("Authorization"):
+		default:
+		}
+		fmt.Fprintf(w, "backend %s alpn=%s sni=%s", r.Proto, r.TLS.NegotiatedProtocol, r.TLS.ServerName)
+	}))
+	b.TLS = &tls.Config{Certificates: []tls.Certificate{beCert}}
+	b.StartTLS()
+	t.Cleanup(b.Close)
+	_, err = e.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTLS, Subdomain: "pool"}, b.Listener.Addr().String())
+	require.NoError(t, err)
+
+	ctx := ctxT(t)
+	cmd := exec.CommandContext(ctx, openssl, "s_client", "-connect", httpsAddr, "-servername", "pool."+testDomain,
+		"-max_send_frag", "512", "-alpn", strings.Join(passthroughALPN(40), ","), "-quiet")
+	cmd.Stdin = strings.NewReader("GET / HTTP/1.1\r\nHost: pool." + testDomain + "\r\nAuthorization: Bearer s3cret\r\nConnection: close\r\n\r\n")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Contains(t, string(out), "HTTP/1.1 200 OK", "%s", out)
+	require.Contains(t, string(out), "backend HTTP/1.1 alpn=http/1.1 sni=pool."+testDomain, "%s", out)
+	require.Equal(t, "Bearer s3cret", <-auth)
+}
+
+// thinHello is a connection whose first write, a TLS record holding a ClientHello, goes out
+// in records of one byte each: more than the edge's router reads before deciding.
+type thinHello struct {
+	net.Conn
+	sent bool
+}
+
+func (c *thinHello) Write(p []byte) (int, error) {
+	if c.sent || len(p) < 5 || p[0] != 22 {
+		return c.Conn.Write(p)
+	}
+	c.sent = true
+	var out []byte
+	for _, b := range p[5:] {
+		out = append(out, p[0], p[1], p[2], 0, 1, b)
+	}
+	if _, err := c.Conn.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// TestTLSPassthroughNameIsNeverTerminatedAtTheEdge: a ClientHello for a passthrough name
+// that the router cannot read within its bounds (a long one, in records of one byte) goes
+// on to the edge's own TLS server, which refuses the handshake: it never terminates the
+// tunnel's TLS with the edge's certificate, which the client here would accept. A name of
+// the edge's own is still served.
+func TestTLSPassthroughNameIsNeverTerminatedAtTheEdge(t *testing.T) {
+	e, httpsAddr, _, edgePool := passthroughEdge(t, ServerConfig{})
+	be, conns, _ := tallyingBackend(t)
+	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTLS, Subdomain: "pool"}, be.Listener.Addr().String())
+	require.NoError(t, err)
+
+	for name, wantErr := range map[string]bool{"pool." + testDomain: true, "web." + testDomain: false} {
+		raw, err := net.Dial("tcp", httpsAddr)
+		require.NoError(t, err)
+		_ = raw.SetDeadline(time.Now().Add(10 * time.Second))
+		c := tls.Client(&thinHello{Conn: raw}, &tls.Config{ServerName: name, RootCAs: edgePool, NextProtos: passthroughALPN(100)})
+		err = c.Handshake()
+		_ = c.Close()
+		if wantErr {
+			require.Error(t, err, "the edge terminated a passthrough tunnel's TLS")
+		} else {
+			require.NoError(t, err, name)
+		}
+	}
+	require.Zero(t, conns.Load(), "the router read this hello: the test would not reach the TLS server's refusal")
 }

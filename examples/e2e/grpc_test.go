@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -222,6 +223,53 @@ func TestGRPCCallsGetTheEdgeFailuresAsGRPCStatuses(t *testing.T) {
 		require.Contains(t, st.Message(), want, sub)
 		require.NotContains(t, st.Message(), "unexpected HTTP status code", sub)
 	}
+}
+
+// TestEveryEdgeAnswerReachesAGRPCClientAsAStatus: the answers the edge gives by itself, not
+// only a member's failure, reach grpc-go as gRPC statuses with the edge's message, never as
+// "unexpected HTTP status code" with a text/plain content type: an unknown host
+// (UNIMPLEMENTED, as gRPC maps a 404), a TLS passthrough tunnel's host on the edge's HTTP
+// listener (421: UNAVAILABLE), an https tunnel over plain HTTP (its redirect: UNKNOWN, the
+// message naming the URL), metadata over the edge's header limit (431:
+// RESOURCE_EXHAUSTED, and the connection goes on).
+func TestEveryEdgeAnswerReachesAGRPCClientAsAStatus(t *testing.T) {
+	cert, _ := selfSigned(t, "edge", "edge.test")
+	e := startInprocEdge(t, tunnel.ServerConfig{PublicH2C: true, TLSConfig: edgeTLS(cert)})
+	_, gl := startGRPC(t)
+	sess := e.connect()
+	for _, sp := range []tunnel.TunnelSpec{
+		{Subdomain: "grpc", BackendProtocol: "h2c"},
+		{Proto: tunnel.ProtoHTTPS, Subdomain: "secure", BackendProtocol: "h2c"},
+		{Proto: tunnel.ProtoTLS, Subdomain: "passthrough"},
+	} {
+		_, err := sess.Forward(ctxT(t), sp, gl.Addr().String())
+		require.NoError(t, err)
+	}
+
+	for _, c := range []struct {
+		sub  string
+		code codes.Code
+		msg  string
+	}{
+		{"nope", codes.Unimplemented, `no tunnel for host "nope.` + inprocDomain + `"`},
+		{"passthrough", codes.Unavailable, "is a TLS passthrough tunnel: connect to the HTTPS port"},
+		{"secure", codes.Unknown, "served over HTTPS only: https://secure." + inprocDomain},
+	} {
+		_, err := grpcClient(t, e.publicAddr, c.sub+"."+inprocDomain, nil).EmptyCall(ctxT(t), &testpb.Empty{})
+		st := status.Convert(err)
+		require.Equal(t, c.code, st.Code(), "%s: %v", c.sub, err)
+		require.Contains(t, st.Message(), c.msg, c.sub)
+		require.NotContains(t, st.Message(), "unexpected HTTP status code", c.sub)
+	}
+
+	client := grpcClient(t, e.publicAddr, "grpc."+inprocDomain, nil)
+	big := metadata.Pairs("x-big", strings.Repeat("x", 40<<10))
+	_, err := client.EmptyCall(metadata.NewOutgoingContext(ctxT(t), big), &testpb.Empty{})
+	st := status.Convert(err)
+	require.Equal(t, codes.ResourceExhausted, st.Code(), "%v", err)
+	require.Contains(t, st.Message(), "request header fields over the limit of 32768 bytes")
+	_, err = client.UnaryCall(ctxT(t), &testpb.SimpleRequest{})
+	require.NoError(t, err, "the call after it, on the same connection")
 }
 
 // exerciseGRPC runs every kind of call through c to svc: unary with metadata both ways, an

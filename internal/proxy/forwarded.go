@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/netip"
+	"strconv"
 	"strings"
 )
 
@@ -30,6 +31,20 @@ import (
 // TCP) is for=unknown; such a peer is never trusted, and gets no X-Forwarded-For or
 // X-Real-IP. Headers whose names differ from these only by underscores (X_Real_IP, which
 // some CGI gateways read as X-Real-IP) are dropped.
+//
+// Other headers that only a proxy may set, and that frameworks believe as such, are dropped
+// from any peer but a trusted proxy and kept from one (proxyOwned): the scheme
+// (X-Forwarded-Ssl: on makes Rack's request HTTPS), the port, the client's address as CDNs
+// name it, the original URL (IIS, Symfony). The edge sets none of them itself, as nginx,
+// Caddy and Envoy by default do not: the backend learns the scheme from X-Forwarded-Proto and
+// Forwarded, the port from the Host, and the edge's listener port is not the public one
+// behind a port mapping or a load balancer. Underscore look-alikes of these go too.
+//
+// Every request also carries the edge's Via element (RFC 9110 §7.6.3), "<version> warren",
+// where version is that of the request the edge received ("1.1"; "2.0" from an HTTP/2
+// client), appended to the Via the request came with (a trace of the proxies it passed,
+// believed by no one, so kept from any peer). The pseudonym names no host or version of the
+// edge. Responses get none (a gateway MAY add one; nothing needs it).
 
 // Names of the forwarding headers, canonical.
 const (
@@ -38,7 +53,27 @@ const (
 	hdrXForwardedHost  = "X-Forwarded-Host"
 	hdrXForwardedProto = "X-Forwarded-Proto"
 	hdrXRealIP         = "X-Real-Ip"
+	hdrVia             = "Via"
 )
+
+// viaPseudonym names the edge in Via: no host name or version that would tell a backend, or
+// anyone it echoes headers to, more than that a Warren edge passed the request on.
+const viaPseudonym = "warren"
+
+// proxyOwned reports whether name (canonical) is a header only a proxy may set, other than
+// those the edge sets itself: it is dropped from a peer that is no trusted proxy. A switch
+// on the name: every request's every header goes through it.
+func proxyOwned(name string) bool {
+	switch name {
+	case "X-Forwarded-Port", "X-Forwarded-Scheme", "X-Forwarded-Ssl", "Front-End-Https",
+		"X-Forwarded-Protocol", "X-Url-Scheme", "X-Forwarded-Prefix", "X-Forwarded-Server",
+		"X-Client-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip",
+		"X-Cluster-Client-Ip", "Client-Ip", "X-Original-Forwarded-For",
+		"X-Original-Url", "X-Rewrite-Url":
+		return true
+	}
+	return false
+}
 
 // trustedProxies are the prefixes of the proxies whose forwarding headers the edge believes.
 type trustedProxies []netip.Prefix
@@ -93,19 +128,19 @@ func peerAddr(remote string) netip.Addr {
 // pr.Out.
 func setForwarding(pr *httputil.ProxyRequest, trusted trustedProxies) {
 	in, h := pr.In, pr.Out.Header
-	dropLookalikes(h)
 	peer := peerAddr(in.RemoteAddr)
 	viaProxy := trusted.contains(peer)
+	dropSpoofable(h, viaProxy)
 	proto := "http"
 	if in.TLS != nil {
 		proto = "https"
 	}
 
-	// Every request pays for this: the peer's address is written out once, and the five
+	// Every request pays for this: the peer's address is written out once, and the six
 	// values share one backing array (each a full slice of one, so that appending to one
 	// copies it rather than overwrite the next).
 	peerStr := addrString(peer, in.RemoteAddr)
-	vals := make([]string, 5)
+	vals := make([]string, 6)
 	set := func(i int, name, v string) {
 		if v == "" {
 			h.Del(name)
@@ -144,6 +179,25 @@ func setForwarding(pr *httputil.ProxyRequest, trusted trustedProxies) {
 	default:
 		h.Del(hdrXRealIP)
 	}
+
+	via := viaElement(in)
+	if prior := joinList(in.Header.Values(hdrVia)); prior != "" {
+		via = prior + ", " + via
+	}
+	set(5, hdrVia, via)
+}
+
+// viaElement is the edge's Via element for a request it received as r.
+func viaElement(r *http.Request) string {
+	switch {
+	case r.ProtoMajor == 1 && r.ProtoMinor == 1:
+		return "1.1 " + viaPseudonym
+	case r.ProtoMajor == 2:
+		return "2.0 " + viaPseudonym
+	case r.ProtoMajor == 1 && r.ProtoMinor == 0:
+		return "1.0 " + viaPseudonym
+	}
+	return strconv.Itoa(r.ProtoMajor) + "." + strconv.Itoa(r.ProtoMinor) + " " + viaPseudonym
 }
 
 // realClient walks the forwarding chain of a request from the trusted proxy peer, right to
@@ -361,16 +415,25 @@ func appendList(list, v string) string {
 	return list + ", " + v
 }
 
-// dropLookalikes removes the headers whose names are a forwarding header's with underscores
-// for hyphens: some gateways (CGI) read both as one.
-func dropLookalikes(h http.Header) {
+// dropSpoofable removes, in one pass over h, the proxy-owned headers (proxyOwned) unless the
+// peer is a trusted proxy (viaProxy), and the headers whose names are a forwarding or
+// proxy-owned header's with underscores for hyphens, from any peer: some gateways (CGI) read
+// both as one.
+func dropSpoofable(h http.Header, viaProxy bool) {
 	for name := range h {
-		if !strings.Contains(name, "_") {
+		if strings.IndexByte(name, '_') < 0 {
+			if !viaProxy && proxyOwned(name) {
+				delete(h, name)
+			}
 			continue
 		}
-		switch http.CanonicalHeaderKey(strings.ReplaceAll(name, "_", "-")) {
+		switch hyphened := http.CanonicalHeaderKey(strings.ReplaceAll(name, "_", "-")); hyphened {
 		case hdrForwarded, hdrXForwardedFor, hdrXForwardedHost, hdrXForwardedProto, hdrXRealIP:
 			delete(h, name)
+		default:
+			if proxyOwned(hyphened) {
+				delete(h, name)
+			}
 		}
 	}
 }

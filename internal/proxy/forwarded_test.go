@@ -17,7 +17,15 @@ import (
 )
 
 // forwardingNames are the headers the forwarding tests look at.
-var forwardingNames = []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "Forwarded", "X-Real-Ip", "X_real_ip"}
+var forwardingNames = append([]string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "Forwarded", "X-Real-Ip", "X_real_ip", "Via"},
+	proxyOwnedNames...)
+
+// proxyOwnedNames are the headers only a proxy may set that the edge does not set itself, as
+// a client would send them.
+var proxyOwnedNames = []string{"X-Forwarded-Port", "X-Forwarded-Scheme", "X-Forwarded-Ssl", "Front-End-Https",
+	"X-Forwarded-Protocol", "X-Url-Scheme", "X-Forwarded-Prefix", "X-Forwarded-Server",
+	"X-Client-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip", "X-Cluster-Client-Ip",
+	"Client-Ip", "X-Original-Forwarded-For", "X-Original-Url", "X-Rewrite-Url", "X_forwarded_ssl"}
 
 // headerEcho answers with the forwarding headers of its request, as JSON: name -> values.
 var headerEcho = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -107,6 +115,7 @@ func TestForwardingHeadersReplaceAnUntrustedClients(t *testing.T) {
 		"X-Forwarded-Host":  {oneHost},
 		"Forwarded":         {"for=192.0.2.10;proto=http;host=" + oneHost},
 		"X-Real-Ip":         {"192.0.2.10"},
+		"Via":               {"1.1 warren"},
 	}, got)
 
 	// IPv6: quoted and bracketed in Forwarded; HTTPS: proto=https.
@@ -117,6 +126,7 @@ func TestForwardingHeadersReplaceAnUntrustedClients(t *testing.T) {
 		"X-Forwarded-Host":  {oneHost},
 		"Forwarded":         {`for="[2001:db8::1]";proto=https;host=` + oneHost},
 		"X-Real-Ip":         {"2001:db8::1"},
+		"Via":               {"1.1 warren"},
 	}, got)
 
 	// A peer whose address is unknown (not TCP) is for=unknown, and has no X-Forwarded-For
@@ -126,6 +136,7 @@ func TestForwardingHeadersReplaceAnUntrustedClients(t *testing.T) {
 		"X-Forwarded-Proto": {"http"},
 		"X-Forwarded-Host":  {oneHost},
 		"Forwarded":         {"for=unknown;proto=http;host=" + oneHost},
+		"Via":               {"1.1 warren"},
 	}, got)
 }
 
@@ -144,6 +155,7 @@ func TestTrustedProxiesKeepTheChain(t *testing.T) {
 		"X-Forwarded-Host":  {"www.example.org"},
 		"Forwarded":         {`for=198.51.100.7, for=203.0.113.9;proto=https, for="192.0.2.5:8443", for=10.1.1.1;proto=http;host=` + oneHost},
 		"X-Real-Ip":         {"203.0.113.9"},
+		"Via":               {"1.1 warren"},
 	}, got)
 
 	// A trusted proxy that sends nothing: the edge's own values, the proxy as the client.
@@ -154,6 +166,7 @@ func TestTrustedProxiesKeepTheChain(t *testing.T) {
 		"X-Forwarded-Host":  {oneHost},
 		"Forwarded":         {"for=10.1.1.1;proto=http;host=" + oneHost},
 		"X-Real-Ip":         {"10.1.1.1"},
+		"Via":               {"1.1 warren"},
 	}, got)
 
 	// Forwarded alone makes the chain, IPv6 included.
@@ -161,6 +174,46 @@ func TestTrustedProxiesKeepTheChain(t *testing.T) {
 	require.Equal(t, `for="[2001:db8::7]:4711";proto=https, for=10.1.1.1;proto=http;host=`+oneHost, got["Forwarded"][0])
 	require.Equal(t, []string{"2001:db8::7"}, got["X-Real-Ip"])
 	require.Equal(t, []string{"10.1.1.1"}, got["X-Forwarded-For"])
+}
+
+// TestProxyOwnedHeadersOnlyFromATrustedProxy: the headers only a proxy may set (the scheme
+// as X-Forwarded-Ssl: on or Front-End-Https, the port, the client's address as CDNs name it,
+// the original URL) and their underscore look-alikes reach no backend, HTTP/1.1 or h2c, from
+// a client that is no trusted proxy; from a trusted proxy they are kept (the look-alikes
+// still go). Every request carries the edge's Via element, after the Via it came with.
+func TestProxyOwnedHeadersOnlyFromATrustedProxy(t *testing.T) {
+	h := forwardingEdge(t, "10.0.0.0/8")
+	var sent []string
+	for _, n := range proxyOwnedNames {
+		sent = append(sent, n, "on")
+	}
+	sent = append(sent, "Via", "1.1 corp-proxy")
+
+	got := forwardedAs(t, h, "192.0.2.10:40000", true, sent...)
+	for _, n := range proxyOwnedNames {
+		require.NotContains(t, got, n, "an untrusted client's %s reached the backend", n)
+	}
+	require.Equal(t, []string{"1.1 corp-proxy, 1.1 warren"}, got["Via"])
+	require.Equal(t, []string{"https"}, got["X-Forwarded-Proto"])
+
+	got = forwardedAs(t, h, "10.1.1.1:5000", true, sent...)
+	for _, n := range proxyOwnedNames {
+		if strings.Contains(n, "_") {
+			require.NotContains(t, got, n)
+			continue
+		}
+		require.Equal(t, []string{"on"}, got[n], "a trusted proxy's %s", n)
+	}
+	require.Equal(t, []string{"1.1 corp-proxy, 1.1 warren"}, got["Via"])
+
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	for _, v := range []struct {
+		major, minor int
+		want         string
+	}{{1, 0, "1.0 warren"}, {1, 1, "1.1 warren"}, {2, 0, "2.0 warren"}, {3, 0, "3.0 warren"}} {
+		r.ProtoMajor, r.ProtoMinor = v.major, v.minor
+		require.Equal(t, v.want, viaElement(r))
+	}
 }
 
 // TestRealIPChain: how X-Real-IP is read from a trusted proxy's chain.
@@ -223,4 +276,26 @@ func FuzzForwardedChain(f *testing.F) {
 		require.Equal(t, []netip.Addr{netip.MustParseAddr("2001:db8::1")}, forwardedFor([]string{elem}), elem)
 		require.Equal(t, host, unquote(forwardedValue(host)))
 	})
+}
+
+// TestH2HeaderLimit: an HTTP/2 request whose header list (RFC 7541 sizes, pseudo-headers
+// included) is over MaxHeaderBytes and net/http's 320 bytes of slack gets 431 before
+// anything else; one at the limit goes on (here to a 404: no such tunnel); HTTP/1.1 is
+// left to net/http's own limit.
+func TestH2HeaderLimit(t *testing.T) {
+	h := NewHTTP(Config{Registry: group.NewRegistry(group.Config{}), Domain: testDomain, MaxHeaderBytes: 1000})
+	for _, tc := range []struct {
+		major int
+		extra int
+		want  int
+	}{{2, 0, http.StatusNotFound}, {2, 1, http.StatusRequestHeaderFieldsTooLarge}, {1, 1, http.StatusNotFound}} {
+		r := httptest.NewRequest(http.MethodGet, "http://app."+testDomain+"/", nil)
+		r.ProtoMajor, r.ProtoMinor = tc.major, 0
+		base := h2HeaderListSize(r) + len("X-Big") + 32
+		r.Header.Set("X-Big", strings.Repeat("x", 1000+h2HeaderSlack-base+tc.extra))
+		require.Equal(t, 1000+h2HeaderSlack+tc.extra, h2HeaderListSize(r))
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		require.Equal(t, tc.want, w.Code, "HTTP/%d, %d over", tc.major, tc.extra)
+	}
 }

@@ -24,13 +24,17 @@ import (
 // HTTP is the public HTTP ingress, an http.Handler: it routes each request by its Host
 // header (<subdomain>.<Domain>) to a group and proxies it to one member, per request, over a
 // pooled keep-alive stream; the group's affinity, if it has one, chooses the member, and a
-// failed attempt may go to one other member (see the package documentation). Unknown hosts get 404, a group with no selectable member 503, a
-// backend that fails mid-request 502; a Host with a bad port (not 0-65535) and a malformed
-// request body get 400, a request body that arrives too slowly (Config.RequestBodyTimeout,
-// Config.RequestBodyMinRate) 408. Once a response has started, any of these failures
-// aborts the client's connection instead of ending the response cleanly (the
-// http.ErrAbortHandler panic of httputil.ReverseProxy under an http.Server): a body with a
-// Content-Length ends short, a chunked one without its last chunk. Each request carries the
+// failed attempt may go to one other member (see the package documentation). Before
+// anything else, an HTTP/2 request whose header list is over Config.MaxHeaderBytes gets
+// 431, a CONNECT 405, an HTTP/2 request whose :path holds a space 400. Unknown hosts get
+// 404, a group with no selectable member 503, a backend that fails mid-request 502; a Host
+// with a bad port (not 0-65535) and a malformed request body get 400, a request body that
+// arrives too slowly (Config.RequestBodyTimeout, Config.RequestBodyMinRate) 408. A gRPC
+// call gets each of these answers as a gRPC status (HTTP.fail, grpcerr.go). Once a
+// response has started, any of these failures aborts the client's connection instead of
+// ending the response cleanly (the http.ErrAbortHandler panic of httputil.ReverseProxy
+// under an http.Server): a body with a Content-Length ends short, a chunked one without
+// its last chunk. Each request carries the
 // edge's forwarding headers (Config.TrustedProxies, forwarded.go), and an Expect:
 // 100-continue reaches the backend, which decides whether the client's body is read
 // (memberConn.roundTrip; net/http's transport for h2c members), unless the edge already
@@ -184,8 +188,25 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		return
 	}
 	h.cfg.Stats.HTTPRequests.Add(1)
+	if r.ProtoMajor == 2 && h.cfg.MaxHeaderBytes > 0 && h2HeaderListSize(r) > h.cfg.MaxHeaderBytes+h2HeaderSlack {
+		h.fail(w, r, fmt.Sprintf("request header fields over the limit of %d bytes", h.cfg.MaxHeaderBytes), http.StatusRequestHeaderFieldsTooLarge)
+		return
+	}
+	if r.Method == http.MethodConnect {
+		h.refuseConnect(w, r)
+		return
+	}
+	if r.ProtoMajor == 2 && strings.IndexByte(r.RequestURI, ' ') >= 0 {
+		// An HTTP/2 :path may hold a space, which net/http's HTTP/2 server lets through
+		// (its query is kept raw): written into the request line to an HTTP/1.1 member
+		// ("GET /x?a=1 HTTP/1.0 HTTP/1.1"), it would end the target there and make the
+		// rest the backend's protocol version. Refused as net/http refuses such a request
+		// line over HTTP/1.1.
+		h.fail(w, r, "bad request: a space in the request target", http.StatusBadRequest)
+		return
+	}
 	if !validHostPort(r.Host) {
-		http.Error(w, fmt.Sprintf("invalid port in host %q", r.Host), http.StatusBadRequest)
+		h.fail(w, r, fmt.Sprintf("invalid port in host %q", r.Host), http.StatusBadRequest)
 		return
 	}
 	var sub string
@@ -196,7 +217,7 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		sub, ok = subdomainOf(r.Host, h.cfg.Domain)
 	}
 	if !ok {
-		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
+		h.fail(w, r, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
 		return
 	}
 	if h.cfg.HTTPGate != nil {
@@ -206,7 +227,7 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 				if refused.RetryAfter > 0 {
 					w.Header().Set("Retry-After", strconv.Itoa(int(refused.RetryAfter.Seconds())))
 				}
-				http.Error(w, refused.Reason, refused.Status)
+				h.fail(w, r, refused.Reason, refused.Status)
 				return
 			}
 			defer done()
@@ -220,16 +241,21 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	}
 	if g == nil {
 		if h.cfg.Reserved != nil && h.cfg.Reserved(sub) {
-			http.Error(w, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
+			h.fail(w, r, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
 			return
 		}
-		http.Error(w, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
+		h.fail(w, r, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
 		return
 	}
 	if g.Proto == group.ProtoHTTPS && r.TLS == nil {
 		if host := h.cfg.HTTPSHost(sub); host != "" {
 			u := *r.URL
 			u.Scheme, u.Host = "https", host
+			if isGRPC(r) {
+				// A gRPC client follows no redirect: it is told where the service is.
+				h.fail(w, r, fmt.Sprintf("%s is served over HTTPS only: %s", r.Host, u.String()), http.StatusPermanentRedirect)
+				return
+			}
 			http.Redirect(w, r, u.String(), http.StatusPermanentRedirect)
 			return
 		}
@@ -249,7 +275,7 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 	}
 	if max := h.cfg.RequestBodyMaxBytes; max > 0 && r.Body != nil && r.Body != http.NoBody {
 		if r.ContentLength > max {
-			http.Error(w, fmt.Sprintf("request body over the limit of %d bytes", max), http.StatusRequestEntityTooLarge)
+			h.fail(w, r, fmt.Sprintf("request body over the limit of %d bytes", max), http.StatusRequestEntityTooLarge)
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, max)
@@ -308,6 +334,46 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 func (h *HTTP) watchesStalls() bool {
 	c := &h.cfg
 	return c.ResponseStallTimeout > 0 || c.StalledBytesPerConn > 0 || c.StalledBytesPerClient > 0 || c.StalledBytes > 0
+}
+
+// h2HeaderSlack is what net/http's HTTP/2 server adds to MaxHeaderBytes for its header list
+// limit: 32 bytes for each of 10 fields, as HTTP/2 counts 32 bytes more for each.
+const h2HeaderSlack = 10 * 32
+
+// h2HeaderListSize is the size of an HTTP/2 request's header list as RFC 7541 counts it, and
+// net/http's HTTP/2 server against its limit: each field's name and value and 32 bytes,
+// the pseudo-header fields included.
+func h2HeaderListSize(r *http.Request) int {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	n := len(":method") + len(r.Method) + len(":scheme") + len(scheme) + len(":authority") + len(r.Host) +
+		len(":path") + len(r.RequestURI) + 4*32
+	for k, vv := range r.Header {
+		for _, v := range vv {
+			n += len(k) + len(v) + 32
+		}
+	}
+	return n
+}
+
+// allowedMethods is the Allow header of the edge's 405 to CONNECT: every method but CONNECT
+// goes to the backend.
+const allowedMethods = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, TRACE"
+
+// refuseConnect answers a CONNECT request 405, before any member is involved. The edge is a
+// reverse proxy, not a forward one (as Caddy and nginx, which refuse it alike): relaying
+// CONNECT as an ordinary request carried the backend's answer back but not the client's
+// bytes, and left the member's stream open once the client had sent some and gone. An
+// HTTP/1.x connection is closed after the answer: a client that did not wait for it may
+// already have sent tunnel bytes, which must not be read as its next request.
+func (h *HTTP) refuseConnect(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Allow", allowedMethods)
+	if r.ProtoMajor == 1 {
+		w.Header().Set("Connection", "close")
+	}
+	h.fail(w, r, "CONNECT is not supported: this is a reverse proxy, not a forward proxy", http.StatusMethodNotAllowed)
 }
 
 // errTooManyInterim fails a request whose backend sent maxInterimResponses 1xx responses

@@ -72,7 +72,9 @@
 // X-Forwarded-Proto, X-Forwarded-Host, Forwarded (RFC 7239) and X-Real-IP. The client's own
 // are dropped, unless its TCP peer is a trusted proxy (Config.TrustedProxies): then its
 // forwarding chain is kept and the peer appended, and X-Real-IP is the chain's right-most
-// address that is no trusted proxy (forwarded.go).
+// address that is no trusted proxy. The other headers only a proxy may set (X-Forwarded-Ssl,
+// X-Forwarded-Port, CF-Connecting-IP, X-Original-URL…) are kept from a trusted proxy only,
+// and every request gets the edge's Via element (forwarded.go).
 //
 // The package knows nothing of connector sessions, registration or the admin plane: the edge
 // passes in its routing table, timeouts, a logger and counters.
@@ -115,6 +117,12 @@ type Config struct {
 	// IdleStreamTimeout is how long an idle keep-alive stream to a member may be reused.
 	// Default 4 s.
 	IdleStreamTimeout time.Duration
+	// MaxHeaderBytes is the public listeners' header limit: an HTTP/2 request whose header
+	// list is over it (RFC 7541 sizes, each field's name and value and 32 bytes, pseudo
+	// headers included, with the 320 bytes of slack net/http gives HTTP/2) gets 431. The
+	// edge's HTTP/2 servers decode header blocks past it, so that one large header ends
+	// one request rather than the connection. 0: not checked (net/http's limit holds).
+	MaxHeaderBytes int
 	// RequestBodyMaxBytes caps public request bodies (413 above it); 0 means unlimited.
 	RequestBodyMaxBytes int64
 	// RequestBodyTimeout bounds how long a public request body may take to arrive, from
@@ -177,8 +185,9 @@ type Config struct {
 	// balancer, a CDN) whose forwarding headers it believes: a request whose TCP peer is in
 	// one of these prefixes keeps its X-Forwarded-For and Forwarded, with the peer appended,
 	// and its X-Forwarded-Proto and X-Forwarded-Host, and its X-Real-IP is the right-most
-	// address of its chain that is not a trusted proxy. Any other request's forwarding
-	// headers are replaced by the edge's own (forwarded.go). Nil: no peer is trusted.
+	// address of its chain that is not a trusted proxy; the other headers only a proxy may
+	// set are kept from it. Any other request's forwarding headers are replaced by the
+	// edge's own, and those other headers dropped (forwarded.go). Nil: no peer is trusted.
 	TrustedProxies []netip.Prefix
 
 	// TCPBindHost is the address TCP group listeners bind to; "" means all addresses.

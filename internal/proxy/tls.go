@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,24 +22,32 @@ import (
 // TLS passthrough (group.ProtoTLS) on the public HTTPS listener.
 //
 // Every connection the HTTPS listener accepts first has its ClientHello read (not
-// consumed): one TLS record, at most 5 + 16 KiB bytes, within a deadline. When the server
-// name it carries is <sub>.<Domain> and sub is the route of a tls pool, the raw connection
-// goes to one member of the pool, as a TCP connection would (a failed stream open is
-// retried once on another member), with the bytes read replayed first: the member's backend
-// does the handshake, so its certificate, ALPN and client certificates work end to end and
-// the edge never sees plaintext. Every other connection (another name, no name, not a
-// ClientHello at all) goes on to the edge's own TLS server with the same bytes replayed, as
-// if nothing had been read.
+// consumed), within a deadline: the TLS records that carry it, reassembled when a client
+// spreads it over several (OpenSSL's max_send_frag, a long ALPN list, a post-quantum key
+// share), a ClientHello of at most 16 KiB in at most MaxClientHelloRead bytes. When the
+// server name it carries is <sub>.<Domain> and sub is the route of a tls pool, the raw
+// connection goes to one member of the pool, as a TCP connection would (a failed stream
+// open is retried once on another member), with the bytes read replayed first, records
+// unchanged: the member's backend does the handshake, so its certificate, ALPN and client
+// certificates work end to end and the edge never sees plaintext. Every other connection
+// (another name, no name, not a ClientHello at all, one too large or too fragmented to
+// read) goes on to the edge's own TLS server with the same bytes replayed, as if nothing
+// had been read; that server refuses the handshake of a name that is a tls pool's
+// (PassthroughName), whatever the router made of it.
 
 const (
 	// tlsRecordHeaderLen is a TLS record's header: type(1) version(2) length(2).
 	tlsRecordHeaderLen = 5
-	// maxTLSRecord is the largest plaintext TLS record (2^14 bytes), and so the most of a
-	// ClientHello the edge reads.
+	// maxTLSRecord is the largest plaintext TLS record (2^14 bytes).
 	maxTLSRecord = 16 << 10
+	// maxClientHello is the largest ClientHello (handshake header included) the router
+	// reassembles to read its server name: a record's worth, many times what browsers and
+	// TLS libraries send, post-quantum key shares included.
+	maxClientHello = 16 << 10
 	// MaxClientHelloRead is the most a connection of the HTTPS listener has read of it
-	// before it is routed.
-	MaxClientHelloRead = tlsRecordHeaderLen + maxTLSRecord
+	// before it is routed: the records of a ClientHello of maxClientHello bytes, with room
+	// for 800 record headers (512-byte records take 32).
+	MaxClientHelloRead = maxClientHello + 4<<10
 
 	tlsRecordHandshake    = 22
 	tlsHandshakeHello     = 1
@@ -48,8 +57,8 @@ const (
 
 // PassthroughOptions configures HTTP.PassthroughListener.
 type PassthroughOptions struct {
-	// HelloTimeout bounds the time a new connection has to send its first TLS record (the
-	// ClientHello); a connection that has not sent it by then is closed. Default 10 s.
+	// HelloTimeout bounds the time a new connection has to send its ClientHello, every
+	// record of it; a connection that has not sent it by then is closed. Default 10 s.
 	HelloTimeout time.Duration
 	// Go runs f in a new goroutine that the caller waits for, or reports false, without
 	// running it, once the caller is shutting down. Nil: the listener's own goroutines,
@@ -222,18 +231,31 @@ func (l *PassthroughListener) route(c net.Conn) {
 }
 
 // tlsPool returns the tls pool that a ClientHello's server name is the route of, if any.
-func (l *PassthroughListener) tlsPool(name string) (*group.Group, string) {
+func (l *PassthroughListener) tlsPool(name string) (*group.Group, string) { return l.h.tlsPool(name) }
+
+// tlsPool returns the tls pool that a TLS server name is the route of, if any, and its
+// subdomain.
+func (h *HTTP) tlsPool(name string) (*group.Group, string) {
 	if name == "" || strings.ContainsRune(name, ':') {
 		return nil, ""
 	}
-	sub, ok := subdomainOf(name, l.h.cfg.Domain)
+	sub, ok := subdomainOf(name, h.cfg.Domain) // case and a trailing dot do not matter
 	if !ok {
 		return nil, ""
 	}
-	if g := l.h.cfg.Registry.LookupHTTP(sub); g != nil && g.Proto == group.ProtoTLS {
+	if g := h.cfg.Registry.LookupHTTP(sub); g != nil && g.Proto == group.ProtoTLS {
 		return g, sub
 	}
 	return nil, ""
+}
+
+// PassthroughName reports whether serverName, from a TLS ClientHello, names a tls pool. The
+// edge's own TLS server refuses such a handshake: a passthrough tunnel's TLS is never
+// terminated at the edge, whatever reached that server (a ClientHello the router could not
+// read, a pool registered while the router read it).
+func (h *HTTP) PassthroughName(serverName string) bool {
+	g, _ := h.tlsPool(serverName)
+	return g != nil
 }
 
 // carry carries c, whose first bytes were hello, to one member of g, as the TCP ingress
@@ -294,31 +316,62 @@ func (c *replayConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-// errNotTLS is readClientHello's answer to a first record that cannot be a ClientHello:
-// the TLS server will say so to the client.
+// errNotTLS is serverName's answer to bytes that are no ClientHello, or one cut short.
 var errNotTLS = errors.New("not a TLS handshake record")
 
-// readClientHello reads the first TLS record of r, at most MaxClientHelloRead bytes, and
-// returns what it read and the server name of the ClientHello it holds. The name is "" when
-// the record is not a handshake record (then only its 5-byte header is read), or holds no
-// complete ClientHello (one split over several records), or no host name. A read error (a
-// deadline, the client's end) is returned as is.
+// readClientHello reads the TLS records of r that carry its first handshake message, the
+// ClientHello, and returns every byte it read and the server name of that ClientHello. It
+// stops, with the name "", at a record that cannot belong to a ClientHello (not a handshake
+// record: then only its 5-byte header is read), at a first message that is no ClientHello,
+// or once the ClientHello is over maxClientHello bytes or would take more than
+// MaxClientHelloRead bytes to read. A read error (a deadline, the client's end) is returned
+// as is.
 func readClientHello(r io.Reader) ([]byte, string, error) {
-	var hdr [tlsRecordHeaderLen]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return nil, "", err
+	var raw, msg []byte // every byte read; the handshake messages reassembled from the records
+	for {
+		start := len(raw)
+		if start+tlsRecordHeaderLen > MaxClientHelloRead {
+			return raw, "", nil
+		}
+		raw = slices.Grow(raw, tlsRecordHeaderLen)[:start+tlsRecordHeaderLen]
+		if _, err := io.ReadFull(r, raw[start:]); err != nil {
+			if start == 0 {
+				return nil, "", err
+			}
+			return nil, "", fmt.Errorf("reading the ClientHello: %w", err)
+		}
+		hdr := raw[start:]
+		n := int(binary.BigEndian.Uint16(hdr[3:]))
+		if hdr[0] != tlsRecordHandshake || hdr[1] != 3 || n == 0 || n > maxTLSRecord || len(raw)+n > MaxClientHelloRead {
+			return raw, "", nil
+		}
+		raw = slices.Grow(raw, n)[:len(raw)+n]
+		frag := raw[len(raw)-n:]
+		if _, err := io.ReadFull(r, frag); err != nil {
+			return nil, "", fmt.Errorf("reading the ClientHello: %w", err)
+		}
+		if msg == nil {
+			// Most ClientHellos come in one record: read in place, no copy. (Capped: a
+			// second record's append copies rather than write into raw.)
+			msg = frag[:n:n]
+		} else {
+			msg = append(msg, frag...)
+		}
+		if len(msg) < 4 {
+			continue
+		}
+		if msg[0] != tlsHandshakeHello {
+			return raw, "", nil
+		}
+		size := 4 + (int(msg[1])<<16 | int(msg[2])<<8 | int(msg[3]))
+		if size > maxClientHello {
+			return raw, "", nil
+		}
+		if len(msg) >= size {
+			name, _ := serverName(msg[:size])
+			return raw, name, nil
+		}
 	}
-	n := int(binary.BigEndian.Uint16(hdr[3:]))
-	if hdr[0] != tlsRecordHandshake || hdr[1] != 3 || n == 0 || n > maxTLSRecord {
-		return append([]byte(nil), hdr[:]...), "", nil
-	}
-	rec := make([]byte, tlsRecordHeaderLen+n)
-	copy(rec, hdr[:])
-	if _, err := io.ReadFull(r, rec[tlsRecordHeaderLen:]); err != nil {
-		return nil, "", fmt.Errorf("reading the ClientHello: %w", err)
-	}
-	name, _ := serverName(rec[tlsRecordHeaderLen:])
-	return rec, name, nil
 }
 
 // serverName returns the host name of the server_name extension (RFC 6066) of the
@@ -425,11 +478,15 @@ func (p *helloParser) vector(lenBytes int) (helloParser, bool) {
 func (h *HTTP) GuardTLSRoutes() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The route found here is handed on: ServeHTTP does not look it up again.
+		if r.Method == http.MethodConnect {
+			h.serve(w, r, nil) // refused there (405), whatever the Host
+			return
+		}
 		var rt routed
 		if rt.sub, rt.ok = subdomainOf(r.Host, h.cfg.Domain); rt.ok {
 			rt.g = h.cfg.Registry.LookupHTTP(rt.sub)
 			if g := rt.g; g != nil && g.Proto == group.ProtoTLS {
-				http.Error(w, fmt.Sprintf("%s is a TLS passthrough tunnel: connect to the HTTPS port with TLS and server name %s.%s",
+				h.fail(w, r, fmt.Sprintf("%s is a TLS passthrough tunnel: connect to the HTTPS port with TLS and server name %s.%s",
 					rt.sub, rt.sub, h.cfg.Domain), http.StatusMisdirectedRequest)
 				return
 			}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -101,29 +102,89 @@ func (e *fillReader) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestReadClientHelloIsBounded: the router reads one record at most, MaxClientHelloRead
-// bytes; a record announcing more, or one that is no handshake, costs its 5-byte header.
+// TestReadClientHelloIsBounded: a first record that cannot start a ClientHello (one over
+// the largest record, an empty one, plain HTTP, application data) costs its 5-byte header;
+// a handshake record whose message is no ClientHello is read whole and no further; a
+// ClientHello over maxClientHello, or spread so thin that its records would take more than
+// MaxClientHelloRead bytes, is read no further either.
 func TestReadClientHelloIsBounded(t *testing.T) {
 	for _, tc := range []struct {
 		hdr  []byte
 		read int
 	}{
-		{[]byte{22, 3, 1, 0x40, 0x00}, MaxClientHelloRead}, // 16384: the largest record
-		{[]byte{22, 3, 1, 0x40, 0x01}, 5},                  // over it
-		{[]byte{22, 3, 1, 0x00, 0x00}, 5},                  // empty
-		{[]byte("GET /"), 5},                               // plain HTTP to the HTTPS port
-		{[]byte{23, 3, 3, 0x00, 0x10}, 5},                  // application data first
+		{[]byte{22, 3, 1, 0x40, 0x00}, tlsRecordHeaderLen + maxTLSRecord}, // 16384: the largest record, no ClientHello in it
+		{[]byte{22, 3, 1, 0x40, 0x01}, 5},                                 // over it
+		{[]byte{22, 3, 1, 0x00, 0x00}, 5},                                 // empty
+		{[]byte("GET /"), 5},                                              // plain HTTP to the HTTPS port
+		{[]byte{23, 3, 3, 0x00, 0x10}, 5},                                 // application data first
+		{[]byte{22, 3, 1, 0x00, 0x04, 1, 0, 0x40, 0x01}, 9},               // a ClientHello over 16 KiB
 	} {
 		src := &fillReader{b: 0xff}
 		rec, name, err := readClientHello(io.MultiReader(bytes.NewReader(tc.hdr), src))
 		require.NoError(t, err)
 		require.Empty(t, name)
 		require.Len(t, rec, tc.read, "%x", tc.hdr)
-		require.Equal(t, tc.read-5, src.read, "nothing is read past the record")
-		require.Equal(t, tc.hdr, rec[:5], "what was read is replayed")
+		require.Equal(t, tc.read-len(tc.hdr), src.read, "nothing is read past the record")
+		require.Equal(t, tc.hdr, rec[:len(tc.hdr)], "what was read is replayed")
 	}
-	_, _, err := readClientHello(bytes.NewReader([]byte{22, 3, 1, 0, 10, 1, 2}))
+
+	// A ClientHello of 16 KiB in records of one byte each: six bytes read for each byte of
+	// it, so the router stops at MaxClientHelloRead, its name unread.
+	hello := append([]byte{1, 0, 0x3f, 0xfc}, bytes.Repeat([]byte{0}, maxClientHello-4)...)
+	thin := fragment(append([]byte{22, 3, 1, byte(len(hello) >> 8), byte(len(hello))}, hello...), 1)
+	rec, name, err := readClientHello(bytes.NewReader(thin))
+	require.NoError(t, err)
+	require.Empty(t, name)
+	require.LessOrEqual(t, len(rec), MaxClientHelloRead)
+	require.Equal(t, thin[:len(rec)], rec)
+
+	_, _, err = readClientHello(bytes.NewReader([]byte{22, 3, 1, 0, 10, 1, 2}))
 	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "a record cut short is an error: the connection is closed")
+	_, _, err = readClientHello(bytes.NewReader(fragment(clientHello(t, &tls.Config{ServerName: "pool.warren.test"}), 100)[:150]))
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "a ClientHello whose next record never comes is an error")
+}
+
+// fragment re-splits the handshake payload of the single TLS record rec into records of at
+// most size bytes, as OpenSSL's max_send_frag does.
+func fragment(rec []byte, size int) []byte {
+	var out []byte
+	for body := rec[tlsRecordHeaderLen:]; len(body) > 0; {
+		n := min(size, len(body))
+		out = append(out, rec[0], rec[1], rec[2], byte(n>>8), byte(n))
+		out = append(out, body[:n]...)
+		body = body[n:]
+	}
+	return out
+}
+
+// longALPN is an ALPN list long enough to spread a ClientHello over several 512-byte
+// records.
+func longALPN() []string {
+	var protos []string
+	for i := range 40 {
+		protos = append(protos, fmt.Sprintf("x-protocol-number-%02d-with-a-long-name", i))
+	}
+	return append(protos, "h2", "http/1.1")
+}
+
+// TestReadClientHelloAcrossRecords: a ClientHello spread over several records (512 bytes
+// each, as openssl s_client -max_send_frag 512 sends it; 40, 7, 1 byte) is reassembled: its
+// server name is read, and every byte read is the client's, records unchanged.
+func TestReadClientHelloAcrossRecords(t *testing.T) {
+	for _, cfg := range []*tls.Config{
+		{ServerName: "pool.warren.test", NextProtos: longALPN()},
+		{ServerName: "pool.warren.test", NextProtos: longALPN(), MaxVersion: tls.VersionTLS12},
+	} {
+		rec := clientHello(t, cfg)
+		require.Greater(t, len(rec), 3*512)
+		for _, size := range []int{512, 40, 7, 1} {
+			sent := fragment(rec, size)
+			got, name, err := readClientHello(io.MultiReader(bytes.NewReader(sent), strings.NewReader("after")))
+			require.NoError(t, err, size)
+			require.Equal(t, "pool.warren.test", name, size)
+			require.Equal(t, sent, got, size)
+		}
+	}
 }
 
 // tlsEdge is a registry with a tls pool "pool", an http pool "web", and a
@@ -244,6 +305,27 @@ func TestPassthroughListenerRoutesByServerName(t *testing.T) {
 		_ = ac.Close()
 	}
 	require.EqualValues(t, 4, e.conns.Load(), "only connections to the pool are counted")
+}
+
+// TestPassthroughListenerRoutesASplitClientHello: a ClientHello spread over 512-byte records
+// (openssl s_client -max_send_frag 512 with a long ALPN list) goes to the tls pool's member,
+// its records as the client sent them, and never to the edge's TLS server.
+func TestPassthroughListenerRoutesASplitClientHello(t *testing.T) {
+	e := startTLSEdge(t, 5*time.Second)
+	e.member(t, "echo", group.ProtoTLS, "pool", startConnector(t, wire.AckOK, func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+		_, _ = io.Copy(st, st)
+	}))
+	sent := fragment(clientHello(t, &tls.Config{ServerName: "pool.warren.test", NextProtos: longALPN()}), 512)
+	require.Greater(t, len(sent), 3*512)
+	c := e.dial(t)
+	_, err := c.Write(sent)
+	require.NoError(t, err)
+	got := make([]byte, len(sent))
+	_, err = io.ReadFull(c, got)
+	require.NoError(t, err, "the member did not get the ClientHello")
+	require.Equal(t, sent, got, "the member gets the client's records unchanged")
+	require.Empty(t, e.accepted, "handed to the edge's TLS server")
+	require.EqualValues(t, 1, e.conns.Load())
 }
 
 // TestPassthroughListenerClosesSilentClients: a client that sends nothing, or a record cut
