@@ -29,6 +29,8 @@ type routeBook struct {
 	reg *group.Registry
 	log *zap.Logger
 
+	// writes orders the book's store writes per route (routes_writes.go).
+	writes routeWrites
 	// ctx bounds the book's store calls. It lasts as long as the store: close cancels it as
 	// it closes the store, once the edge's last session is gone. (The server's own context
 	// ends earlier in Close, while sessions still end and their routes are recorded empty.)
@@ -270,7 +272,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 	}
 	// Read before the store's lock is taken.
 	c := &claimDecision{b: b, tk: tk, req: req, grouped: grouped, sc: b.rules.solo(req, kind, grouped)}
-	if _, err := b.st.Update(b.ctx, tk.key, c.decide); err != nil && !errors.Is(err, errUnchanged) {
+	if _, err := b.update(tk.key, c.decide); err != nil && !errors.Is(err, errUnchanged) {
 		return nil, refusal(err)
 	}
 	if c.taken != nil {
@@ -420,7 +422,7 @@ func (b *routeBook) abandon(tk *ticket) {
 		return
 	}
 	created := tk.created
-	_, _ = b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
+	_, _ = b.update(tk.key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.Tenant != created.Tenant || !cur.EmptySince.Equal(created.EmptySince) ||
 			len(cur.Ports) > 0 || b.live(tk.kind, tk.label) {
 			return nil, errUnchanged // someone has used it since
@@ -507,7 +509,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		b.mu.Unlock()
 	}
 	var oldPort int
-	r, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
+	r, err := b.update(tk.key, func(cur *store.Route) (*store.Route, error) {
 		oldPort = 0
 		if cur == nil {
 			// Swept or undone meanwhile: the live owner records it again.
@@ -568,9 +570,11 @@ func recordPoolPort(cur *store.Route, g *group.Group) (oldPort int, changed bool
 	return oldPort, changed
 }
 
-// emptied records that g's last member left; it runs under the route's lock, so that it is
-// ordered with the next first member's joined. The rules decide whether the route is empty
-// now, later or not (routeRules.emptiedRecord: in a cluster another edge may serve it).
+// emptied records that g's last member left. The registry calls it under the route's shard
+// lock, which other routes share: it only queues the write (routeWrites), so that the record
+// changes in the order the registry changed without a store call under the lock. The rules
+// decide whether the route is empty now, later or not (routeRules.emptiedRecord: in a
+// cluster another edge may serve it).
 func (b *routeBook) emptied(g *group.Group) {
 	kind := store.KindHTTP
 	if g.Kind == group.KindTCP {
@@ -581,7 +585,6 @@ func (b *routeBook) emptied(g *group.Group) {
 		kind = store.KindTCP
 	}
 	now := b.now()
-	later := false
 	var holder string // the session of this edge's solo claim on the route, if any
 	if kind == store.KindHTTP && g.Solo() && !b.stopping.Load() {
 		b.mu.Lock()
@@ -589,7 +592,15 @@ func (b *routeBook) emptied(g *group.Group) {
 		delete(b.soloHolders, g.Label)
 		b.mu.Unlock()
 	}
-	_, err := b.st.Update(b.ctx, store.Key(kind, g.Label), func(cur *store.Route) (*store.Route, error) {
+	key := store.Key(kind, g.Label)
+	b.writes.later(key, func() { b.recordEmpty(key, kind, g, holder, now) })
+}
+
+// recordEmpty writes that route key (kind, g's label) emptied at now, unless it has members
+// again or the rules keep it (emptied); holder is the session of the solo claim that left.
+func (b *routeBook) recordEmpty(key, kind string, g *group.Group, holder string, now time.Time) {
+	later := false
+	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 		later = false
 		if cur == nil {
 			return nil, errUnchanged
@@ -609,14 +620,11 @@ func (b *routeBook) emptied(g *group.Group) {
 		if keep, later = b.rules.emptiedRecord(cur, kind, g.Label, now); keep {
 			return unchanged()
 		}
-		if kind == store.KindTCP && g.KeyHash().String() != "" {
-			// Another pool of this name may still have members; the route is empty only
-			// when none does (the registry removes pools one at a time).
-			for _, other := range b.reg.View().Groups() {
-				if other.Kind == group.KindTCP && other.Label == g.Label && other.ID != g.ID && len(other.Members) > 0 {
-					return unchanged()
-				}
-			}
+		if b.live(kind, g.Label) {
+			// Members joined the route again (on this edge, or another pool of the TCP
+			// name) since it emptied: the registry removes pools one at a time, and this
+			// write runs after the registry's change.
+			return unchanged()
 		}
 		cur.EmptySince = now
 		return cur, nil
@@ -645,7 +653,7 @@ func (b *routeBook) sweep() {
 			continue
 		}
 		var gone *store.Route
-		_, err := b.st.Update(b.ctx, r.Key(), func(cur *store.Route) (*store.Route, error) {
+		_, err := b.update(r.Key(), func(cur *store.Route) (*store.Route, error) {
 			if cur == nil || !b.lapsed(cur, now, func() bool { return b.live(r.Kind, r.Label) }) {
 				return nil, errUnchanged
 			}
@@ -709,6 +717,7 @@ func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*ro
 
 // close ends the book's store calls still under way and closes the store.
 func (b *routeBook) close() error {
+	b.writes.wait() // the writes queued as the last members left; bounded by the store's timeouts
 	b.cancel()
 	return b.st.Close()
 }
