@@ -29,8 +29,10 @@ type routeBook struct {
 	reg *group.Registry
 	log *zap.Logger
 
-	// writes orders the book's store writes per route (routes_writes.go).
-	writes routeWrites
+	// writes orders the book's store writes per route (routes_writes.go); closing is closed
+	// when the book closes: a write the store refused is not tried again then.
+	writes  routeWrites
+	closing chan struct{}
 	// ctx bounds the book's store calls. It lasts as long as the store: close cancels it as
 	// it closes the store, once the edge's last session is gone. (The server's own context
 	// ends earlier in Close, while sessions still end and their routes are recorded empty.)
@@ -118,7 +120,7 @@ func ownedError(kind, label string) error {
 }
 
 func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoints []Endpoint, log *zap.Logger) (*routeBook, error) {
-	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log, rules: localRules{},
+	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log, rules: localRules{}, closing: make(chan struct{}),
 		ports: map[string]map[int]bool{}, tunnels: map[string]int{}, sessions: map[string]int{},
 		pendingPorts: map[string]int{}, soloPorts: map[int]string{}, elsewhere: map[int]bool{},
 		soloHolders: map[string]string{}}
@@ -598,7 +600,30 @@ func (b *routeBook) emptied(g *group.Group) {
 
 // recordEmpty writes that route key (kind, g's label) emptied at now, unless it has members
 // again or the rules keep it (emptied); holder is the session of the solo claim that left.
+// A store that does not answer (a disk error, NATS away) is tried again, backing off, until it
+// does or the edge stops: the record must converge, and the route's later writes wait in line
+// behind this one meanwhile, as they would wait for the store themselves.
 func (b *routeBook) recordEmpty(key, kind string, g *group.Group, holder string, now time.Time) {
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		err := b.writeEmpty(key, kind, g, holder, now)
+		if err == nil {
+			return
+		}
+		if wait == 100*time.Millisecond {
+			b.log.Warn("cannot record that a route is empty yet; trying again until the store answers",
+				zap.String("route", g.Label), zap.Error(err))
+		}
+		select {
+		case <-b.closing:
+			b.log.Error("cannot record that a route is empty; its claim will not lapse", zap.String("route", g.Label), zap.Error(err))
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// writeEmpty is one attempt of recordEmpty.
+func (b *routeBook) writeEmpty(key, kind string, g *group.Group, holder string, now time.Time) error {
 	later := false
 	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 		later = false
@@ -630,11 +655,12 @@ func (b *routeBook) recordEmpty(key, kind string, g *group.Group, holder string,
 		return cur, nil
 	})
 	if err != nil && !errors.Is(err, errUnchanged) {
-		b.log.Error("cannot record that a route is empty; its claim will not lapse", zap.String("route", g.Label), zap.Error(err))
+		return err
 	}
 	if later {
 		b.rules.settleLater(kind, g.Label)
 	}
+	return nil
 }
 
 // sweep deletes the claims that lapsed and gives their ports back.
@@ -717,7 +743,10 @@ func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*ro
 
 // close ends the book's store calls still under way and closes the store.
 func (b *routeBook) close() error {
-	b.writes.wait() // the writes queued as the last members left; bounded by the store's timeouts
+	// The writes queued as the last members left are tried once more, not again and again:
+	// each is bounded by the store's timeouts.
+	close(b.closing)
+	b.writes.wait()
 	b.cancel()
 	return b.st.Close()
 }

@@ -642,6 +642,7 @@ func (s *sharedRules) settleRoutes(routes [][2]string) {
 // after its last claim), unless an edge serves it by then.
 func (s *sharedRules) settleRoute(kind, label string) {
 	b := s.b
+	retry := 100 * time.Millisecond // after a store that did not answer, backing off to 5 s
 	for b.ctx.Err() == nil {
 		if b.live(kind, label) {
 			return
@@ -662,11 +663,16 @@ func (s *sharedRules) settleRoute(kind, label string) {
 			cur.EmptySince = now
 			return cur, nil
 		})
-		if err != nil && !errors.Is(err, errUnchanged) {
-			b.log.Warn("cannot record that a route is empty", zap.String("route", store.Key(kind, label)), zap.Error(err))
-			return
-		}
-		if wait == 0 {
+		switch {
+		case err != nil && !errors.Is(err, errUnchanged):
+			// The store does not answer (NATS away): the route must still converge once it
+			// does; the sweep would catch it only a minute later.
+			if retry == 100*time.Millisecond {
+				b.log.Warn("cannot record that a route is empty yet; trying again until the store answers",
+					zap.String("route", store.Key(kind, label)), zap.Error(err))
+			}
+			wait, retry = retry, min(2*retry, 5*time.Second)
+		case wait == 0:
 			return
 		}
 		select {
