@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/tunnel"
@@ -97,8 +98,10 @@ func clusterEdgeOn(t *testing.T, url, id string, timeout time.Duration) *tunnelt
 // edge's other routes meanwhile serve requests and their members leave at once (both far
 // inside the cluster's 5 s NATS timeout, which is what each would wait if it queued behind
 // x's write or under the lock it was written under before). When NATS resumes (SIGCONT),
-// x's record converges: it is recorded empty. Registrations write their route through to
-// NATS before they are acknowledged, so they wait for NATS itself, each for its own route.
+// x's record converges: it is recorded empty. Registrations of new routes write their claim
+// through to NATS before they are acknowledged (the other edges order claims by it), so they
+// wait for NATS itself, each for its own route, and are refused as unavailable past the
+// timeout.
 func TestStoppedNATSHoldsUpOnlyTheRouteWaitingForIt(t *testing.T) {
 	const natsTimeout = 5 * time.Second
 	n := startNATSProcess(t)
@@ -145,6 +148,23 @@ func TestStoppedNATSHoldsUpOnlyTheRouteWaitingForIt(t *testing.T) {
 			require.Less(t, left(fmt.Sprintf("y%d", i)), natsTimeout/2, "y%d's leave waited", i)
 		}
 	}
+	// A registration of a new route is a claim every edge must see: it waits for NATS, each
+	// for its own write and none behind another's, and is refused as unavailable when NATS
+	// does not answer within its timeout (the connector tries again later).
+	var regs sync.WaitGroup
+	conns := []*tunnel.Session{tunneltest.Connect(t, a), tunneltest.Connect(t, a)}
+	regStart := time.Now()
+	for i, sub := range []string{"new1", "new2"} {
+		regs.Add(1)
+		go func() {
+			defer regs.Done()
+			_, err := conns[i].Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: sub}, web)
+			assert.ErrorIs(t, err, tunnel.ErrUnavailable, "%s registered while NATS was stopped", sub)
+		}()
+	}
+	regs.Wait()
+	require.Less(t, time.Since(regStart), natsTimeout+natsTimeout/2, "the registrations waited for each other")
+
 	if d := time.Since(stopped); d < 10*time.Second {
 		time.Sleep(10*time.Second - d) // NATS stays stopped for 10 s, as the scenario
 	}
