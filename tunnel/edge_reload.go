@@ -6,7 +6,6 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -14,9 +13,6 @@ import (
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel/store"
 )
-
-// reloadMu serialises Reload calls (of every Server: they are rare).
-var reloadMu sync.Mutex
 
 // Reload applies cfg to the running edge as far as it can without dropping a connector, and
 // returns, one line each, what it left as it was. It is meant for a configuration file
@@ -56,8 +52,8 @@ var reloadMu sync.Mutex
 // Close it returns ErrServerClosed. Reloads are serialised; traffic and registrations are
 // never held up by one.
 func (s *Server) Reload(cfg ServerConfig) (notApplied []string, err error) {
-	reloadMu.Lock()
-	defer reloadMu.Unlock()
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
 	if s.shuttingDown() {
 		return nil, ErrServerClosed
 	}
@@ -221,7 +217,7 @@ func (b *routeBook) reserve(key string, ep *Endpoint) string {
 	next := ep.route()
 	var why string
 	var replaced *store.Route
-	r, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
+	r, err := b.update(key, func(cur *store.Route) (*store.Route, error) {
 		// fn may run more than once: it only computes; what it decides is read after.
 		why, replaced = "", nil
 		now := b.now()
@@ -324,7 +320,7 @@ func (b *routeBook) portHolder(port int, cur *store.Route) string {
 // unreserve turns the reserved route key into an ordinary claim of its tenant; an empty one
 // gets a full RouteTTL from now.
 func (b *routeBook) unreserve(key string) {
-	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.update(key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || !cur.Reserved {
 			return nil, errUnchanged
 		}

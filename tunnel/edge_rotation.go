@@ -44,24 +44,27 @@ func forgetRotatedKeys(r *store.Route, g *group.Group) bool {
 }
 
 // left runs after a member of g left: when g is a live TCP pool whose record still lists
-// other keys for its port (a rotation), the keys no member holds are dropped.
+// other keys for its port (a rotation), the keys no member holds are dropped. The write waits
+// in the route's line (routeWrites): a cluster calls this with its remote view locked.
 func (b *routeBook) left(g *group.Group) {
 	if g.Kind != group.KindTCP || g.Solo() || g.Removed() {
 		return
 	}
 	key := store.Key(store.KindTCP, g.Label)
-	if r, err := b.st.Get(b.ctx, key); err != nil || r == nil || len(r.Ports) < 2 {
-		return // nothing rotated here: no write
-	}
-	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
-		if cur == nil || len(cur.Ports) < 2 || !forgetRotatedKeys(cur, g) {
-			return nil, errUnchanged
+	b.writes.later(key, func() {
+		if r, err := b.st.Get(b.ctx, key); err != nil || r == nil || len(r.Ports) < 2 {
+			return // nothing rotated here: no write
 		}
-		return cur, nil
+		_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
+			if cur == nil || len(cur.Ports) < 2 || !forgetRotatedKeys(cur, g) {
+				return nil, errUnchanged
+			}
+			return cur, nil
+		})
+		if err != nil && !errors.Is(err, errUnchanged) {
+			b.log.Warn("cannot record the end of a key rotation; the old key keeps the port until the next change")
+		}
 	})
-	if err != nil && !errors.Is(err, errUnchanged) {
-		b.log.Warn("cannot record the end of a key rotation; the old key keeps the port until the next change")
-	}
 }
 
 // leftPool runs after a member of g left its pool; a shutdown's leaves end no rotation.

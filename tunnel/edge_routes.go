@@ -29,6 +29,10 @@ type routeBook struct {
 	reg *group.Registry
 	log *zap.Logger
 
+	// writes orders the book's store writes per route (routes_writes.go); closing is closed
+	// when the book closes: a write the store refused is not tried again then.
+	writes  routeWrites
+	closing chan struct{}
 	// ctx bounds the book's store calls. It lasts as long as the store: close cancels it as
 	// it closes the store, once the edge's last session is gone. (The server's own context
 	// ends earlier in Close, while sessions still end and their routes are recorded empty.)
@@ -116,7 +120,7 @@ func ownedError(kind, label string) error {
 }
 
 func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoints []Endpoint, log *zap.Logger) (*routeBook, error) {
-	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log, rules: localRules{},
+	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log, rules: localRules{}, closing: make(chan struct{}),
 		ports: map[string]map[int]bool{}, tunnels: map[string]int{}, sessions: map[string]int{},
 		pendingPorts: map[string]int{}, soloPorts: map[int]string{}, elsewhere: map[int]bool{},
 		soloHolders: map[string]string{}}
@@ -270,7 +274,7 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 	}
 	// Read before the store's lock is taken.
 	c := &claimDecision{b: b, tk: tk, req: req, grouped: grouped, sc: b.rules.solo(req, kind, grouped)}
-	if _, err := b.st.Update(b.ctx, tk.key, c.decide); err != nil && !errors.Is(err, errUnchanged) {
+	if _, err := b.update(tk.key, c.decide); err != nil && !errors.Is(err, errUnchanged) {
 		return nil, refusal(err)
 	}
 	if c.taken != nil {
@@ -420,7 +424,7 @@ func (b *routeBook) abandon(tk *ticket) {
 		return
 	}
 	created := tk.created
-	_, _ = b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
+	_, _ = b.update(tk.key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.Tenant != created.Tenant || !cur.EmptySince.Equal(created.EmptySince) ||
 			len(cur.Ports) > 0 || b.live(tk.kind, tk.label) {
 			return nil, errUnchanged // someone has used it since
@@ -507,7 +511,7 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		b.mu.Unlock()
 	}
 	var oldPort int
-	r, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
+	r, err := b.update(tk.key, func(cur *store.Route) (*store.Route, error) {
 		oldPort = 0
 		if cur == nil {
 			// Swept or undone meanwhile: the live owner records it again.
@@ -568,9 +572,11 @@ func recordPoolPort(cur *store.Route, g *group.Group) (oldPort int, changed bool
 	return oldPort, changed
 }
 
-// emptied records that g's last member left; it runs under the route's lock, so that it is
-// ordered with the next first member's joined. The rules decide whether the route is empty
-// now, later or not (routeRules.emptiedRecord: in a cluster another edge may serve it).
+// emptied records that g's last member left. The registry calls it under the route's shard
+// lock, which other routes share: it only queues the write (routeWrites), so that the record
+// changes in the order the registry changed without a store call under the lock. The rules
+// decide whether the route is empty now, later or not (routeRules.emptiedRecord: in a
+// cluster another edge may serve it).
 func (b *routeBook) emptied(g *group.Group) {
 	kind := store.KindHTTP
 	if g.Kind == group.KindTCP {
@@ -581,7 +587,6 @@ func (b *routeBook) emptied(g *group.Group) {
 		kind = store.KindTCP
 	}
 	now := b.now()
-	later := false
 	var holder string // the session of this edge's solo claim on the route, if any
 	if kind == store.KindHTTP && g.Solo() && !b.stopping.Load() {
 		b.mu.Lock()
@@ -589,7 +594,38 @@ func (b *routeBook) emptied(g *group.Group) {
 		delete(b.soloHolders, g.Label)
 		b.mu.Unlock()
 	}
-	_, err := b.st.Update(b.ctx, store.Key(kind, g.Label), func(cur *store.Route) (*store.Route, error) {
+	key := store.Key(kind, g.Label)
+	b.writes.later(key, func() { b.recordEmpty(key, kind, g, holder, now) })
+}
+
+// recordEmpty writes that route key (kind, g's label) emptied at now, unless it has members
+// again or the rules keep it (emptied); holder is the session of the solo claim that left.
+// A store that does not answer (a disk error, NATS away) is tried again, backing off, until it
+// does or the edge stops: the record must converge, and the route's later writes wait in line
+// behind this one meanwhile, as they would wait for the store themselves.
+func (b *routeBook) recordEmpty(key, kind string, g *group.Group, holder string, now time.Time) {
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		err := b.writeEmpty(key, kind, g, holder, now)
+		if err == nil {
+			return
+		}
+		if wait == 100*time.Millisecond {
+			b.log.Warn("cannot record that a route is empty yet; trying again until the store answers",
+				zap.String("route", g.Label), zap.Error(err))
+		}
+		select {
+		case <-b.closing:
+			b.log.Error("cannot record that a route is empty; its claim will not lapse", zap.String("route", g.Label), zap.Error(err))
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// writeEmpty is one attempt of recordEmpty.
+func (b *routeBook) writeEmpty(key, kind string, g *group.Group, holder string, now time.Time) error {
+	later := false
+	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
 		later = false
 		if cur == nil {
 			return nil, errUnchanged
@@ -609,24 +645,22 @@ func (b *routeBook) emptied(g *group.Group) {
 		if keep, later = b.rules.emptiedRecord(cur, kind, g.Label, now); keep {
 			return unchanged()
 		}
-		if kind == store.KindTCP && g.KeyHash().String() != "" {
-			// Another pool of this name may still have members; the route is empty only
-			// when none does (the registry removes pools one at a time).
-			for _, other := range b.reg.View().Groups() {
-				if other.Kind == group.KindTCP && other.Label == g.Label && other.ID != g.ID && len(other.Members) > 0 {
-					return unchanged()
-				}
-			}
+		if b.live(kind, g.Label) {
+			// Members joined the route again (on this edge, or another pool of the TCP
+			// name) since it emptied: the registry removes pools one at a time, and this
+			// write runs after the registry's change.
+			return unchanged()
 		}
 		cur.EmptySince = now
 		return cur, nil
 	})
 	if err != nil && !errors.Is(err, errUnchanged) {
-		b.log.Error("cannot record that a route is empty; its claim will not lapse", zap.String("route", g.Label), zap.Error(err))
+		return err
 	}
 	if later {
 		b.rules.settleLater(kind, g.Label)
 	}
+	return nil
 }
 
 // sweep deletes the claims that lapsed and gives their ports back.
@@ -645,7 +679,7 @@ func (b *routeBook) sweep() {
 			continue
 		}
 		var gone *store.Route
-		_, err := b.st.Update(b.ctx, r.Key(), func(cur *store.Route) (*store.Route, error) {
+		_, err := b.update(r.Key(), func(cur *store.Route) (*store.Route, error) {
 			if cur == nil || !b.lapsed(cur, now, func() bool { return b.live(r.Kind, r.Label) }) {
 				return nil, errUnchanged
 			}
@@ -709,6 +743,10 @@ func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*ro
 
 // close ends the book's store calls still under way and closes the store.
 func (b *routeBook) close() error {
+	// The writes queued as the last members left are tried once more, not again and again:
+	// each is bounded by the store's timeouts.
+	close(b.closing)
+	b.writes.wait()
 	b.cancel()
 	return b.st.Close()
 }

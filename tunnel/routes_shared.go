@@ -381,7 +381,7 @@ func (s *sharedRules) clusterPort(tk *ticket, req *group.JoinRequest) (int, erro
 			return 0, fmt.Errorf("%w: cannot reserve a port: %w", ErrUnavailable, err)
 		}
 		var final int
-		_, err := b.st.Update(b.ctx, tk.key, func(cur *store.Route) (*store.Route, error) {
+		_, err := b.update(tk.key, func(cur *store.Route) (*store.Route, error) {
 			final = 0
 			if cur == nil || cur.Tenant != tk.tenant {
 				return nil, ownedError(tk.kind, tk.label)
@@ -499,10 +499,10 @@ func (b *routeBook) releaseSoloPort(port int) {
 	delete(b.soloPorts, port)
 	b.mu.Unlock()
 	if ok {
-		b.unreservePort(port, key)
+		// Called under the registry's route lock (emptied): the store write waits in line.
+		b.writes.later(store.Key(kindPort, strconv.Itoa(port)), func() { b.unreservePortNow(port, key) })
 	}
 }
-
 // holdElsewhere keeps port p, reserved by a route of another edge, from being offered to
 // this edge's new pools; the sweep gives it back once no reservation holds it
 // (releaseElsewhere).
@@ -537,7 +537,7 @@ func (b *routeBook) releaseElsewhere(reserved map[int]bool) {
 
 // reservePort reserves port p for tk's route, or fails with errPortTaken.
 func (b *routeBook) reservePort(p int, tk *ticket) error {
-	_, err := b.st.Update(b.ctx, store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
+	_, err := b.update(store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
 		if cur != nil {
 			if cur.Group == tk.key {
 				return nil, errUnchanged
@@ -556,6 +556,13 @@ func (b *routeBook) reservePort(p int, tk *ticket) error {
 // unreservePort deletes port p's reservation if route still holds it, and reports whether
 // it did.
 func (b *routeBook) unreservePort(p int, route string) bool {
+	var ok bool
+	b.writes.now(store.Key(kindPort, strconv.Itoa(p)), func() { ok = b.unreservePortNow(p, route) })
+	return ok
+}
+
+// unreservePortNow is unreservePort's store write, run in the key's turn.
+func (b *routeBook) unreservePortNow(p int, route string) bool {
 	_, err := b.st.Update(b.ctx, store.Key(kindPort, strconv.Itoa(p)), func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.Group != route {
 			return nil, errUnchanged
@@ -567,7 +574,6 @@ func (b *routeBook) unreservePort(p int, route string) bool {
 	}
 	return err == nil
 }
-
 // sweepSoloPort deletes the reservation r ("port/<n>") of a solo TCP tunnel that no edge has
 // any more: its edge ("solo/<edge>/<tunnel id>") is gone (its lease lapsed RouteTTL ago, as
 // a dead edge's routes stay their tenants' that long: an edge only cut off from NATS may
@@ -636,12 +642,13 @@ func (s *sharedRules) settleRoutes(routes [][2]string) {
 // after its last claim), unless an edge serves it by then.
 func (s *sharedRules) settleRoute(kind, label string) {
 	b := s.b
+	retry := 100 * time.Millisecond // after a store that did not answer, backing off to 5 s
 	for b.ctx.Err() == nil {
 		if b.live(kind, label) {
 			return
 		}
 		var wait time.Duration
-		_, err := b.st.Update(b.ctx, store.Key(kind, label), func(cur *store.Route) (*store.Route, error) {
+		_, err := b.update(store.Key(kind, label), func(cur *store.Route) (*store.Route, error) {
 			wait = 0
 			if cur == nil || cur.Reserved || !cur.EmptySince.IsZero() {
 				return nil, errUnchanged
@@ -656,11 +663,16 @@ func (s *sharedRules) settleRoute(kind, label string) {
 			cur.EmptySince = now
 			return cur, nil
 		})
-		if err != nil && !errors.Is(err, errUnchanged) {
-			b.log.Warn("cannot record that a route is empty", zap.String("route", store.Key(kind, label)), zap.Error(err))
-			return
-		}
-		if wait == 0 {
+		switch {
+		case err != nil && !errors.Is(err, errUnchanged):
+			// The store does not answer (NATS away): the route must still converge once it
+			// does; the sweep would catch it only a minute later.
+			if retry == 100*time.Millisecond {
+				b.log.Warn("cannot record that a route is empty yet; trying again until the store answers",
+					zap.String("route", store.Key(kind, label)), zap.Error(err))
+			}
+			wait, retry = retry, min(2*retry, 5*time.Second)
+		case wait == 0:
 			return
 		}
 		select {
@@ -680,7 +692,7 @@ func (s *sharedRules) settleRoute(kind, label string) {
 // grace period.
 func (s *sharedRules) markLive(key, kind, label string) {
 	b := s.b
-	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.update(key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.EmptySince.IsZero() || !b.live(kind, label) {
 			return nil, errUnchanged
 		}
@@ -698,7 +710,7 @@ func (s *sharedRules) markLive(key, kind, label string) {
 // members vanished with an edge, or every edge restarted since): its claim lapses a TTL later.
 func (s *sharedRules) markEmpty(key, kind, label string) {
 	b := s.b
-	_, err := b.st.Update(b.ctx, key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.update(key, func(cur *store.Route) (*store.Route, error) {
 		now := b.now()
 		if cur == nil || cur.Reserved || !cur.EmptySince.IsZero() || now.Sub(cur.Claimed) < s.lease || b.live(kind, label) {
 			return nil, errUnchanged

@@ -51,6 +51,21 @@ type Server struct {
 	// (edge_live.go).
 	limits atomic.Pointer[liveLimits]
 
+	// reloadMu serialises this edge's Reloads.
+	reloadMu sync.Mutex
+
+	// Lock order. No lock below is held across a store, NATS or network call, nor while
+	// calling out to a cluster or an embedder (OnEvent runs with no lock held):
+	//   - a registry route's shard lock, then its group's lock (package group). The registry
+	//     calls OnCreate (the TCP listener's bind, a local system call) and OnRemove under
+	//     the shard lock; OnRemove only queues the route's store write (routeWrites).
+	//   - a cluster's remote view lock (package tunnel/cluster), then the registry's: it
+	//     joins and removes other edges' members, which takes no store call any more.
+	//   - routeBook.mu, routeWrites.mu, edgeSession.mu, s.mu and the throttles' locks are
+	//     leaves: nothing else is locked, and nothing blocks, while one is held.
+	//   - edgeSession.wmu serialises one session's control frames: it is held across that
+	//     session's control-stream write (bounded by controlWriteTimeout), which no other
+	//     session or request waits for.
 	mu          sync.Mutex
 	closing     bool
 	listeners   map[net.Listener]struct{}

@@ -374,7 +374,9 @@ func (c *Cluster) reconcileLocked(e *remoteEdge) {
 		if rec.Draining && !m.Draining() {
 			c.edge.Registry().Drain(m)
 			if t, ok := m.Value().(*proxy.Tunnel); ok {
-				t.CloseIdle() // its edge waits for the streams this edge has open to it
+				// Its edge waits for the streams this edge has open to it; closing them
+				// writes to the link: not under the remote view's lock.
+				c.spawn(t.CloseIdle)
 			}
 		}
 	}
@@ -502,22 +504,33 @@ func (c *Cluster) leaveRemote(m *group.Member) {
 	c.edge.Registry().Leave(m)
 	c.edge.LeftPool(m.Group())
 	if t, ok := m.Value().(*proxy.Tunnel); ok {
-		t.Close()
+		// Closing its streams writes to the link: not under the remote view's lock, which
+		// the callers hold.
+		if !c.spawn(t.Close) {
+			t.Close() // the cluster is stopping: its workers are gone, nobody waits on the view
+		}
 	}
 }
 
 // leaveAll takes every remote member out of the registry (the cluster stops).
 func (v *remoteView) leaveAll(c *Cluster) {
 	v.mu.Lock()
-	defer v.mu.Unlock()
+	var tunnels []*proxy.Tunnel
 	for _, e := range v.edges {
 		for id, m := range e.joined {
 			delete(e.joined, id)
-			c.leaveRemote(m)
+			c.edge.Registry().Leave(m)
+			c.edge.LeftPool(m.Group())
+			if t, ok := m.Value().(*proxy.Tunnel); ok {
+				tunnels = append(tunnels, t)
+			}
 		}
 	}
+	v.mu.Unlock()
+	for _, t := range tunnels {
+		t.Close()
+	}
 }
-
 // dial keeps trying to link to edge id while its lease holds and it has members.
 func (c *Cluster) dial(id string) {
 	backoff := 50 * time.Millisecond
