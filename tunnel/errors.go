@@ -65,27 +65,43 @@ func (e *RejectedError) Unwrap() []error {
 	return []error{ErrRejected}
 }
 
-var codeSentinels = map[string]error{
-	wire.CodeUnauthorized:       ErrUnauthorized,
-	wire.CodeUnsupportedVersion: ErrUnsupportedVersion,
-	wire.CodeProtocol:           ErrProtocol,
-	wire.CodeKeyMismatch:        ErrKeyMismatch,
-	wire.CodeInUse:              ErrInUse,
-	wire.CodeProtoMismatch:      ErrProtoMismatch,
-	wire.CodeNoPorts:            ErrNoPorts,
-	wire.CodeLimit:              ErrLimit,
-	wire.CodeInvalid:            ErrInvalid,
-	wire.CodeOwned:              ErrOwned,
-	wire.CodeUnavailable:        ErrUnavailable,
+// wireCodes pairs each wire code with its sentinel. An error may wrap more than one
+// sentinel (ErrUnavailable and ErrLimit, say): codeFor takes the first of this list that it
+// wraps, so the code a connector is sent does not depend on map order. The order is from the
+// most specific answer to the most general: why this route is refused, then why the
+// registration cannot go ahead now, then what is wrong with the session.
+var wireCodes = []struct {
+	code     string
+	sentinel error
+}{
+	{wire.CodeOwned, ErrOwned},
+	{wire.CodeKeyMismatch, ErrKeyMismatch},
+	{wire.CodeInUse, ErrInUse},
+	{wire.CodeProtoMismatch, ErrProtoMismatch},
+	{wire.CodeInvalid, ErrInvalid},
+	{wire.CodeNoPorts, ErrNoPorts},
+	{wire.CodeLimit, ErrLimit},
+	{wire.CodeUnavailable, ErrUnavailable},
+	{wire.CodeUnauthorized, ErrUnauthorized},
+	{wire.CodeUnsupportedVersion, ErrUnsupportedVersion},
+	{wire.CodeProtocol, ErrProtocol},
 }
 
-func sentinelFor(code string) error { return codeSentinels[code] }
+func sentinelFor(code string) error {
+	for _, c := range wireCodes {
+		if c.code == code {
+			return c.sentinel
+		}
+	}
+	return nil
+}
 
-// codeFor maps an edge-side error to its wire code.
+// codeFor maps an edge-side error to its wire code: the first of wireCodes it wraps, or
+// CodeInternal.
 func codeFor(err error) string {
-	for code, s := range codeSentinels {
-		if errors.Is(err, s) {
-			return code
+	for _, c := range wireCodes {
+		if errors.Is(err, c.sentinel) {
+			return c.code
 		}
 	}
 	return wire.CodeInternal

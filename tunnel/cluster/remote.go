@@ -531,6 +531,7 @@ func (v *remoteView) leaveAll(c *Cluster) {
 		t.Close()
 	}
 }
+
 // dial keeps trying to link to edge id while its lease holds and it has members.
 func (c *Cluster) dial(id string) {
 	backoff := 50 * time.Millisecond
