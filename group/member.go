@@ -139,6 +139,15 @@ func (m *Member) Acquire() bool {
 	}
 }
 
+// streams is the member's active streams as far as this edge knows: all of a local member's,
+// forwarded ones included; a remote member's from this edge and from its own.
+func (m *Member) streams() int64 {
+	if m.Edge != "" {
+		return m.Active() + m.peerLoad.Load()
+	}
+	return m.Active()
+}
+
 // AcquireForwarded is Acquire for a stream another edge of a cluster forwards to this local
 // member: it counts against the member's cap and holds up its drain like any other, but not
 // in the load this edge dispatches by (see load). End it with ReleaseForwarded.
