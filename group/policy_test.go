@@ -488,6 +488,7 @@ func TestRemoteMembersShareTiesUnlessLocalIsPreferred(t *testing.T) {
 	local, remote = pool(1)
 	got = share(t, local.Group().Pick, 40)
 	require.Equal(t, 40, got[local], "ties go to the local member")
+	require.Zero(t, got[remote])
 
 	for _, n := range []int{1, 3} {
 		local, remote = pool(n)
