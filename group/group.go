@@ -103,6 +103,9 @@ type Group struct {
 	keyHash   atomic.Pointer[KeyHash]
 	strategy  dispatch.Strategy
 	keyed     dispatch.Keyed // picks by affinity key: the strategy if it can, else rendezvous
+	// remoteHandicap is added to a remote member's doubled load (Config.PreferLocalStreams);
+	// 0: none.
+	remoteHandicap int64
 
 	// snap is the immutable list of selectable members, swapped on every change.
 	snap       atomic.Pointer[snapshot]
@@ -136,22 +139,23 @@ func (g *Group) KeyHash() KeyHash {
 type snapshot struct {
 	members []*Member
 	backup  *snapshot
-	// remote is set when a member is another edge's: loads are then doubled, plus one for
-	// a remote member, so that a tie goes to a local member (no edge-to-edge hop) while
-	// any real difference in load still decides.
-	remote bool
+	// handicap is set when the pool prefers local members (Config.PreferLocalStreams) and a
+	// member is another edge's: loads are then doubled, and a remote member's increased by
+	// handicap (odd), so that a local member wins while it is less than
+	// PreferLocalStreams streams ahead, and any greater difference still decides.
+	handicap int64
 }
 
 func (s *snapshot) Len() int         { return len(s.members) }
 func (s *snapshot) Load(i int) int64 { return s.loadOf(s.members[i]) }
 
 func (s *snapshot) loadOf(m *Member) int64 {
-	if !s.remote {
+	if s.handicap == 0 {
 		return m.load()
 	}
 	l := 2 * m.load()
 	if m.Edge != "" {
-		l++
+		l += s.handicap
 	}
 	return l
 }
@@ -302,5 +306,5 @@ func (g *Group) publishLocked() {
 		g.snap.Store(emptySnapshot)
 		return
 	}
-	g.snap.Store(tiers(sel))
+	g.snap.Store(tiers(sel, g.remoteHandicap))
 }

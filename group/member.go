@@ -50,6 +50,9 @@ type Member struct {
 	value any
 	// peerLoad is a remote member's active streams as its own edge last published them.
 	peerLoad atomic.Int64
+	// forwarded counts the active streams of a local member that other edges of a cluster
+	// forward to it (AcquireForwarded).
+	forwarded atomic.Int64
 	// state packs closedBit and the active stream count so that Acquire is one CAS.
 	state   atomic.Uint64
 	limit   uint64      // cap on active streams; 0 = none
@@ -106,13 +109,20 @@ func (m *Member) Active() int64 { return int64(m.state.Load() &^ closedBit) }
 // streams this edge has open to it.
 func (m *Member) SetPeerLoad(n int64) { m.peerLoad.Store(max(n, 0)) }
 
-// load is the member's load as dispatch sees it.
+// OwnActive is the member's active streams without those other edges forward to it
+// (AcquireForwarded): the work this edge gave it.
+func (m *Member) OwnActive() int64 { return m.Active() - m.forwarded.Load() }
+
+// load is the member's load as dispatch sees it: the streams this edge has open to it, and
+// for a remote member the streams its own edge gave it. The streams another edge forwards to
+// a local member count on that edge: they are its work, and it may hold them open between
+// requests (its idle connections to the member), which would make the member look busy here
+// when it is not.
 func (m *Member) load() int64 {
-	a := m.Active()
 	if m.Edge != "" {
-		a += m.peerLoad.Load()
+		return m.Active() + m.peerLoad.Load()
 	}
-	return a
+	return m.OwnActive()
 }
 
 // Acquire counts one more active stream on the member, unless it is draining or gone, or
@@ -127,6 +137,32 @@ func (m *Member) Acquire() bool {
 			return true
 		}
 	}
+}
+
+// streams is the member's active streams as far as this edge knows: all of a local member's,
+// forwarded ones included; a remote member's from this edge and from its own.
+func (m *Member) streams() int64 {
+	if m.Edge != "" {
+		return m.Active() + m.peerLoad.Load()
+	}
+	return m.Active()
+}
+
+// AcquireForwarded is Acquire for a stream another edge of a cluster forwards to this local
+// member: it counts against the member's cap and holds up its drain like any other, but not
+// in the load this edge dispatches by (see load). End it with ReleaseForwarded.
+func (m *Member) AcquireForwarded() bool {
+	if !m.Acquire() {
+		return false
+	}
+	m.forwarded.Add(1)
+	return true
+}
+
+// ReleaseForwarded ends a stream counted by AcquireForwarded.
+func (m *Member) ReleaseForwarded() {
+	m.forwarded.Add(-1)
+	m.Release()
 }
 
 // Release ends a stream counted by Acquire.

@@ -170,8 +170,8 @@ func (r *Registry) affinityToken(id string) string {
 }
 
 // tiers arranges the selectable members sel by priority: the snapshot of the lowest tier,
-// linked to the next ones as backups.
-func tiers(sel []*Member) *snapshot {
+// linked to the next ones as backups. handicap is the pool's remote handicap (0: none).
+func tiers(sel []*Member, handicap int64) *snapshot {
 	slices.SortStableFunc(sel, func(a, b *Member) int { return a.Priority - b.Priority })
 	var head, tail *snapshot
 	for start := 0; start < len(sel); {
@@ -180,8 +180,8 @@ func tiers(sel []*Member) *snapshot {
 			end++
 		}
 		s := &snapshot{members: sel[start:end:end]}
-		for _, m := range s.members {
-			s.remote = s.remote || m.Edge != ""
+		if handicap > 0 && slices.ContainsFunc(s.members, func(m *Member) bool { return m.Edge != "" }) {
+			s.handicap = handicap
 		}
 		if head == nil {
 			head = s

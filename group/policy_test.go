@@ -468,3 +468,68 @@ func TestStrategyOutOfRangeNeverPanics(t *testing.T) {
 	m.Release()
 	require.Nil(t, g.PickExcept(a), "an out-of-range retry pick is no pick")
 }
+
+// A pool of a local and a remote member (another edge's): by default, ties rotate over both,
+// as on one edge, so sequential requests split evenly. With PreferLocalStreams N, the local
+// member is picked while it is less than N streams ahead of the remote one, and no further.
+func TestRemoteMembersShareTiesUnlessLocalIsPreferred(t *testing.T) {
+	pool := func(prefer int) (local, remote *Member) {
+		r := NewRegistry(Config{LoadBalancing: true, PreferLocalStreams: prefer})
+		rreq := httpReq("pool", "web", "k")
+		rreq.Edge = "b"
+		return join(t, r, httpReq("pool", "web", "k")), join(t, r, rreq)
+	}
+
+	local, remote := pool(0)
+	got := share(t, local.Group().Pick, 40)
+	require.Equal(t, 20, got[local], "sequential picks, every one a tie: %d local, %d remote", got[local], got[remote])
+	require.Equal(t, 20, got[remote])
+
+	local, remote = pool(1)
+	got = share(t, local.Group().Pick, 40)
+	require.Equal(t, 40, got[local], "ties go to the local member")
+	require.Zero(t, got[remote])
+
+	for _, n := range []int{1, 3} {
+		local, remote = pool(n)
+		// Streams held open: the local member takes the first n, then they alternate, the
+		// local member never more than n streams ahead.
+		var held []*Member
+		for i := range 20 {
+			m := local.Group().Pick()
+			require.NotNil(t, m)
+			held = append(held, m)
+			ahead := local.Active() - remote.Active()
+			require.LessOrEqual(t, ahead, int64(n), "pick %d: local %d, remote %d", i, local.Active(), remote.Active())
+			require.GreaterOrEqual(t, ahead, int64(min(i+1, n-1)), "pick %d: local %d, remote %d", i, local.Active(), remote.Active())
+		}
+		for _, m := range held {
+			m.Release()
+		}
+	}
+}
+
+// Streams another edge forwards to a local member are that edge's work, held open between its
+// requests: they do not make the member look busy to this edge's dispatch, but they count
+// against the member's cap.
+func TestForwardedStreamsCountAgainstTheCapNotTheLoad(t *testing.T) {
+	r := NewRegistry(Config{LoadBalancing: true, MaxActivePerMember: 3})
+	a := join(t, r, httpReq("pool", "web", "k"))
+	b := join(t, r, httpReq("pool", "web", "k"))
+	require.True(t, a.AcquireForwarded())
+	require.True(t, a.AcquireForwarded())
+	require.Equal(t, int64(2), a.Active())
+	require.Equal(t, int64(0), a.OwnActive())
+	got := share(t, a.Group().Pick, 40)
+	require.Equal(t, 20, got[a], "a, with two forwarded streams open, is as idle here as b")
+	require.Equal(t, 20, got[b])
+
+	require.True(t, a.AcquireForwarded())
+	require.False(t, a.AcquireForwarded(), "a is at its cap")
+	got = share(t, a.Group().Pick, 10)
+	require.Equal(t, 10, got[b], "a at its cap of 3 takes no more")
+	for range 3 {
+		a.ReleaseForwarded()
+	}
+	require.Equal(t, int64(0), a.Active())
+}

@@ -100,6 +100,13 @@ type Config struct {
 	Ports PortRange
 	// NewStrategy makes each new group's dispatch strategy; nil means least-streams.
 	NewStrategy func() dispatch.Strategy
+	// PreferLocalStreams makes dispatch favour this edge's own members over other edges' in
+	// a cluster (no edge-to-edge hop), bounded: a local member is preferred while it has
+	// fewer than PreferLocalStreams more active streams than a remote one, so 1 gives ties
+	// to a local member and N lets the local members run at most N streams ahead. 0 (the
+	// default): none, ties rotate over every member of the pool, local or remote, as on one
+	// edge.
+	PreferLocalStreams int
 	// MaxActivePerMember caps each member's active streams (0: no cap). A member at its
 	// cap is skipped by Pick, so one flooded group cannot take every stream a connector has.
 	MaxActivePerMember int64
@@ -221,7 +228,7 @@ type JoinRequest struct {
 	PrevKeyHashes []KeyHash
 	// Edge names the edge the member's connector is attached to when that is another edge
 	// of a cluster (a remote member, reached through that edge); "" for a member of this
-	// edge. Dispatch prefers a local member when loads tie.
+	// edge. See Config.PreferLocalStreams.
 	Edge string
 	// Session is an opaque name of the connector session registering the member (the
 	// edge's session id), kept as Member.Session; "" for none.
@@ -523,6 +530,9 @@ func (r *Registry) create(kind Kind, lock string, req JoinRequest, grouped bool)
 		ID:       strconv.FormatUint(r.seq.Add(1), 10),
 		lock:     lock,
 		strategy: r.cfg.NewStrategy(),
+		// Each stream counts twice, so that a remote member's handicap can be an odd number:
+		// ties are then never left to the strategy (see snapshot.loadOf).
+		remoteHandicap: max(2*int64(r.cfg.PreferLocalStreams)-1, 0),
 
 		Affinity:        req.Affinity,
 		RetryIdempotent: req.RetryIdempotent,

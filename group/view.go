@@ -62,7 +62,9 @@ type MemberInfo struct {
 	// says it is still in its slow start.
 	Weight, Priority int
 	Ramping          bool
-	// Active is its number of active streams.
+	// Active is its number of active streams: for a member of this edge all of them,
+	// those other edges of a cluster forward to it included; for another edge's member the
+	// ones this edge has open to it and those its own edge last published.
 	Active int64
 	// Joined is when the member joined.
 	Joined time.Time
@@ -82,7 +84,7 @@ func (m *Member) info() MemberInfo {
 		Weight:          m.Weight,
 		Priority:        m.Priority,
 		Ramping:         m.Ramping(),
-		Active:          m.load(),
+		Active:          m.streams(),
 		Edge:            m.Edge,
 		Joined:          m.Joined,
 	}

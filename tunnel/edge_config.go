@@ -257,6 +257,12 @@ type ServerConfig struct {
 	// cluster's edges share the route store it provides. A Cluster serves one Server. Nil
 	// is a single edge, which runs no cluster code.
 	Cluster Cluster
+	// PreferLocalStreams, in a cluster, lets a pool's members attached to this edge take new
+	// work ahead of the pool's members on other edges (no edge-to-edge hop), while they are
+	// less than this many active streams ahead of them: 1 gives ties to a local member, N
+	// bounds how far the local members may run ahead. 0 (the default): ties rotate over the
+	// whole pool, local and remote members alike, as on one edge.
+	PreferLocalStreams int
 	// RouteTTL is how long a route stays its owner's after its last member left. Default
 	// 24 h.
 	RouteTTL time.Duration

@@ -40,6 +40,12 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 	}
 	tk.key = store.Key(kind, label)
 	if kind == store.KindHTTP && b.reg.LookupHTTP(label) == nil {
+		// Another tenant's members elsewhere refuse it as theirs before anything is said of
+		// its key: a refusal that told a wrong key from the right one would let a tenant
+		// guess another's key.
+		if other, ok := b.rules.tenantElsewhere(kind, label); ok && other != tenant {
+			return nil, ownedError(kind, label)
+		}
 		if err := b.rules.conflict(label, req, grouped); err != nil {
 			return nil, err
 		}

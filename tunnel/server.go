@@ -145,6 +145,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		LoadBalancing:      cfg.LoadBalancing,
 		Ports:              cfg.TCPPorts,
 		MaxActivePerMember: int64(cfg.MaxConcurrentPerMember),
+		PreferLocalStreams: cfg.PreferLocalStreams,
 		NewStrategy:        cfg.NewStrategy,
 		Ejection:           cfg.OutlierEjection,
 		OnCreate:           bindTCP,

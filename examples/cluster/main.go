@@ -48,7 +48,7 @@ const (
 	clusterToken = "demo-edges-secret-0123456789"
 	pool         = "demo"
 	// backendDelay keeps each request in flight for a while, so that concurrent requests
-	// spread over both members (least streams prefers a local member only on ties).
+	// overlap, as they do in production.
 	backendDelay = 30 * time.Millisecond
 )
 

@@ -76,10 +76,6 @@ type Cluster struct {
 	pmu   sync.Mutex
 	dirty map[string]bool
 	kick  chan struct{}
-	// forwarded counts, per local member id, the streams other edges have open to it
-	// (*atomic.Int64): the member's published load leaves them out.
-	forwarded sync.Map
-
 	// connected is whether the NATS connection is up now.
 	connected atomic.Bool
 	// selfSeen is when this edge last saw its own lease renewed through its leases watch
@@ -452,11 +448,7 @@ func (c *Cluster) loads() map[string]int64 {
 			if m.Edge != "" {
 				continue
 			}
-			n := m.Active()
-			if f, ok := c.forwarded.Load(m.ID); ok {
-				n -= f.(*atomic.Int64).Load()
-			}
-			if n > 0 {
+			if n := m.OwnActive(); n > 0 {
 				out[m.ID] = n
 			}
 		}
@@ -537,7 +529,6 @@ func (c *Cluster) publish(id string) error {
 	key := c.cfg.EdgeID + "." + id
 	m := c.edge.Registry().Lookup(id)
 	if m == nil || m.Edge != "" {
-		c.forwarded.Delete(id) // no stream can be forwarded to a member that left
 		err := c.members.Delete(ctx, key)
 		if err != nil && c.recoverBuckets(err) {
 			err = nil // the bucket created again holds no record to delete
@@ -622,12 +613,6 @@ func (c *Cluster) spawn(f func()) bool {
 	}
 	c.wg.Go(f)
 	return true
-}
-
-// forwardedCounter is the counter of streams other edges have open to local member id.
-func (c *Cluster) forwardedCounter(id string) *atomic.Int64 {
-	v, _ := c.forwarded.LoadOrStore(id, new(atomic.Int64))
-	return v.(*atomic.Int64)
 }
 
 // alertRecord is the value of a pool's key in the alerts bucket: the last alert sent, and

@@ -88,21 +88,39 @@ func TestClusterPoolSpansEdges(t *testing.T) {
 	}
 }
 
-// Ties in least-streams dispatch go to a local member: sequential requests at one edge
-// (every member idle) stay on that edge's member.
-func TestClusterTiesPreferLocal(t *testing.T) {
-	nodes := startNATSCluster(t, 1)
-	a := startClusterEdge(t, nodes, "a", clusterOpts{})
-	b := startClusterEdge(t, nodes, "b", clusterOpts{})
-	_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
-	require.NoError(t, err)
-	_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
-	require.NoError(t, err)
-	a.waitMembers(t, "pool", map[string]int{"a": 1, "b": 1})
-	for range 20 {
-		code, body := a.get("pool", "/")
-		require.Equal(t, 200, code)
-		require.True(t, strings.HasPrefix(body, "A "), body)
+// A pool of two members, each attached to another edge of two: sequential requests through
+// either edge (every pick a tie) rotate over both members, as on one edge, not all to the
+// edge's own member. With PreferLocalStreams 1 (an opt-in), ties go to the local member.
+func TestClusterTiesRotateOverThePool(t *testing.T) {
+	for _, prefer := range []int{0, 1} {
+		t.Run(fmt.Sprintf("prefer_local_streams=%d", prefer), func(t *testing.T) {
+			nodes := startNATSCluster(t, 1)
+			opts := clusterOpts{edit: func(c *tunnel.ServerConfig) { c.PreferLocalStreams = prefer }}
+			a := startClusterEdge(t, nodes, "a", opts)
+			b := startClusterEdge(t, nodes, "b", opts)
+			_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+			require.NoError(t, err)
+			_, err = b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
+			require.NoError(t, err)
+			for _, e := range []*clusterEdge{a, b} {
+				e.waitMembers(t, "pool", map[string]int{"a": 1, "b": 1})
+				var seen counter
+				for range 40 {
+					code, body := e.get("pool", "/")
+					require.Equal(t, 200, code)
+					seen.add(strings.Fields(body)[0])
+				}
+				got, local := seen.get(), strings.ToUpper(e.id)
+				if prefer == 0 {
+					// Each pick is a tie unless the other edge's last published load of its
+					// member lags a request behind: a few may go the same way twice.
+					require.InDelta(t, 20, got["A"], 4, "through edge %s: %v", e.id, got)
+					require.InDelta(t, 20, got["B"], 4, "through edge %s: %v", e.id, got)
+				} else {
+					require.Equal(t, 40, got[local], "through edge %s: %v", e.id, got)
+				}
+			}
+		})
 	}
 }
 

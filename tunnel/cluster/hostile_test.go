@@ -21,6 +21,7 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // Hostile timings and failures of the cluster (several edges sharing pools through NATS
@@ -539,4 +540,45 @@ func TestClusterTwoSoloTunnelsRace(t *testing.T) {
 		}
 	}
 	require.Empty(t, both, "subdomains where two solo tunnels won, one on each edge")
+}
+
+// Another tenant cannot learn a pool's key by guessing: its registration of a route whose
+// pool is served on another edge is refused as another tenant's, with the same answer for a
+// wrong key, the right key and no key, while that edge lives and for the lease after it died
+// (its member records stay until then). Before, a wrong key was told "group key does not
+// match" and the right one "belongs to another tenant".
+func TestClusterRefusalOfAnotherTenantDoesNotDependOnTheKey(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	const lease = 3 * time.Second
+	tenants := func(c *tunnel.ServerConfig) { c.Auth = tenantAuth() }
+	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease, edit: tenants})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: lease, edit: tenants})
+	_, err := a.connect(tunnel.WithToken(acmeToken), tunnel.WithReconnect(false)).Forward(ctxT(t),
+		tunnel.TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "right-key"}, hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	b.waitMembers(t, "pool", map[string]int{"a": 1})
+
+	guesses := func(when string) {
+		t.Helper()
+		globex := b.connect(tunnel.WithToken(globexToken), tunnel.WithReconnect(false))
+		var msgs []string
+		for _, spec := range []tunnel.TunnelSpec{
+			{Subdomain: "pool", Group: "web", GroupKey: "wrong-key"},
+			{Subdomain: "pool", Group: "web", GroupKey: "right-key"},
+			{Subdomain: "pool", Group: "other", GroupKey: "right-key"},
+			{Subdomain: "pool"},
+		} {
+			_, err := globex.Forward(ctxT(t), spec, hostPort(backend(t, "G").URL))
+			require.ErrorIs(t, err, tunnel.ErrOwned, "%s: group %q key %q", when, spec.Group, spec.GroupKey)
+			msgs = append(msgs, err.Error())
+		}
+		for _, m := range msgs {
+			require.Equal(t, msgs[0], m, "%s: the refusals differ", when)
+		}
+	}
+	guesses("edge a serving the pool")
+	a.kill()
+	guesses("edge a just died")
+	tenant, held := b.c.ServedElsewhere(store.KindHTTP, "pool")
+	require.True(t, held && tenant == "acme", "a's member records were gone before the guesses: the refusals came from the route's record")
 }

@@ -475,16 +475,11 @@ func (c *Cluster) forward(ctx context.Context, l *peerLink, st *yamux.Stream, pe
 		return
 	}
 	t, ok := m.Value().(*proxy.Tunnel)
-	if !ok || !m.Acquire() {
+	if !ok || !m.AcquireForwarded() {
 		mux.Refuse(st, byte(wire.AckUnknownTunnel))
 		return
 	}
-	fwd := c.forwardedCounter(m.ID)
-	fwd.Add(1)
-	defer func() {
-		fwd.Add(-1)
-		m.Release()
-	}()
+	defer m.ReleaseForwarded()
 	member, err := t.OpenForward(ctx, env.RemoteAddr, c.edge.OpenTimeout())
 	if err != nil {
 		mux.Refuse(st, byte(wire.AckRefused))
