@@ -120,9 +120,14 @@ func (b *routeBook) tcpGate(g *group.Group) *policy.Gate {
 	return b.eps.Load().gates[store.Key(store.KindTCP, g.Label)+"/"+g.KeyHash().String()]
 }
 
-// reserved reports whether an HTTP subdomain is a reserved endpoint (it answers 503, not
-// 404, while it has no member).
+// reserved reports whether an HTTP subdomain with no member here answers 503, not 404: a
+// reserved endpoint, or in a cluster a route whose members other edges' records still list
+// (during a failover, an edge that died keeps its records until its lease lapses, while its
+// connectors are on their way to another edge).
 func (b *routeBook) reserved(sub string) bool {
-	_, ok := b.eps.Load().byKey[store.Key(store.KindHTTP, sub)]
-	return ok
+	key := store.Key(store.KindHTTP, sub)
+	if _, ok := b.eps.Load().byKey[key]; ok {
+		return true
+	}
+	return b.servedElsewhere(store.KindHTTP, sub)
 }

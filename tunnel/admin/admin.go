@@ -26,7 +26,9 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,6 +72,12 @@ type Options struct {
 	EventBuffer int
 	// Logger receives the plane's logs; default none.
 	Logger *zap.Logger
+	// Hosts are the host names (no port) the admin listener is reached by, besides IP
+	// addresses and localhost. They matter only while the API is open (no Token, no tenant
+	// Auth): a request naming another host is refused (403), so that a web page that a
+	// browser on the admin network loaded from a name its author points at the listener (DNS
+	// rebinding) cannot read the open API. /healthz answers any host.
+	Hosts []string
 }
 
 // New builds the operator plane of srv: it registers the metrics collector (Options.Metrics)
@@ -95,6 +103,7 @@ func New(srv *tunnel.Server, o Options) (*Plane, error) {
 		EventKeepAlive:  o.EventKeepAlive,
 		EventBuffer:     o.EventBuffer,
 		Logger:          o.Logger,
+		Hosts:           o.Hosts,
 	}
 	if _, ok := op.Cluster(); ok {
 		cfg.EdgeID = op.EdgeID()
@@ -125,6 +134,8 @@ type config struct {
 	URL func(g group.Info) string
 	// AdminToken is the bearer token that sees everything and may read the metrics.
 	AdminToken string
+	// Hosts are the host names an open API answers besides IP addresses and localhost.
+	Hosts []string
 	// Authenticate maps a tenant token to its tenant; nil means the edge has no tenants.
 	// When both AdminToken and Authenticate are unset the API is open: every caller sees
 	// everything.
@@ -343,8 +354,13 @@ func (p *Plane) requireAuth(next http.Handler) http.Handler {
 // token, 429 when Config.Throttle refuses the caller's address (its token is not checked),
 // 503 when the authenticator failed for another reason or the edge shut down meanwhile.
 func (p *Plane) authenticate(w http.ResponseWriter, r *http.Request) (scope, bool) {
-	if !p.hasAdmin && p.cfg.Authenticate == nil {
-		return scope{admin: true}, true // open API: the self-hosted default
+	if p.apiOpen() {
+		// The self-hosted default: anyone who reaches the listener, by its own name.
+		if !p.hostAllowed(r.Host) {
+			refuseHost(w, r.Host)
+			return scope{}, false
+		}
+		return scope{admin: true}, true
 	}
 	token, ok := bearerToken(r)
 	if !ok {
@@ -425,4 +441,31 @@ func bearerToken(r *http.Request) (string, bool) {
 func unauthorized(w http.ResponseWriter, msg string) {
 	w.Header().Set("WWW-Authenticate", `Bearer realm="warren"`)
 	writeError(w, http.StatusUnauthorized, msg)
+}
+
+// refuseHost answers a request to an open API for a host it does not answer to.
+func refuseHost(w http.ResponseWriter, host string) {
+	writeError(w, http.StatusForbidden, fmt.Sprintf("admin: this open admin listener does not answer to host %q (list it in the admin hosts)", host))
+}
+
+// hostAllowed reports whether an open API answers a request for host (a Host header): an IP
+// address, localhost or a name under it, one of the configured Hosts, or no host at all
+// (browsers always send one). A name is what DNS rebinding needs; an address is not.
+func (p *Plane) hostAllowed(host string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(strings.Trim(host, "[]")), ".")
+	if host == "" || host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return true
+	}
+	for _, h := range p.cfg.Hosts {
+		if strings.TrimSuffix(strings.ToLower(h), ".") == host {
+			return true
+		}
+	}
+	return false
 }

@@ -72,7 +72,7 @@ func TestPlaneOverAView(t *testing.T) {
 
 	get := func(token, path string) (int, []byte) {
 		rec := httptest.NewRecorder()
-		req := httptest.NewRequest(http.MethodGet, path, nil)
+		req := httptest.NewRequest(http.MethodGet, "http://127.0.0.1"+path, nil)
 		req.Header.Set("Authorization", "Bearer "+token)
 		p.Handler().ServeHTTP(rec, req)
 		return rec.Code, rec.Body.Bytes()

@@ -132,7 +132,7 @@ warren_cluster_nats_connected 0
 	get := func(path string, v any) {
 		t.Helper()
 		rec := httptest.NewRecorder()
-		p.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		p.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://127.0.0.1"+path, nil))
 		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), v))
 	}
@@ -165,6 +165,6 @@ func TestNoClusterSeriesOutsideACluster(t *testing.T) {
 		require.False(t, strings.HasPrefix(mf.GetName(), "warren_cluster_"), mf.GetName())
 	}
 	rec := httptest.NewRecorder()
-	p.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/groups", nil))
+	p.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://127.0.0.1/api/groups", nil))
 	require.NotContains(t, rec.Body.String(), "edge_id")
 }

@@ -321,7 +321,7 @@ warren_active_tunnels{edge="b",proto="https"} 0
 warren_active_tunnels{edge="b",proto="tcp"} 0
 `), "warren_active_tunnels"))
 	rec := httptest.NewRecorder()
-	other.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	other.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://127.0.0.1/metrics", nil))
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.Contains(t, rec.Body.String(), `warren_active_tunnels{proto="tcp"} 0`)
 }

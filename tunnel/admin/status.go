@@ -143,6 +143,10 @@ func (m statusMember) Last() *HealthEvent {
 // needed.
 func (p *Plane) serveStatusPage(w http.ResponseWriter, r *http.Request) {
 	data := statusPage{Region: p.cfg.RegionID, Open: p.apiOpen(), Rendered: time.Now()}
+	if data.Open && !p.hostAllowed(r.Host) {
+		refuseHost(w, r.Host)
+		return
+	}
 	if data.Open {
 		data.Groups, data.More = p.statusGroups(r.Context())
 	}

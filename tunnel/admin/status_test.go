@@ -46,7 +46,7 @@ func statusPlane(t *testing.T, cfg config) (*Plane, *group.Registry) {
 
 func serve(p *Plane, method, path, token string) *httptest.ResponseRecorder {
 	rec := httptest.NewRecorder()
-	req := httptest.NewRequest(method, path, nil)
+	req := httptest.NewRequest(method, "http://127.0.0.1"+path, nil)
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
@@ -86,7 +86,7 @@ func TestStatusPageRoutes(t *testing.T) {
 		require.NotEmpty(t, rec.Header().Get("Content-Security-Policy"), name)
 		require.NotEmpty(t, rec.Body.String(), name)
 		// Revalidation by ETag.
-		req := httptest.NewRequest(http.MethodGet, name, nil)
+		req := httptest.NewRequest(http.MethodGet, "http://127.0.0.1"+name, nil)
 		req.Header.Set("If-None-Match", rec.Header().Get("ETag"))
 		again := httptest.NewRecorder()
 		p.Handler().ServeHTTP(again, req)

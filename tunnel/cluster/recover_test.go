@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"testing"
 	"time"
 
@@ -240,4 +241,23 @@ func TestRouteStoreRecreatesMissingBucket(t *testing.T) {
 	st, err := kv.Status(ctx)
 	require.NoError(t, err)
 	require.Equal(t, jetstream.FileStorage, st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config.Storage)
+}
+
+// During a failover a route is unavailable, not unknown: when the edge serving a pool dies,
+// the other edge answers its host 503 (not 404) while the dead edge's records still list the
+// pool's members, until the connector registers again.
+func TestClusterFailoverAnswers503Not404(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: 3 * time.Second})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{lease: 3 * time.Second})
+	_, err := a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	b.waitMembers(t, "pool", map[string]int{"a": 1})
+	require.Equal(t, http.StatusOK, b.getCode("pool"))
+	a.kill()
+	b.waitMembers(t, "pool", map[string]int{})
+	_, listed := b.c.ServedElsewhere(store.KindHTTP, "pool")
+	require.True(t, listed, "a's records lapsed before the check")
+	require.Equal(t, http.StatusServiceUnavailable, b.getCode("pool"))
+	require.Equal(t, http.StatusNotFound, b.getCode("nothing-here"), "a host no edge serves is still unknown")
 }
