@@ -96,7 +96,7 @@ import (
 
 	"go.uber.org/zap"
 
-	benchconfig "github.com/warren-tunnel/warren/examples/internal/config"
+	benchconfig "github.com/warren-tunnel/warren/tunnel/config"
 )
 
 func main() {

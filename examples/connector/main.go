@@ -57,7 +57,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/health"
 	"github.com/warren-tunnel/warren/tunnel"
 )

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/tunnel/config"
 )
 
 // TestServersFollowTheEdge: a connector given two edges attaches to the first; when that

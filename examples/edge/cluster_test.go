@@ -25,7 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/tunnel"
 	"github.com/warren-tunnel/warren/tunnel/cluster"
 )

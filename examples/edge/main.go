@@ -46,7 +46,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel"
 	"github.com/warren-tunnel/warren/tunnel/admin"

@@ -14,7 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/tunnel"
 )
 

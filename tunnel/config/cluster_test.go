@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/tunnel/config"
 )
 
 const clusterToken = "cluster-token-0123456789"

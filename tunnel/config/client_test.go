@@ -11,11 +11,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/group"
 )
 
-const clientSample = "../../connector/config.example.yml"
+const clientSample = "../../examples/connector/config.example.yml"
 
 // tunnelDoc returns a client file whose only tunnel "a" holds lines; the
 // first of them is on line 4.

@@ -1,7 +1,7 @@
-// Package config reads the configuration files of Warren's example mains:
-// server.toml for the edge (examples/edge -config FILE) and config.yml for
-// the connector (examples/connector start --config FILE, default
-// ~/.warren/config.yml).
+// Package config reads Warren's configuration files into the library's values: server.toml
+// for an edge (examples/edge -config FILE) and the connector's YAML file (examples/connector
+// start --config FILE, default ~/.warren/config.yml). It is public so that a program
+// embedding an edge or a connector can load the same files as the example mains.
 //
 // [LoadServer] and [LoadClient] read a file, [ParseServer] and
 // [ParseClient] parse bytes; all four apply the documented defaults,

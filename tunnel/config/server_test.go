@@ -13,11 +13,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/webhook"
 )
 
-const serverSample = "../../edge/server.example.toml"
+const serverSample = "../../examples/edge/server.example.toml"
 
 func TestServerSampleParses(t *testing.T) {
 	cfg, err := config.LoadServer(serverSample)

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
+	"github.com/warren-tunnel/warren/tunnel/config"
 )
 
 func ExampleParseServer() {
@@ -89,7 +89,7 @@ tunnels:
 }
 
 func ExampleLoadClient() {
-	cfg, err := config.LoadClient("../../connector/config.example.yml")
+	cfg, err := config.LoadClient("../../examples/connector/config.example.yml")
 	if err != nil {
 		fmt.Println(err)
 		return
