@@ -12,7 +12,7 @@ import (
 
 // MinTokenLength is the fewest characters a token may have: NewStaticTokens refuses shorter
 // connector and tenant tokens, and NewServer a shorter AdminToken. Failed authentications are
-// throttled per source address (ServerConfig.MaxAuthFailuresPerIP), which makes guessing a
+// throttled per source address (ServerConfig.PreAuth.MaxAuthFailuresPerIP), which makes guessing a
 // random token of this length hopeless; a short one could still be found.
 const MinTokenLength = 16
 

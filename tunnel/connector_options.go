@@ -84,7 +84,7 @@ func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, 
 // backend reads slowly. It applies to TCP connections (and TLS over them) as the dialer
 // returns them: a WithDialer that wraps its connections gets a warning and no effect. The
 // edge's side of the same connections, which receives downloads, has
-// ServerConfig.DataReadBuffer.
+// ServerConfig.TCP.DataReadBuffer.
 func WithDataReadBuffer(n int) Option { return func(o *dialOptions) { o.dataReadBuffer = n } }
 
 // WithLogger sets the session's logger (default: none).

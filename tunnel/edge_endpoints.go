@@ -23,7 +23,7 @@ type Endpoint struct {
 	// share the subdomain's route) or ProtoTCP. ProtoHTTPS and ProtoTLS are accepted and
 	// shown by the admin API; the route and the policy are the subdomain's either way.
 	Proto Proto
-	// Port is the TCP endpoint's public port, inside ServerConfig.TCPPorts.
+	// Port is the TCP endpoint's public port, inside ServerConfig.TCP.Ports.
 	Port int
 	// Tenant owns the endpoint ("" is the tenant of connector tokens that belong to none).
 	Tenant string
@@ -52,8 +52,9 @@ type Policy struct {
 }
 
 // TenantLimits caps what one tenant may hold on the edge; 0 means no cap (in
-// ServerConfig.TenantLimits: the ServerConfig.Limits value, and a negative value lifts the
-// cap for that tenant). Connector tokens that belong to no tenant count as one tenant.
+// ServerConfig.Limits.PerTenant: the ServerConfig.Limits.Tenant value, and a negative value
+// lifts the cap for that tenant). Connector tokens that belong to no tenant count as one
+// tenant.
 //
 // Each cap is checked when something new is asked for (a session's Hello, a registration, a
 // new event stream), against the limits in force then: Server.Reload can change them, and a

@@ -21,17 +21,17 @@ import (
 // live event stream opens (MaxEventStreams): what a new value caps is what comes next;
 // nothing already held is taken back.
 type liveLimits struct {
-	def           TenantLimits            // ServerConfig.Limits
-	tenants       map[string]TenantLimits // ServerConfig.TenantLimits; never written
-	perSession    int                     // ServerConfig.MaxTunnelsPerSession
-	registerRate  float64                 // ServerConfig.RegisterRate, per new session
-	registerBurst int                     // ServerConfig.RegisterBurst, per new session
+	def           TenantLimits            // ServerConfig.Limits.Tenant
+	tenants       map[string]TenantLimits // ServerConfig.Limits.PerTenant; never written
+	perSession    int                     // ServerConfig.Limits.MaxTunnelsPerSession
+	registerRate  float64                 // ServerConfig.Limits.RegisterRate, per new session
+	registerBurst int                     // ServerConfig.Limits.RegisterBurst, per new session
 }
 
 // newLiveLimits takes the live limits of c (defaults applied).
 func newLiveLimits(c *ServerConfig) *liveLimits {
-	return &liveLimits{def: c.Limits, tenants: maps.Clone(c.TenantLimits), perSession: c.MaxTunnelsPerSession,
-		registerRate: c.RegisterRate, registerBurst: c.RegisterBurst}
+	return &liveLimits{def: c.Limits.Tenant, tenants: maps.Clone(c.Limits.PerTenant), perSession: c.Limits.MaxTunnelsPerSession,
+		registerRate: c.Limits.RegisterRate, registerBurst: c.Limits.RegisterBurst}
 }
 
 // of returns tenant's limits: its own, each zero field taken from the defaults.

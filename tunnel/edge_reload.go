@@ -24,11 +24,11 @@ var reloadMu sync.Mutex
 //
 // What it applies at once:
 //
-//   - The limits: Limits, TenantLimits, MaxTunnelsPerSession, RegisterRate and
-//     RegisterBurst. They are read where they are used, so a new value applies to what
-//     comes next: a session's Hello (max_sessions), a registration (MaxTunnelsPerSession,
-//     max_tunnels, max_tcp_ports), a new live event stream (max_event_streams), a new
-//     session's registration rate. Lowering one never ends a session, a tunnel or a stream
+//   - The limits: every field of Limits (Tenant, PerTenant, MaxTunnelsPerSession,
+//     RegisterRate and RegisterBurst). They are read where they are used, so a new value
+//     applies to what comes next: a session's Hello (MaxSessions), a registration
+//     (MaxTunnelsPerSession, MaxTunnels, MaxTCPPorts), a new live event stream
+//     (MaxEventStreams), a new session's registration rate. Lowering one never ends a session, a tunnel or a stream
 //     already there, nor gives a port back: a tenant over its new cap keeps what it holds
 //     and is refused (ErrLimit) until it is under it again.
 //   - The reserved endpoints (Endpoints). An endpoint cfg adds reserves its route for its
@@ -43,13 +43,13 @@ var reloadMu sync.Mutex
 //     members that do not match it, or that another tenant claims, or whose TCP port is
 //     taken, is left as it was (not reserved, or reserved as before) and named in notApplied.
 //
-// What it does not apply, and names in notApplied as "Field (old -> new): reason" (the
-// values left out for settings that are not plain values, and for AlertWebhookURL, which
-// may hold a secret): every other field of cfg that differs from the running configuration
-// (ports, listeners, Domain, RegionID, TLS, Store, request body limits, timeouts, alerts, load
-// balancing, …). Auth is compared only for
-// nil: an Authenticator that reads its tokens live (examples/edge has one) changes them
-// itself.
+// What it does not apply, and names in notApplied as "Field (old -> new): reason" (a field
+// of a sub-struct by its path, "Timeouts.Drain"; the values left out for settings that are
+// not plain values, and for Alerts.WebhookURL, which may hold a secret): every other field
+// of cfg that differs from the running configuration (ports, listeners, Domain, RegionID,
+// TLS, Store, request body limits, timeouts, alerts, load balancing, …). Auth is compared
+// only for nil: an Authenticator that reads its tokens live (examples/edge has one) changes
+// them itself.
 //
 // When cfg is invalid (an endpoint NewServer would refuse, two endpoints for one route, a
 // setting NewServer refuses) Reload applies nothing and returns the error; after Shutdown or
@@ -69,7 +69,7 @@ func (s *Server) Reload(cfg ServerConfig) (notApplied []string, err error) {
 	want := map[string]*Endpoint{}
 	for i := range cfg.Endpoints {
 		ep := cfg.Endpoints[i].own()
-		if err := ep.validate(s.cfg.TCPPorts); err != nil {
+		if err := ep.validate(s.cfg.TCP.Ports); err != nil {
 			return nil, err
 		}
 		key := store.Key(ep.kind(), ep.label())
@@ -140,31 +140,48 @@ func (b *routeBook) applyEndpoints(want map[string]*Endpoint, current []*store.R
 }
 
 // liveFields are the fields of ServerConfig that Reload applies (or compares by itself).
-var liveFields = map[string]bool{"Endpoints": true, "Limits": true, "TenantLimits": true,
-	"MaxTunnelsPerSession": true, "RegisterRate": true, "RegisterBurst": true}
+var liveFields = map[string]bool{"Endpoints": true, "Limits": true}
 
 // secretFields are the fields whose values a "not applied" line leaves out.
-var secretFields = map[string]bool{"AlertWebhookURL": true}
+var secretFields = map[string]bool{"Alerts.WebhookURL": true}
+
+// settingGroups are the sub-structs of ServerConfig whose fields are compared one by one.
+var settingGroups = map[reflect.Type]bool{
+	reflect.TypeFor[PublicHTTP](): true, reflect.TypeFor[RequestBodyLimits](): true,
+	reflect.TypeFor[StalledResponseLimits](): true, reflect.TypeFor[TCPTunnels](): true,
+	reflect.TypeFor[LoadBalancing](): true, reflect.TypeFor[Timeouts](): true,
+	reflect.TypeFor[PreAuthLimits](): true, reflect.TypeFor[Alerts](): true,
+}
 
 // unchangedFields names the fields of next (defaults applied) that differ from the running
 // configuration and that Reload leaves as they are. The live fields are left out.
 func (s *Server) unchangedFields(next ServerConfig) []string {
+	return diffSettings("", reflect.ValueOf(s.cfg), reflect.ValueOf(next))
+}
+
+// diffSettings lists the fields of the structs cur and nv that differ, named under prefix,
+// the fields of a settings group one by one.
+func diffSettings(prefix string, cur, nv reflect.Value) []string {
 	var out []string
-	cur, nv := reflect.ValueOf(s.cfg), reflect.ValueOf(next)
 	for i := range cur.NumField() {
 		f := cur.Type().Field(i)
-		if !f.IsExported() || liveFields[f.Name] {
+		name := prefix + f.Name
+		if !f.IsExported() || liveFields[name] {
+			continue
+		}
+		if settingGroups[f.Type] {
+			out = append(out, diffSettings(name+".", cur.Field(i), nv.Field(i))...)
 			continue
 		}
 		if sameSetting(cur.Field(i), nv.Field(i)) {
 			continue
 		}
-		name := f.Name
-		if a, ok := showSetting(cur.Field(i)); ok && !secretFields[f.Name] {
+		line := name
+		if a, ok := showSetting(cur.Field(i)); ok && !secretFields[name] {
 			b, _ := showSetting(nv.Field(i))
-			name += fmt.Sprintf(" (%s -> %s)", a, b)
+			line += fmt.Sprintf(" (%s -> %s)", a, b)
 		}
-		out = append(out, name+": cannot change while the edge runs; a restart applies it")
+		out = append(out, line+": cannot change while the edge runs; a restart applies it")
 	}
 	return out
 }

@@ -51,9 +51,9 @@ func TestCloseIsIdempotentAndServeAfterCloseFails(t *testing.T) {
 }
 
 func TestServerConfigValidation(t *testing.T) {
-	_, err := NewServer(ServerConfig{Strategy: "round_robin"})
+	_, err := NewServer(ServerConfig{LoadBalancing: LoadBalancing{Strategy: "round_robin"}})
 	require.ErrorContains(t, err, "unknown strategy")
-	_, err = NewServer(ServerConfig{TCPPorts: tcpRange(70000)})
+	_, err = NewServer(ServerConfig{TCP: TCPTunnels{Ports: tcpRange(70000)}})
 	require.ErrorContains(t, err, "invalid TCP port range")
 }
 

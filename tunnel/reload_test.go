@@ -44,7 +44,7 @@ const (
 func tenantEdge(t *testing.T) (*testEdge, *liveTokens, ServerConfig) {
 	auth := &liveTokens{}
 	auth.set(t, []string{reloadPlainToken}, map[string]string{"acme": reloadAcmeToken, "globex": reloadGlobexToken})
-	cfg := ServerConfig{Auth: auth, LoadBalancing: true}
+	cfg := ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true}}
 	e := startEdge(t, cfg)
 	return e, auth, e.cfg // the configuration in force, defaults applied
 }
@@ -61,17 +61,17 @@ func TestReloadKeepsConnectors(t *testing.T) {
 	id := tun.ID()
 
 	next := cfg
-	next.Limits = TenantLimits{MaxTunnels: 3}
-	next.MaxTunnelsPerSession = 4
+	next.Limits.Tenant = TenantLimits{MaxTunnels: 3}
+	next.Limits.MaxTunnelsPerSession = 4
 	next.Endpoints = []Endpoint{{Subdomain: "shop", Tenant: "acme", Group: "web",
 		Policy: Policy{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}}}
 	next.Domain = "other.test"
-	next.DrainTimeout = time.Minute
+	next.Timeouts.Drain = time.Minute
 	notApplied, err := e.Reload(next)
 	require.NoError(t, err)
 	require.Equal(t, []string{
 		`Domain ("warren.test" -> "other.test"): cannot change while the edge runs; a restart applies it`,
-		"DrainTimeout (30s -> 1m0s): cannot change while the edge runs; a restart applies it",
+		"Timeouts.Drain (30s -> 1m0s): cannot change while the edge runs; a restart applies it",
 	}, notApplied)
 	require.Equal(t, 4, e.limits.Load().perSession, "the limits are live")
 	require.True(t, e.routes.reserved("shop"), "the endpoint is live")
@@ -97,12 +97,12 @@ func TestReloadKeepsConnectors(t *testing.T) {
 
 	next = cfg
 	next.Auth = nil
-	next.AlertWebhookURL = "https://alerts.example.com/hook?secret=s3cret"
+	next.Alerts.WebhookURL = "https://alerts.example.com/hook?secret=s3cret"
 	notApplied, err = e.Reload(next)
 	require.NoError(t, err)
 	require.Equal(t, []string{
 		"Auth: cannot change while the edge runs; a restart applies it",
-		"AlertWebhookURL: cannot change while the edge runs; a restart applies it",
+		"Alerts.WebhookURL: cannot change while the edge runs; a restart applies it",
 	}, notApplied, "no value of a setting that is not plain, nor of a secret")
 }
 
@@ -122,8 +122,8 @@ func TestReloadTenantQuota(t *testing.T) {
 	}
 
 	lower := cfg
-	lower.Limits = TenantLimits{MaxTunnels: 5}
-	lower.TenantLimits = map[string]TenantLimits{"acme": {MaxTunnels: 1}}
+	lower.Limits.Tenant = TenantLimits{MaxTunnels: 5}
+	lower.Limits.PerTenant = map[string]TenantLimits{"acme": {MaxTunnels: 1}}
 	notApplied, err := e.Reload(lower)
 	require.NoError(t, err)
 	require.Empty(t, notApplied)
@@ -147,7 +147,7 @@ func TestReloadTenantQuota(t *testing.T) {
 	require.NoError(t, err, "another tenant has the default quota")
 
 	raise := lower
-	raise.TenantLimits = map[string]TenantLimits{"acme": {MaxTunnels: 3}}
+	raise.Limits.PerTenant = map[string]TenantLimits{"acme": {MaxTunnels: 3}}
 	notApplied, err = e.Reload(raise)
 	require.NoError(t, err)
 	require.Empty(t, notApplied)
@@ -158,9 +158,9 @@ func TestReloadTenantQuota(t *testing.T) {
 
 	// The per-session cap and the session quota are live too.
 	perSession := raise
-	perSession.TenantLimits = nil
-	perSession.MaxTunnelsPerSession = 1
-	perSession.Limits.MaxSessions = 1
+	perSession.Limits.PerTenant = nil
+	perSession.Limits.MaxTunnelsPerSession = 1
+	perSession.Limits.Tenant.MaxSessions = 1
 	notApplied, err = e.Reload(perSession)
 	require.NoError(t, err)
 	require.Empty(t, notApplied)
@@ -227,7 +227,7 @@ func requireListedEndpoints(t *testing.T, e *testEdge, tenant string, want ...st
 func TestReloadEndpoint(t *testing.T) {
 	auth := &liveTokens{}
 	auth.set(t, []string{reloadPlainToken}, map[string]string{"acme": reloadAcmeToken, "globex": reloadGlobexToken})
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true, RouteTTL: 300 * time.Millisecond})
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true}, RouteTTL: 300 * time.Millisecond})
 	cfg := e.cfg
 	b := backend(t, "shop")
 	globex := e.connect(WithToken(reloadGlobexToken))
@@ -271,7 +271,7 @@ func TestReloadEndpoint(t *testing.T) {
 	// Invalid: nothing is applied.
 	bad := cfg
 	bad.Endpoints = []Endpoint{{Subdomain: "x", Tenant: "acme"}}
-	bad.Limits.MaxTunnels = 1
+	bad.Limits.Tenant.MaxTunnels = 1
 	_, err = e.Reload(bad)
 	require.ErrorContains(t, err, "a group name is required")
 	require.Zero(t, e.limits.Load().def.MaxTunnels, "an invalid configuration applies nothing")
@@ -316,7 +316,7 @@ func TestReloadEndpoint(t *testing.T) {
 func TestReloadRemovedEmptyEndpoint(t *testing.T) {
 	auth := &liveTokens{}
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken, "globex": reloadGlobexToken})
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true, RouteTTL: 300 * time.Millisecond,
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true}, RouteTTL: 300 * time.Millisecond,
 		Endpoints: []Endpoint{{Subdomain: "shop", Tenant: "acme", Group: "web"}}})
 	cfg := e.cfg
 	b := backend(t, "globex")
@@ -347,7 +347,7 @@ func TestReloadRemovedEmptyEndpoint(t *testing.T) {
 func policyEdge(t *testing.T, p Policy) (*testEdge, ServerConfig) {
 	auth := &liveTokens{}
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken})
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true,
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true},
 		Endpoints: []Endpoint{{Subdomain: "shop", Tenant: "acme", Group: "web", Policy: p}}})
 	b := backend(t, "shop")
 	acme := e.connect(WithToken(reloadAcmeToken))
@@ -439,7 +439,7 @@ func TestReloadEndpointConcurrency(t *testing.T) {
 	auth := &liveTokens{}
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken})
 	p := Policy{MaxConcurrent: 1}
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true,
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true},
 		Endpoints: []Endpoint{{Subdomain: "slow", Tenant: "acme", Group: "web", Policy: p}}})
 	cfg := e.cfg
 	started, release := make(chan struct{}, 2), make(chan struct{})
@@ -493,8 +493,8 @@ func TestReloadTCPEndpointPolicy(t *testing.T) {
 	auth := &liveTokens{}
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken})
 	ep := Endpoint{Proto: ProtoTCP, Group: "db", Port: 44765, Tenant: "acme", KeyHash: group.HashKey("db-key")}
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true,
-		TCPPorts: group.PortRange{Lo: 44760, Hi: 44769}, TCPBindHost: "127.0.0.1", Endpoints: []Endpoint{ep}})
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true},
+		TCP: TCPTunnels{Ports: group.PortRange{Lo: 44760, Hi: 44769}, BindHost: "127.0.0.1"}, Endpoints: []Endpoint{ep}})
 	cfg := e.cfg
 	banner := tcpBackend(t, func(c net.Conn) { _, _ = c.Write([]byte("db\n")) })
 	acme := e.connect(WithToken(reloadAcmeToken))
@@ -552,7 +552,7 @@ func TestReloadRace(t *testing.T) {
 			p, next := allow, cfg
 			if i%2 == 1 {
 				p = deny
-				next.Limits.MaxTunnels = 1 + i%3
+				next.Limits.Tenant.MaxTunnels = 1 + i%3
 			}
 			_, err := e.Reload(withPolicy(next, p))
 			assert.NoError(t, err)
@@ -588,7 +588,7 @@ func TestReloadStartEndpoint(t *testing.T) {
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken})
 	ep := Endpoint{Subdomain: "shop", Tenant: "acme", Group: "web",
 		Policy: Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}}
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true, Endpoints: []Endpoint{ep}})
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true}, Endpoints: []Endpoint{ep}})
 	cfg := e.cfg
 	status, _ := e.get("shop", "/")
 	require.Equal(t, http.StatusForbidden, status)

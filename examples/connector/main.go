@@ -57,9 +57,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/health"
 	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/config"
 )
 
 // startTimeout bounds connecting to the edge and registering the tunnels.

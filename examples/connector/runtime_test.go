@@ -69,8 +69,8 @@ func startEdgeOn(t *testing.T, lc, lp net.Listener) *testEdge {
 		require.NoError(t, err)
 	}
 	port := lp.Addr().(*net.TCPAddr).Port
-	srv, err := tunnel.NewServer(tunnel.ServerConfig{Domain: "localhost", LoadBalancing: true,
-		PublicHTTPPort: port, DrainTimeout: 10 * time.Second})
+	srv, err := tunnel.NewServer(tunnel.ServerConfig{Domain: "localhost", LoadBalancing: tunnel.LoadBalancing{Enabled: true},
+		Public: tunnel.PublicHTTP{URLHTTPPort: port}, Timeouts: tunnel.Timeouts{Drain: 10 * time.Second}})
 	require.NoError(t, err)
 	e := &testEdge{srv: srv, control: lc.Addr().String(), public: lp.Addr().String(), publicPort: port}
 	e.serving.Go(func() { _ = srv.Serve(lc) })

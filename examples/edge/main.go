@@ -46,11 +46,11 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel"
 	"github.com/warren-tunnel/warren/tunnel/admin"
 	"github.com/warren-tunnel/warren/tunnel/cluster"
+	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/tunnel/store"
 	"github.com/warren-tunnel/warren/tunnel/store/boltstore"
 )
@@ -120,10 +120,10 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 	}
 	adminAddr := cfg.Server.Addr(cfg.Server.AdminPort)
 	log.Info("edge starting",
-		zap.String("control", sc.ControlAddr), zap.String("http", orOff(sc.HTTPAddr)),
-		zap.String("https", orOff(sc.HTTPSAddr)), zap.String("admin", orOff(adminAddr)),
-		zap.String("tcp_ports", fmt.Sprintf("%d-%d", sc.TCPPorts.Lo, sc.TCPPorts.Hi)),
-		zap.Bool("tls", sc.TLSConfig != nil), zap.Bool("load_balancing", sc.LoadBalancing),
+		zap.String("control", sc.ControlAddr), zap.String("http", orOff(sc.Public.HTTPAddr)),
+		zap.String("https", orOff(sc.Public.HTTPSAddr)), zap.String("admin", orOff(adminAddr)),
+		zap.String("tcp_ports", fmt.Sprintf("%d-%d", sc.TCP.Ports.Lo, sc.TCP.Ports.Hi)),
+		zap.Bool("tls", sc.TLSConfig != nil), zap.Bool("load_balancing", sc.LoadBalancing.Enabled),
 		zap.String("domain", sc.Domain), zap.String("region", sc.RegionID))
 	if cl := cfg.Cluster; cl != nil {
 		id := cl.EdgeID
@@ -167,8 +167,8 @@ wait:
 		}
 	}
 	stop()
-	log.Info("shutting down", zap.Duration("drain_timeout", sc.DrainTimeout))
-	sctx, cancel := context.WithTimeout(context.Background(), sc.DrainTimeout)
+	log.Info("shutting down", zap.Duration("drain_timeout", sc.Timeouts.Drain))
+	sctx, cancel := context.WithTimeout(context.Background(), sc.Timeouts.Drain)
 	defer cancel()
 	if err := shutdownCounting(sctx, srv, log); err != nil {
 		log.Warn("drain did not finish in time; connections were closed", zap.Error(err))
@@ -212,61 +212,80 @@ func buildServerConfig(c *config.Server, log *zap.Logger) (tunnel.ServerConfig, 
 	live := &liveParts{}
 	s := c.Server
 	sc := tunnel.ServerConfig{
-		Domain:               s.Domain,
-		RegionID:             s.RegionID,
-		Logger:               log,
-		LoadBalancing:        c.LoadBalancing.Enabled,
-		Strategy:             c.LoadBalancing.Strategy,
-		TCPPorts:             group.PortRange{Lo: c.Limits.TCPPortRange.Low, Hi: c.Limits.TCPPortRange.High},
-		TCPBindHost:          s.Bind.String(),
-		ControlAddr:          s.Addr(s.ControlPort),
-		HTTPAddr:             s.Addr(s.HTTPPort),
-		HTTPSAddr:            s.Addr(s.HTTPSPort),
-		PublicHTTPPort:       s.HTTPPort,
-		PublicHTTPSPort:      s.HTTPSPort,
-		PublicH2C:            s.H2C,
-		DataReadBuffer:       s.DataReadBuffer,
-		TrustedProxies:       config.Prefixes(s.TrustedProxies),
-		MaxTunnelsPerSession: c.Limits.MaxTunnelsPerSession,
-		RequestBodyMaxBytes:  c.Limits.RequestBodyMaxBytes,
-		DrainTimeout:         c.Limits.DrainTimeout,
+		Domain:   s.Domain,
+		RegionID: s.RegionID,
+		Logger:   log,
+		LoadBalancing: tunnel.LoadBalancing{
+			Enabled:                c.LoadBalancing.Enabled,
+			Strategy:               c.LoadBalancing.Strategy,
+			MaxConcurrentPerMember: c.Limits.MaxConcurrentPerMember,
+			RetryUnreadRequests:    c.LoadBalancing.RetryUnreadRequests,
+			RetryIdempotent:        c.LoadBalancing.RetryIdempotent,
+		},
 
-		MaxConcurrentPerMember: c.Limits.MaxConcurrentPerMember,
+		TCP: tunnel.TCPTunnels{
+			Ports:          group.PortRange{Lo: c.Limits.TCPPortRange.Low, Hi: c.Limits.TCPPortRange.High},
+			BindHost:       s.Bind.String(),
+			DataReadBuffer: s.DataReadBuffer,
+		},
 
-		RequestBodyTimeout:      orNoLimit(c.Limits.RequestBodyTimeout),
-		RequestBodyMinRate:      orNoLimit(c.Limits.RequestBodyMinRate),
-		RequestBodyMinRateGrace: c.Limits.RequestBodyMinRateGrace,
+		ControlAddr: s.Addr(s.ControlPort),
+		Public: tunnel.PublicHTTP{
+			HTTPAddr:       s.Addr(s.HTTPPort),
+			HTTPSAddr:      s.Addr(s.HTTPSPort),
+			URLHTTPPort:    s.HTTPPort,
+			URLHTTPSPort:   s.HTTPSPort,
+			H2C:            s.H2C,
+			TrustedProxies: config.Prefixes(s.TrustedProxies),
+		},
 
-		ResponseStallTimeout:           orNoLimit(c.Limits.ResponseStallTimeout),
-		MaxStalledResponseBytes:        orNoLimit(c.Limits.MaxStalledResponseBytes),
-		MaxStalledResponseBytesPerConn: orNoLimit(c.Limits.MaxStalledResponseBytesPerConn),
-		MaxStalledResponseBytesPerIP:   orNoLimit(c.Limits.MaxStalledResponseBytesPerIP),
+		Limits: tunnel.Limits{
+			MaxTunnelsPerSession: c.Limits.MaxTunnelsPerSession,
+			Tenant:               tenantLimits(c.Limits.Quotas),
+		},
+		RequestBody: tunnel.RequestBodyLimits{
+			MaxBytes:     c.Limits.RequestBodyMaxBytes,
+			Timeout:      orNoLimit(c.Limits.RequestBodyTimeout),
+			MinRate:      orNoLimit(c.Limits.RequestBodyMinRate),
+			MinRateGrace: c.Limits.RequestBodyMinRateGrace,
+		},
+		Timeouts: tunnel.Timeouts{
+			Drain: c.Limits.DrainTimeout,
+		},
 
-		HelloTimeout:         c.Limits.HelloTimeout,
-		MaxPreAuthConns:      c.Limits.MaxPreAuthConns,
-		MaxPreAuthConnsPerIP: c.Limits.MaxPreAuthConnsPerIP,
-		MaxAuthFailuresPerIP: c.Limits.MaxAuthFailuresPerIP,
-		AuthFailureWindow:    c.Limits.AuthFailureWindow,
-		AuthBlockDuration:    c.Limits.AuthBlock,
+		StalledResponses: tunnel.StalledResponseLimits{
+			Timeout:         orNoLimit(c.Limits.ResponseStallTimeout),
+			MaxBytes:        orNoLimit(c.Limits.MaxStalledResponseBytes),
+			MaxBytesPerConn: orNoLimit(c.Limits.MaxStalledResponseBytesPerConn),
+			MaxBytesPerIP:   orNoLimit(c.Limits.MaxStalledResponseBytesPerIP),
+		},
 
-		AlertWebhookURL:           c.LoadBalancing.AlertWebhookURL,
-		AllowPrivateAlertWebhooks: c.LoadBalancing.AllowPrivateAlertWebhooks,
-		AlertMinInterval:          c.LoadBalancing.AlertMinInterval,
-		RetryUnreadRequests:       c.LoadBalancing.RetryUnreadRequests,
-		RetryIdempotent:           c.LoadBalancing.RetryIdempotent,
+		PreAuth: tunnel.PreAuthLimits{
+			HelloTimeout:         c.Limits.HelloTimeout,
+			MaxConns:             c.Limits.MaxPreAuthConns,
+			MaxConnsPerIP:        c.Limits.MaxPreAuthConnsPerIP,
+			MaxAuthFailuresPerIP: c.Limits.MaxAuthFailuresPerIP,
+			AuthFailureWindow:    c.Limits.AuthFailureWindow,
+			AuthBlockDuration:    c.Limits.AuthBlock,
+		},
+
+		Alerts: tunnel.Alerts{
+			WebhookURL:           c.LoadBalancing.AlertWebhookURL,
+			AllowPrivateWebhooks: c.LoadBalancing.AllowPrivateAlertWebhooks,
+			MinInterval:          c.LoadBalancing.AlertMinInterval,
+		},
 
 		RouteTTL: c.Limits.RouteTTL,
-		Limits:   tenantLimits(c.Limits.Quotas),
 	}
 	if c.LoadBalancing.OutlierEjection {
-		sc.OutlierEjection = &group.DefaultEjection
+		sc.LoadBalancing.OutlierEjection = &group.DefaultEjection
 	}
 	for _, t := range c.Auth.Tenants {
 		if t.Quotas != (config.Quotas{}) {
-			if sc.TenantLimits == nil {
-				sc.TenantLimits = map[string]tunnel.TenantLimits{}
+			if sc.Limits.PerTenant == nil {
+				sc.Limits.PerTenant = map[string]tunnel.TenantLimits{}
 			}
-			sc.TenantLimits[t.Name] = tenantLimits(t.Quotas)
+			sc.Limits.PerTenant[t.Name] = tenantLimits(t.Quotas)
 		}
 	}
 	for _, ep := range c.Endpoints {

@@ -20,9 +20,9 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
-	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/config"
 )
 
 func TestMain(m *testing.M) {
@@ -64,17 +64,17 @@ strategy = "random"
 	require.Equal(t, "eu", sc.RegionID)
 	require.Same(t, log, sc.Logger)
 	require.Equal(t, "127.0.0.1:4041", sc.ControlAddr)
-	require.Equal(t, "127.0.0.1:8081", sc.HTTPAddr)
-	require.Empty(t, sc.HTTPSAddr, "port 0 is off")
-	require.Equal(t, 8081, sc.PublicHTTPPort)
-	require.Zero(t, sc.PublicHTTPSPort)
-	require.Equal(t, group.PortRange{Lo: 21000, Hi: 21010}, sc.TCPPorts)
-	require.Equal(t, "127.0.0.1", sc.TCPBindHost)
-	require.Equal(t, 4, sc.MaxTunnelsPerSession)
-	require.Equal(t, int64(1024), sc.RequestBodyMaxBytes)
-	require.Equal(t, 2500*time.Millisecond, sc.DrainTimeout)
-	require.True(t, sc.LoadBalancing)
-	require.Equal(t, "random", sc.Strategy)
+	require.Equal(t, "127.0.0.1:8081", sc.Public.HTTPAddr)
+	require.Empty(t, sc.Public.HTTPSAddr, "port 0 is off")
+	require.Equal(t, 8081, sc.Public.URLHTTPPort)
+	require.Zero(t, sc.Public.URLHTTPSPort)
+	require.Equal(t, group.PortRange{Lo: 21000, Hi: 21010}, sc.TCP.Ports)
+	require.Equal(t, "127.0.0.1", sc.TCP.BindHost)
+	require.Equal(t, 4, sc.Limits.MaxTunnelsPerSession)
+	require.Equal(t, int64(1024), sc.RequestBody.MaxBytes)
+	require.Equal(t, 2500*time.Millisecond, sc.Timeouts.Drain)
+	require.True(t, sc.LoadBalancing.Enabled)
+	require.Equal(t, "random", sc.LoadBalancing.Strategy)
 	require.Nil(t, sc.Auth, "require_auth defaults to false: every connector is accepted")
 	require.Nil(t, sc.TLSConfig)
 
@@ -157,28 +157,28 @@ retry_unread_requests = true
 `)
 	sc, err := serverConfig(c, zap.NewNop())
 	require.NoError(t, err)
-	require.Equal(t, "https://hooks.example.com/x", sc.AlertWebhookURL)
-	require.True(t, sc.AllowPrivateAlertWebhooks)
-	require.True(t, sc.RetryUnreadRequests)
-	require.Equal(t, 3, sc.MaxConcurrentPerMember)
-	require.Equal(t, 64, sc.MaxPreAuthConns)
-	require.Equal(t, 4, sc.MaxPreAuthConnsPerIP)
-	require.Equal(t, 2*time.Second, sc.HelloTimeout)
-	require.Equal(t, 5, sc.MaxAuthFailuresPerIP)
-	require.Equal(t, time.Minute, sc.AuthFailureWindow)
-	require.Equal(t, 2*time.Minute, sc.AuthBlockDuration)
-	require.Equal(t, 7*time.Second, sc.ResponseStallTimeout)
-	require.Equal(t, int64(-1), sc.MaxStalledResponseBytes, "0 in the file: no bound")
-	require.Equal(t, int64(8<<20), sc.MaxStalledResponseBytesPerConn)
-	require.Equal(t, int64(32<<20), sc.MaxStalledResponseBytesPerIP)
+	require.Equal(t, "https://hooks.example.com/x", sc.Alerts.WebhookURL)
+	require.True(t, sc.Alerts.AllowPrivateWebhooks)
+	require.True(t, sc.LoadBalancing.RetryUnreadRequests)
+	require.Equal(t, 3, sc.LoadBalancing.MaxConcurrentPerMember)
+	require.Equal(t, 64, sc.PreAuth.MaxConns)
+	require.Equal(t, 4, sc.PreAuth.MaxConnsPerIP)
+	require.Equal(t, 2*time.Second, sc.PreAuth.HelloTimeout)
+	require.Equal(t, 5, sc.PreAuth.MaxAuthFailuresPerIP)
+	require.Equal(t, time.Minute, sc.PreAuth.AuthFailureWindow)
+	require.Equal(t, 2*time.Minute, sc.PreAuth.AuthBlockDuration)
+	require.Equal(t, 7*time.Second, sc.StalledResponses.Timeout)
+	require.Equal(t, int64(-1), sc.StalledResponses.MaxBytes, "0 in the file: no bound")
+	require.Equal(t, int64(8<<20), sc.StalledResponses.MaxBytesPerConn)
+	require.Equal(t, int64(32<<20), sc.StalledResponses.MaxBytesPerIP)
 
 	// 0 in the file turns the stall timeout off, and the defaults are the edge's.
 	sc, err = serverConfig(parse(t, "[server]\ndomain = \"localhost\"\n[limits]\nresponse_stall_timeout_secs = 0\n"), zap.NewNop())
 	require.NoError(t, err)
-	require.Negative(t, sc.ResponseStallTimeout)
-	require.Equal(t, int64(tunnel.DefaultMaxStalledResponseBytes), sc.MaxStalledResponseBytes)
-	require.Equal(t, int64(tunnel.DefaultMaxStalledResponseBytesPerConn), sc.MaxStalledResponseBytesPerConn)
-	require.Equal(t, int64(tunnel.DefaultMaxStalledResponseBytesPerIP), sc.MaxStalledResponseBytesPerIP)
+	require.Negative(t, sc.StalledResponses.Timeout)
+	require.Equal(t, int64(tunnel.DefaultMaxStalledResponseBytes), sc.StalledResponses.MaxBytes)
+	require.Equal(t, int64(tunnel.DefaultMaxStalledResponseBytesPerConn), sc.StalledResponses.MaxBytesPerConn)
+	require.Equal(t, int64(tunnel.DefaultMaxStalledResponseBytesPerIP), sc.StalledResponses.MaxBytesPerIP)
 }
 
 func TestRunBadConfigExits2(t *testing.T) {

@@ -14,8 +14,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/config"
 )
 
 // liveParts are the settings the edge reads through the main on every use, so that SIGHUP
@@ -86,9 +86,9 @@ func (r *reloader) reload() (applied, notApplied []string, err error) {
 	// file). It refuses an invalid configuration whole, before anything below changes.
 	withLive := r.sc
 	withLive.Endpoints = nsc.Endpoints
-	withLive.Limits = nsc.Limits
-	withLive.TenantLimits = nsc.TenantLimits
-	withLive.MaxTunnelsPerSession = nsc.MaxTunnelsPerSession
+	withLive.Limits.Tenant = nsc.Limits.Tenant
+	withLive.Limits.PerTenant = nsc.Limits.PerTenant
+	withLive.Limits.MaxTunnelsPerSession = nsc.Limits.MaxTunnelsPerSession
 	edgeNotApplied, err := r.srv.Reload(withLive)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", next.File, err)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/tunnel/config"
 )
 
 const clientSample = "../../examples/connector/config.example.yml"

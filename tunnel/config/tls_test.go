@@ -5,8 +5,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/tunnel/config"
 )
 
 // TestClientTLSPassthrough: proto tls takes a subdomain (required), groups, client_ip
