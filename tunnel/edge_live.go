@@ -48,6 +48,12 @@ func (l *liveLimits) equal(o *liveLimits) bool {
 		l.registerRate == o.registerRate && l.registerBurst == o.registerBurst
 }
 
+// config returns the limits as the ServerConfig field that sets them.
+func (l *liveLimits) config() Limits {
+	return Limits{MaxTunnelsPerSession: l.perSession, RegisterRate: l.registerRate, RegisterBurst: l.registerBurst,
+		Tenant: l.def, PerTenant: l.tenants}
+}
+
 // endpointSet is the reserved endpoints in force and the gates of their policies
 // (routeBook.eps). A reload builds a new set; a set is never written once published.
 type endpointSet struct {
@@ -101,6 +107,13 @@ func (p Policy) active() bool {
 func (p Policy) equal(o Policy) bool {
 	return slices.Equal(p.AllowCIDRs, o.AllowCIDRs) && slices.Equal(p.DenyCIDRs, o.DenyCIDRs) &&
 		p.RateLimit == o.RateLimit && p.RateBurst == o.RateBurst && p.MaxConcurrent == o.MaxConcurrent
+}
+
+// same reports whether ep and o reserve the same route for the same pool with the same
+// policy.
+func (ep *Endpoint) same(o *Endpoint) bool {
+	return ep.Subdomain == o.Subdomain && ep.Proto == o.Proto && ep.Port == o.Port && ep.Tenant == o.Tenant &&
+		ep.Group == o.Group && ep.KeyHash == o.KeyHash && ep.Policy.equal(o.Policy)
 }
 
 // own returns a copy of ep that shares no list with the caller's configuration.

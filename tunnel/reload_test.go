@@ -41,6 +41,17 @@ const (
 	reloadPlainToken  = "plain-token-0123456789"
 )
 
+// notApplied returns the lines of the changes Reload did not apply.
+func notApplied(changes []ReloadChange) []string {
+	var out []string
+	for _, c := range changes {
+		if !c.Applied {
+			out = append(out, c.String())
+		}
+	}
+	return out
+}
+
 func tenantEdge(t *testing.T) (*testEdge, *liveTokens, ServerConfig) {
 	auth := &liveTokens{}
 	auth.set(t, []string{reloadPlainToken}, map[string]string{"acme": reloadAcmeToken, "globex": reloadGlobexToken})
@@ -67,18 +78,29 @@ func TestReloadKeepsConnectors(t *testing.T) {
 		Policy: Policy{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}}}
 	next.Domain = "other.test"
 	next.Timeouts.Drain = time.Minute
-	notApplied, err := e.Reload(next)
+	changes, err := e.Reload(next)
 	require.NoError(t, err)
+	require.Equal(t, []ReloadChange{
+		{Setting: "Domain", From: "warren.test", To: "other.test", Reason: "cannot change while the edge runs; a restart applies it"},
+		{Setting: "Timeouts.Drain", From: 30 * time.Second, To: time.Minute, Reason: "cannot change while the edge runs; a restart applies it"},
+		{Setting: "Limits.MaxTunnelsPerSession", From: 16, To: 4, Applied: true},
+		{Setting: "Limits.Tenant.MaxTunnels", From: 0, To: 3, Applied: true},
+		{Setting: "Endpoints[http/shop]", To: next.Endpoints[0], Applied: true},
+	}, changes)
 	require.Equal(t, []string{
 		`Domain ("warren.test" -> "other.test"): cannot change while the edge runs; a restart applies it`,
 		"Timeouts.Drain (30s -> 1m0s): cannot change while the edge runs; a restart applies it",
-	}, notApplied)
+	}, notApplied(changes))
 	require.Equal(t, 4, e.limits.Load().perSession, "the limits are live")
 	require.True(t, e.routes.reserved("shop"), "the endpoint is live")
 
-	notApplied, err = e.Reload(cfg)
+	changes, err = e.Reload(cfg)
 	require.NoError(t, err)
-	require.Empty(t, notApplied, "the configuration the edge started with changes nothing")
+	require.Equal(t, []ReloadChange{
+		{Setting: "Limits.MaxTunnelsPerSession", From: 4, To: 16, Applied: true},
+		{Setting: "Limits.Tenant.MaxTunnels", From: 3, To: 0, Applied: true},
+		{Setting: "Endpoints[http/shop]", From: next.Endpoints[0], Applied: true},
+	}, changes, "the configuration the edge started with: what the previous reload applied is undone, nothing else changes")
 	require.Equal(t, 16, e.limits.Load().perSession)
 	require.False(t, e.routes.reserved("shop"))
 
@@ -98,12 +120,12 @@ func TestReloadKeepsConnectors(t *testing.T) {
 	next = cfg
 	next.Auth = nil
 	next.Alerts.WebhookURL = "https://alerts.example.com/hook?secret=s3cret"
-	notApplied, err = e.Reload(next)
+	changes, err = e.Reload(next)
 	require.NoError(t, err)
 	require.Equal(t, []string{
 		"Auth: cannot change while the edge runs; a restart applies it",
 		"Alerts.WebhookURL: cannot change while the edge runs; a restart applies it",
-	}, notApplied, "no value of a setting that is not plain, nor of a secret")
+	}, notApplied(changes), "no value of a setting that is not plain, nor of a secret")
 }
 
 // TestReloadTenantQuota: lowering a tenant's max_tunnels refuses its next registration as
@@ -124,9 +146,9 @@ func TestReloadTenantQuota(t *testing.T) {
 	lower := cfg
 	lower.Limits.Tenant = TenantLimits{MaxTunnels: 5}
 	lower.Limits.PerTenant = map[string]TenantLimits{"acme": {MaxTunnels: 1}}
-	notApplied, err := e.Reload(lower)
+	changes, err := e.Reload(lower)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 
 	_, err = acme.Forward(ctxT(t), TunnelSpec{Subdomain: "a3"}, hostPort(b.URL))
 	require.ErrorIs(t, err, ErrLimit)
@@ -148,9 +170,9 @@ func TestReloadTenantQuota(t *testing.T) {
 
 	raise := lower
 	raise.Limits.PerTenant = map[string]TenantLimits{"acme": {MaxTunnels: 3}}
-	notApplied, err = e.Reload(raise)
+	changes, err = e.Reload(raise)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	_, err = acme.Forward(ctxT(t), TunnelSpec{Subdomain: "a3"}, hostPort(b.URL))
 	require.NoError(t, err, "the raised quota admits one more")
 	_, err = acme.Forward(ctxT(t), TunnelSpec{Subdomain: "a4"}, hostPort(b.URL))
@@ -161,9 +183,9 @@ func TestReloadTenantQuota(t *testing.T) {
 	perSession.Limits.PerTenant = nil
 	perSession.Limits.MaxTunnelsPerSession = 1
 	perSession.Limits.Tenant.MaxSessions = 1
-	notApplied, err = e.Reload(perSession)
+	changes, err = e.Reload(perSession)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	_, err = globex.Forward(ctxT(t), TunnelSpec{Subdomain: "g2"}, hostPort(b.URL))
 	require.ErrorIs(t, err, ErrLimit)
 	require.ErrorContains(t, err, "max_tunnels_per_session")
@@ -184,9 +206,9 @@ func TestReloadRemovedTokenStopsNewLogins(t *testing.T) {
 	require.NoError(t, err)
 
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken})
-	notApplied, err := e.Reload(cfg)
+	changes, err := e.Reload(cfg)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 
 	_, err = Dial(ctxT(t), e.controlAddr, WithToken(reloadPlainToken), WithReconnect(false))
 	require.ErrorIs(t, err, ErrUnauthorized, "the removed token logs in no more")
@@ -244,9 +266,9 @@ func TestReloadEndpoint(t *testing.T) {
 		{Subdomain: "shop", Tenant: "acme", Group: "web"},
 		{Subdomain: "taken", Tenant: "acme", Group: "web"},
 	}
-	notApplied, err := e.Reload(next)
+	changes, err := e.Reload(next)
 	require.NoError(t, err)
-	require.Equal(t, []string{"endpoint http/taken: its route has members of another pool (name or key); it is not reserved"}, notApplied)
+	require.Equal(t, []string{"Endpoints[http/taken]: its route has members of another pool (name or key); it is not reserved"}, notApplied(changes))
 	r, err := e.routes.st.Get(t.Context(), "http/taken")
 	require.NoError(t, err)
 	require.Equal(t, "globex", r.Tenant, "the live route keeps its owner")
@@ -286,9 +308,9 @@ func TestReloadEndpoint(t *testing.T) {
 	require.True(t, e.routes.reserved("shop"))
 
 	// Removed: an ordinary claim of acme from now on, which its live pool holds.
-	notApplied, err = e.Reload(cfg)
+	changes, err = e.Reload(cfg)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	r, err = e.routes.st.Get(t.Context(), "http/shop")
 	require.NoError(t, err)
 	require.False(t, r.Reserved)
@@ -328,9 +350,9 @@ func TestReloadRemovedEmptyEndpoint(t *testing.T) {
 
 	next := cfg
 	next.Endpoints = nil
-	notApplied, err := e.Reload(next)
+	changes, err := e.Reload(next)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	status, _ = e.get("shop", "/")
 	require.Equal(t, http.StatusNotFound, status)
 	requireListedEndpoints(t, e, "acme")
@@ -372,21 +394,21 @@ func TestReloadEndpointCIDRs(t *testing.T) {
 	status, _ := e.get("shop", "/")
 	require.Equal(t, http.StatusOK, status)
 
-	notApplied, err := e.Reload(withPolicy(cfg, Policy{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}))
+	changes, err := e.Reload(withPolicy(cfg, Policy{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}))
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	status, body := e.get("shop", "/")
 	require.Equal(t, http.StatusForbidden, status, body)
 
-	notApplied, err = e.Reload(withPolicy(cfg, loopback))
+	changes, err = e.Reload(withPolicy(cfg, loopback))
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	status, _ = e.get("shop", "/")
 	require.Equal(t, http.StatusOK, status)
 
-	notApplied, err = e.Reload(withPolicy(cfg, Policy{}))
+	changes, err = e.Reload(withPolicy(cfg, Policy{}))
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	require.Nil(t, e.routes.httpGate("shop"), "a policy that restricts nothing has no gate")
 	status, _ = e.get("shop", "/")
 	require.Equal(t, http.StatusOK, status)
@@ -403,9 +425,9 @@ func TestReloadEndpointRateLimit(t *testing.T) {
 	}
 
 	limited := Policy{RateLimit: 0.001, RateBurst: 2}
-	notApplied, err := e.Reload(withPolicy(cfg, limited))
+	changes, err := e.Reload(withPolicy(cfg, limited))
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	gate := e.routes.httpGate("shop")
 	require.NotNil(t, gate)
 	var codes []int
@@ -470,9 +492,9 @@ func TestReloadEndpointConcurrency(t *testing.T) {
 	next := cfg
 	next.Endpoints = append(slices.Clone(cfg.Endpoints), Endpoint{Subdomain: "other", Tenant: "acme", Group: "web",
 		Policy: Policy{MaxConcurrent: 5}})
-	notApplied, err := e.Reload(next)
+	changes, err := e.Reload(next)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	probe := publicClient(e.publicAddr)
 	probe.Timeout = 3 * time.Second // a request let through would wait for release
 	resp, err := probe.Get(e.url("slow", "/"))
@@ -515,16 +537,16 @@ func TestReloadTCPEndpointPolicy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "db\n", got)
 
-	notApplied, err := e.Reload(withPolicy(cfg, Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}))
+	changes, err := e.Reload(withPolicy(cfg, Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}))
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	got, err = read()
 	require.Error(t, err, "a denied client is closed before any byte")
 	require.Empty(t, got)
 
-	notApplied, err = e.Reload(cfg)
+	changes, err = e.Reload(cfg)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	got, err = read()
 	require.NoError(t, err)
 	require.Equal(t, "db\n", got)
@@ -595,9 +617,9 @@ func TestReloadStartEndpoint(t *testing.T) {
 
 	next := cfg
 	next.Endpoints = nil
-	notApplied, err := e.Reload(next)
+	changes, err := e.Reload(next)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	status, _ = e.get("shop", "/")
 	require.Equal(t, http.StatusNotFound, status, "no policy, no 503: an ordinary route")
 	r, err := e.routes.st.Get(t.Context(), "http/shop")

@@ -89,7 +89,7 @@ func (r *reloader) reload() (applied, notApplied []string, err error) {
 	withLive.Limits.Tenant = nsc.Limits.Tenant
 	withLive.Limits.PerTenant = nsc.Limits.PerTenant
 	withLive.Limits.MaxTunnelsPerSession = nsc.Limits.MaxTunnelsPerSession
-	edgeNotApplied, err := r.srv.Reload(withLive)
+	changes, err := r.srv.Reload(withLive)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", next.File, err)
 	}
@@ -112,7 +112,13 @@ func (r *reloader) reload() (applied, notApplied []string, err error) {
 	if !reflect.DeepEqual(r.last.Endpoints, next.Endpoints) {
 		applied = append(applied, fmt.Sprintf("endpoints: %d reserved routes and their policies from now on (an endpoint left out is an ordinary route again)", len(next.Endpoints)))
 	}
-	notApplied = append(notApplied, edgeNotApplied...)
+	// The file's own keys are compared above; what the edge reports besides are the
+	// endpoints it could not reserve.
+	for _, c := range changes {
+		if route, ok := strings.CutPrefix(c.Setting, "Endpoints["); ok && !c.Applied {
+			notApplied = append(notApplied, "endpoint "+strings.TrimSuffix(route, "]")+": "+c.Reason)
+		}
+	}
 	r.last = next
 	return applied, notApplied, nil
 }
