@@ -45,7 +45,7 @@ func defaultDialOptions() dialOptions {
 		healthyPeriod:  30 * time.Second,
 		localTimeout:   5 * time.Second,
 		acceptTimeout:  5 * time.Second,
-		drainTimeout:   30 * time.Second,
+		drainTimeout:   DefaultDrainTimeout,
 		client:         "warren",
 		attemptTimeout: 30 * time.Second,
 		dial:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -114,7 +114,7 @@ func WithBackoff(min, max time.Duration) Option {
 }
 
 // WithDrainTimeout bounds how long a tunnel's drain (Tunnel.Close, Session.Close) waits for
-// its in-flight requests and connections (default 30 s).
+// its in-flight requests and connections (default DefaultDrainTimeout, 30 s).
 func WithDrainTimeout(d time.Duration) Option {
 	return func(o *dialOptions) {
 		if d > 0 {

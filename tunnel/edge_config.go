@@ -2,9 +2,11 @@ package tunnel
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -338,7 +340,19 @@ const (
 	DefaultMaxStalledResponseBytes        = 256 << 20
 )
 
-func (c *ServerConfig) setDefaults() error {
+const (
+	// DefaultControlPort is the port of the default ControlAddr, ":4040".
+	DefaultControlPort = 4040
+	// DefaultDrainTimeout bounds a drain by default: an edge's draining member
+	// (ServerConfig.Timeouts.Drain) and a connector's tunnel (WithDrainTimeout).
+	DefaultDrainTimeout = 30 * time.Second
+)
+
+// WithDefaults returns a copy of c whose zero settings hold the values NewServer gives them:
+// every default this type's documentation names (but for LoadBalancing.NewStrategy, which
+// NewServer makes from Strategy). A program that reads its settings from elsewhere (package
+// tunnel/config does) takes its defaults from here.
+func (c ServerConfig) WithDefaults() ServerConfig {
 	if c.Domain == "" {
 		c.Domain = "localhost"
 	}
@@ -349,7 +363,7 @@ func (c *ServerConfig) setDefaults() error {
 		c.Logger = zap.NewNop()
 	}
 	if c.ControlAddr == "" {
-		c.ControlAddr = ":4040"
+		c.ControlAddr = ":" + strconv.Itoa(DefaultControlPort)
 	}
 	if c.PreAuth.HelloTimeout <= 0 {
 		c.PreAuth.HelloTimeout = 5 * time.Second
@@ -376,7 +390,7 @@ func (c *ServerConfig) setDefaults() error {
 		c.Timeouts.Open = 10 * time.Second
 	}
 	if c.Timeouts.Drain <= 0 {
-		c.Timeouts.Drain = 30 * time.Second
+		c.Timeouts.Drain = DefaultDrainTimeout
 	}
 	if c.Timeouts.IdleStream <= 0 {
 		c.Timeouts.IdleStream = 4 * time.Second
@@ -426,27 +440,77 @@ func (c *ServerConfig) setDefaults() error {
 	if c.Alerts.MinInterval <= 0 {
 		c.Alerts.MinInterval = webhook.DefaultMinInterval
 	}
-	if c.Alerts.WebhookURL != "" {
-		if err := webhook.ValidateURL(c.Alerts.WebhookURL); err != nil {
-			return fmt.Errorf("tunnel: alert webhook URL: %w", err)
+	if c.LoadBalancing.Strategy == "" && c.LoadBalancing.NewStrategy == nil {
+		c.LoadBalancing.Strategy = dispatch.NameLeastStreams
+	}
+	if c.RouteTTL <= 0 {
+		c.RouteTTL = defaultRouteTTL
+	}
+	return c
+}
+
+// Validate reports the settings of c that NewServer refuses, each a *FieldError (joined when
+// there are several), or returns nil: a TCP port range out of order or outside 1-65535, a
+// TrustedProxies prefix that is not valid, an unknown Strategy (when NewStrategy is nil), an
+// Alerts.WebhookURL that is not an absolute http(s) URL, and an endpoint that is malformed
+// or that reserves the route of another. Reload runs it too.
+func (c ServerConfig) Validate() error {
+	var errs []error
+	if r := c.TCP.Ports; r != (group.PortRange{}) {
+		switch {
+		case r.Lo < 1 || r.Lo > 65535:
+			errs = append(errs, fieldErr("TCP.Ports", "low port %d is out of range 1-65535", r.Lo))
+		case r.Hi < 1 || r.Hi > 65535:
+			errs = append(errs, fieldErr("TCP.Ports", "high port %d is out of range 1-65535", r.Hi))
+		case r.Lo > r.Hi:
+			errs = append(errs, fieldErr("TCP.Ports", "low port %d is above high port %d", r.Lo, r.Hi))
+		}
+	}
+	for i, p := range c.Public.TrustedProxies {
+		if !p.IsValid() {
+			errs = append(errs, fieldErr(fmt.Sprintf("Public.TrustedProxies[%d]", i), "is not a valid prefix"))
 		}
 	}
 	if c.LoadBalancing.NewStrategy == nil {
 		if _, err := dispatch.New(c.LoadBalancing.Strategy); err != nil {
-			return err
+			errs = append(errs, fieldErr("LoadBalancing.Strategy", "%q is not a strategy; use %q or %q",
+				c.LoadBalancing.Strategy, dispatch.NameLeastStreams, dispatch.NameRandom))
 		}
+	}
+	if c.Alerts.WebhookURL != "" {
+		if err := webhook.ValidateURL(c.Alerts.WebhookURL); err != nil {
+			errs = append(errs, &FieldError{Field: "Alerts.WebhookURL", Err: err})
+		}
+	}
+	routes := map[string]int{}
+	for i := range c.Endpoints {
+		ep := &c.Endpoints[i]
+		name := fmt.Sprintf("Endpoints[%d]", i)
+		if err := ep.validate(c.TCP.Ports); err != nil {
+			errs = append(errs, under(name, err))
+			continue
+		}
+		key := store.Key(ep.kind(), ep.label())
+		if j, dup := routes[key]; dup {
+			errs = append(errs, fieldErr(name, "reserves the route %s, as Endpoints[%d] does", key, j))
+			continue
+		}
+		routes[key] = i
+	}
+	return errors.Join(errs...)
+}
+
+// setDefaults applies the defaults, validates, and makes the strategy of new pools.
+func (c *ServerConfig) setDefaults() error {
+	*c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("tunnel: %w", err)
+	}
+	if c.LoadBalancing.NewStrategy == nil {
 		name := c.LoadBalancing.Strategy
 		c.LoadBalancing.NewStrategy = func() dispatch.Strategy {
 			st, _ := dispatch.New(name)
 			return st
-		}
-	}
-	if r := c.TCP.Ports; r != (group.PortRange{}) && (r.Lo < 1 || r.Hi > 65535 || r.Lo > r.Hi) {
-		return fmt.Errorf("tunnel: invalid TCP port range %d-%d", r.Lo, r.Hi)
-	}
-	for i, p := range c.Public.TrustedProxies {
-		if !p.IsValid() {
-			return fmt.Errorf("tunnel: TrustedProxies[%d] is not a valid prefix", i)
 		}
 	}
 	return nil

@@ -1,7 +1,7 @@
 package tunnel
 
 import (
-	"fmt"
+	"errors"
 	"net/netip"
 	"time"
 
@@ -106,38 +106,40 @@ func (ep *Endpoint) route() *store.Route {
 	return r
 }
 
-// validate checks an endpoint against the edge's settings.
+// validate checks an endpoint against the edge's settings. Its error is a *FieldError per
+// field it refuses, naming the endpoint's field, joined.
 func (ep *Endpoint) validate(ports group.PortRange) error {
+	var errs []error
+	add := func(field, format string, args ...any) { errs = append(errs, fieldErr(field, format, args...)) }
 	switch ep.Proto {
 	case "", ProtoHTTP, ProtoHTTPS, ProtoTLS:
 		if err := group.ValidateSubdomain(ep.Subdomain); err != nil {
-			return fmt.Errorf("tunnel: endpoint subdomain: %v", err)
+			errs = append(errs, &FieldError{Field: "Subdomain", Err: err})
 		}
 		if ep.Port != 0 {
-			return fmt.Errorf("tunnel: endpoint %q: a port is for TCP endpoints", ep.Subdomain)
+			add("Port", "a port is for TCP endpoints (Proto %q)", ProtoTCP)
 		}
 	case ProtoTCP:
 		var zero group.KeyHash
 		if ep.Subdomain != "" {
-			return fmt.Errorf("tunnel: TCP endpoint %q: a subdomain is for HTTP endpoints", ep.Group)
+			add("Subdomain", "a subdomain is for HTTP endpoints; a TCP endpoint is a group and a port")
 		}
 		if ep.Port < ports.Lo || ep.Port > ports.Hi || ep.Port == 0 {
-			return fmt.Errorf("tunnel: TCP endpoint %q: port %d is outside the TCP port range %d-%d", ep.Group, ep.Port, ports.Lo, ports.Hi)
+			add("Port", "port %d is outside the TCP port range %d-%d", ep.Port, ports.Lo, ports.Hi)
 		}
 		if ep.KeyHash == zero {
-			return fmt.Errorf("tunnel: TCP endpoint %q: a key hash is required (a TCP pool is its name and key)", ep.Group)
+			add("KeyHash", "%w for a TCP endpoint: a TCP pool is its name and key", ErrRequired)
 		}
 	default:
-		return fmt.Errorf("tunnel: endpoint: unknown proto %q", ep.Proto)
+		add("Proto", "%q is not an endpoint protocol; use %q, %q, %q or %q", ep.Proto, ProtoHTTP, ProtoHTTPS, ProtoTLS, ProtoTCP)
 	}
 	if ep.Group == "" {
-		return fmt.Errorf("tunnel: endpoint %q: a group name is required", ep.label())
+		add("Group", "%w: the pool's name", ErrRequired)
 	}
-	p := ep.Policy
-	if p.RateLimit < 0 || p.RateBurst < 0 || p.MaxConcurrent < 0 {
-		return fmt.Errorf("tunnel: endpoint %q: policy limits must not be negative", ep.label())
+	if p := ep.Policy; p.RateLimit < 0 || p.RateBurst < 0 || p.MaxConcurrent < 0 {
+		add("Policy", "RateLimit, RateBurst and MaxConcurrent must be 0 (none) or more")
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // defaultRouteTTL is how long a route's claim outlives its last member.

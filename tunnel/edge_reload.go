@@ -107,17 +107,15 @@ func (s *Server) Reload(cfg ServerConfig) ([]ReloadChange, error) {
 	if err := next.setDefaults(); err != nil {
 		return nil, err
 	}
+	// The endpoints are checked against the TCP port range the edge runs with.
+	check := ServerConfig{TCP: s.cfg.TCP, Endpoints: cfg.Endpoints}
+	if err := check.Validate(); err != nil {
+		return nil, fmt.Errorf("tunnel: %w", err)
+	}
 	want := map[string]*Endpoint{}
 	for i := range cfg.Endpoints {
 		ep := cfg.Endpoints[i].own()
-		if err := ep.validate(s.cfg.TCP.Ports); err != nil {
-			return nil, err
-		}
-		key := store.Key(ep.kind(), ep.label())
-		if want[key] != nil {
-			return nil, fmt.Errorf("tunnel: two endpoints reserve the route %s", key)
-		}
-		want[key] = ep
+		want[store.Key(ep.kind(), ep.label())] = ep
 	}
 	current, err := s.routes.st.List(s.routes.ctx)
 	if err != nil {

@@ -110,7 +110,7 @@ func TestTrustedProxiesKeepTheForwardingChain(t *testing.T) {
 // TestTrustedProxiesInvalidPrefix: NewServer refuses a prefix that is not one.
 func TestTrustedProxiesInvalidPrefix(t *testing.T) {
 	_, err := NewServer(ServerConfig{Public: PublicHTTP{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), {}}}})
-	require.ErrorContains(t, err, "TrustedProxies[1] is not a valid prefix")
+	require.ErrorContains(t, err, "Public.TrustedProxies[1]: is not a valid prefix")
 }
 
 // expectUploadSize is the body of the end-to-end Expect test: 10 MiB.

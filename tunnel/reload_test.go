@@ -295,11 +295,11 @@ func TestReloadEndpoint(t *testing.T) {
 	bad.Endpoints = []Endpoint{{Subdomain: "x", Tenant: "acme"}}
 	bad.Limits.Tenant.MaxTunnels = 1
 	_, err = e.Reload(bad)
-	require.ErrorContains(t, err, "a group name is required")
+	require.ErrorContains(t, err, "Endpoints[0].Group: required: the pool's name")
 	require.Zero(t, e.limits.Load().def.MaxTunnels, "an invalid configuration applies nothing")
 	bad.Endpoints = []Endpoint{{Subdomain: "x", Group: "a"}, {Subdomain: "x", Group: "b"}}
 	_, err = e.Reload(bad)
-	require.ErrorContains(t, err, "two endpoints reserve the route http/x")
+	require.ErrorContains(t, err, "Endpoints[1]: reserves the route http/x, as Endpoints[0] does")
 
 	// A TCP endpoint outside the edge's range is refused as NewServer refuses it.
 	bad.Endpoints = []Endpoint{{Proto: ProtoTCP, Group: "db", Port: 1, KeyHash: group.HashKey("k"), Tenant: "acme"}}

@@ -86,9 +86,9 @@ func closedAtOnce(conns ...net.Conn) int {
 
 func TestShortTokensAreRefused(t *testing.T) {
 	_, err := NewStaticTokens([]string{"0123456789abcdef", "short-secret"}, nil)
-	require.EqualError(t, err, "tunnel: token 1 is 12 characters long; tokens need at least 16")
+	require.EqualError(t, err, "tunnel: token 1 is 12 characters long; a token needs at least 16")
 	_, err = NewStaticTokens(nil, map[string]string{"acme": "0123456789abcdef", "globex": "tiny"})
-	require.EqualError(t, err, `tunnel: the token of tenant "globex" is 4 characters long; tokens need at least 16`)
+	require.EqualError(t, err, `tunnel: the token of tenant "globex" is 4 characters long; a token needs at least 16`)
 	_, err = NewStaticTokens([]string{""}, nil)
 	require.Error(t, err, "an empty token is a short one")
 	_, err = NewStaticTokens([]string{"0123456789abcdef"}, map[string]string{"acme": "ééééééééééééééée"})

@@ -304,7 +304,7 @@ func TestTLSPassthroughValidation(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalid, "%+v", sp)
 	}
 	sp := TunnelSpec{Proto: ProtoTLS, Subdomain: "p", Group: "p", GroupKey: "k", Affinity: "cookie"}
-	require.ErrorContains(t, sp.normalize(false), "a TLS passthrough pool takes client_ip")
+	require.ErrorContains(t, sp.normalize(false), "a TLS passthrough pool (no HTTP is seen) takes client_ip")
 
 	// No TLS at the edge: refused for good.
 	plain := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
@@ -334,7 +334,7 @@ func TestTLSPassthroughValidation(t *testing.T) {
 	resp, _ := fetch(t, sniClient(t, httpsAddr, &tls.Config{ServerName: "pool." + testDomain, RootCAs: bePool}, "h1"), "https://pool."+testDomain+"/")
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the pool next to it is not gated")
 
-	require.ErrorContains(t, (&Endpoint{Subdomain: "x", Proto: ProtoTLS}).validate(group.PortRange{}), "a group name is required")
+	require.ErrorContains(t, (&Endpoint{Subdomain: "x", Proto: ProtoTLS}).validate(group.PortRange{}), "Group: required: the pool's name")
 	require.NoError(t, (&Endpoint{Subdomain: "x", Proto: ProtoTLS, Group: "x"}).validate(group.PortRange{}))
 }
 

@@ -59,7 +59,7 @@ func requireErrorCode(t *testing.T, m wire.Message, code string) *wire.Error {
 func TestShortAdminTokenIsRefused(t *testing.T) {
 	srv := newServer(t, tunnel.ServerConfig{})
 	_, err := New(srv, Options{Token: "s3cret"})
-	require.EqualError(t, err, "admin: the admin token is 6 characters long; tokens need at least 16")
+	require.EqualError(t, err, "admin: the admin token is 6 characters long; a token needs at least 16")
 	_, err = New(srv, Options{Token: "ééééééééééééééé"})
 	require.ErrorContains(t, err, "15 characters long", "counted in characters, not bytes")
 	p, err := New(srv, Options{Token: "0123456789abcdef"})
