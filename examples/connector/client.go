@@ -37,13 +37,13 @@ func (c *clientFlags) socketPath() (string, error) {
 	}
 	path, explicit := c.config, c.config != ""
 	if !explicit {
-		p, err := config.DefaultClientPath()
+		p, err := config.DefaultConnectorPath()
 		if err != nil {
 			return "", err
 		}
 		path = p
 	}
-	cfg, err := config.LoadClient(path)
+	cfg, err := config.LoadConnector(path)
 	switch {
 	case err == nil && cfg.ControlSocket != "":
 		return cfg.ControlSocket, nil

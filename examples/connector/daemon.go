@@ -37,7 +37,7 @@ type daemon struct {
 	opMu sync.Mutex // one attach, detach or reload at a time
 
 	mu       sync.Mutex
-	cfg      *config.Client // the file as last applied (tunnels that failed to apply left out)
+	cfg      *config.Connector // the file as last applied (tunnels that failed to apply left out)
 	live     map[string]*entry
 	draining map[*entry]bool
 	seq      int
@@ -57,7 +57,7 @@ type entry struct {
 	retired  atomic.Bool // closed by the daemon: its end is not a failure
 }
 
-func newDaemon(ctx context.Context, sess *tunnel.Session, cfg *config.Client, log *zap.Logger, stdout, stderr io.Writer) *daemon {
+func newDaemon(ctx context.Context, sess *tunnel.Session, cfg *config.Connector, log *zap.Logger, stdout, stderr io.Writer) *daemon {
 	return &daemon{
 		sess: sess, log: log, stdout: stdout, stderr: stderr, started: time.Now(), ctx: ctx,
 		cfg: cfg, live: map[string]*entry{}, draining: map[*entry]bool{}, failed: make(chan struct{}, 1),
@@ -224,7 +224,7 @@ func (d *daemon) attach(ctx context.Context, c config.Tunnel) (*entry, error) {
 	defer d.opMu.Unlock()
 	d.mu.Lock()
 	_, taken := d.live[c.Name]
-	check := &config.Client{File: "attach", Server: d.cfg.Server, Servers: d.cfg.Servers, DrainTimeout: d.cfg.DrainTimeout}
+	check := &config.Connector{File: "attach", Server: d.cfg.Server, Servers: d.cfg.Servers, DrainTimeout: d.cfg.DrainTimeout}
 	for _, e := range d.sorted() {
 		check.Tunnels = append(check.Tunnels, e.conf)
 	}
@@ -354,7 +354,7 @@ func (d *daemon) status() statusReply {
 // tunnels removed from it drain, changed ones register anew before the old one drains.
 // Settings that need a new session are reported as not applied. It returns the lines
 // it logged, for tests.
-func (d *daemon) reload(next *config.Client) []string {
+func (d *daemon) reload(next *config.Connector) []string {
 	d.opMu.Lock()
 	defer d.opMu.Unlock()
 	var lines []string
@@ -380,7 +380,7 @@ func (d *daemon) reload(next *config.Client) []string {
 	}
 
 	// The file's tunnels and the attached ones must be able to run side by side.
-	check := &config.Client{File: next.File, Server: next.Server, Servers: next.Servers, DrainTimeout: next.DrainTimeout}
+	check := &config.Connector{File: next.File, Server: next.Server, Servers: next.Servers, DrainTimeout: next.DrainTimeout}
 	var clash []string
 	for _, t := range next.Tunnels {
 		if e := live[t.Name]; e != nil && e.attached {
@@ -402,7 +402,7 @@ func (d *daemon) reload(next *config.Client) []string {
 	for _, t := range prev.Tunnels {
 		old[t.Name] = t
 	}
-	applied := &config.Client{}
+	applied := &config.Connector{}
 	*applied = *next
 	// Not applied (restartDiff says so): the session keeps its edges, token, TLS settings,
 	// drain timeout and data connections' buffer, and the control socket stays where it is.
@@ -554,7 +554,7 @@ func (d *daemon) waitHealthy(ctx context.Context, e *entry) bool {
 
 // notAppliedSettings names the settings of next that differ from prev and need a new
 // session (a restart) to apply.
-func notAppliedSettings(prev, next *config.Client) []string {
+func notAppliedSettings(prev, next *config.Connector) []string {
 	var out []string
 	if was, now := strings.Join(prev.Edges(), ", "), strings.Join(next.Edges(), ", "); was != now {
 		out = append(out, fmt.Sprintf("server (%s -> %s): the connector keeps its session with %s; restart it to move", was, now, was))

@@ -118,16 +118,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // loadConfig reads the configuration file (path "" is the default) and checks its TLS
 // settings load; errors are printed.
-func loadConfig(path string, stderr io.Writer) (*config.Client, int) {
+func loadConfig(path string, stderr io.Writer) (*config.Connector, int) {
 	if path == "" {
-		p, err := config.DefaultClientPath()
+		p, err := config.DefaultConnectorPath()
 		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return nil, 2
 		}
 		path = p
 	}
-	cfg, err := config.LoadClient(path)
+	cfg, err := config.LoadConnector(path)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return nil, 2
@@ -273,7 +273,7 @@ func runStart(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			fmt.Fprintln(stderr, "connector:", sess.Err())
 			return 1
 		case <-hup:
-			next, err := config.LoadClient(cfg.File)
+			next, err := config.LoadConnector(cfg.File)
 			if err != nil {
 				log.Error("reload failed; the running configuration is kept", zap.String("errors", err.Error()))
 				fmt.Fprintln(stderr, err)
@@ -321,7 +321,7 @@ func tunnelSpec(t config.Tunnel) tunnel.TunnelSpec {
 
 // tlsConfig builds the TLS settings for the connection to the edge: the system roots or
 // the ca_path bundle; verification is skipped only when the file says so.
-func tlsConfig(c config.ClientTLS) (*tls.Config, error) {
+func tlsConfig(c config.ConnectorTLS) (*tls.Config, error) {
 	tc := &tls.Config{
 		ServerName:         c.ServerName,
 		InsecureSkipVerify: c.InsecureSkipVerify, // only an explicit "true" in the file

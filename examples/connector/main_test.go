@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestTunnelSpec(t *testing.T) {
-	c, err := config.ParseClient("config.yml", []byte(`
+	c, err := config.ParseConnector("config.yml", []byte(`
 server: localhost:4040
 tunnels:
   web:
@@ -82,7 +82,7 @@ tunnels:
 }
 
 func TestTunnelSpecExpect2xxDefault(t *testing.T) {
-	c, err := config.ParseClient("config.yml", []byte(`
+	c, err := config.ParseConnector("config.yml", []byte(`
 server: localhost:4040
 tunnels:
   a: {proto: http, local_port: 3000, subdomain: a, health_check: {type: tcp}}
@@ -98,26 +98,26 @@ func TestTLSConfig(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.pem")
 	require.NoError(t, os.WriteFile(bad, []byte("not PEM"), 0o600))
-	_, err := tlsConfig(config.ClientTLS{Enabled: true, CAPath: bad})
+	_, err := tlsConfig(config.ConnectorTLS{Enabled: true, CAPath: bad})
 	require.ErrorContains(t, err, "tls.ca_path")
 
-	_, err = tlsConfig(config.ClientTLS{Enabled: true, CAPath: filepath.Join(dir, "missing.pem")})
+	_, err = tlsConfig(config.ConnectorTLS{Enabled: true, CAPath: filepath.Join(dir, "missing.pem")})
 	require.ErrorContains(t, err, "tls.ca_path")
 
 	ca := filepath.Join(dir, "ca.pem")
 	require.NoError(t, os.WriteFile(ca, selfSigned(t), 0o600))
-	tc, err := tlsConfig(config.ClientTLS{Enabled: true, CAPath: ca, ServerName: "edge.example.com"})
+	tc, err := tlsConfig(config.ConnectorTLS{Enabled: true, CAPath: ca, ServerName: "edge.example.com"})
 	require.NoError(t, err)
 	require.NotNil(t, tc.RootCAs)
 	require.Equal(t, "edge.example.com", tc.ServerName)
 	require.False(t, tc.InsecureSkipVerify)
 
-	tc, err = tlsConfig(config.ClientTLS{Enabled: true})
+	tc, err = tlsConfig(config.ConnectorTLS{Enabled: true})
 	require.NoError(t, err)
 	require.Nil(t, tc.RootCAs, "the system roots")
 	require.False(t, tc.InsecureSkipVerify)
 
-	tc, err = tlsConfig(config.ClientTLS{Enabled: true, InsecureSkipVerify: true})
+	tc, err = tlsConfig(config.ConnectorTLS{Enabled: true, InsecureSkipVerify: true})
 	require.NoError(t, err)
 	require.True(t, tc.InsecureSkipVerify, "only when the file says so")
 }

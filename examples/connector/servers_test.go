@@ -46,8 +46,8 @@ func TestServersFollowTheEdge(t *testing.T) {
 // TestReloadKeepsTheEdges: a reload that changes the edges says the change needs a restart
 // (the session keeps its edges); server: x and servers: [x] are the same edges.
 func TestReloadKeepsTheEdges(t *testing.T) {
-	prev := &config.Client{Servers: []string{"a:1", "b:1"}}
+	prev := &config.Connector{Servers: []string{"a:1", "b:1"}}
 	require.Equal(t, []string{"server (a:1, b:1 -> a:1, c:1): the connector keeps its session with a:1, b:1; restart it to move"},
-		notAppliedSettings(prev, &config.Client{Servers: []string{"a:1", "c:1"}}))
-	require.Empty(t, notAppliedSettings(&config.Client{Server: "a:1"}, &config.Client{Servers: []string{"a:1"}}))
+		notAppliedSettings(prev, &config.Connector{Servers: []string{"a:1", "c:1"}}))
+	require.Empty(t, notAppliedSettings(&config.Connector{Server: "a:1"}, &config.Connector{Servers: []string{"a:1"}}))
 }

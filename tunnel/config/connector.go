@@ -27,9 +27,9 @@ const (
 // 256 MiB, far above any link's bandwidth-delay product worth a fixed buffer.
 const MaxDataReadBuffer = 256 << 20
 
-// Client is the connector's configuration file (config.yml) after defaults
+// Connector is the connector's configuration file (config.yml) after defaults
 // have been applied. Each field mirrors one key of the file.
-type Client struct {
+type Connector struct {
 	// File is the name the configuration was parsed from; it prefixes every
 	// error that Validate returns.
 	File string `yaml:"-"`
@@ -45,13 +45,13 @@ type Client struct {
 	// AuthToken is presented to the edge; empty for none.
 	AuthToken string `yaml:"auth_token"`
 	// TLS says how to reach the edge; TLS.Enabled is false for plain TCP.
-	TLS ClientTLS `yaml:"tls"`
+	TLS ConnectorTLS `yaml:"tls"`
 	// DrainTimeout bounds how long open streams may run when the connector
 	// leaves (drain_timeout_secs). Default 30s.
 	DrainTimeout time.Duration `yaml:"drain_timeout_secs"`
 	// ControlSocket is the path of the connector's control socket
 	// (control_socket); empty means the default. Relative paths in a file
-	// read by LoadClient are relative to the directory of that file.
+	// read by LoadConnector are relative to the directory of that file.
 	ControlSocket string `yaml:"control_socket"`
 	// DataReadBuffer fixes the receive buffer of the connector's data connections
 	// (data_read_buffer, bytes; they carry the public connections of TCP tunnels): 0 (the
@@ -62,13 +62,13 @@ type Client struct {
 	Tunnels []Tunnel `yaml:"tunnels"`
 }
 
-// ClientTLS is the tls mapping of config.yml.
-type ClientTLS struct {
+// ConnectorTLS is the tls mapping of config.yml.
+type ConnectorTLS struct {
 	// Enabled turns TLS on. It defaults to true when the tls mapping is
 	// present and to false when it is absent.
 	Enabled bool `yaml:"enabled"`
 	// CAPath is a PEM bundle that verifies the edge; empty means the system
-	// roots. Relative paths in a file read by LoadClient are relative to the
+	// roots. Relative paths in a file read by LoadConnector are relative to the
 	// directory of that file.
 	CAPath string `yaml:"ca_path"`
 	// ServerName is the name verified in the edge's certificate. Parsing
@@ -162,38 +162,38 @@ type HealthCheck struct {
 	AlertWebhook string `yaml:"alert_webhook"`
 }
 
-// DefaultClientPath returns the default location of the connector's
+// DefaultConnectorPath returns the default location of the connector's
 // configuration file, ~/.warren/config.yml.
-func DefaultClientPath() (string, error) {
+func DefaultConnectorPath() (string, error) {
 	home, err := os.UserHomeDir()
 	if err != nil {
-		return "", fmt.Errorf("config: cannot locate the default client configuration: %w", err)
+		return "", fmt.Errorf("config: cannot locate the default connector configuration: %w", err)
 	}
 	return filepath.Join(home, ".warren", "config.yml"), nil
 }
 
-// LoadClient reads and parses the connector configuration file at path.
+// LoadConnector reads and parses the connector configuration file at path.
 // A relative tls.ca_path in it is resolved against the directory of path.
 // Errors are an [ErrorList] whose entries name path.
-func LoadClient(path string) (*Client, error) {
+func LoadConnector(path string) (*Connector, error) {
 	data, err := readFile(path)
 	if err != nil {
 		return nil, err
 	}
-	return parseClient(path, data, filepath.Dir(path))
+	return parseConnector(path, data, filepath.Dir(path))
 }
 
-// ParseClient parses the YAML text of a connector configuration file,
+// ParseConnector parses the YAML text of a connector configuration file,
 // applies defaults and validates it. name is used in error messages
 // (typically the file name). A relative tls.ca_path is taken relative to
 // the working directory. On failure it returns an [ErrorList] holding every
 // problem found (a syntax error stops parsing at that error), each naming
 // the file, line and key.
-func ParseClient(name string, data []byte) (*Client, error) {
-	return parseClient(name, data, "")
+func ParseConnector(name string, data []byte) (*Connector, error) {
+	return parseConnector(name, data, "")
 }
 
-func parseClient(file string, data []byte, dir string) (*Client, error) {
+func parseConnector(file string, data []byte, dir string) (*Connector, error) {
 	if err := sizeError(file, len(data)); err != nil {
 		return nil, err
 	}
@@ -202,7 +202,7 @@ func parseClient(file string, data []byte, dir string) (*Client, error) {
 		return nil, ErrorList{perr}
 	}
 	r := newReporter(file)
-	cfg := &Client{File: file, DrainTimeout: 30 * time.Second}
+	cfg := &Connector{File: file, DrainTimeout: 30 * time.Second}
 	nested := r.yamlFields(root, "", cfg)
 	if n := nested["tls"]; n != nil {
 		cfg.TLS.Enabled = n.Kind == yaml.MappingNode
@@ -234,12 +234,12 @@ func parseClient(file string, data []byte, dir string) (*Client, error) {
 	return cfg, nil
 }
 
-// Validate checks every rule of config.yml on c, for a Client built or
+// Validate checks every rule of config.yml on c, for a Connector built or
 // changed in Go. It returns an [ErrorList] (with Line 0) or nil. It checks
 // that tls.ca_path exists when TLS is enabled.
-func (c *Client) Validate() error {
+func (c *Connector) Validate() error {
 	if c == nil {
-		return ErrorList{{Msg: "no client configuration", Err: ErrRequired}}
+		return ErrorList{{Msg: "no connector configuration", Err: ErrRequired}}
 	}
 	r := &reporter{file: c.File, bad: map[string]bool{}}
 	c.validate(r)
@@ -247,14 +247,14 @@ func (c *Client) Validate() error {
 }
 
 // Edges returns the edge addresses to dial: Servers, or Server alone.
-func (c *Client) Edges() []string {
+func (c *Connector) Edges() []string {
 	if c.Servers != nil {
 		return c.Servers
 	}
 	return []string{c.Server}
 }
 
-func (c *Client) validate(r *reporter) {
+func (c *Connector) validate(r *reporter) {
 	switch {
 	case c.Servers != nil:
 		c.validateServers(r)
@@ -302,7 +302,7 @@ func (c *Client) validate(r *reporter) {
 
 // validateServers checks the servers list: set instead of server, not
 // empty, each entry a distinct host:port.
-func (c *Client) validateServers(r *reporter) {
+func (c *Connector) validateServers(r *reporter) {
 	if _, given := r.lines["server"]; c.Server != "" || given {
 		r.add("servers", ErrInvalid, "cannot be combined with server%s: give one edge as server or several as servers", r.lineNote("server"))
 		return

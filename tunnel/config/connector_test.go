@@ -38,7 +38,7 @@ func healthDoc(lines ...string) string {
 }
 
 func TestClientSampleParses(t *testing.T) {
-	cfg, err := config.LoadClient(clientSample)
+	cfg, err := config.LoadConnector(clientSample)
 	require.NoError(t, err)
 	require.Equal(t, clientSample, cfg.File)
 	require.Equal(t, "localhost:4040", cfg.Server)
@@ -62,30 +62,30 @@ func TestClientSampleParses(t *testing.T) {
 }
 
 func TestClientDefaults(t *testing.T) {
-	cfg, err := config.ParseClient("config.yml", []byte(tunnelDoc("proto: tcp", "local_port: 3000")))
+	cfg, err := config.ParseConnector("config.yml", []byte(tunnelDoc("proto: tcp", "local_port: 3000")))
 	require.NoError(t, err)
-	require.Equal(t, &config.Client{
+	require.Equal(t, &config.Connector{
 		File:         "config.yml",
 		Server:       "localhost:4040",
 		DrainTimeout: 30 * time.Second,
 		Tunnels:      []config.Tunnel{{Name: "a", Proto: "tcp", LocalHost: "127.0.0.1", LocalPort: 3000}},
 	}, cfg)
 
-	cfg, err = config.ParseClient("config.yml", []byte(healthDoc("type: tcp")))
+	cfg, err = config.ParseConnector("config.yml", []byte(healthDoc("type: tcp")))
 	require.NoError(t, err)
 	require.Equal(t, &config.HealthCheck{
 		Type: "tcp", Interval: 10 * time.Second, Timeout: 3 * time.Second, MaxFailed: 3, Expect2xx: true,
 	}, cfg.Tunnels[0].HealthCheck)
 
-	cfg, err = config.ParseClient("config.yml", []byte("tls: {}\n"+tunnelDoc("proto: tcp", "local_port: 3000")))
+	cfg, err = config.ParseConnector("config.yml", []byte("tls: {}\n"+tunnelDoc("proto: tcp", "local_port: 3000")))
 	require.NoError(t, err)
-	require.Equal(t, config.ClientTLS{Enabled: true, ServerName: "localhost"}, cfg.TLS, "a tls mapping turns TLS on")
+	require.Equal(t, config.ConnectorTLS{Enabled: true, ServerName: "localhost"}, cfg.TLS, "a tls mapping turns TLS on")
 
-	cfg, err = config.ParseClient("config.yml", []byte("tls:\n  enabled: false\n  server_name: edge.internal\n"+tunnelDoc("proto: tcp", "local_port: 3000")))
+	cfg, err = config.ParseConnector("config.yml", []byte("tls:\n  enabled: false\n  server_name: edge.internal\n"+tunnelDoc("proto: tcp", "local_port: 3000")))
 	require.NoError(t, err)
 	require.False(t, cfg.TLS.Enabled)
 
-	cfg, err = config.ParseClient("config.yml", []byte("tls: ~\nauth_token: null\n"+tunnelDoc("proto: tcp", "local_port: 3000", "health_check:")))
+	cfg, err = config.ParseConnector("config.yml", []byte("tls: ~\nauth_token: null\n"+tunnelDoc("proto: tcp", "local_port: 3000", "health_check:")))
 	require.NoError(t, err, "null values count as absent")
 	require.False(t, cfg.TLS.Enabled)
 	require.Nil(t, cfg.Tunnels[0].HealthCheck)
@@ -123,13 +123,13 @@ tunnels:
     proto: tcp
     local_port: 5432
 `, ca)
-	cfg, err := config.ParseClient("c.yml", []byte(doc))
+	cfg, err := config.ParseConnector("c.yml", []byte(doc))
 	require.NoError(t, err)
-	require.Equal(t, &config.Client{
+	require.Equal(t, &config.Connector{
 		File:           "c.yml",
 		Server:         "[::1]:7000",
 		AuthToken:      "tok",
-		TLS:            config.ClientTLS{Enabled: true, CAPath: ca, ServerName: "edge.example.org"},
+		TLS:            config.ConnectorTLS{Enabled: true, CAPath: ca, ServerName: "edge.example.org"},
 		DrainTimeout:   50 * time.Millisecond,
 		DataReadBuffer: 4 << 20,
 		Tunnels: []config.Tunnel{
@@ -147,7 +147,7 @@ tunnels:
 	}, cfg)
 	require.Equal(t, "backend.internal:8443", cfg.Tunnels[0].LocalAddr())
 
-	cfg, err = config.ParseClient("c.yml", []byte("server: \"[::1]:7000\"\ntls: {enabled: true}\n"+strings.SplitN(tunnelDoc("proto: tcp", "local_port: 1"), "\n", 2)[1]))
+	cfg, err = config.ParseConnector("c.yml", []byte("server: \"[::1]:7000\"\ntls: {enabled: true}\n"+strings.SplitN(tunnelDoc("proto: tcp", "local_port: 1"), "\n", 2)[1]))
 	require.NoError(t, err)
 	require.Equal(t, "::1", cfg.TLS.ServerName, "server_name defaults to the host of server")
 }
@@ -158,7 +158,7 @@ func TestClientTunnelOrder(t *testing.T) {
 	for i, n := range names {
 		doc += fmt.Sprintf("  %s:\n    proto: tcp\n    local_port: %d\n", n, 3000+i)
 	}
-	cfg, err := config.ParseClient("config.yml", []byte(doc))
+	cfg, err := config.ParseConnector("config.yml", []byte(doc))
 	require.NoError(t, err)
 	var got []string
 	for i, tun := range cfg.Tunnels {
@@ -168,7 +168,7 @@ func TestClientTunnelOrder(t *testing.T) {
 	require.Equal(t, names, got)
 }
 
-func TestClientErrors(t *testing.T) {
+func TestConnectorErrors(t *testing.T) {
 	dir := t.TempDir()
 	ca := writeFile(t, dir, "ca.pem")
 	for _, tc := range []struct {
@@ -307,7 +307,7 @@ func TestClientErrors(t *testing.T) {
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := config.ParseClient("config.yml", []byte(tc.doc))
+			cfg, err := config.ParseConnector("config.yml", []byte(tc.doc))
 			require.Nil(t, cfg)
 			requireProblems(t, err, "config.yml", tc.wants...)
 		})
@@ -316,13 +316,13 @@ func TestClientErrors(t *testing.T) {
 
 func TestClientSecretsStayOutOfMessages(t *testing.T) {
 	doc := "server: localhost:4040\ntunnels:\n  a: {proto: http, local_port: 1, subdomain: pool, group: web, group_key: hunter2}\n  b: {proto: http, local_port: 2, subdomain: pool, group: web, group_key: swordfish}\n"
-	_, err := config.ParseClient("config.yml", []byte(doc))
+	_, err := config.ParseConnector("config.yml", []byte(doc))
 	require.Error(t, err)
 	require.NotContains(t, err.Error(), "hunter2")
 	require.NotContains(t, err.Error(), "swordfish")
 
 	doc = "server: localhost:4040\ntunnels:\n  a: {proto: http, local_port: 1, subdomain: pool, group: web, group_key: k}\n  b: {proto: http, local_port: 2, subdomain: pool, group: other-name, group_key: k}\n"
-	_, err = config.ParseClient("config.yml", []byte(doc))
+	_, err = config.ParseConnector("config.yml", []byte(doc))
 	require.NoError(t, err, "an HTTP pool is keyed by subdomain and key; the group name is display only")
 }
 
@@ -338,7 +338,7 @@ tunnels:
     health_check:
       type: http
 `
-	_, err := config.ParseClient("config.yml", []byte(doc))
+	_, err := config.ParseConnector("config.yml", []byte(doc))
 	require.EqualError(t, err, `config.yml:9: tunnels.a.health_check.path: required when type is "http"`)
 }
 
@@ -364,19 +364,19 @@ func TestClientUnknownKeys(t *testing.T) {
 			want{1, `"tls.enabled"`, config.ErrUnknownKey, "unknown key"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.ParseClient("config.yml", []byte(tc.doc))
+			_, err := config.ParseConnector("config.yml", []byte(tc.doc))
 			requireProblems(t, err, "config.yml", tc.want)
 		})
 	}
 
 	// A misspelt required key is reported as unknown and as missing.
-	_, err := config.ParseClient("config.yml", []byte(tunnelDoc("proto: tcp", "localPort: 1")))
+	_, err := config.ParseConnector("config.yml", []byte(tunnelDoc("proto: tcp", "localPort: 1")))
 	requireProblems(t, err, "config.yml",
 		want{3, "tunnels.a.local_port", config.ErrRequired, "required"},
 		want{5, "tunnels.a.localPort", config.ErrUnknownKey, `did you mean "local_port"?`})
 
 	// Unknown keys do not stop the other checks.
-	_, err = config.ParseClient("config.yml", []byte("serverr: localhost:4040\n"+strings.SplitN(tunnelDoc("proto: tcp", "local_port: 1", "health_chek: {}"), "\n", 2)[1]))
+	_, err = config.ParseConnector("config.yml", []byte("serverr: localhost:4040\n"+strings.SplitN(tunnelDoc("proto: tcp", "local_port: 1", "health_chek: {}"), "\n", 2)[1]))
 	requireProblems(t, err, "config.yml",
 		want{1, "serverr", config.ErrUnknownKey, `did you mean "server"?`},
 		want{1, "server", config.ErrRequired, "required"},
@@ -440,7 +440,7 @@ func TestClientWrongTypes(t *testing.T) {
 			want{1, "", config.ErrType, "expected a mapping, got a string"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.ParseClient("config.yml", []byte(tc.doc))
+			_, err := config.ParseConnector("config.yml", []byte(tc.doc))
 			requireProblems(t, err, "config.yml", tc.want)
 		})
 	}
@@ -464,12 +464,12 @@ tunnels:
       <<: *probe
       interval_secs: 5
 `
-		_, err := config.ParseClient("config.yml", []byte(doc))
+		_, err := config.ParseConnector("config.yml", []byte(doc))
 		requireProblems(t, err, "config.yml", want{2, "x-probe", config.ErrUnknownKey, "unknown key"})
 
 		doc = strings.Replace(doc, "x-probe: &probe\n  type: tcp\n  interval_secs: 2\n", "", 1)
 		doc = strings.Replace(doc, "    health_check: *probe\n", "    health_check: &probe\n      type: tcp\n      interval_secs: 2\n", 1)
-		cfg, err := config.ParseClient("config.yml", []byte(doc))
+		cfg, err := config.ParseConnector("config.yml", []byte(doc))
 		require.NoError(t, err)
 		require.Equal(t, 2*time.Second, cfg.Tunnels[0].HealthCheck.Interval)
 		require.Equal(t, "tcp", cfg.Tunnels[1].HealthCheck.Type, "merged from the anchor")
@@ -521,13 +521,13 @@ tunnels:
 			[]want{{1, "x", config.ErrUnknownKey, "unknown key"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := config.ParseClient("config.yml", []byte(tc.doc))
+			_, err := config.ParseConnector("config.yml", []byte(tc.doc))
 			requireProblems(t, err, "config.yml", tc.wants...)
 		})
 	}
 
 	t.Run("self-merging mapping", func(t *testing.T) {
-		cfg, err := config.ParseClient("config.yml", []byte("tls: &t {<<: *t, server_name: edge}\n"+tunnelDoc("proto: tcp", "local_port: 1")))
+		cfg, err := config.ParseConnector("config.yml", []byte("tls: &t {<<: *t, server_name: edge}\n"+tunnelDoc("proto: tcp", "local_port: 1")))
 		require.NoError(t, err)
 		require.Equal(t, "edge", cfg.TLS.ServerName)
 	})
@@ -548,7 +548,7 @@ tunnels:
 		}
 		b.WriteString("server: *a11\ntunnels:\n  a: {proto: tcp, local_port: 1, health_check: *m11}\n")
 		start := time.Now()
-		_, err := config.ParseClient("config.yml", []byte(b.String()))
+		_, err := config.ParseConnector("config.yml", []byte(b.String()))
 		var list config.ErrorList
 		require.ErrorAs(t, err, &list)
 		require.Len(t, list, 25, "24 unknown keys and the server: %v", err)
@@ -560,7 +560,7 @@ tunnels:
 
 func TestClientEmptyFile(t *testing.T) {
 	for _, doc := range []string{"", "\n", "# nothing yet\n", "---\n", "~\n", "---\n---\n"} {
-		_, err := config.ParseClient("config.yml", []byte(doc))
+		_, err := config.ParseConnector("config.yml", []byte(doc))
 		requireProblems(t, err, "config.yml",
 			want{1, "server", config.ErrRequired, "required"},
 			want{1, "tunnels", config.ErrRequired, "at least one tunnel"})
@@ -570,7 +570,7 @@ func TestClientEmptyFile(t *testing.T) {
 func TestLoadClient(t *testing.T) {
 	dir := t.TempDir()
 	missing := filepath.Join(dir, "config.yml")
-	_, err := config.LoadClient(missing)
+	_, err := config.LoadConnector(missing)
 	require.ErrorIs(t, err, fs.ErrNotExist)
 	require.Contains(t, err.Error(), missing)
 
@@ -578,30 +578,30 @@ func TestLoadClient(t *testing.T) {
 	ca := writeFile(t, filepath.Join(dir, "pki"), "ca.pem")
 	doc := "tls:\n  ca_path: pki/ca.pem\n" + tunnelDoc("proto: tcp", "local_port: 1")
 	require.NoError(t, os.WriteFile(missing, []byte(doc), 0o600))
-	cfg, err := config.LoadClient(missing)
+	cfg, err := config.LoadConnector(missing)
 	require.NoError(t, err)
 	require.Equal(t, ca, cfg.TLS.CAPath, "a relative ca_path follows the file")
 
 	bad := filepath.Join(dir, "bad.yml")
 	require.NoError(t, os.WriteFile(bad, []byte(tunnelDoc("proto: tcp", "local_port: x")), 0o600))
-	_, err = config.LoadClient(bad)
+	_, err = config.LoadConnector(bad)
 	require.EqualError(t, err, bad+":5: tunnels.a.local_port: expected an integer, got a string")
 }
 
 func TestDefaultClientPath(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)
-	p, err := config.DefaultClientPath()
+	p, err := config.DefaultConnectorPath()
 	require.NoError(t, err)
 	require.Equal(t, filepath.Join(home, ".warren", "config.yml"), p)
 
 	t.Setenv("HOME", "")
-	_, err = config.DefaultClientPath()
+	_, err = config.DefaultConnectorPath()
 	require.Error(t, err)
 }
 
 func TestClientValidate(t *testing.T) {
-	cfg, err := config.LoadClient(clientSample)
+	cfg, err := config.LoadConnector(clientSample)
 	require.NoError(t, err)
 
 	cfg.Tunnels = append(cfg.Tunnels, cfg.Tunnels[0])
@@ -612,16 +612,16 @@ func TestClientValidate(t *testing.T) {
 		want{0, "tunnels.a", config.ErrInvalid, "duplicate tunnel name"},
 	)
 
-	var zero config.Client
+	var zero config.Connector
 	err = zero.Validate()
 	require.ErrorIs(t, err, config.ErrRequired)
 
-	var nilCfg *config.Client
+	var nilCfg *config.Connector
 	require.ErrorIs(t, nilCfg.Validate(), config.ErrRequired)
 }
 
 func TestClientTrailingDocumentMarker(t *testing.T) {
-	cfg, err := config.ParseClient("config.yml", []byte("---\n"+tunnelDoc("proto: tcp", "local_port: 1")+"---\n"))
+	cfg, err := config.ParseConnector("config.yml", []byte("---\n"+tunnelDoc("proto: tcp", "local_port: 1")+"---\n"))
 	require.NoError(t, err)
 	require.Len(t, cfg.Tunnels, 1)
 }
@@ -629,7 +629,7 @@ func TestClientTrailingDocumentMarker(t *testing.T) {
 // Two TCP tunnels of one group name with different keys are two pools (each gets its own
 // public port from the edge), from one file as from two.
 func TestTCPGroupNameWithTwoKeysIsTwoPools(t *testing.T) {
-	cfg, err := config.ParseClient("config.yml", []byte("server: localhost:4040\ntunnels:\n  a: {proto: tcp, local_port: 1, group: db, group_key: k1}\n  b: {proto: tcp, local_port: 2, group: db, group_key: k2}\n"))
+	cfg, err := config.ParseConnector("config.yml", []byte("server: localhost:4040\ntunnels:\n  a: {proto: tcp, local_port: 1, group: db, group_key: k1}\n  b: {proto: tcp, local_port: 2, group: db, group_key: k2}\n"))
 	require.NoError(t, err)
 	require.Len(t, cfg.Tunnels, 2)
 }

@@ -3,9 +3,9 @@
 // start --config FILE, default ~/.warren/config.yml). It is public so that a program
 // embedding an edge or a connector can load the same files as the example mains.
 //
-// [LoadServer] and [LoadClient] read a file, [ParseServer] and
-// [ParseClient] parse bytes; all four apply the documented defaults,
-// validate every rule and return plain structs ([Server], [Client]) that the
+// [LoadServer] and [LoadConnector] read a file, [ParseServer] and
+// [ParseConnector] parse bytes; all four apply the documented defaults,
+// validate every rule and return plain structs ([Server], [Connector]) that the
 // mains convert into the tunnel package's options. go-toml and yaml.v3
 // decode the files; the toml and yaml struct tags name the key each field is
 // read from. Subdomains, tunnel names and alert webhook URLs are checked by

@@ -32,13 +32,13 @@ var (
 // Error is one problem found in a configuration file. It names the file, the
 // line and the key so that an operator can go straight to it.
 type Error struct {
-	// File is the name given to ParseServer/ParseClient or the path given to
-	// LoadServer/LoadClient.
+	// File is the name given to ParseServer/ParseConnector or the path given to
+	// LoadServer/LoadConnector.
 	File string
 	// Line is the 1-based line the problem is reported at: the line of the
 	// key, or of its enclosing table when the key is missing. It is 0 when
 	// the position is unknown, for example when [Server.Validate] or
-	// [Client.Validate] check a value built in Go, or when the file cannot be
+	// [Connector.Validate] check a value built in Go, or when the file cannot be
 	// read or is too large.
 	Line int
 	// Key is the dotted path of the offending key, such as

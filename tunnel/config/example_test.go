@@ -55,8 +55,8 @@ tcp_port_range = [30000, 20000]
 	// true
 }
 
-func ExampleParseClient() {
-	cfg, err := config.ParseClient("config.yml", []byte(`
+func ExampleParseConnector() {
+	cfg, err := config.ParseConnector("config.yml", []byte(`
 server: tunnel.example.com:4040
 auth_token: "your-token"
 tunnels:
@@ -88,8 +88,8 @@ tunnels:
 	// http /healthz 10s 3s 3 true
 }
 
-func ExampleLoadClient() {
-	cfg, err := config.LoadClient("../../examples/connector/config.example.yml")
+func ExampleLoadConnector() {
+	cfg, err := config.LoadConnector("../../examples/connector/config.example.yml")
 	if err != nil {
 		fmt.Println(err)
 		return

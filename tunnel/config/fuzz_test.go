@@ -11,7 +11,7 @@ import (
 	"github.com/warren-tunnel/warren/tunnel/config"
 )
 
-// requireWellFormed checks the contract of ParseServer and ParseClient on
+// requireWellFormed checks the contract of ParseServer and ParseConnector on
 // any input: either a configuration that passes its own validation, or an
 // ErrorList of *Error values that each name the file, a line of the input
 // and one of the package's sentinels.
@@ -76,7 +76,7 @@ func FuzzParseServer(f *testing.F) {
 	})
 }
 
-func FuzzParseClient(f *testing.F) {
+func FuzzParseConnector(f *testing.F) {
 	sample, err := os.ReadFile(clientSample)
 	require.NoError(f, err)
 	f.Add(sample)
@@ -98,9 +98,9 @@ func FuzzParseClient(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		cfg, err := config.ParseClient("fuzz.yml", data)
+		cfg, err := config.ParseConnector("fuzz.yml", data)
 		requireWellFormed(t, "fuzz.yml", data, true, cfg, cfg == nil, err)
-		_, again := config.ParseClient("fuzz.yml", data)
+		_, again := config.ParseConnector("fuzz.yml", data)
 		require.Equal(t, errText(err), errText(again), "parsing must be deterministic")
 	})
 }
@@ -134,7 +134,7 @@ func TestTextSizeLimit(t *testing.T) {
 	_, err := config.ParseServer("server.toml", big)
 	require.ErrorIs(t, err, config.ErrInvalid)
 	require.EqualError(t, err, "server.toml: the file is larger than 262144 bytes; is this the right file?")
-	_, err = config.ParseClient("config.yml", big)
+	_, err = config.ParseConnector("config.yml", big)
 	require.ErrorIs(t, err, config.ErrInvalid)
 
 	// Up to the limit is fine.

@@ -9,7 +9,7 @@ import (
 )
 
 func TestClientBackendProtocol(t *testing.T) {
-	c, err := config.ParseClient("config.yml", []byte(`server: localhost:4040
+	c, err := config.ParseConnector("config.yml", []byte(`server: localhost:4040
 tunnels:
   api: {proto: https, local_port: 50051, subdomain: api, backend_protocol: h2c}
   web: {proto: http, local_port: 3000, subdomain: web, backend_protocol: http1}
@@ -22,7 +22,7 @@ tunnels:
 	}
 	require.Equal(t, map[string]string{"api": config.BackendH2C, "web": config.BackendHTTP1, "old": ""}, got)
 
-	_, err = config.ParseClient("config.yml", []byte(`server: localhost:4040
+	_, err = config.ParseConnector("config.yml", []byte(`server: localhost:4040
 tunnels:
   a: {proto: http, local_port: 3000, subdomain: a, backend_protocol: h2}
   b: {proto: tcp, local_port: 5432, backend_protocol: h2c}

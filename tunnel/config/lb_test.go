@@ -10,7 +10,7 @@ import (
 )
 
 func TestClientLoadBalancingSettings(t *testing.T) {
-	c, err := config.ParseClient("config.yml", []byte(`server: localhost:4040
+	c, err := config.ParseConnector("config.yml", []byte(`server: localhost:4040
 tunnels:
   web:
     proto: http
@@ -38,7 +38,7 @@ tunnels:
 }
 
 func TestClientLoadBalancingErrors(t *testing.T) {
-	_, err := config.ParseClient("config.yml", []byte(`server: localhost:4040
+	_, err := config.ParseConnector("config.yml", []byte(`server: localhost:4040
 tunnels:
   a:
     proto: http

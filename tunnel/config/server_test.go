@@ -767,7 +767,7 @@ func TestWebhookURLLengthLimit(t *testing.T) {
 	for _, n := range []int{webhook.MaxURLLength, webhook.MaxURLLength + 1} {
 		u := longURL(n)
 		_, srvErr := config.ParseServer("server.toml", []byte(serverDoc("[load_balancing]\nalert_webhook_url = '"+u+"'\n")))
-		_, cliErr := config.ParseClient("config.yml", []byte(healthDoc("type: tcp", "alert_webhook: "+u)))
+		_, cliErr := config.ParseConnector("config.yml", []byte(healthDoc("type: tcp", "alert_webhook: "+u)))
 		if n <= webhook.MaxURLLength {
 			require.NoError(t, srvErr)
 			require.NoError(t, cliErr)

@@ -15,7 +15,7 @@ func serversDoc(head string) string {
 }
 
 func TestClientServers(t *testing.T) {
-	cfg, err := config.ParseClient("config.yml", []byte(serversDoc("servers: [a.example.com:4040, \"10.0.0.2:4040\"]\n")))
+	cfg, err := config.ParseConnector("config.yml", []byte(serversDoc("servers: [a.example.com:4040, \"10.0.0.2:4040\"]\n")))
 	require.NoError(t, err)
 	require.Equal(t, []string{"a.example.com:4040", "10.0.0.2:4040"}, cfg.Servers)
 	require.Empty(t, cfg.Server)
@@ -24,14 +24,14 @@ func TestClientServers(t *testing.T) {
 
 	// Block style too; with TLS each edge is verified by its own name: no server_name is
 	// derived from the first one.
-	cfg, err = config.ParseClient("config.yml", []byte(serversDoc("servers:\n  - a.example.com:4040\n  - b.example.com:4040\ntls: {}\n")))
+	cfg, err = config.ParseConnector("config.yml", []byte(serversDoc("servers:\n  - a.example.com:4040\n  - b.example.com:4040\ntls: {}\n")))
 	require.NoError(t, err)
 	require.Equal(t, []string{"a.example.com:4040", "b.example.com:4040"}, cfg.Edges())
 	require.True(t, cfg.TLS.Enabled)
 	require.Empty(t, cfg.TLS.ServerName)
 
 	// server alone is one edge.
-	cfg, err = config.ParseClient("config.yml", []byte(serversDoc("server: localhost:4040\n")))
+	cfg, err = config.ParseConnector("config.yml", []byte(serversDoc("server: localhost:4040\n")))
 	require.NoError(t, err)
 	require.Nil(t, cfg.Servers)
 	require.Equal(t, []string{"localhost:4040"}, cfg.Edges())
@@ -56,16 +56,16 @@ func TestClientServersErrors(t *testing.T) {
 			{6, "servers[4]", config.ErrType, "expected a string, got an integer"}}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			cfg, err := config.ParseClient("config.yml", []byte(serversDoc(tc.head)))
+			cfg, err := config.ParseConnector("config.yml", []byte(serversDoc(tc.head)))
 			require.Nil(t, cfg)
 			requireProblems(t, err, "config.yml", tc.wants...)
 		})
 	}
 }
 
-// TestClientServersValidate: a Client built in Go follows the same rules.
+// TestClientServersValidate: a Connector built in Go follows the same rules.
 func TestClientServersValidate(t *testing.T) {
-	c := &config.Client{File: "go", Servers: []string{"a:1", "b:1"}, DrainTimeout: time.Second,
+	c := &config.Connector{File: "go", Servers: []string{"a:1", "b:1"}, DrainTimeout: time.Second,
 		Tunnels: []config.Tunnel{{Name: "a", Proto: "tcp", LocalHost: "127.0.0.1", LocalPort: 1}}}
 	require.NoError(t, c.Validate())
 	c.Server = "c:1"

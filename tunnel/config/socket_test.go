@@ -14,7 +14,7 @@ func TestControlSocketKey(t *testing.T) {
 	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := LoadClient(path)
+	c, err := LoadConnector(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,7 +23,7 @@ func TestControlSocketKey(t *testing.T) {
 	}
 
 	long := "/" + strings.Repeat("s", MaxSocketPathLen)
-	_, err = ParseClient("config.yml", []byte("server: localhost:4040\ncontrol_socket: "+long+"\ntunnels:\n  a: {proto: http, local_port: 3000, subdomain: a}\n"))
+	_, err = ParseConnector("config.yml", []byte("server: localhost:4040\ncontrol_socket: "+long+"\ntunnels:\n  a: {proto: http, local_port: 3000, subdomain: a}\n"))
 	if err == nil || !strings.Contains(err.Error(), "config.yml:2: control_socket: is 105 bytes long") {
 		t.Fatalf("a too long socket path: got %v", err)
 	}

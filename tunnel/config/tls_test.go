@@ -13,7 +13,7 @@ import (
 // affinity and a tcp probe; cookie or header affinity, backend_protocol h2c and an http
 // probe are refused, and so is a subdomain shared with an https tunnel of the same pool.
 func TestClientTLSPassthrough(t *testing.T) {
-	c, err := config.ParseClient("config.yml", []byte(`server: localhost:4040
+	c, err := config.ParseConnector("config.yml", []byte(`server: localhost:4040
 tunnels:
   api-1:
     proto: tls
@@ -33,7 +33,7 @@ tunnels:
 	}
 	require.Equal(t, config.HealthTCP, c.Tunnels[0].HealthCheck.Type)
 
-	_, err = config.ParseClient("config.yml", []byte(`server: localhost:4040
+	_, err = config.ParseConnector("config.yml", []byte(`server: localhost:4040
 tunnels:
   a: {proto: tls, local_port: 8443}
   b: {proto: tls, local_port: 8443, subdomain: b, group: b, group_key: k, affinity: cookie}
