@@ -137,7 +137,11 @@ func (sp TunnelSpec) Validate() error {
 	case "", wire.BackendHTTP1:
 	case wire.BackendH2C:
 		if !proto.IsHTTP() {
-			add("BackendProtocol", "%q is for http and https tunnels; a %s tunnel carries bytes", sp.BackendProtocol, proto)
+			kind := "TCP"
+			if proto == ProtoTLS {
+				kind = "TLS passthrough"
+			}
+			add("BackendProtocol", "%q is for http and https tunnels; a %s tunnel carries bytes", sp.BackendProtocol, kind)
 		}
 	default:
 		add("BackendProtocol", "%q is not a backend protocol (want %s or %s)", sp.BackendProtocol, wire.BackendHTTP1, wire.BackendH2C)

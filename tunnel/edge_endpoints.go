@@ -136,8 +136,15 @@ func (ep *Endpoint) validate(ports group.PortRange) error {
 	if ep.Group == "" {
 		add("Group", "%w: the pool's name", ErrRequired)
 	}
-	if p := ep.Policy; p.RateLimit < 0 || p.RateBurst < 0 || p.MaxConcurrent < 0 {
-		add("Policy", "RateLimit, RateBurst and MaxConcurrent must be 0 (none) or more")
+	p := ep.Policy
+	if p.RateLimit < 0 {
+		add("Policy.RateLimit", "must be 0 (no limit) or more, got %g", p.RateLimit)
+	}
+	if p.RateBurst < 0 {
+		add("Policy.RateBurst", "must be 0 (RateLimit rounded up) or more, got %d", p.RateBurst)
+	}
+	if p.MaxConcurrent < 0 {
+		add("Policy.MaxConcurrent", "must be 0 (no cap) or more, got %d", p.MaxConcurrent)
 	}
 	return errors.Join(errs...)
 }

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/webhook"
@@ -146,17 +145,6 @@ func webhookProblem(s string) string {
 		if _, err := parsePort(u.Port()); err != nil {
 			return "invalid port: " + err.Error() + hint
 		}
-	}
-	return ""
-}
-
-// probePathProblem says why p cannot be the path of an HTTP probe.
-func probePathProblem(p string) string {
-	if !strings.HasPrefix(p, "/") {
-		return fmt.Sprintf("%q must start with \"/\"", p)
-	}
-	if strings.ContainsFunc(p, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
-		return fmt.Sprintf("%q must not contain spaces or control characters (escape them, e.g. %%20)", p)
 	}
 	return ""
 }

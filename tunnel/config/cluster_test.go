@@ -142,7 +142,7 @@ timeout_secs = 0
 			{6, "cluster.advertise", config.ErrInvalid, `"10.0.0.5" is not host:port`},
 			{7, "cluster.peer_addr", config.ErrInvalid, "port 4040 is already used by server.control_port"},
 			{8, "cluster.token", config.ErrInvalid, "is 5 characters long; a token needs at least 16"},
-			{9, "cluster.lease_secs", config.ErrInvalid, "must be at least 0.3 seconds, got 0.1"},
+			{9, "cluster.lease_secs", config.ErrInvalid, "must be at least 300ms, got 100ms"},
 			{10, "cluster.bucket", config.ErrInvalid, `"a.b" may hold only letters`},
 			{11, "cluster.replicas", config.ErrInvalid, "must be 1 to 5, got 7"},
 			{12, "cluster.timeout_secs", config.ErrInvalid, "must be greater than 0 seconds, got 0"},

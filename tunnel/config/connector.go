@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"os"
@@ -12,15 +14,18 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/health"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
-// Health check types accepted by [HealthCheck.Type].
+// Health check types accepted by [HealthCheck.Type]: the library's, but for health.TypeFunc,
+// which only a program can give.
 const (
 	// HealthTCP succeeds when a TCP connection to the local service opens.
-	HealthTCP = "tcp"
+	HealthTCP = string(health.TypeTCP)
 	// HealthHTTP succeeds when a GET of Path answers (with a 2xx status
 	// when Expect2xx).
-	HealthHTTP = "http"
+	HealthHTTP = string(health.TypeHTTP)
 )
 
 // MaxDataReadBuffer bounds data_read_buffer (connector) and server.data_read_buffer (edge):
@@ -123,17 +128,49 @@ type Tunnel struct {
 	// a key rotation (at most 4).
 	PreviousGroupKeys []string `yaml:"previous_group_keys"`
 	// BackendProtocol is what the local service of an http or https tunnel
-	// speaks: BackendHTTP1 (the default; "" means the same) or BackendH2C,
+	// speaks: "http1" (the default; "" means the same) or "h2c",
 	// HTTP/2 over cleartext with prior knowledge, which gRPC servers need.
 	// It is this member's own setting: the members of a pool need not agree.
 	BackendProtocol string `yaml:"backend_protocol"`
 }
 
-// Backend protocols accepted by [Tunnel.BackendProtocol].
-const (
-	BackendHTTP1 = "http1"
-	BackendH2C   = "h2c"
-)
+// defaultHealthCheck is a health_check mapping with the library's defaults.
+func defaultHealthCheck() *HealthCheck {
+	return &HealthCheck{Interval: health.DefaultInterval, Timeout: health.DefaultTimeout, MaxFailed: health.DefaultMaxFailed,
+		Expect2xx: true}
+}
+
+// Spec is the tunnel's registration.
+func (t Tunnel) Spec() tunnel.TunnelSpec {
+	spec := tunnel.TunnelSpec{
+		Proto:             t.Proto,
+		Subdomain:         t.Subdomain,
+		Group:             t.Group,
+		GroupKey:          t.GroupKey,
+		Weight:            t.Weight,
+		Priority:          t.Priority,
+		SlowStart:         t.SlowStart,
+		Affinity:          t.Affinity,
+		RetryIdempotent:   t.RetryIdempotent,
+		PreviousGroupKeys: t.PreviousGroupKeys,
+		BackendProtocol:   t.BackendProtocol,
+	}
+	if t.Proto == tunnel.ProtoTCP {
+		spec.Name = t.Name
+	}
+	if h := t.HealthCheck; h != nil {
+		spec.Health = &health.Spec{
+			Type:      health.Type(h.Type),
+			Path:      h.Path,
+			Interval:  h.Interval,
+			Timeout:   h.Timeout,
+			MaxFailed: h.MaxFailed,
+			AnyStatus: !h.Expect2xx,
+		}
+		spec.AlertWebhook = h.AlertWebhook
+	}
+	return spec
+}
 
 // LocalAddr returns the local service's "host:port".
 func (t Tunnel) LocalAddr() string {
@@ -202,7 +239,7 @@ func parseConnector(file string, data []byte, dir string) (*Connector, error) {
 		return nil, ErrorList{perr}
 	}
 	r := newReporter(file)
-	cfg := &Connector{File: file, DrainTimeout: 30 * time.Second}
+	cfg := &Connector{File: file, DrainTimeout: tunnel.DefaultDrainTimeout}
 	nested := r.yamlFields(root, "", cfg)
 	if n := nested["tls"]; n != nil {
 		cfg.TLS.Enabled = n.Kind == yaml.MappingNode
@@ -218,7 +255,7 @@ func parseConnector(file string, data []byte, dir string) (*Connector, error) {
 		r.lines[key] = p.key.Line
 		nested := r.yamlFields(p.val, key, &t)
 		if n := nested["health_check"]; n != nil {
-			t.HealthCheck = &HealthCheck{Interval: 10 * time.Second, Timeout: 3 * time.Second, MaxFailed: 3, Expect2xx: true}
+			t.HealthCheck = defaultHealthCheck()
 			r.yamlFields(n, joinKey(key, "health_check"), t.HealthCheck)
 		}
 		t.PreviousGroupKeys = r.yamlStrings(nested["previous_group_keys"], joinKey(key, "previous_group_keys"))
@@ -252,6 +289,45 @@ func (c *Connector) Edges() []string {
 		return c.Servers
 	}
 	return []string{c.Server}
+}
+
+// DialOptions are the options of a session with the edges the file names (Edges): its token,
+// drain timeout, data connections' receive buffer and, with TLS, the TLS settings (the CA
+// bundle of tls.ca_path loaded). Add the program's own (tunnel.WithLogger). Its error names
+// the file.
+func (c *Connector) DialOptions() ([]tunnel.Option, error) {
+	opts := []tunnel.Option{tunnel.WithToken(c.AuthToken), tunnel.WithDrainTimeout(c.DrainTimeout),
+		tunnel.WithDataReadBuffer(c.DataReadBuffer)}
+	if c.TLS.Enabled {
+		tc, err := c.TLS.config()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", c.File, err)
+		}
+		opts = append(opts, tunnel.WithTLS(tc))
+	}
+	return opts, nil
+}
+
+// config is the TLS configuration of the connection to the edge: the system roots or the
+// ca_path bundle; verification is skipped only when the file says so.
+func (t ConnectorTLS) config() (*tls.Config, error) {
+	tc := &tls.Config{
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.InsecureSkipVerify, // only an explicit "true" in the file
+		MinVersion:         tls.VersionTLS12,
+	}
+	if t.CAPath != "" {
+		pem, err := os.ReadFile(t.CAPath)
+		if err != nil {
+			return nil, fmt.Errorf("tls.ca_path: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls.ca_path: %s holds no PEM certificate", t.CAPath)
+		}
+		tc.RootCAs = pool
+	}
+	return tc, nil
 }
 
 func (c *Connector) validate(r *reporter) {
@@ -329,18 +405,15 @@ func (t *Tunnel) validate(r *reporter, base string) {
 	}
 	key := func(name string) string { return joinKey(base, name) }
 
+	// The file's own rules: the keys it requires (the library takes http for no protocol),
+	// the local service, a subdomain's characters (the edge's rule, group.ValidateSubdomain),
+	// and the health check's keys.
 	switch {
-	case t.Proto.Valid():
+	case t.Proto == "" && r.missing(key("proto")):
+		r.fail(key("proto"), ErrRequired, "required: http, https, tcp or tls")
 	case t.Proto == "":
-		if r.missing(key("proto")) {
-			r.add(key("proto"), ErrRequired, "required: http, https, tcp or tls")
-		} else {
-			r.add(key("proto"), ErrInvalid, "must not be empty: use http, https, tcp or tls")
-		}
-	default:
-		r.add(key("proto"), ErrInvalid, "%q is not a protocol; use http, https, tcp or tls", t.Proto)
+		r.fail(key("proto"), ErrInvalid, "must not be empty: use http, https, tcp or tls")
 	}
-
 	switch {
 	case t.LocalPort == 0 && r.missing(key("local_port")):
 		r.add(key("local_port"), ErrRequired, "required: the port of the local service (1-65535)")
@@ -348,112 +421,65 @@ func (t *Tunnel) validate(r *reporter, base string) {
 		r.add(key("local_port"), ErrInvalid, "%d is out of range 1-65535", t.LocalPort)
 	}
 	r.invalid(key("local_host"), hostProblem(t.LocalHost))
-
 	switch {
 	case t.Proto == group.ProtoTCP && t.Subdomain != "":
-		r.add(key("subdomain"), ErrInvalid, "not allowed when proto is \"tcp\": TCP tunnels are reached by port, not by host name")
-	case t.Proto.BySubdomain() && t.Subdomain == "":
-		r.add(key("subdomain"), ErrRequired, "required when proto is %q: the public host name is <subdomain>.<domain>", t.Proto)
+		r.fail(key("subdomain"), ErrInvalid, "not allowed when proto is \"tcp\": TCP tunnels are reached by port, not by host name")
 	case t.Subdomain != "":
 		if err := group.ValidateSubdomain(t.Subdomain); err != nil {
-			r.add(key("subdomain"), ErrInvalid, "%v (a subdomain is one DNS label: a-z, 0-9 and \"-\")", err)
+			r.fail(key("subdomain"), ErrInvalid, "%v (a subdomain is one DNS label: a-z, 0-9 and \"-\")", err)
 		}
 	}
-
-	switch {
-	case t.Group != "" && t.GroupKey == "":
-		r.add(key("group_key"), ErrRequired, "required when group is set: members of a pool share this secret")
-	case t.Group == "" && t.GroupKey != "":
-		r.add(key("group"), ErrRequired, "required when group_key is set: it names the pool")
-	}
-
 	if t.HealthCheck != nil {
 		t.HealthCheck.validate(r, key("health_check"))
-		if t.Proto == group.ProtoTLS && t.HealthCheck.Type == HealthHTTP {
-			r.add(joinKey(key("health_check"), "type"), ErrInvalid,
-				"\"http\" sends plain HTTP, which the TLS service of a tls tunnel cannot answer; use tcp")
-		}
 	}
-	t.validateLB(r, key)
-	switch t.BackendProtocol {
-	case "", BackendHTTP1:
-	case BackendH2C:
-		if t.Proto.PerConnection() {
-			kind := "TCP"
-			if t.Proto == group.ProtoTLS {
-				kind = "TLS passthrough"
-			}
-			r.add(key("backend_protocol"), ErrInvalid, "%q is for http and https tunnels; a %s tunnel carries bytes", t.BackendProtocol, kind)
-		}
-	default:
-		r.add(key("backend_protocol"), ErrInvalid, "%q is not a backend protocol (want %s or %s)", t.BackendProtocol, BackendHTTP1, BackendH2C)
+	if t.GroupKey != "" && slices.Contains(t.PreviousGroupKeys, t.GroupKey) {
+		r.fail(key("previous_group_keys"), ErrInvalid, "must not hold group_key itself")
+	}
+	// The library's rules of a registration (tunnel.TunnelSpec.Validate); what they need
+	// depends on the protocol, so a tunnel without one is not checked further.
+	if t.Proto != "" {
+		r.library(t.Spec().Validate(), tunnelKey(base))
 	}
 }
 
-// validateLB checks the load-balancing settings of a tunnel.
-func (t *Tunnel) validateLB(r *reporter, key func(string) string) {
-	if t.Weight < 0 || t.Weight > group.MaxWeight {
-		r.add(key("weight"), ErrInvalid, "%d is out of range 1-%d (0 or absent: 1)", t.Weight, group.MaxWeight)
-	}
-	if t.Priority < 0 || t.Priority > group.MaxPriority {
-		r.add(key("priority"), ErrInvalid, "%d is out of range 0-%d (0 is the first tier)", t.Priority, group.MaxPriority)
-	}
-	if t.SlowStart < 0 || t.SlowStart > group.MaxSlowStart {
-		r.add(key("slow_start_secs"), ErrInvalid, "%s is out of range 0-%s", formatDuration(t.SlowStart), formatDuration(group.MaxSlowStart))
-	}
-	if a, err := group.ParseAffinity(t.Affinity); err != nil {
-		r.add(key("affinity"), ErrInvalid, "%v", err)
-	} else if t.Proto.PerConnection() && a != "" && a != group.AffinityClientIP {
-		what := "a TCP pool"
-		if t.Proto == group.ProtoTLS {
-			what = "a TLS passthrough pool (no HTTP is seen)"
-		}
-		r.add(key("affinity"), ErrInvalid, "%q is for HTTP tunnels; %s takes client_ip", t.Affinity, what)
-	}
-	switch k := key("previous_group_keys"); {
-	case len(t.PreviousGroupKeys) > 0 && t.Group == "":
-		r.add(k, ErrInvalid, "needs group and group_key: previous keys rotate a pool's key")
-	case len(t.PreviousGroupKeys) > 4:
-		r.add(k, ErrInvalid, "holds %d keys; at most 4", len(t.PreviousGroupKeys))
-	case slices.Contains(t.PreviousGroupKeys, ""):
-		r.add(k, ErrInvalid, "must not hold an empty key")
-	case t.GroupKey != "" && slices.Contains(t.PreviousGroupKeys, t.GroupKey):
-		r.add(k, ErrInvalid, "must not hold group_key itself")
-	}
-}
-
+// validate checks the health_check keys as the file writes them: a type of tcp or http, a
+// path where it needs one (health.ValidatePath), durations and counts greater than 0 (the
+// library would take 0 as its default), an alert URL. Each problem fails its key, so that
+// the library's check of the same probe (health.Spec.Validate) says nothing more.
 func (h *HealthCheck) validate(r *reporter, base string) {
 	key := func(name string) string { return joinKey(base, name) }
 	switch h.Type {
 	case HealthTCP:
 		if h.Path != "" {
-			r.add(key("path"), ErrInvalid, "not allowed when type is \"tcp\"")
+			r.fail(key("path"), ErrInvalid, "not allowed when type is \"tcp\"")
 		}
 	case HealthHTTP:
 		if h.Path == "" {
-			r.add(key("path"), ErrRequired, "required when type is \"http\"")
-		} else if p := probePathProblem(h.Path); p != "" {
-			r.add(key("path"), ErrInvalid, "%s", p)
+			r.fail(key("path"), ErrRequired, "required when type is \"http\"")
+		} else if err := health.ValidatePath(h.Path); err != nil {
+			r.fail(key("path"), ErrInvalid, "%v", err)
 		}
 	case "":
 		if r.missing(key("type")) {
-			r.add(key("type"), ErrRequired, "required: tcp or http")
+			r.fail(key("type"), ErrRequired, "required: tcp or http")
 		} else {
-			r.add(key("type"), ErrInvalid, "must not be empty: use tcp or http")
+			r.fail(key("type"), ErrInvalid, "must not be empty: use tcp or http")
 		}
 	default:
-		r.add(key("type"), ErrInvalid, "%q is not a health check type; use tcp or http", h.Type)
+		r.fail(key("type"), ErrInvalid, "%q is not a health check type; use tcp or http", h.Type)
 	}
 	if h.Interval <= 0 {
-		r.add(key("interval_secs"), ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(h.Interval))
+		r.fail(key("interval_secs"), ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(h.Interval))
 	}
 	if h.Timeout <= 0 {
-		r.add(key("timeout_secs"), ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(h.Timeout))
+		r.fail(key("timeout_secs"), ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(h.Timeout))
 	}
 	if h.MaxFailed < 1 {
-		r.add(key("max_failed"), ErrInvalid, "must be at least 1, got %d", h.MaxFailed)
+		r.fail(key("max_failed"), ErrInvalid, "must be at least 1, got %d", h.MaxFailed)
 	}
-	r.invalid(key("alert_webhook"), webhookProblem(h.AlertWebhook))
+	if p := webhookProblem(h.AlertWebhook); p != "" {
+		r.fail(key("alert_webhook"), ErrInvalid, "%s", p)
+	}
 }
 
 // validateSharing checks tunnels of one file that would land in the same

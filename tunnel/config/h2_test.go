@@ -20,7 +20,7 @@ tunnels:
 	for _, tn := range c.Tunnels {
 		got[tn.Name] = tn.BackendProtocol
 	}
-	require.Equal(t, map[string]string{"api": config.BackendH2C, "web": config.BackendHTTP1, "old": ""}, got)
+	require.Equal(t, map[string]string{"api": "h2c", "web": "http1", "old": ""}, got)
 
 	_, err = config.ParseConnector("config.yml", []byte(`server: localhost:4040
 tunnels:

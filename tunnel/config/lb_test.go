@@ -67,7 +67,7 @@ tunnels:
 		want{8, "tunnels.a.priority", config.ErrInvalid, "-1 is out of range 0-100"},
 		want{9, "tunnels.a.slow_start_secs", config.ErrInvalid, "out of range"},
 		want{10, "tunnels.a.affinity", config.ErrInvalid, `affinity "sticky": want cookie, client_ip or header:<Name>`},
-		want{11, "tunnels.a.previous_group_keys", config.ErrInvalid, "needs group and group_key"},
+		want{11, "tunnels.a.previous_group_keys", config.ErrInvalid, "needs a group and its key"},
 		want{17, "tunnels.b.affinity", config.ErrInvalid, "a TCP pool takes client_ip"},
 		want{18, "tunnels.b.previous_group_keys", config.ErrInvalid, "must not hold group_key itself"},
 		want{23, "tunnels.c.previous_group_keys", config.ErrType, "expected a list of strings"},

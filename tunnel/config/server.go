@@ -7,16 +7,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"time"
-	"unicode/utf8"
-)
 
-// Load-balancing strategies accepted by [LoadBalancing.Strategy].
-const (
-	// StrategyLeastStreams picks the healthy member with the fewest active
-	// streams, rotating ties. It is the default.
-	StrategyLeastStreams = "least_streams"
-	// StrategyRandom picks a healthy member uniformly at random.
-	StrategyRandom = "random"
+	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/cluster"
 )
 
 // Server is the edge's configuration file (server.toml) after defaults have
@@ -43,17 +36,6 @@ type Server struct {
 	Cluster *Cluster
 }
 
-// Defaults of the [cluster] table.
-const (
-	DefaultClusterLease   = 10 * time.Second // cluster.lease_secs
-	DefaultClusterTimeout = 5 * time.Second  // cluster.timeout_secs
-	DefaultClusterBucket  = "warren"         // cluster.bucket
-	// MinClusterLease is the shortest cluster.lease_secs the edge accepts.
-	MinClusterLease = 300 * time.Millisecond
-	// MaxClusterReplicas is the most replicas a JetStream bucket may have.
-	MaxClusterReplicas = 5
-)
-
 // Cluster is the [cluster] table of server.toml: the edge is one of several that share
 // their routes and pools through NATS JetStream and reach each other's members over
 // authenticated edge-to-edge links (see tunnel.ClusterConfig). Every edge of a cluster
@@ -74,18 +56,20 @@ type Cluster struct {
 	// (peer_port = 7443 is peer_addr = ":7443"). Give one of PeerAddr and PeerPort.
 	PeerPort int `toml:"peer_port"`
 	// Token authenticates the edges to each other; the same on every edge, at least
-	// MinTokenLength characters, distinct from every token of [auth]. Required.
+	// tunnel.MinTokenLength characters, distinct from every token of [auth]. Required.
 	Token string `toml:"token"`
 	// LeaseTTL is how long the edge's lease lasts without a renewal (lease_secs): the
-	// members of an edge that dies leave every other edge's view within it. Default 10s,
-	// at least MinClusterLease.
+	// members of an edge that dies leave every other edge's view within it. Default
+	// cluster.DefaultLeaseTTL (10s), at least cluster.MinLeaseTTL.
 	LeaseTTL time.Duration `toml:"-"`
-	// Bucket prefixes the JetStream key-value buckets the edges share. Default "warren".
+	// Bucket prefixes the JetStream key-value buckets the edges share. Default
+	// cluster.DefaultBucket ("warren").
 	Bucket string `toml:"bucket"`
 	// Replicas is the replica count of the buckets (3 with a 3-node NATS cluster).
-	// Default 1, at most MaxClusterReplicas.
+	// Default 1, at most cluster.MaxReplicas.
 	Replicas int `toml:"replicas"`
-	// Timeout bounds each request to NATS (timeout_secs). Default 5s.
+	// Timeout bounds each request to NATS (timeout_secs). Default cluster.DefaultTimeout
+	// (5s).
 	Timeout time.Duration `toml:"-"`
 	// TLS is the [cluster.tls] table: TLS on the edge-to-edge links.
 	TLS ClusterTLS `toml:"tls"`
@@ -291,10 +275,6 @@ type Limits struct {
 	AuthBlock            time.Duration `toml:"-"`
 }
 
-// MinTokenLength is the fewest characters a token (auth.tokens,
-// auth.admin_token, auth.tenants[].token) may have.
-const MinTokenLength = 16
-
 // MaxHelloTimeout is the longest limits.hello_timeout_secs: a connection
 // waiting for its hello holds a file descriptor and a place under
 // limits.max_preauth_conns.
@@ -314,7 +294,7 @@ type LoadBalancing struct {
 	// Enabled is the kill switch: when false (the default) every
 	// registration is a solo tunnel.
 	Enabled bool `toml:"enabled"`
-	// Strategy is StrategyLeastStreams (the default) or StrategyRandom.
+	// Strategy is dispatch.NameLeastStreams (the default) or dispatch.NameRandom.
 	Strategy string `toml:"strategy"`
 	// AlertWebhookURL is the operator URL POSTed to when a group reaches
 	// zero healthy members; empty for none. An absolute http(s) URL.
@@ -339,41 +319,52 @@ type LoadBalancing struct {
 	AlertMinInterval time.Duration `toml:"-"`
 }
 
-// defaultServer returns a Server holding every default of server.toml.
+// The file's own defaults, for settings the library leaves off or to the embedder.
+var (
+	defaultHTTPPort     = 8080
+	defaultAdminPort    = 9090
+	defaultTCPPortRange = PortRange{Low: 20000, High: 20100}
+	// defaultQuotas are every tenant's quotas; the library caps nothing by default.
+	defaultQuotas = Quotas{MaxSessions: 64, MaxTunnels: 1024, MaxTCPPorts: 16, MaxEventStreams: 8}
+)
+
+// defaultServer returns a Server holding every default of server.toml: the library's own
+// (tunnel.ServerConfig.WithDefaults), and the file's for what the library leaves off.
 func defaultServer(file string) *Server {
+	d := tunnel.ServerConfig{}.WithDefaults()
 	return &Server{
 		File: file,
 		Server: ServerSection{
 			Bind:        netip.IPv4Unspecified(),
-			HTTPPort:    8080,
-			ControlPort: 4040,
-			AdminPort:   9090,
-			RegionID:    "local",
+			HTTPPort:    defaultHTTPPort,
+			ControlPort: tunnel.DefaultControlPort,
+			AdminPort:   defaultAdminPort,
+			RegionID:    d.RegionID,
 		},
 		Limits: Limits{
-			Quotas:               Quotas{MaxSessions: 64, MaxTunnels: 1024, MaxTCPPorts: 16, MaxEventStreams: 8},
-			RouteTTL:             24 * time.Hour,
-			TCPPortRange:         PortRange{Low: 20000, High: 20100},
-			MaxTunnelsPerSession: 16,
-			DrainTimeout:         30 * time.Second,
+			Quotas:               defaultQuotas,
+			RouteTTL:             d.RouteTTL,
+			TCPPortRange:         defaultTCPPortRange,
+			MaxTunnelsPerSession: d.Limits.MaxTunnelsPerSession,
+			DrainTimeout:         d.Timeouts.Drain,
 
-			RequestBodyTimeout:      60 * time.Second,
-			RequestBodyMinRate:      1024,
-			RequestBodyMinRateGrace: 10 * time.Second,
+			RequestBodyTimeout:      d.RequestBody.Timeout,
+			RequestBodyMinRate:      d.RequestBody.MinRate,
+			RequestBodyMinRateGrace: d.RequestBody.MinRateGrace,
 
-			ResponseStallTimeout:           60 * time.Second,
-			MaxStalledResponseBytes:        256 << 20,
-			MaxStalledResponseBytesPerConn: 16 << 20,
-			MaxStalledResponseBytesPerIP:   32 << 20,
+			ResponseStallTimeout:           d.StalledResponses.Timeout,
+			MaxStalledResponseBytes:        d.StalledResponses.MaxBytes,
+			MaxStalledResponseBytesPerConn: d.StalledResponses.MaxBytesPerConn,
+			MaxStalledResponseBytesPerIP:   d.StalledResponses.MaxBytesPerIP,
 
-			MaxPreAuthConns:      256,
-			MaxPreAuthConnsPerIP: 16,
-			HelloTimeout:         5 * time.Second,
-			MaxAuthFailuresPerIP: 10,
-			AuthFailureWindow:    10 * time.Minute,
-			AuthBlock:            15 * time.Minute,
+			MaxPreAuthConns:      d.PreAuth.MaxConns,
+			MaxPreAuthConnsPerIP: d.PreAuth.MaxConnsPerIP,
+			HelloTimeout:         d.PreAuth.HelloTimeout,
+			MaxAuthFailuresPerIP: d.PreAuth.MaxAuthFailuresPerIP,
+			AuthFailureWindow:    d.PreAuth.AuthFailureWindow,
+			AuthBlock:            d.PreAuth.AuthBlockDuration,
 		},
-		LoadBalancing: LoadBalancing{Strategy: StrategyLeastStreams, AlertMinInterval: time.Minute},
+		LoadBalancing: LoadBalancing{Strategy: d.LoadBalancing.Strategy, AlertMinInterval: d.Alerts.MinInterval},
 	}
 }
 
@@ -414,12 +405,12 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	cfg.Endpoints = f.Endpoints
 	if cf := f.Cluster; cf != nil {
 		cl := cf.Cluster
-		cl.LeaseTTL, cl.Timeout = DefaultClusterLease, DefaultClusterTimeout
+		cl.LeaseTTL, cl.Timeout = cluster.DefaultLeaseTTL, cluster.DefaultTimeout
 		if r.missing("cluster.bucket") {
-			cl.Bucket = DefaultClusterBucket
+			cl.Bucket = cluster.DefaultBucket
 		}
 		if r.missing("cluster.replicas") {
-			cl.Replicas = 1
+			cl.Replicas = cluster.DefaultReplicas
 		}
 		if d := cf.LeaseTTL; d != nil {
 			r.duration("cluster.lease_secs", float64(*d), &cl.LeaseTTL)
@@ -572,13 +563,8 @@ func (c *Server) validate(r *reporter) {
 	c.validateCluster(r)
 
 	l := c.Limits
-	switch {
-	case pr.Low < 1 || pr.Low > 65535:
-		r.add("limits.tcp_port_range", ErrInvalid, "low port %d is out of range 1-65535", pr.Low)
-	case pr.High < 1 || pr.High > 65535:
-		r.add("limits.tcp_port_range", ErrInvalid, "high port %d is out of range 1-65535", pr.High)
-	case pr.Low > pr.High:
-		r.add("limits.tcp_port_range", ErrInvalid, "low port %d is above high port %d", pr.Low, pr.High)
+	if pr == (PortRange{}) { // the library's "no TCP tunnels", which the file writes by leaving them out
+		r.add("limits.tcp_port_range", ErrInvalid, "low port 0 is out of range 1-65535")
 	}
 	if l.MaxTunnelsPerSession < 1 {
 		r.add("limits.max_tunnels_per_session", ErrInvalid, "must be at least 1, got %d", l.MaxTunnelsPerSession)
@@ -642,27 +628,15 @@ func (c *Server) validate(r *reporter) {
 	c.validateEndpoints(r)
 
 	lb := c.LoadBalancing
-	if lb.Strategy != StrategyLeastStreams && lb.Strategy != StrategyRandom {
-		r.add("load_balancing.strategy", ErrInvalid, "%q is not a strategy; use %q or %q", lb.Strategy, StrategyLeastStreams, StrategyRandom)
+	if p := webhookProblem(lb.AlertWebhookURL); p != "" {
+		r.fail("load_balancing.alert_webhook_url", ErrInvalid, "%s", p)
 	}
-	r.invalid("load_balancing.alert_webhook_url", webhookProblem(lb.AlertWebhookURL))
+	// The library's own rules (the TCP port range, the strategy, the alert URL, the
+	// endpoints), after the file's, which leave out what they already reported.
+	r.library(c.serverConfig().Validate(), serverKey)
 	if lb.AlertMinInterval <= 0 {
 		r.add("load_balancing.alert_min_interval_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(lb.AlertMinInterval))
 	}
-}
-
-// edgeIDProblem says why id cannot be an edge id or bucket prefix (a token of NATS keys),
-// or returns "".
-func edgeIDProblem(id string) string {
-	if id == "" || len(id) > 64 {
-		return fmt.Sprintf("%q must be 1 to 64 characters long", id)
-	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return fmt.Sprintf("%q may hold only letters, digits, \"-\" and \"_\"", id)
-		}
-	}
-	return ""
 }
 
 // validateCluster checks the [cluster] table, if there is one.
@@ -671,22 +645,16 @@ func (c *Server) validateCluster(r *reporter) {
 	if cl == nil {
 		return
 	}
+	// The library's rule that a cluster's edge opens no Store of its own, as the file puts it.
 	if c.Server.StateDir != "" {
 		r.add("server.state_dir", ErrInvalid, "cannot be combined with [cluster]%s: a cluster keeps route ownership in NATS JetStream; remove state_dir", r.lineNote("cluster"))
-	}
-	if len(cl.NATSURLs) == 0 {
-		r.add("cluster.nats_urls", ErrRequired, "required: the NATS servers the edges share, e.g. [\"nats://10.0.0.1:4222\", \"nats://10.0.0.2:4222\"]")
 	}
 	for i, u := range cl.NATSURLs {
 		r.invalid(indexKey("cluster.nats_urls", i), natsURLProblem(u))
 	}
-	if cl.EdgeID != "" {
-		r.invalid("cluster.edge_id", edgeIDProblem(cl.EdgeID))
-	}
-	switch {
-	case cl.Advertise == "":
-		r.add("cluster.advertise", ErrRequired, "required: the host:port the other edges reach this edge on, e.g. \"10.0.0.5:7443\"")
-	default:
+	r.library(c.clusterConfig().Validate(), clusterKey)
+	// What the file asks besides, and what it reads where the library takes a default.
+	if cl.Advertise != "" {
 		r.invalid("cluster.advertise", hostPortProblem(cl.Advertise))
 	}
 	switch {
@@ -697,15 +665,11 @@ func (c *Server) validateCluster(r *reporter) {
 	case cl.PeerAddr != "":
 		c.checkPeerAddr(r, "cluster.peer_addr", cl.PeerAddr)
 	}
-	if cl.Token == "" { // validateAuth checks a token given: its length, that it is unique
-		r.add("cluster.token", ErrRequired, "required: the secret every edge of the cluster presents to the others (e.g. the output of `openssl rand -hex 32`)")
+	if cl.LeaseTTL <= 0 {
+		r.add("cluster.lease_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(cl.LeaseTTL))
 	}
-	if cl.LeaseTTL < MinClusterLease {
-		r.add("cluster.lease_secs", ErrInvalid, "must be at least %s seconds, got %s", formatDuration(MinClusterLease), formatDuration(cl.LeaseTTL))
-	}
-	r.invalid("cluster.bucket", edgeIDProblem(cl.Bucket))
-	if cl.Replicas < 1 || cl.Replicas > MaxClusterReplicas {
-		r.add("cluster.replicas", ErrInvalid, "must be 1 to %d, got %d", MaxClusterReplicas, cl.Replicas)
+	if cl.Replicas < 1 {
+		r.add("cluster.replicas", ErrInvalid, "must be 1 to %d, got %d", cluster.MaxReplicas, cl.Replicas)
 	}
 	if cl.Timeout <= 0 {
 		r.add("cluster.timeout_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(cl.Timeout))
@@ -778,8 +742,8 @@ func (c *Server) validateAuth(r *reporter) {
 	// Token values are secrets: messages name the keys, never the values.
 	owner := map[string]string{}
 	claim := func(key, token string) {
-		if n := utf8.RuneCountInString(token); n < MinTokenLength {
-			r.add(key, ErrInvalid, "is %d characters long; a token needs at least %d (e.g. the output of `openssl rand -hex 16`)", n, MinTokenLength)
+		if err := tunnel.ValidateToken(token); err != nil {
+			r.add(key, ErrInvalid, "%v (e.g. the output of `openssl rand -hex 16`)", err)
 			return
 		}
 		if prev, dup := owner[token]; dup {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/warren-tunnel/warren/dispatch"
 	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/webhook"
 )
@@ -70,7 +71,7 @@ func TestServerDefaults(t *testing.T) {
 			AuthFailureWindow:    10 * time.Minute,
 			AuthBlock:            15 * time.Minute,
 		},
-		LoadBalancing: config.LoadBalancing{Strategy: config.StrategyLeastStreams, AlertMinInterval: time.Minute},
+		LoadBalancing: config.LoadBalancing{Strategy: dispatch.NameLeastStreams, AlertMinInterval: time.Minute},
 	}, cfg)
 	require.Equal(t, "0.0.0.0:8080", cfg.Server.Addr(cfg.Server.HTTPPort))
 	require.Equal(t, "", cfg.Server.Addr(cfg.Server.HTTPSPort))
@@ -199,7 +200,7 @@ key_sha256 = "5fbf9bf10407864eb8562d42e245fd6435ebebff6cdea8cae46bec8da0b11e9a"
 			AuthBlock:            time.Hour,
 		},
 		LoadBalancing: config.LoadBalancing{
-			Enabled: true, Strategy: config.StrategyRandom,
+			Enabled: true, Strategy: dispatch.NameRandom,
 			AlertWebhookURL:           "https://hooks.example.com/ops?x=1",
 			AllowPrivateAlertWebhooks: true,
 			RetryUnreadRequests:       true,
@@ -794,13 +795,13 @@ func TestServerEndpointAndQuotaErrors(t *testing.T) {
 		{"bad cidr", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\nallow_cidrs = [\"10.0.0.0/8\", \"10.0.0.300/8\"]\n"),
 			[]want{{6, "endpoints[0].allow_cidrs[1]", config.ErrInvalid, "not a CIDR prefix"}}},
 		{"tcp port outside the range", serverDoc("[[endpoints]]\nproto = \"tcp\"\ngroup = \"db\"\nport = 80\nkey_sha256 = \"" + strings.Repeat("ab", 32) + "\"\n"),
-			[]want{{6, "endpoints[0].port", config.ErrInvalid, "outside limits.tcp_port_range"}}},
+			[]want{{6, "endpoints[0].port", config.ErrInvalid, "outside the TCP port range 20000-20100"}}},
 		{"tcp without key", serverDoc("[[endpoints]]\nproto = \"tcp\"\ngroup = \"db\"\nport = 20001\n"),
 			[]want{{3, "endpoints[0].key_sha256", config.ErrRequired, "required for a TCP endpoint"}}},
 		{"key not hex", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\nkey_sha256 = \"the-key\"\n"),
 			[]want{{6, "endpoints[0].key_sha256", config.ErrInvalid, "64 hex digits"}}},
 		{"route reserved twice", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\n[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\n"),
-			[]want{{6, "endpoints[1]", config.ErrInvalid, "reserves the same route as endpoints[0] (line 3)"}}},
+			[]want{{6, "endpoints[1]", config.ErrInvalid, "reserves the route http/pool, as endpoints[0] (line 3) does"}}},
 		{"negative quota", serverDoc("[limits]\nmax_tunnels = -1\n"),
 			[]want{{4, "limits.max_tunnels", config.ErrInvalid, "must be 0 (no cap) or more"}}},
 		{"zero route ttl", serverDoc("[limits]\nroute_ttl_secs = 0\n"),

@@ -44,7 +44,7 @@ tunnels:
   g: {proto: tls, local_port: 8443, subdomain: g, group: g, group_key: k, affinity: "header:X-User"}
 `))
 	requireProblems(t, err, "config.yml",
-		want{3, "tunnels.a.subdomain", config.ErrRequired, `required when proto is "tls"`},
+		want{3, "tunnels.a.subdomain", config.ErrRequired, `required when the protocol is "tls"`},
 		want{4, "tunnels.b.affinity", config.ErrInvalid, "a TLS passthrough pool (no HTTP is seen) takes client_ip"},
 		want{5, "tunnels.c.backend_protocol", config.ErrInvalid, "a TLS passthrough tunnel carries bytes"},
 		want{6, "tunnels.d.health_check.type", config.ErrInvalid, "use tcp"},

@@ -16,7 +16,7 @@ func TestTrustedProxies(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"10.0.0.0/8", "2001:db8::/32", "192.0.2.7/32"}, cfg.Server.TrustedProxies)
 	require.Equal(t, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32"),
-		netip.MustParsePrefix("192.0.2.7/32")}, config.Prefixes(cfg.Server.TrustedProxies))
+		netip.MustParsePrefix("192.0.2.7/32")}, edgeOf(t, serverDoc("trusted_proxies = [\"10.0.0.0/8\", \"2001:db8::/32\", \"192.0.2.7/32\"]\n")).Config.Public.TrustedProxies)
 
 	cfg, err = config.ParseServer("server.toml", []byte(serverDoc("")))
 	require.NoError(t, err)
