@@ -299,7 +299,7 @@ func (c *Connector) DialOptions() ([]tunnel.Option, error) {
 	opts := []tunnel.Option{tunnel.WithToken(c.AuthToken), tunnel.WithDrainTimeout(c.DrainTimeout),
 		tunnel.WithDataReadBuffer(c.DataReadBuffer)}
 	if c.TLS.Enabled {
-		tc, err := c.TLS.config()
+		tc, err := c.TLS.Config()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.File, err)
 		}
@@ -308,9 +308,9 @@ func (c *Connector) DialOptions() ([]tunnel.Option, error) {
 	return opts, nil
 }
 
-// config is the TLS configuration of the connection to the edge: the system roots or the
-// ca_path bundle; verification is skipped only when the file says so.
-func (t ConnectorTLS) config() (*tls.Config, error) {
+// Config is the TLS configuration of the connection to the edge: the system roots or the
+// ca_path bundle (loaded here); verification is skipped only when the file says so.
+func (t ConnectorTLS) Config() (*tls.Config, error) {
 	tc := &tls.Config{
 		ServerName:         t.ServerName,
 		InsecureSkipVerify: t.InsecureSkipVerify, // only an explicit "true" in the file

@@ -1,4 +1,4 @@
-package main
+package connectorcmd
 
 import (
 	"bufio"
@@ -87,12 +87,12 @@ type reply struct {
 	Error   string        `json:"error,omitempty"`
 	Message string        `json:"message,omitempty"`
 	Streams *int          `json:"streams,omitempty"`
-	Status  *statusReply  `json:"status,omitempty"`
-	Tunnel  *tunnelStatus `json:"tunnel,omitempty"`
+	Status  *StatusReply  `json:"status,omitempty"`
+	Tunnel  *TunnelStatus `json:"tunnel,omitempty"`
 }
 
-// statusReply is the connector's state.
-type statusReply struct {
+// StatusReply is the connector's state.
+type StatusReply struct {
 	PID        int            `json:"pid"`
 	Config     string         `json:"config"`
 	Socket     string         `json:"socket"`
@@ -102,11 +102,11 @@ type statusReply struct {
 	Connected  bool           `json:"connected"`
 	Reconnects int            `json:"reconnects"`
 	Started    time.Time      `json:"started"`
-	Tunnels    []tunnelStatus `json:"tunnels"`
+	Tunnels    []TunnelStatus `json:"tunnels"`
 }
 
-// tunnelStatus is one tunnel's state.
-type tunnelStatus struct {
+// TunnelStatus is one tunnel's state.
+type TunnelStatus struct {
 	Name   string `json:"name"`
 	Source string `json:"source"` // "file" or "attach"
 	State  string `json:"state"`  // "registered", "reconnecting" or "draining"
@@ -129,14 +129,14 @@ type tunnelStatus struct {
 // maxRequestLine bounds a request line.
 const maxRequestLine = 1 << 20
 
-// errAlreadyRunning: another connector answers on the socket path.
-var errAlreadyRunning = errors.New("another connector is already running")
+// ErrAlreadyRunning: another connector answers on the socket path.
+var ErrAlreadyRunning = errors.New("another connector is already running")
 
-// listenControl listens on the Unix socket at path with permissions mode. A connector
+// ListenControl listens on the Unix socket at path with permissions mode. A connector
 // answering there already is an error; a socket file nobody answers on (left by a connector
 // that was killed) is removed. The socket is created under a temporary name, given its
 // mode and renamed into place, so it is never reachable with wider permissions.
-func listenControl(path string, mode fs.FileMode) (*net.UnixListener, error) {
+func ListenControl(path string, mode fs.FileMode) (*net.UnixListener, error) {
 	if len(path) > config.MaxSocketPathLen {
 		return nil, fmt.Errorf("control socket %s: the path is %d bytes long; a Unix socket path has at most %d (use --socket)", path, len(path), config.MaxSocketPathLen)
 	}
@@ -151,7 +151,7 @@ func listenControl(path string, mode fs.FileMode) (*net.UnixListener, error) {
 		c, err := net.DialTimeout("unix", path, time.Second)
 		if err == nil {
 			_ = c.Close()
-			return nil, fmt.Errorf("%w with control socket %s (stop it, or give this one another --socket)", errAlreadyRunning, path)
+			return nil, fmt.Errorf("%w with control socket %s (stop it, or give this one another --socket)", ErrAlreadyRunning, path)
 		}
 		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("control socket %s: %w", path, err)
@@ -185,9 +185,9 @@ func listenControl(path string, mode fs.FileMode) (*net.UnixListener, error) {
 	return l, nil
 }
 
-// controlServer serves the control socket for d.
-type controlServer struct {
-	d    *daemon
+// ControlServer serves the control socket of a Daemon.
+type ControlServer struct {
+	d    *Daemon
 	l    *net.UnixListener
 	path string
 	wg   sync.WaitGroup
@@ -196,21 +196,21 @@ type controlServer struct {
 	conns map[net.Conn]bool
 }
 
-// newControlServer returns the server of l; l nil (no control socket) makes one that
+// NewControlServer returns the server of l; l nil (no control socket) makes one that
 // serves nothing.
-func newControlServer(d *daemon, l *net.UnixListener, path string) *controlServer {
-	return &controlServer{d: d, l: l, path: path, conns: map[net.Conn]bool{}}
+func NewControlServer(d *Daemon, l *net.UnixListener, path string) *ControlServer {
+	return &ControlServer{d: d, l: l, path: path, conns: map[net.Conn]bool{}}
 }
 
-// start serves clients until close.
-func (s *controlServer) start() {
+// Start serves clients until Close.
+func (s *ControlServer) Start() {
 	if s.l != nil {
 		s.wg.Go(s.serve)
 	}
 }
 
 // serve accepts clients until close.
-func (s *controlServer) serve() {
+func (s *ControlServer) serve() {
 	for {
 		c, err := s.l.Accept()
 		if err != nil {
@@ -231,9 +231,9 @@ func (s *controlServer) serve() {
 	}
 }
 
-// close stops accepting, removes the socket file and waits for the clients being served;
-// stop makes waiting ones (a detach) return.
-func (s *controlServer) close(wait bool) {
+// Close stops accepting, removes the socket file and waits for the clients being served;
+// without wait it ends the ones that wait (a detach) first.
+func (s *ControlServer) Close(wait bool) {
 	if s.l == nil {
 		return
 	}
@@ -250,7 +250,7 @@ func (s *controlServer) close(wait bool) {
 }
 
 // handle serves one client: one request, replies until the result.
-func (s *controlServer) handle(c net.Conn) {
+func (s *ControlServer) handle(c net.Conn) {
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	line, err := bufio.NewReaderSize(&limitedReader{c: c, n: maxRequestLine}, 64<<10).ReadBytes('\n')
 	if err != nil && len(line) == 0 {
@@ -279,7 +279,7 @@ func (s *controlServer) handle(c net.Conn) {
 			send(reply{Type: "result", Error: "bad request: attach needs a tunnel"})
 			return
 		}
-		ctx, cancel := context.WithTimeout(s.d.ctx, startTimeout)
+		ctx, cancel := context.WithTimeout(s.d.ctx, StartTimeout)
 		defer cancel()
 		e, err := s.d.attach(ctx, attachTunnel(req.Tunnel))
 		if err != nil {

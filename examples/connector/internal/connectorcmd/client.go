@@ -1,4 +1,4 @@
-package main
+package connectorcmd
 
 import (
 	"bufio"
@@ -50,7 +50,7 @@ func (c *clientFlags) socketPath() (string, error) {
 	case err != nil && explicit:
 		return "", err
 	}
-	return config.DefaultControlSocket(path)
+	return DefaultControlSocket(path)
 }
 
 // newFlagSet returns a flag set for a control command whose usage is line.
@@ -117,8 +117,8 @@ func call(socket string, req request, progress func(reply)) (reply, error) {
 	return reply{}, fmt.Errorf("control socket %s: the connector closed the connection without an answer (it is stopping?)", socket)
 }
 
-// runStatus is `connector status`.
-func runStatus(args []string, stdout, stderr io.Writer) int {
+// Status is `connector status ARGS`; it returns the exit code.
+func Status(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("status", "connector status [--json] [--socket PATH]", stderr)
 	var cf clientFlags
 	cf.register(fs)
@@ -147,7 +147,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 }
 
 // printStatus writes st as a table for people.
-func printStatus(w io.Writer, st *statusReply) {
+func printStatus(w io.Writer, st *StatusReply) {
 	conn := "connected"
 	if !st.Connected {
 		conn = "reconnecting"
@@ -202,8 +202,8 @@ func parseOrExit(fs *flag.FlagSet, args []string, want int) (code int, ok bool) 
 	return 0, true
 }
 
-// runAttach is `connector attach`.
-func runAttach(args []string, stdout, stderr io.Writer) int {
+// Attach is `connector attach ARGS`; it returns the exit code.
+func Attach(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("attach", "connector attach [--name NAME] [--proto http|https|tcp|tls] [--subdomain SUB] [--group G --group-key-file FILE] [--health tcp|http ...] [--local-host HOST] PORT", stderr)
 	var cf clientFlags
 	cf.register(fs)
@@ -277,8 +277,8 @@ func runAttach(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// runDetach is `connector detach`.
-func runDetach(args []string, stdout, stderr io.Writer) int {
+// Detach is `connector detach ARGS`; it returns the exit code.
+func Detach(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("detach", "connector detach [--timeout SECS] [--socket PATH] NAME", stderr)
 	var cf clientFlags
 	cf.register(fs)
@@ -307,23 +307,5 @@ func runDetach(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintln(stdout, r.Message)
-	return 0
-}
-
-// runCheck is `connector check`: it validates a configuration file as start would.
-func runCheck(args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("check", "connector check [--config FILE]", stderr)
-	path := fs.String("config", "", "the configuration `file` to check (default ~/.warren/config.yml)")
-	if code, ok := parseOrExit(fs, args, 0); !ok {
-		return code
-	}
-	cfg, code := loadConfig(*path, stderr)
-	if cfg == nil {
-		if code == 2 {
-			return 1 // the file is bad: check's answer, not a usage error
-		}
-		return code
-	}
-	fmt.Fprintf(stdout, "%s: ok (%d tunnels)\n", cfg.File, len(cfg.Tunnels))
 	return 0
 }

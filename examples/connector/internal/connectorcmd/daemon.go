@@ -1,4 +1,13 @@
-package main
+// Package connectorcmd is the example connector's daemon and commands: a running
+// connector's tunnels by name (Daemon), which SIGHUP reloads from the file; the control
+// socket it serves (ListenControl, ControlServer), whose JSON-lines protocol is described
+// in control.go; and the commands that talk to it (Status, Attach, Detach). The command's
+// main (examples/connector) parses flags, loads the file with package tunnel/config, dials
+// the edges and wires these together.
+//
+// It is internal to the example: the control socket and its protocol are the example
+// program's, not the SDK's, whose API (package tunnel) a program embeds instead.
+package connectorcmd
 
 import (
 	"context"
@@ -16,16 +25,21 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/warren-tunnel/warren/health"
 	"github.com/warren-tunnel/warren/tunnel"
 	"github.com/warren-tunnel/warren/tunnel/config"
 )
 
+// StartTimeout bounds connecting to the edge and registering a tunnel: at start, on a
+// reload, on an attach.
+const StartTimeout = 30 * time.Second
+
 // progressEvery is how often a drain in progress counts its streams (Tunnel.ActiveStreams).
 const progressEvery = 200 * time.Millisecond
 
-// daemon is a running connector: its session, its tunnels by name, and the operations the
+// Daemon is a running connector: its session, its tunnels by name, and the operations the
 // control socket and SIGHUP perform on them.
-type daemon struct {
+type Daemon struct {
 	sess    *tunnel.Session
 	log     *zap.Logger
 	stdout  io.Writer // the tunnel lines
@@ -57,16 +71,42 @@ type entry struct {
 	retired  atomic.Bool // closed by the daemon: its end is not a failure
 }
 
-func newDaemon(ctx context.Context, sess *tunnel.Session, cfg *config.Connector, log *zap.Logger, stdout, stderr io.Writer) *daemon {
-	return &daemon{
-		sess: sess, log: log, stdout: stdout, stderr: stderr, started: time.Now(), ctx: ctx,
+// NewDaemon returns the daemon of sess, a session with the edges of cfg, listening on the
+// control socket at socket ("" for none), and printing each tunnel's line to stdout and the
+// end of one it did not ask for to stderr (both safe for concurrent use). ctx ends when the
+// connector stops.
+func NewDaemon(ctx context.Context, sess *tunnel.Session, cfg *config.Connector, socket string, log *zap.Logger, stdout, stderr io.Writer) *Daemon {
+	return &Daemon{
+		sess: sess, log: log, stdout: stdout, stderr: stderr, socket: socket, started: time.Now(), ctx: ctx,
 		cfg: cfg, live: map[string]*entry{}, draining: map[*entry]bool{}, failed: make(chan struct{}, 1),
 	}
 }
 
+// Start registers the tunnel t of the file and prints its line. Its error is the edge's
+// rejection or the session's end (TunnelError says which).
+func (d *Daemon) Start(ctx context.Context, t config.Tunnel) error {
+	e, err := d.register(ctx, t, false)
+	if err != nil {
+		return err
+	}
+	d.insert(e)
+	return nil
+}
+
+// Failed receives a value when a tunnel ended on its own (rejected after a reconnect).
+func (d *Daemon) Failed() <-chan struct{} { return d.failed }
+
+// Reload applies next, a new version of the file, in the background, one at a time with
+// attach and detach (see reload); Wait waits for it.
+func (d *Daemon) Reload(next *config.Connector) { d.wg.Go(func() { d.reload(next) }) }
+
+// Wait waits for the watchers, the background drains and the reloads; the session must be
+// closed (every tunnel ended) or closing.
+func (d *Daemon) Wait() { d.wg.Wait() }
+
 // register registers one tunnel and starts watching it; the caller adds it to live.
-func (d *daemon) register(ctx context.Context, c config.Tunnel, attached bool) (*entry, error) {
-	t, err := d.sess.Forward(ctx, tunnelSpec(c), c.LocalAddr())
+func (d *Daemon) register(ctx context.Context, c config.Tunnel, attached bool) (*entry, error) {
+	t, err := d.sess.Forward(ctx, c.Spec(), c.LocalAddr())
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +119,7 @@ func (d *daemon) register(ctx context.Context, c config.Tunnel, attached bool) (
 }
 
 // watch waits for e's end; one it did not ask for is reported on stderr.
-func (d *daemon) watch(e *entry) {
+func (d *Daemon) watch(e *entry) {
 	<-e.t.Done()
 	if e.retired.Load() {
 		return
@@ -91,7 +131,7 @@ func (d *daemon) watch(e *entry) {
 	d.mu.Unlock()
 	// When the whole session stopped, its error is reported once, by run.
 	if err := e.t.Err(); err != nil && d.sess.Err() == nil {
-		fmt.Fprintln(d.stderr, tunnelError(e.name, err))
+		fmt.Fprintln(d.stderr, TunnelError(e.name, err))
 		select {
 		case d.failed <- struct{}{}:
 		default:
@@ -99,15 +139,15 @@ func (d *daemon) watch(e *entry) {
 	}
 }
 
-// liveCount is the number of tunnels registered or registering.
-func (d *daemon) liveCount() int {
+// LiveCount is the number of tunnels registered or registering.
+func (d *Daemon) LiveCount() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return len(d.live)
 }
 
 // insert makes e the live tunnel of its name and prints its line.
-func (d *daemon) insert(e *entry) {
+func (d *Daemon) insert(e *entry) {
 	d.mu.Lock()
 	d.live[e.name] = e
 	d.mu.Unlock()
@@ -119,7 +159,7 @@ type drainProgress func(left int)
 
 // retire drains e and returns once it has ended: its streams finished, or ctx ended and cut
 // them. progress hears the stream count when it changes.
-func (d *daemon) retire(ctx context.Context, e *entry, progress drainProgress) {
+func (d *Daemon) retire(ctx context.Context, e *entry, progress drainProgress) {
 	e.retired.Store(true)
 	d.mu.Lock()
 	if d.live[e.name] == e {
@@ -174,21 +214,21 @@ func streamsLeft(n int) string {
 }
 
 // logDrain is a drainProgress that logs each count of tunnel name's drain.
-func (d *daemon) logDrain(name string) drainProgress {
+func (d *Daemon) logDrain(name string) drainProgress {
 	return func(n int) {
 		d.log.Info(fmt.Sprintf("draining tunnel %s: %s", name, streamsLeft(n)), zap.String("tunnel", name), zap.Int("streams_left", n))
 	}
 }
 
 // drainTimeout is the bound of one tunnel's drain.
-func (d *daemon) drainTimeout() time.Duration {
+func (d *Daemon) drainTimeout() time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.cfg.DrainTimeout
 }
 
-// shutdown drains every tunnel and closes the session, logging the streams left.
-func (d *daemon) shutdown() {
+// Shutdown drains every tunnel and closes the session, logging the streams left.
+func (d *Daemon) Shutdown() {
 	d.mu.Lock()
 	var all []*entry
 	for _, e := range d.live {
@@ -219,7 +259,7 @@ func (d *daemon) shutdown() {
 var errNoTunnel = errors.New("no such tunnel")
 
 // attach validates c against the tunnels running, registers it and prints its line.
-func (d *daemon) attach(ctx context.Context, c config.Tunnel) (*entry, error) {
+func (d *Daemon) attach(ctx context.Context, c config.Tunnel) (*entry, error) {
 	d.opMu.Lock()
 	defer d.opMu.Unlock()
 	d.mu.Lock()
@@ -238,7 +278,7 @@ func (d *daemon) attach(ctx context.Context, c config.Tunnel) (*entry, error) {
 	}
 	e, err := d.register(ctx, c, true)
 	if err != nil {
-		return nil, errors.New(tunnelError(c.Name, err))
+		return nil, errors.New(TunnelError(c.Name, err))
 	}
 	d.insert(e)
 	d.log.Info("tunnel attached", zap.String("tunnel", c.Name), zap.String("url", e.t.URL()))
@@ -246,7 +286,7 @@ func (d *daemon) attach(ctx context.Context, c config.Tunnel) (*entry, error) {
 }
 
 // detach drains tunnel name and returns once it has ended; progress hears the streams left.
-func (d *daemon) detach(name string, timeout time.Duration, progress drainProgress) (time.Duration, error) {
+func (d *Daemon) detach(name string, timeout time.Duration, progress drainProgress) (time.Duration, error) {
 	d.opMu.Lock()
 	d.mu.Lock()
 	e := d.live[name]
@@ -281,7 +321,7 @@ func (d *daemon) detach(name string, timeout time.Duration, progress drainProgre
 }
 
 // sorted returns the live tunnels in the order they were added; the caller holds mu.
-func (d *daemon) sorted() []*entry {
+func (d *Daemon) sorted() []*entry {
 	out := make([]*entry, 0, len(d.live))
 	for _, e := range d.live {
 		out = append(out, e)
@@ -291,7 +331,7 @@ func (d *daemon) sorted() []*entry {
 }
 
 // status is the daemon's state for `connector status`.
-func (d *daemon) status() statusReply {
+func (d *Daemon) status() StatusReply {
 	d.mu.Lock()
 	live := d.sorted()
 	var draining []*entry
@@ -306,10 +346,10 @@ func (d *daemon) status() statusReply {
 	if addr == edge {
 		addr = ""
 	}
-	st := statusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, EdgeAddr: addr, Servers: servers, Connected: d.sess.Connected(),
-		Reconnects: d.sess.Reconnects(), Started: d.started.UTC().Truncate(time.Second), Tunnels: []tunnelStatus{}}
+	st := StatusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, EdgeAddr: addr, Servers: servers, Connected: d.sess.Connected(),
+		Reconnects: d.sess.Reconnects(), Started: d.started.UTC().Truncate(time.Second), Tunnels: []TunnelStatus{}}
 	add := func(e *entry, draining bool) {
-		ts := tunnelStatus{Name: e.name, Source: "file", Proto: string(e.conf.Proto), URL: e.t.URL(), Port: e.t.Port(),
+		ts := TunnelStatus{Name: e.name, Source: "file", Proto: string(e.conf.Proto), URL: e.t.URL(), Port: e.t.Port(),
 			Group: e.t.Group(), Local: e.conf.LocalAddr(), ID: e.t.ID()}
 		if e.attached {
 			ts.Source = "attach"
@@ -354,7 +394,7 @@ func (d *daemon) status() statusReply {
 // tunnels removed from it drain, changed ones register anew before the old one drains.
 // Settings that need a new session are reported as not applied. It returns the lines
 // it logged, for tests.
-func (d *daemon) reload(next *config.Connector) []string {
+func (d *Daemon) reload(next *config.Connector) []string {
 	d.opMu.Lock()
 	defer d.opMu.Unlock()
 	var lines []string
@@ -428,11 +468,11 @@ func (d *daemon) reload(next *config.Connector) []string {
 		case existed && reflect.DeepEqual(o, t):
 			keep(t) // unchanged (and left alone if it was detached)
 		case e == nil:
-			ctx, cancel := context.WithTimeout(d.ctx, startTimeout)
+			ctx, cancel := context.WithTimeout(d.ctx, StartTimeout)
 			ne, err := d.register(ctx, t, false)
 			cancel()
 			if err != nil {
-				say(d.log.Error, "reload: "+tunnelError(t.Name, err))
+				say(d.log.Error, "reload: "+TunnelError(t.Name, err))
 				if existed {
 					keep(o)
 				}
@@ -466,7 +506,7 @@ func (d *daemon) reload(next *config.Connector) []string {
 }
 
 // retireInBackground drains e with the drain timeout, logging its progress.
-func (d *daemon) retireInBackground(e *entry) {
+func (d *Daemon) retireInBackground(e *entry) {
 	e.retired.Store(true)
 	timeout := d.drainTimeout()
 	d.wg.Go(func() {
@@ -482,8 +522,8 @@ func (d *daemon) retireInBackground(e *entry) {
 // misses this member. When the edge refuses the new registration because of the old one (a
 // solo route held by it, or the session's tunnel limit) the old one drains first. It reports
 // whether c now runs.
-func (d *daemon) replace(e *entry, c config.Tunnel, say func(func(string, ...zap.Field), string, ...zap.Field)) bool {
-	ctx, cancel := context.WithTimeout(d.ctx, startTimeout)
+func (d *Daemon) replace(e *entry, c config.Tunnel, say func(func(string, ...zap.Field), string, ...zap.Field)) bool {
+	ctx, cancel := context.WithTimeout(d.ctx, StartTimeout)
 	defer cancel()
 	ne, err := d.register(ctx, c, false)
 	if err == nil {
@@ -497,18 +537,18 @@ func (d *daemon) replace(e *entry, c config.Tunnel, say func(func(string, ...zap
 	}
 	solo := e.conf.Group == "" && sameRoute(e.conf, c)
 	if !(errors.Is(err, tunnel.ErrInUse) && solo || errors.Is(err, tunnel.ErrKeyMismatch) && solo || errors.Is(err, tunnel.ErrLimit)) {
-		say(d.log.Error, "not applied: "+tunnelError(c.Name, err)+"; the running registration is kept")
+		say(d.log.Error, "not applied: "+TunnelError(c.Name, err)+"; the running registration is kept")
 		return false
 	}
 	say(d.log.Info, "reload: tunnel "+c.Name+" changed; its route is held by the running registration, which drains first")
 	dctx, dcancel := context.WithTimeout(context.Background(), d.drainTimeout())
 	d.retire(dctx, e, d.logDrain(c.Name))
 	dcancel()
-	rctx, rcancel := context.WithTimeout(d.ctx, startTimeout)
+	rctx, rcancel := context.WithTimeout(d.ctx, StartTimeout)
 	defer rcancel()
 	ne, err = d.register(rctx, c, false)
 	if err != nil {
-		say(d.log.Error, "reload: "+tunnelError(c.Name, err)+" (the old registration is gone)")
+		say(d.log.Error, "reload: "+TunnelError(c.Name, err)+" (the old registration is gone)")
 		return false
 	}
 	d.insert(ne)
@@ -527,7 +567,7 @@ func sameRoute(a, b config.Tunnel) bool {
 // waitHealthy waits until e's first health report is healthy; a tunnel without a health
 // check is healthy at once. It gives up (false) at an unhealthy report or when the first
 // probes must have run.
-func (d *daemon) waitHealthy(ctx context.Context, e *entry) bool {
+func (d *Daemon) waitHealthy(ctx context.Context, e *entry) bool {
 	h := e.conf.HealthCheck
 	if h == nil {
 		return true
@@ -598,8 +638,8 @@ func attachTunnel(a *attachSpec) config.Tunnel {
 		t.Name = base + "-" + strconv.Itoa(t.LocalPort)
 	}
 	if h := a.Health; h != nil {
-		hc := &config.HealthCheck{Type: h.Type, Path: h.Path, Interval: 10 * time.Second, Timeout: 3 * time.Second,
-			MaxFailed: 3, Expect2xx: true}
+		hc := &config.HealthCheck{Type: h.Type, Path: h.Path, Interval: health.DefaultInterval, Timeout: health.DefaultTimeout,
+			MaxFailed: health.DefaultMaxFailed, Expect2xx: true}
 		if h.IntervalSecs > 0 {
 			hc.Interval = secs(h.IntervalSecs)
 		}
@@ -618,3 +658,25 @@ func attachTunnel(a *attachSpec) config.Tunnel {
 }
 
 func secs(f float64) time.Duration { return time.Duration(f * float64(time.Second)) }
+
+// tunnelLine is the line printed once a tunnel is registered.
+func tunnelLine(c config.Tunnel, t *tunnel.Tunnel) string {
+	line := fmt.Sprintf("tunnel %s: %s", c.Name, t.URL())
+	if t.Port() != 0 {
+		line += fmt.Sprintf(" (port %d)", t.Port())
+	}
+	line += " -> " + c.LocalAddr()
+	if g := t.Group(); g != "" {
+		line += fmt.Sprintf(" (group %s)", g)
+	}
+	return line
+}
+
+// TunnelError says why the tunnel name failed; a rejection carries the edge's message
+// verbatim.
+func TunnelError(name string, err error) string {
+	if rej, ok := errors.AsType[*tunnel.RejectedError](err); ok {
+		return fmt.Sprintf("tunnel %s rejected: %s", name, rej.Message)
+	}
+	return fmt.Sprintf("tunnel %s: %v", name, err)
+}
