@@ -143,5 +143,5 @@ func TestCustomStrategy(t *testing.T) {
 	require.EqualValues(t, 1, pools.Load(), "one strategy per pool")
 
 	_, err = tunnel.NewServer(tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Strategy: "no-such-name"}})
-	require.ErrorContains(t, err, "unknown strategy", "without NewStrategy the name is still checked")
+	require.ErrorContains(t, err, `LoadBalancing.Strategy: "no-such-name" is not a strategy`, "without NewStrategy the name is still checked")
 }
