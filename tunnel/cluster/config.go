@@ -153,7 +153,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.Replicas > MaxReplicas {
-		add("Replicas", "must be 1 to %d, got %d (0 means 1)", MaxReplicas, c.Replicas)
+		add("Replicas", "must be at most %d (JetStream's limit), got %d", MaxReplicas, c.Replicas)
 	}
 	return errors.Join(errs...)
 }

@@ -33,7 +33,7 @@ func TestConfigValidate(t *testing.T) {
 	require.Equal(t, []string{"NATSURLs", "EdgeID", "Advertise", "Token", "LeaseTTL", "Bucket", "Replicas"}, fieldsOf(t, err), "%v", err)
 	require.ErrorIs(t, err, tunnel.ErrRequired, "a missing setting is required")
 	require.ErrorContains(t, err, `EdgeID: "edge a" may hold only letters, digits, "-" and "_"`)
-	require.ErrorContains(t, err, "Replicas: must be 1 to 5, got 7")
+	require.ErrorContains(t, err, "Replicas: must be at most 5 (JetStream's limit), got 7")
 	require.NotContains(t, err.Error(), "nats_urls", "the library's errors name its fields, not a file's keys")
 
 	_, err = New(Config{Advertise: "127.0.0.1:7443", Token: "edges-secret"})

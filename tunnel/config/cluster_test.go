@@ -144,7 +144,7 @@ timeout_secs = 0
 			{8, "cluster.token", config.ErrInvalid, "is 5 characters long; a token needs at least 16"},
 			{9, "cluster.lease_secs", config.ErrInvalid, "must be at least 300ms, got 100ms"},
 			{10, "cluster.bucket", config.ErrInvalid, `"a.b" may hold only letters`},
-			{11, "cluster.replicas", config.ErrInvalid, "must be 1 to 5, got 7"},
+			{11, "cluster.replicas", config.ErrInvalid, "must be at most 5 (JetStream's limit), got 7"},
 			{12, "cluster.timeout_secs", config.ErrInvalid, "must be greater than 0 seconds, got 0"},
 		}},
 		{"token shared with a connector", head + "[auth]\ntokens = [\"" + clusterToken + "\"]\n[cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\nadvertise = \"127.0.0.1:7443\"\ntoken = \"" + clusterToken + "\"\n",
