@@ -336,7 +336,7 @@ func (b *routeBook) liveIndex() func(r *store.Route) bool {
 // openRouteBook opens the configured store and reads the routes back.
 func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*routeBook, error) {
 	for i := range cfg.Endpoints {
-		if err := cfg.Endpoints[i].validate(cfg.TCPPorts); err != nil {
+		if err := cfg.Endpoints[i].validate(cfg.TCP.Ports); err != nil {
 			return nil, err
 		}
 	}

@@ -58,7 +58,7 @@ func (s *stallingStore) Update(ctx context.Context, key string, fn func(*store.R
 // lock, and every registration and leave of the routes of its shard waited for it.
 func TestSlowRouteWriteHoldsUpNoOtherRoute(t *testing.T) {
 	st := newStallingStore()
-	e := startEdge(t, ServerConfig{Store: st, MaxTunnelsPerSession: 1000, RegisterRate: 10000, RegisterBurst: 10000})
+	e := startEdge(t, ServerConfig{Store: st, Limits: Limits{MaxTunnelsPerSession: 1000, RegisterRate: 10000, RegisterBurst: 10000}})
 	t.Cleanup(st.unstall) // before the edge closes: its Close waits for the queued write
 	b := backend(t, "b")
 	sess := e.connect()
