@@ -482,7 +482,7 @@ func (s *Server) Close() error {
 
 func (s *Server) beginClose() ([]net.Listener, []*http.Server) {
 	s.closeOnce.Do(func() { close(s.done) })
-	s.routes.stopping.Store(true)
+	s.routes.stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closing = true
