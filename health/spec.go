@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 )
 
@@ -118,14 +119,24 @@ func validatePath(p string) error {
 	if p == "" {
 		return fmt.Errorf("%w: Path is required for Type %q", ErrInvalidSpec, TypeHTTP)
 	}
-	if p[0] != '/' {
-		return fmt.Errorf("%w: Path %q must start with \"/\"", ErrInvalidSpec, p)
+	if err := ValidatePath(p); err != nil {
+		return fmt.Errorf("%w: Path %w", ErrInvalidSpec, err)
+	}
+	return nil
+}
+
+// ValidatePath reports why p cannot be the Path of a TypeHTTP probe, in words that follow
+// the path's name (`"healthz" must start with "/"`), or returns nil: a path starts with "/"
+// and holds no space or control character. Spec.Validate applies it.
+func ValidatePath(p string) error {
+	if !strings.HasPrefix(p, "/") {
+		return fmt.Errorf("%q must start with \"/\"", p)
 	}
 	for i := 0; i < len(p); i++ {
 		// A space would end the request target and CR/LF would inject
 		// headers; neither belongs in a path.
 		if c := p[i]; c <= ' ' || c == 0x7f {
-			return fmt.Errorf("%w: Path %q contains a space or control character", ErrInvalidSpec, p)
+			return fmt.Errorf("%q contains a space or control character (escape it, e.g. %%20)", p)
 		}
 	}
 	return nil

@@ -63,7 +63,7 @@ func requireClosedByEdge(t *testing.T, c net.Conn, br *bufio.Reader) {
 // handler to reuse the connection; a chunked body keeps the error of its failed read and was
 // closed at once already.
 func TestDeclaredBodyThatNeverComesIsClosedAfterThe408(t *testing.T) {
-	e := startEdge(t, ServerConfig{RequestBodyTimeout: 300 * time.Millisecond, RequestBodyMinRate: -1})
+	e := startEdge(t, ServerConfig{RequestBody: RequestBodyLimits{Timeout: 300 * time.Millisecond, MinRate: -1}})
 	app := tcpBackend(t, func(c net.Conn) { // reads one request's body
 		if req, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
 			_, _ = io.Copy(io.Discard, req.Body)
@@ -91,7 +91,7 @@ func TestDeclaredBodyThatNeverComesIsClosedAfterThe408(t *testing.T) {
 // reading the upload, or the edge's own 404. Whatever the client sends next is never taken
 // for another request.
 func TestAnswerLeavingTheBodyUnreadClosesTheConnection(t *testing.T) {
-	e := startEdge(t, ServerConfig{RequestBodyTimeout: 300 * time.Millisecond})
+	e := startEdge(t, ServerConfig{RequestBody: RequestBodyLimits{Timeout: 300 * time.Millisecond}})
 	app := tcpBackend(t, func(c net.Conn) { // answers at once, reads no body
 		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
 			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
@@ -120,7 +120,7 @@ func TestAnswerLeavingTheBodyUnreadClosesTheConnection(t *testing.T) {
 // only: no GOAWAY, and the next request on the connection is answered.
 func TestH2AnswerLeavingTheBodyUnreadEndsOnlyItsStream(t *testing.T) {
 	be := protoBackend(t)
-	e := startEdge(t, ServerConfig{PublicH2C: true, RequestBodyTimeout: 300 * time.Millisecond})
+	e := startEdge(t, ServerConfig{Public: PublicHTTP{H2C: true}, RequestBody: RequestBodyLimits{Timeout: 300 * time.Millisecond}})
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(be.URL))
 	require.NoError(t, err)
 	c, fr := h2Frames(t, e.publicAddr)

@@ -52,7 +52,7 @@ func requireBackendsFreed(t *testing.T, live *atomic.Int64) {
 // backend connection open, for yamux's stream close timeout (5 minutes); 200 aborted
 // downloads pinned 1.17 GB at the edge.
 func TestAbortedDownloadsEndTheirBackendConnections(t *testing.T) {
-	e := startEdge(t, ServerConfig{PublicH2C: true})
+	e := startEdge(t, ServerConfig{Public: PublicHTTP{H2C: true}})
 	sess := e.connect()
 	forwarded := &endlessDownloads{}
 	web := httptest.NewServer(forwarded)

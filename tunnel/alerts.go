@@ -12,7 +12,7 @@ import (
 )
 
 // alerter turns group events into group_zero_healthy and group_recovered alerts: a
-// Debouncer (at most one alert per pool per AlertMinInterval) and a Sender with one bounded
+// Debouncer (at most one alert per pool per Alerts.MinInterval) and a Sender with one bounded
 // queue per destination, neither of which ever blocks frame handling or dispatch.
 type alerter struct {
 	srv      *Server
@@ -37,13 +37,13 @@ type alertInfo struct {
 func newAlerter(s *Server) *alerter {
 	a := &alerter{srv: s, results: map[webhook.Result]uint64{}, fired: map[string]uint64{}}
 	a.sender = webhook.NewSender(webhook.SenderConfig{
-		Timeout:      s.cfg.AlertTimeout,
-		AllowPrivate: s.cfg.AllowPrivateAlertWebhooks,
+		Timeout:      s.cfg.Alerts.Timeout,
+		AllowPrivate: s.cfg.Alerts.AllowPrivateWebhooks,
 		Logger:       s.log.Named("alerts"),
 		OnResult:     a.count,
 	})
 	a.debounce = webhook.NewDebouncer(webhook.DebouncerConfig[alertInfo]{
-		MinInterval: s.cfg.AlertMinInterval,
+		MinInterval: s.cfg.Alerts.MinInterval,
 		Fire:        a.fire,
 	})
 	return a
@@ -113,7 +113,7 @@ func (a *alerter) fire(al webhook.Alert[alertInfo]) {
 // send logs and queues one alert.
 func (a *alerter) send(al webhook.Alert[alertInfo], p webhook.Payload) {
 	v := al.Value
-	dests := webhook.Destinations(a.srv.cfg.AlertWebhookURL, v.tenantURLs)
+	dests := webhook.Destinations(a.srv.cfg.Alerts.WebhookURL, v.tenantURLs)
 	msg := "group has no healthy member"
 	if al.Event == webhook.EventGroupRecovered {
 		msg = "group has a healthy member again"

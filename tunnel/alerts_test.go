@@ -98,8 +98,7 @@ func (r *receiver) events() []string {
 // once to the operator and to each unique tenant URL.
 func TestAlertOnEveryFallAndRecovery(t *testing.T) {
 	op, t1, t2 := newReceiver(t), newReceiver(t), newReceiver(t)
-	e := startEdge(t, ServerConfig{LoadBalancing: true, RegionID: "eu", AlertWebhookURL: op.URL, AllowPrivateAlertWebhooks: true,
-		AlertMinInterval: time.Nanosecond})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, RegionID: "eu", Alerts: Alerts{WebhookURL: op.URL, AllowPrivateWebhooks: true, MinInterval: time.Nanosecond}})
 	b := backend(t, "b")
 	var ha, hb, hc switchable
 	for _, m := range []struct {
@@ -160,7 +159,7 @@ func TestAlertOnEveryFallAndRecovery(t *testing.T) {
 
 func TestAlertFiresWhenTheLastHealthyMemberLeaves(t *testing.T) {
 	op := newReceiver(t)
-	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, AlertMinInterval: time.Nanosecond})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, MinInterval: time.Nanosecond}})
 	b := backend(t, "b")
 	sess := e.connect()
 	_, err := sess.Forward(ctxT(t), pool("pool"), hostPort(b.URL))
@@ -202,8 +201,8 @@ func TestAlertFloodFromAFlappingMemberIsOneAlert(t *testing.T) {
 	op, tenant := newReceiver(t), newReceiver(t)
 	var falls atomic.Int32
 	var up atomic.Bool
-	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, AllowPrivateAlertWebhooks: true,
-		AlertMinInterval: time.Hour, Logger: zap.NewNop(),
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, AllowPrivateWebhooks: true, MinInterval: time.Hour},
+		Logger: zap.NewNop(),
 		OnEvent: func(ev group.Event) { // after the alerter has seen the event
 			if ev.Group.Label != "pool" {
 				return
@@ -250,7 +249,7 @@ func TestAlertFloodFromAFlappingMemberIsOneAlert(t *testing.T) {
 func TestAlertRecoveryAndSecondFallInsideTheIntervalAreNotLost(t *testing.T) {
 	op := newReceiver(t)
 	const interval = 300 * time.Millisecond
-	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, AlertMinInterval: interval})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, MinInterval: interval}})
 	b := backend(t, "b")
 	var h switchable
 	spec := pool("pool")
@@ -294,8 +293,7 @@ func TestHangingTenantAlertURLDoesNotSuppressAnotherTenantsAlert(t *testing.T) {
 	op, good := newReceiver(t), newReceiver(t)
 	hanging := newReceiver(t)
 	hanging.hold = make(chan struct{})
-	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, AllowPrivateAlertWebhooks: true,
-		AlertTimeout: time.Minute})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, AllowPrivateWebhooks: true, Timeout: time.Minute}})
 	defer close(hanging.hold) // before the edge closes and waits for the deliveries in flight
 	b := backend(t, "b")
 
@@ -325,7 +323,7 @@ func TestHangingTenantAlertURLDoesNotSuppressAnotherTenantsAlert(t *testing.T) {
 
 func TestPrivateTenantAlertURLsAreRefusedByDefault(t *testing.T) {
 	op, tenant := newReceiver(t), newReceiver(t)
-	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL}})
 	b := backend(t, "b")
 	spec := pool("pool")
 	spec.AlertWebhook = tenant.URL
@@ -349,7 +347,7 @@ func TestSlowAlertReceiverDoesNotDelayDispatch(t *testing.T) {
 	op := newReceiver(t)
 	op.hold = make(chan struct{})
 	defer close(op.hold)
-	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, AlertTimeout: 30 * time.Second})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, Timeout: 30 * time.Second}})
 	b := backend(t, "b")
 	var h switchable
 	spec := pool("pool")

@@ -12,15 +12,25 @@ import (
 
 // MinTokenLength is the fewest characters a token may have: NewStaticTokens refuses shorter
 // connector and tenant tokens, and NewServer a shorter AdminToken. Failed authentications are
-// throttled per source address (ServerConfig.MaxAuthFailuresPerIP), which makes guessing a
+// throttled per source address (ServerConfig.PreAuth.MaxAuthFailuresPerIP), which makes guessing a
 // random token of this length hopeless; a short one could still be found.
 const MinTokenLength = 16
+
+// ValidateToken reports why token cannot authenticate anyone, in words that follow the
+// token's name ("is 7 characters long; a token needs at least 16"), or returns nil. Its
+// only rule is MinTokenLength. The error never holds the token.
+func ValidateToken(token string) error {
+	if n := utf8.RuneCountInString(token); n < MinTokenLength {
+		return fmt.Errorf("is %d characters long; a token needs at least %d", n, MinTokenLength)
+	}
+	return nil
+}
 
 // checkTokenLength refuses a token shorter than MinTokenLength; what names it in the error
 // (the token itself never appears).
 func checkTokenLength(what, token string) error {
-	if n := utf8.RuneCountInString(token); n < MinTokenLength {
-		return fmt.Errorf("tunnel: %s is %d characters long; tokens need at least %d", what, n, MinTokenLength)
+	if err := ValidateToken(token); err != nil {
+		return fmt.Errorf("tunnel: %s %w", what, err)
 	}
 	return nil
 }

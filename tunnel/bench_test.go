@@ -71,7 +71,7 @@ func BenchmarkHTTPLoopback(b *testing.B) {
 // BenchmarkTCPStream measures one TCP stream's throughput through a tunnel (64 KiB writes to a
 // backend that discards), against the same backend directly.
 func BenchmarkTCPStream(b *testing.B) {
-	e := startEdge(b, ServerConfig{Logger: zap.NewNop(), TCPPorts: tcpRange(45000), TCPBindHost: "127.0.0.1"})
+	e := startEdge(b, ServerConfig{Logger: zap.NewNop(), TCP: TCPTunnels{Ports: tcpRange(45000), BindHost: "127.0.0.1"}})
 	sink := tcpBackend(b, func(c net.Conn) { _, _ = io.Copy(io.Discard, c) })
 	tun, err := e.connect(WithLogger(zap.NewNop())).Forward(ctxT(b), TunnelSpec{Proto: ProtoTCP}, sink)
 	require.NoError(b, err)
@@ -97,7 +97,7 @@ func BenchmarkTCPStream(b *testing.B) {
 // connection. Run it with -benchtime 1x in a fresh process: later iterations reuse pooled
 // buffers that the first one allocated.
 func BenchmarkIdleTCPConnMemory(b *testing.B) {
-	e := startEdge(b, ServerConfig{Logger: zap.NewNop(), TCPPorts: tcpRange(45100), TCPBindHost: "127.0.0.1"})
+	e := startEdge(b, ServerConfig{Logger: zap.NewNop(), TCP: TCPTunnels{Ports: tcpRange(45100), BindHost: "127.0.0.1"}})
 	echo := tcpBackend(b, func(c net.Conn) { _, _ = io.Copy(c, c) })
 	tun, err := e.connect(WithLogger(zap.NewNop())).Forward(ctxT(b), TunnelSpec{Proto: ProtoTCP}, echo)
 	require.NoError(b, err)

@@ -118,7 +118,7 @@ func TestChaosSoak(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 42))
 
 	r := &restartableEdge{t: t, control: "127.0.0.1:0", public: "127.0.0.1:0",
-		cfg: ServerConfig{LoadBalancing: true, TCPPorts: tcpRange(44000), TCPBindHost: "127.0.0.1", DrainTimeout: 5 * time.Second}}
+		cfg: ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, TCP: TCPTunnels{Ports: tcpRange(44000), BindHost: "127.0.0.1"}, Timeouts: Timeouts{Drain: 5 * time.Second}}}
 	r.start()
 	var edgeMu sync.RWMutex // held for writing while the edge restarts
 	edge := func() *Server { edgeMu.RLock(); defer edgeMu.RUnlock(); return r.cur }

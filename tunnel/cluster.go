@@ -82,13 +82,13 @@ func (e ClusterEdge) Registry() *group.Registry { return e.s.registry }
 // Logger is the edge's logger.
 func (e ClusterEdge) Logger() *zap.Logger { return e.s.log }
 
-// OpenTimeout is the edge's ServerConfig.OpenTimeout: the deadline of a data stream's open.
-func (e ClusterEdge) OpenTimeout() time.Duration { return e.s.cfg.OpenTimeout }
+// OpenTimeout is the edge's ServerConfig.Timeouts.Open: the deadline of a data stream's open.
+func (e ClusterEdge) OpenTimeout() time.Duration { return e.s.cfg.Timeouts.Open }
 
 // PreAuthLimits are the edge's caps on connections waiting to authenticate, in all and per
-// source address (ServerConfig.MaxPreAuthConns, MaxPreAuthConnsPerIP).
+// source address (ServerConfig.PreAuth.MaxConns, PreAuth.MaxConnsPerIP).
 func (e ClusterEdge) PreAuthLimits() (total, perAddr int) {
-	return e.s.cfg.MaxPreAuthConns, e.s.cfg.MaxPreAuthConnsPerIP
+	return e.s.cfg.PreAuth.MaxConns, e.s.cfg.PreAuth.MaxConnsPerIP
 }
 
 // AuthThrottle is the edge's limiter of failed authentications per source address: a wrong

@@ -45,7 +45,7 @@ func defaultDialOptions() dialOptions {
 		healthyPeriod:  30 * time.Second,
 		localTimeout:   5 * time.Second,
 		acceptTimeout:  5 * time.Second,
-		drainTimeout:   30 * time.Second,
+		drainTimeout:   DefaultDrainTimeout,
 		client:         "warren",
 		attemptTimeout: 30 * time.Second,
 		dial:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -84,7 +84,7 @@ func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, 
 // backend reads slowly. It applies to TCP connections (and TLS over them) as the dialer
 // returns them: a WithDialer that wraps its connections gets a warning and no effect. The
 // edge's side of the same connections, which receives downloads, has
-// ServerConfig.DataReadBuffer.
+// ServerConfig.TCP.DataReadBuffer.
 func WithDataReadBuffer(n int) Option { return func(o *dialOptions) { o.dataReadBuffer = n } }
 
 // WithLogger sets the session's logger (default: none).
@@ -114,7 +114,7 @@ func WithBackoff(min, max time.Duration) Option {
 }
 
 // WithDrainTimeout bounds how long a tunnel's drain (Tunnel.Close, Session.Close) waits for
-// its in-flight requests and connections (default 30 s).
+// its in-flight requests and connections (default DefaultDrainTimeout, 30 s).
 func WithDrainTimeout(d time.Duration) Option {
 	return func(o *dialOptions) {
 		if d > 0 {

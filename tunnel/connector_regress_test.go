@@ -423,7 +423,7 @@ func TestAuthenticatorOutageIsRetriedByTheConnector(t *testing.T) {
 // keeps its one connection (it is not torn down and redialled over a frame it cannot send).
 func TestOverlongSpecFieldsAreInvalidAndKeepTheConnection(t *testing.T) {
 	var logs logBuffer
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	b := backend(t, "b")
 	sess := e.connect(WithLogger(logs.logger()))
 	long := func(n int) string { return strings.Repeat("n", n) }

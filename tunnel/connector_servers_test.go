@@ -28,7 +28,7 @@ func startEdgeOn(t *testing.T, ctl net.Listener, cfg ServerConfig) *testEdge {
 		cfg.Logger = zaptest.NewLogger(t)
 	}
 	pub := listenLoopback(t)
-	cfg.PublicHTTPPort = pub.Addr().(*net.TCPAddr).Port
+	cfg.Public.URLHTTPPort = pub.Addr().(*net.TCPAddr).Port
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)
 	e := &testEdge{Server: srv, t: t, controlAddr: ctl.Addr().String(), publicAddr: pub.Addr().String()}

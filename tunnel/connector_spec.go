@@ -1,7 +1,9 @@
 package tunnel
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/warren-tunnel/warren/group"
@@ -93,62 +95,128 @@ func (sp TunnelSpec) describe() string {
 	return string(sp.Proto) + " " + sp.Subdomain
 }
 
-func (sp *TunnelSpec) normalize(listen bool) error {
-	if sp.Proto == "" {
-		sp.Proto = ProtoHTTP
+// Validate reports the settings of sp that Forward and Listen refuse before anything is
+// sent, each a *FieldError naming the field ("Weight", "Health"; joined when there are
+// several), or returns nil. The edge checks the rest (a subdomain's characters, whether the
+// pool's members agree) and answers Forward with a rejection.
+func (sp TunnelSpec) Validate() error {
+	var errs []error
+	add := func(field, format string, args ...any) { errs = append(errs, fieldErr(field, format, args...)) }
+	proto := sp.Proto
+	if proto == "" {
+		proto = ProtoHTTP
 	}
-	switch sp.Proto {
+	switch proto {
 	case ProtoHTTP, ProtoHTTPS, ProtoTLS:
 		if sp.Subdomain == "" {
-			return fmt.Errorf("tunnel: %w: %s tunnels need a subdomain", ErrInvalid, sp.Proto)
+			add("Subdomain", "%w when the protocol is %q: the public host name is <subdomain>.<domain>", ErrRequired, proto)
 		}
 	case ProtoTCP:
 	default:
-		return fmt.Errorf("tunnel: %w: unknown proto %q (want http, https, tcp or tls)", ErrInvalid, sp.Proto)
+		add("Proto", "%q is not a protocol; use http, https, tcp or tls", sp.Proto)
 	}
-	if (sp.Group == "") != (sp.GroupKey == "") {
-		return fmt.Errorf("tunnel: %w: group and group key go together", ErrInvalid)
+	switch {
+	case sp.Group != "" && sp.GroupKey == "":
+		add("GroupKey", "%w with a group: the members of a pool share this key", ErrRequired)
+	case sp.Group == "" && sp.GroupKey != "":
+		add("Group", "%w with a group key: it names the pool", ErrRequired)
 	}
 	for _, f := range []struct {
 		name, value string
 		max         int
 	}{
-		{"subdomain", sp.Subdomain, wire.MaxLabelLen}, {"name", sp.Name, wire.MaxLabelLen},
-		{"group", sp.Group, wire.MaxGroupLen}, {"alert webhook", sp.AlertWebhook, wire.MaxURLLen},
+		{"Subdomain", sp.Subdomain, wire.MaxLabelLen}, {"Name", sp.Name, wire.MaxLabelLen},
+		{"Group", sp.Group, wire.MaxGroupLen}, {"AlertWebhook", sp.AlertWebhook, wire.MaxURLLen},
 	} {
 		if len(f.value) > f.max {
-			return fmt.Errorf("tunnel: %w: %s is %d bytes, the limit is %d", ErrInvalid, f.name, len(f.value), f.max)
+			add(f.name, "is %d bytes long, the limit is %d", len(f.value), f.max)
 		}
 	}
-	if err := sp.normalizeLB(); err != nil {
-		return err
-	}
+	errs = append(errs, sp.validateLB()...)
 	switch sp.BackendProtocol {
 	case "", wire.BackendHTTP1:
-		sp.BackendProtocol = ""
 	case wire.BackendH2C:
-		if !sp.Proto.IsHTTP() {
-			return fmt.Errorf("tunnel: %w: backend protocol h2c is for http and https tunnels", ErrInvalid)
+		if !proto.IsHTTP() {
+			kind := "TCP"
+			if proto == ProtoTLS {
+				kind = "TLS passthrough"
+			}
+			add("BackendProtocol", "%q is for http and https tunnels; a %s tunnel carries bytes", sp.BackendProtocol, kind)
 		}
 	default:
-		return fmt.Errorf("tunnel: %w: unknown backend protocol %q (want http1 or h2c)", ErrInvalid, sp.BackendProtocol)
+		add("BackendProtocol", "%q is not a backend protocol (want %s or %s)", sp.BackendProtocol, wire.BackendHTTP1, wire.BackendH2C)
+	}
+	if h := sp.Health; h != nil {
+		spec := h.WithDefaults()
+		switch err := spec.Validate(); {
+		case err != nil:
+			errs = append(errs, &FieldError{Field: "Health", Err: err})
+		case len(spec.Path) > wire.MaxURLLen:
+			add("Health.Path", "is longer than %d bytes", wire.MaxURLLen)
+		case proto == ProtoTLS && spec.Type == health.TypeHTTP:
+			add("Health.Type", "%q sends plain HTTP, which the TLS service of a tls tunnel cannot answer; use tcp", spec.Type)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validateLB checks the load-balancing settings as the edge will, so that a mistake is
+// reported before anything is sent.
+func (sp TunnelSpec) validateLB() []error {
+	var errs []error
+	add := func(field, format string, args ...any) { errs = append(errs, fieldErr(field, format, args...)) }
+	if sp.Weight < 0 || sp.Weight > group.MaxWeight {
+		add("Weight", "%d is out of range 1-%d (0 means 1)", sp.Weight, group.MaxWeight)
+	}
+	if sp.Priority < 0 || sp.Priority > group.MaxPriority {
+		add("Priority", "%d is out of range 0-%d (0 is the first tier)", sp.Priority, group.MaxPriority)
+	}
+	if sp.SlowStart < 0 || sp.SlowStart > group.MaxSlowStart {
+		add("SlowStart", "%s is out of range 0-%s", sp.SlowStart, group.MaxSlowStart)
+	}
+	switch {
+	case len(sp.PreviousGroupKeys) > 0 && sp.Group == "":
+		add("PreviousGroupKeys", "needs a group and its key: previous keys rotate a pool's key")
+	case len(sp.PreviousGroupKeys) > wire.MaxPrevKeys:
+		add("PreviousGroupKeys", "holds %d keys; at most %d", len(sp.PreviousGroupKeys), wire.MaxPrevKeys)
+	case slices.Contains(sp.PreviousGroupKeys, ""):
+		add("PreviousGroupKeys", "must not hold an empty key")
+	}
+	if a, err := group.ParseAffinity(sp.Affinity); err != nil {
+		errs = append(errs, &FieldError{Field: "Affinity", Err: err})
+	} else if sp.Proto.PerConnection() && a != "" && a != group.AffinityClientIP {
+		what := "a TCP pool"
+		if sp.Proto == ProtoTLS {
+			what = "a TLS passthrough pool (no HTTP is seen)"
+		}
+		add("Affinity", "%q is for HTTP tunnels; %s takes client_ip", sp.Affinity, what)
+	}
+	return errs
+}
+
+func (sp *TunnelSpec) normalize(listen bool) error {
+	if err := sp.Validate(); err != nil {
+		return fmt.Errorf("tunnel: %w: %w", ErrInvalid, err)
+	}
+	if sp.Proto == "" {
+		sp.Proto = ProtoHTTP
+	}
+	sp.Affinity, _ = group.ParseAffinity(sp.Affinity)
+	switch sp.BackendProtocol {
+	case wire.BackendHTTP1:
+		sp.BackendProtocol = ""
 	}
 	if sp.GroupKey != "" {
 		sp.keyHash, sp.GroupKey = group.HashKey(sp.GroupKey).String(), "" // the raw key is not kept
 	}
+	for _, k := range sp.PreviousGroupKeys {
+		sp.prevKeyHashes = append(sp.prevKeyHashes, group.HashKey(k).String())
+	}
+	sp.PreviousGroupKeys = nil // the raw keys are not kept
 	if h := sp.Health; h != nil {
 		spec := h.WithDefaults()
-		if err := spec.Validate(); err != nil {
-			return fmt.Errorf("tunnel: %w: health check: %v", ErrInvalid, err)
-		}
-		if len(spec.Path) > wire.MaxURLLen {
-			return fmt.Errorf("tunnel: %w: health check path is longer than %d bytes", ErrInvalid, wire.MaxURLLen)
-		}
 		if listen && spec.Type != health.TypeFunc {
 			return fmt.Errorf("tunnel: %w: a Listen tunnel has no local address to probe; use a health.TypeFunc check", ErrInvalid)
-		}
-		if sp.Proto == ProtoTLS && spec.Type == health.TypeHTTP {
-			return fmt.Errorf("tunnel: %w: a tls tunnel's target speaks TLS, which an http probe (plain HTTP) cannot; use a tcp check", ErrInvalid)
 		}
 		sp.Health = &spec
 	}
@@ -174,43 +242,4 @@ func (sp TunnelSpec) register(req uint32) *wire.Register {
 		m.LB = &lb
 	}
 	return m
-}
-
-// normalizeLB checks the load-balancing settings as the edge will, so that a mistake is
-// reported before anything is sent.
-func (sp *TunnelSpec) normalizeLB() error {
-	switch {
-	case sp.Weight < 0 || sp.Weight > group.MaxWeight:
-		return fmt.Errorf("tunnel: %w: weight %d is out of range (1 to %d)", ErrInvalid, sp.Weight, group.MaxWeight)
-	case sp.Priority < 0 || sp.Priority > group.MaxPriority:
-		return fmt.Errorf("tunnel: %w: priority %d is out of range (0 to %d)", ErrInvalid, sp.Priority, group.MaxPriority)
-	case sp.SlowStart < 0 || sp.SlowStart > group.MaxSlowStart:
-		return fmt.Errorf("tunnel: %w: slow start %s is out of range (0 to %s)", ErrInvalid, sp.SlowStart, group.MaxSlowStart)
-	case len(sp.PreviousGroupKeys) > wire.MaxPrevKeys:
-		return fmt.Errorf("tunnel: %w: %d previous group keys, at most %d", ErrInvalid, len(sp.PreviousGroupKeys), wire.MaxPrevKeys)
-	case len(sp.PreviousGroupKeys) > 0 && sp.Group == "":
-		return fmt.Errorf("tunnel: %w: previous group keys need a group", ErrInvalid)
-	}
-	a, err := group.ParseAffinity(sp.Affinity)
-	if err != nil {
-		return fmt.Errorf("tunnel: %w: %v", ErrInvalid, err)
-	}
-	if sp.Proto.PerConnection() && a != "" && a != group.AffinityClientIP {
-		what := "a TCP pool"
-		if sp.Proto == ProtoTLS {
-			what = "a TLS passthrough pool"
-		}
-		return fmt.Errorf("tunnel: %w: affinity %s is for HTTP; %s takes client_ip", ErrInvalid, a, what)
-	}
-	sp.Affinity = a
-	if sp.prevKeyHashes == nil && len(sp.PreviousGroupKeys) > 0 {
-		for _, k := range sp.PreviousGroupKeys {
-			if k == "" {
-				return fmt.Errorf("tunnel: %w: a previous group key is empty", ErrInvalid)
-			}
-			sp.prevKeyHashes = append(sp.prevKeyHashes, group.HashKey(k).String())
-		}
-		sp.PreviousGroupKeys = nil // the raw keys are not kept
-	}
-	return nil
 }

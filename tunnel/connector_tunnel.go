@@ -61,7 +61,7 @@ func (h *Tunnel) Health() TunnelHealth { h.t.mu.Lock(); defer h.t.mu.Unlock(); r
 // (or waits for it, at most the local timeout) until the application closes the net.Conn.
 // The edge keeps an HTTP tunnel's streams open between requests, for keep-alive, so idle
 // ones count too until they are closed: by the local server, by the edge (one idle for
-// longer than ServerConfig.IdleStreamTimeout, when it next picks a stream or at its
+// longer than ServerConfig.Timeouts.IdleStream, when it next picks a stream or at its
 // periodic sweep), or by a drain. It is exact on every system and costs two atomic adds per
 // stream.
 func (h *Tunnel) ActiveStreams() int { return int(h.t.streams.Load()) }

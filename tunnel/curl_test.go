@@ -12,7 +12,7 @@ import (
 )
 
 // TestCurlSpeaksHTTP2ToTheEdge: curl, a client the edge did not write, negotiates HTTP/2 by
-// ALPN on the public HTTPS port and with prior knowledge on the HTTP port (PublicH2C), and
+// ALPN on the public HTTPS port and with prior knowledge on the HTTP port (Public.H2C), and
 // gets the member's answer. Skipped when curl is not installed or has no HTTP/2.
 func TestCurlSpeaksHTTP2ToTheEdge(t *testing.T) {
 	curl, err := exec.LookPath("curl")
@@ -23,7 +23,7 @@ func TestCurlSpeaksHTTP2ToTheEdge(t *testing.T) {
 		t.Skip("this curl has no HTTP/2")
 	}
 	pki := newTestPKI(t)
-	e, httpsAddr := startTLSEdge(t, pki, ServerConfig{PublicH2C: true})
+	e, httpsAddr := startTLSEdge(t, pki, ServerConfig{Public: PublicHTTP{H2C: true}})
 	_, err = e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(backend(t, "A").URL))
 	require.NoError(t, err)
 

@@ -50,7 +50,7 @@ func withRcvbuf(t *testing.T, conns []*net.TCPConn, want int) int {
 	return n
 }
 
-// TestDataReadBuffer: ServerConfig.DataReadBuffer and WithDataReadBuffer fix the receive
+// TestDataReadBuffer: ServerConfig.TCP.DataReadBuffer and WithDataReadBuffer fix the receive
 // buffer of the data connections at their two ends (the kernel reports twice the size asked
 // for) and raise their window limit to it, and touch nothing else: the control connection
 // keeps the kernel's own. The connector's end of a data connection carrying an upload to a
@@ -59,8 +59,7 @@ func TestDataReadBuffer(t *testing.T) {
 	// Above the 64 KiB window a connection sets up with, below a stock net.core.rmem_max
 	// (208 KiB) once doubled.
 	const edgeBuf, connBuf = 80000, 96000
-	srv, err := NewServer(ServerConfig{Domain: testDomain, Logger: zaptest.NewLogger(t), TCPPorts: tcpRange(44150), TCPBindHost: "127.0.0.1",
-		DataReadBuffer: edgeBuf})
+	srv, err := NewServer(ServerConfig{Domain: testDomain, Logger: zaptest.NewLogger(t), TCP: TCPTunnels{Ports: tcpRange(44150), BindHost: "127.0.0.1", DataReadBuffer: edgeBuf}})
 	require.NoError(t, err)
 	l := &recordingListener{Listener: listenLoopback(t)}
 	served := make(chan error, 1)

@@ -147,7 +147,7 @@ func (c *firstByteConn) Write(p []byte) (int, error) {
 // exact both ways with the half-close carried; the active-stream counts are right while it
 // is open and after; and the pool refills.
 func TestDataConnCarriesTCP(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43700), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43700), BindHost: "127.0.0.1"}})
 	sess := e.connect()
 	tun, err := sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, tcpBackend(t, digestBackend))
 	require.NoError(t, err)
@@ -186,7 +186,7 @@ func TestDataConnCarriesTCP(t *testing.T) {
 //
 // A second case kills every socket at once.
 func TestDataConnConnectorDeathResets(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43750), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43750), BindHost: "127.0.0.1"}})
 	d := &sockDialer{}
 	sess := e.connect(WithDialer(d.dial))
 	endless, err := sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, tcpBackend(t, func(c net.Conn) { streamForever(c) }))
@@ -213,7 +213,7 @@ func TestDataConnConnectorDeathResets(t *testing.T) {
 	require.ErrorIs(t, err, syscall.ECONNRESET, "%d more bytes, then a clean end instead of a reset", n)
 
 	// All at once, on a second edge.
-	e = startEdge(t, ServerConfig{TCPPorts: tcpRange(44050), TCPBindHost: "127.0.0.1"})
+	e = startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(44050), BindHost: "127.0.0.1"}})
 	d = &sockDialer{}
 	sess = e.connect(WithDialer(d.dial))
 	endless, err = sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, tcpBackend(t, func(c net.Conn) { streamForever(c) }))
@@ -234,7 +234,7 @@ func TestDataConnConnectorDeathResets(t *testing.T) {
 // when used, before any acknowledgement: the connection goes to the same member over a
 // yamux stream.
 func TestDataConnDeadInThePoolFallsBackToAStream(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43780), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43780), BindHost: "127.0.0.1"}})
 	d := &sockDialer{}
 	sess := e.connect(WithDialer(d.dial))
 	tun, err := sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, tcpBackend(t, digestBackend))
@@ -259,7 +259,7 @@ func TestDataConnDeadInThePoolFallsBackToAStream(t *testing.T) {
 // envelope on its data connection with a refusal; the connection goes to the other member,
 // and the refusing member's data connection stays in its pool for the next one.
 func TestDataConnRefusalRetriesAnotherMember(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43800), TCPBindHost: "127.0.0.1", LoadBalancing: true, Strategy: "random"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43800), BindHost: "127.0.0.1"}, LoadBalancing: LoadBalancing{Enabled: true, Strategy: "random"}})
 	l := listenLoopback(t)
 	closed := l.Addr().String()
 	require.NoError(t, l.Close())
@@ -284,7 +284,7 @@ func TestDataConnRefusalRetriesAnotherMember(t *testing.T) {
 // at and its data connections go on working. A connection that is neither (garbage) is
 // refused as a control connection, as before.
 func TestDataConnForgedPreambles(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43850), TCPBindHost: "127.0.0.1", HelloTimeout: 300 * time.Millisecond})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43850), BindHost: "127.0.0.1"}, PreAuth: PreAuthLimits{HelloTimeout: 300 * time.Millisecond}})
 	sess := e.connect()
 	tun, err := sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, tcpBackend(t, digestBackend))
 	require.NoError(t, err)
@@ -346,7 +346,7 @@ func TestDataConnForgedPreambles(t *testing.T) {
 // one opens them when a TCP tunnel registers, and they are closed (and not replaced) when
 // it goes.
 func TestDataConnOnlyWithTCPTunnels(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43900), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43900), BindHost: "127.0.0.1"}})
 	d := &sockDialer{}
 	sess := e.connect(WithDialer(d.dial))
 	web := backend(t, "web")
@@ -374,7 +374,7 @@ func TestDataConnOnlyWithTCPTunnels(t *testing.T) {
 // to: its connections go over yamux streams, in a session whose Forward TCP tunnel uses
 // data connections.
 func TestDataConnListenTunnelUsesStreams(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43950), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43950), BindHost: "127.0.0.1"}})
 	sess := e.connect()
 	_, err := sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, tcpBackend(t, digestBackend))
 	require.NoError(t, err)
@@ -405,7 +405,7 @@ func TestDataConnListenTunnelUsesStreams(t *testing.T) {
 // and TCP connections go over them.
 func TestDataConnTLS(t *testing.T) {
 	pki := newTestPKI(t)
-	srv, err := NewServer(ServerConfig{Domain: testDomain, Logger: zaptest.NewLogger(t), TCPPorts: tcpRange(44000), TCPBindHost: "127.0.0.1",
+	srv, err := NewServer(ServerConfig{Domain: testDomain, Logger: zaptest.NewLogger(t), TCP: TCPTunnels{Ports: tcpRange(44000), BindHost: "127.0.0.1"},
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{pki.server}, MinVersion: tls.VersionTLS12}})
 	require.NoError(t, err)
 	l := listenLoopback(t)
@@ -437,7 +437,7 @@ func TestDataConnTLS(t *testing.T) {
 // nothing yet (its first byte decides what it is) does not hold up the server's Close until
 // its Hello timeout.
 func TestDataConnSniffDoesNotHoldClose(t *testing.T) {
-	e := startEdge(t, ServerConfig{HelloTimeout: time.Minute})
+	e := startEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: time.Minute}})
 	silent, err := net.Dial("tcp", e.controlAddr)
 	require.NoError(t, err)
 	defer silent.Close()

@@ -15,24 +15,24 @@ import (
 const maxUnreadBodyLinger = 5 * time.Second
 
 // adminReadTimeoutFactor sets the admin listener's limit on a whole request, body included,
-// from ServerConfig.ReadHeaderTimeout: twice it, as Caddy's admin endpoint (5 s for the head,
+// from ServerConfig.Public.ReadHeaderTimeout: twice it, as Caddy's admin endpoint (5 s for the head,
 // 10 s for the request). No admin endpoint reads a body, so a body there has no business
 // being slow; a public upload may take long and is bounded by publicBody's own deadlines
-// instead (RequestBodyTimeout, RequestBodyMinRate).
+// instead (RequestBody.Timeout, RequestBody.MinRate).
 const adminReadTimeoutFactor = 2
 
 // unreadBodyLinger is how long the edge reads the rest of a body an answer abandoned: as
-// long as it waits for a body (RequestBodyTimeout), and at most maxUnreadBodyLinger.
+// long as it waits for a body (RequestBody.Timeout), and at most maxUnreadBodyLinger.
 func (c *ServerConfig) unreadBodyLinger() time.Duration {
-	if c.RequestBodyTimeout > 0 {
-		return min(c.RequestBodyTimeout, maxUnreadBodyLinger)
+	if c.RequestBody.Timeout > 0 {
+		return min(c.RequestBody.Timeout, maxUnreadBodyLinger)
 	}
 	return maxUnreadBodyLinger
 }
 
 // adminReadTimeout bounds a whole admin request, head and body (adminReadTimeoutFactor).
 func (c *ServerConfig) adminReadTimeout() time.Duration {
-	return adminReadTimeoutFactor * c.ReadHeaderTimeout
+	return adminReadTimeoutFactor * c.Public.ReadHeaderTimeout
 }
 
 // closeAfterAbandonedBody serves h, and closes an HTTP/1.x connection after an answer that

@@ -39,7 +39,7 @@ import (
 type edgeData struct {
 	stats proxy.DataStats
 	// capped is set once a data connection got a smaller receive buffer than
-	// ServerConfig.DataReadBuffer asked for (net.core.rmem_max), which is logged once.
+	// ServerConfig.TCP.DataReadBuffer asked for (net.core.rmem_max), which is logged once.
 	capped atomic.Bool
 	// closing ends when the server begins to close (Shutdown or Close): it cuts the
 	// connections still being sniffed or read their preamble, which belong to no session
@@ -191,7 +191,7 @@ func (s *Server) serveData(c net.Conn, slot *throttle.Slot, deadline time.Time) 
 		return refuse(&s.data.stats.Unwanted, "answering the preamble", err)
 	}
 	_ = c.SetDeadline(time.Time{})
-	if n := s.cfg.DataReadBuffer; n > 0 {
+	if n := s.cfg.TCP.DataReadBuffer; n > 0 {
 		if got := proxy.SetDataReadBuffer(c, n); got < n && !s.data.capped.Swap(true) {
 			s.log.Warn("data_read_buffer is capped by the kernel (net.core.rmem_max): data connections get a smaller fixed receive buffer than asked for, possibly smaller than what autotuning would reach; raise net.core.rmem_max or unset data_read_buffer",
 				zap.Int("asked", n), zap.Int("granted", got))

@@ -1,7 +1,7 @@
 package tunnel
 
 import (
-	"fmt"
+	"errors"
 	"net/netip"
 	"time"
 
@@ -23,7 +23,7 @@ type Endpoint struct {
 	// share the subdomain's route) or ProtoTCP. ProtoHTTPS and ProtoTLS are accepted and
 	// shown by the admin API; the route and the policy are the subdomain's either way.
 	Proto Proto
-	// Port is the TCP endpoint's public port, inside ServerConfig.TCPPorts.
+	// Port is the TCP endpoint's public port, inside ServerConfig.TCP.Ports.
 	Port int
 	// Tenant owns the endpoint ("" is the tenant of connector tokens that belong to none).
 	Tenant string
@@ -52,8 +52,9 @@ type Policy struct {
 }
 
 // TenantLimits caps what one tenant may hold on the edge; 0 means no cap (in
-// ServerConfig.TenantLimits: the ServerConfig.Limits value, and a negative value lifts the
-// cap for that tenant). Connector tokens that belong to no tenant count as one tenant.
+// ServerConfig.Limits.PerTenant: the ServerConfig.Limits.Tenant value, and a negative value
+// lifts the cap for that tenant). Connector tokens that belong to no tenant count as one
+// tenant.
 //
 // Each cap is checked when something new is asked for (a session's Hello, a registration, a
 // new event stream), against the limits in force then: Server.Reload can change them, and a
@@ -105,38 +106,47 @@ func (ep *Endpoint) route() *store.Route {
 	return r
 }
 
-// validate checks an endpoint against the edge's settings.
+// validate checks an endpoint against the edge's settings. Its error is a *FieldError per
+// field it refuses, naming the endpoint's field, joined.
 func (ep *Endpoint) validate(ports group.PortRange) error {
+	var errs []error
+	add := func(field, format string, args ...any) { errs = append(errs, fieldErr(field, format, args...)) }
 	switch ep.Proto {
 	case "", ProtoHTTP, ProtoHTTPS, ProtoTLS:
 		if err := group.ValidateSubdomain(ep.Subdomain); err != nil {
-			return fmt.Errorf("tunnel: endpoint subdomain: %v", err)
+			errs = append(errs, &FieldError{Field: "Subdomain", Err: err})
 		}
 		if ep.Port != 0 {
-			return fmt.Errorf("tunnel: endpoint %q: a port is for TCP endpoints", ep.Subdomain)
+			add("Port", "a port is for TCP endpoints (Proto %q)", ProtoTCP)
 		}
 	case ProtoTCP:
 		var zero group.KeyHash
 		if ep.Subdomain != "" {
-			return fmt.Errorf("tunnel: TCP endpoint %q: a subdomain is for HTTP endpoints", ep.Group)
+			add("Subdomain", "a subdomain is for HTTP endpoints; a TCP endpoint is a group and a port")
 		}
 		if ep.Port < ports.Lo || ep.Port > ports.Hi || ep.Port == 0 {
-			return fmt.Errorf("tunnel: TCP endpoint %q: port %d is outside the TCP port range %d-%d", ep.Group, ep.Port, ports.Lo, ports.Hi)
+			add("Port", "port %d is outside the TCP port range %d-%d", ep.Port, ports.Lo, ports.Hi)
 		}
 		if ep.KeyHash == zero {
-			return fmt.Errorf("tunnel: TCP endpoint %q: a key hash is required (a TCP pool is its name and key)", ep.Group)
+			add("KeyHash", "%w for a TCP endpoint: a TCP pool is its name and key", ErrRequired)
 		}
 	default:
-		return fmt.Errorf("tunnel: endpoint: unknown proto %q", ep.Proto)
+		add("Proto", "%q is not an endpoint protocol; use %q, %q, %q or %q", ep.Proto, ProtoHTTP, ProtoHTTPS, ProtoTLS, ProtoTCP)
 	}
 	if ep.Group == "" {
-		return fmt.Errorf("tunnel: endpoint %q: a group name is required", ep.label())
+		add("Group", "%w: the pool's name", ErrRequired)
 	}
 	p := ep.Policy
-	if p.RateLimit < 0 || p.RateBurst < 0 || p.MaxConcurrent < 0 {
-		return fmt.Errorf("tunnel: endpoint %q: policy limits must not be negative", ep.label())
+	if p.RateLimit < 0 {
+		add("Policy.RateLimit", "must be 0 (no limit) or more, got %g", p.RateLimit)
 	}
-	return nil
+	if p.RateBurst < 0 {
+		add("Policy.RateBurst", "must be 0 (RateLimit rounded up) or more, got %d", p.RateBurst)
+	}
+	if p.MaxConcurrent < 0 {
+		add("Policy.MaxConcurrent", "must be 0 (no cap) or more, got %d", p.MaxConcurrent)
+	}
+	return errors.Join(errs...)
 }
 
 // defaultRouteTTL is how long a route's claim outlives its last member.

@@ -11,7 +11,7 @@ import (
 )
 
 // The edge's HTTP/2 servers are net/http's own (h2 by ALPN on the HTTPS listener, h2c with
-// PublicH2C). The edge changes two things of them, on every connection:
+// Public.H2C). The edge changes two things of them, on every connection:
 //
 //   - It never advertises extended CONNECT (RFC 8441, SETTINGS_ENABLE_CONNECT_PROTOCOL).
 //     net/http's server advertises it when the process's GODEBUG holds http2xconnect=1,

@@ -17,7 +17,7 @@ import (
 )
 
 // idleSweepInterval is how often the edge closes pooled streams idle for longer than
-// ServerConfig.IdleStreamTimeout and lets the others drop their buffers.
+// ServerConfig.Timeouts.IdleStream and lets the others drop their buffers.
 const idleSweepInterval = 30 * time.Second
 
 // proxyConfig is the data path's share of the configuration (package internal/proxy);
@@ -26,27 +26,27 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 	return proxy.Config{
 		Domain:              c.Domain,
 		Logger:              c.Logger,
-		OpenTimeout:         c.OpenTimeout,
-		IdleStreamTimeout:   c.IdleStreamTimeout,
-		RequestBodyMaxBytes: c.RequestBodyMaxBytes,
-		RetryUnreadRequests: c.RetryUnreadRequests,
-		TrustedProxies:      c.TrustedProxies,
-		TCPBindHost:         c.TCPBindHost,
-		ListenTCP:           c.ListenTCP,
+		OpenTimeout:         c.Timeouts.Open,
+		IdleStreamTimeout:   c.Timeouts.IdleStream,
+		RequestBodyMaxBytes: c.RequestBody.MaxBytes,
+		RetryUnreadRequests: c.LoadBalancing.RetryUnreadRequests,
+		TrustedProxies:      c.Public.TrustedProxies,
+		TCPBindHost:         c.TCP.BindHost,
+		ListenTCP:           c.TCP.Listen,
 
 		// HTTP/2 header blocks are decoded up to h2HeaderBlockBytes (edge_h2.go): the
 		// proxy answers those over MaxHeaderBytes.
-		MaxHeaderBytes: c.MaxHeaderBytes,
+		MaxHeaderBytes: c.Public.MaxHeaderBytes,
 
 		// Negative (no limit) is zero to the proxy.
-		RequestBodyTimeout:      max(c.RequestBodyTimeout, 0),
-		RequestBodyMinRate:      max(c.RequestBodyMinRate, 0),
-		RequestBodyMinRateGrace: c.RequestBodyMinRateGrace,
+		RequestBodyTimeout:      max(c.RequestBody.Timeout, 0),
+		RequestBodyMinRate:      max(c.RequestBody.MinRate, 0),
+		RequestBodyMinRateGrace: c.RequestBody.MinRateGrace,
 
-		ResponseStallTimeout:  max(c.ResponseStallTimeout, 0),
-		StalledBytesPerConn:   max(c.MaxStalledResponseBytesPerConn, 0),
-		StalledBytesPerClient: max(c.MaxStalledResponseBytesPerIP, 0),
-		StalledBytes:          max(c.MaxStalledResponseBytes, 0),
+		ResponseStallTimeout:  max(c.StalledResponses.Timeout, 0),
+		StalledBytesPerConn:   max(c.StalledResponses.MaxBytesPerConn, 0),
+		StalledBytesPerClient: max(c.StalledResponses.MaxBytesPerIP, 0),
+		StalledBytes:          max(c.StalledResponses.MaxBytes, 0),
 	}
 }
 
@@ -61,7 +61,7 @@ func (s *Server) Handler() http.Handler { return s.ingress.GuardTLSRoutes() }
 
 // HTTP/2 limits of the public listeners: what one client connection may hold of the edge.
 // Header sizes, the idle timeout and the TLS handshake's timeout are those of HTTP/1.1
-// (ServerConfig.MaxHeaderBytes, IdleTimeout, ReadHeaderTimeout).
+// (ServerConfig.Public.MaxHeaderBytes, IdleTimeout, ReadHeaderTimeout).
 const (
 	// publicH2MaxStreams is the requests one HTTP/2 connection may have in flight; a client
 	// opening more gets them refused (RST_STREAM REFUSED_STREAM).
@@ -81,19 +81,19 @@ const (
 
 // ServePublic serves public HTTP on l until Shutdown or Close, and returns ErrServerClosed
 // then. The public server has read-header and idle timeouts and a header size limit, so a
-// slow client cannot hold others. With ServerConfig.PublicH2C it also serves HTTP/2 with
+// slow client cannot hold others. With ServerConfig.Public.H2C it also serves HTTP/2 with
 // prior knowledge (h2c); without it, such a client is refused with an HTTP/2 GOAWAY
 // (HTTP_1_1_REQUIRED).
 func (s *Server) ServePublic(l net.Listener) error {
 	s.httpPort.CompareAndSwap(0, int32(portOf(l.Addr())))
 	var p http.Protocols
 	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(s.cfg.PublicH2C)
+	p.SetUnencryptedHTTP2(s.cfg.Public.H2C)
 	return s.serveHTTP(l, s.Handler(), &p, 0, true)
 }
 
 // ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig, offering HTTP/2 ("h2"
-// in ALPN) unless ServerConfig.DisablePublicHTTP2: each handshake adds "h2" and "http/1.1",
+// in ALPN) unless ServerConfig.Public.DisableHTTP2: each handshake adds "h2" and "http/1.1",
 // where missing, to a copy of the configuration it uses (the one TLSConfig.GetConfigForClient
 // returns, or TLSConfig itself, as it is then: keys rotated with SetSessionTicketKeys take
 // effect at once).
@@ -101,7 +101,7 @@ func (s *Server) ServePublic(l net.Listener) error {
 // It also carries the TLS passthrough tunnels (ProtoTLS): each connection's ClientHello is
 // read first, reassembled from as many TLS records as the client spread it over (a
 // ClientHello of at most 16 KiB, at most 20 KiB read, within
-// ServerConfig.ReadHeaderTimeout; a client that sends none in time is closed), and a
+// ServerConfig.Public.ReadHeaderTimeout; a client that sends none in time is closed), and a
 // connection whose server name is <subdomain>.<Domain> of a tls pool goes, still encrypted
 // and its records unchanged, to one of its members, as a TCP connection would. Every other
 // connection is served here as if nothing had been read: TLS terminated with TLSConfig,
@@ -115,11 +115,11 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	cfg := s.refusePassthroughNames(s.cfg.TLSConfig)
-	if !s.cfg.DisablePublicHTTP2 {
+	if !s.cfg.Public.DisableHTTP2 {
 		p.SetHTTP2(true)
 		cfg = withALPN(cfg, "h2", "http/1.1")
 	}
-	pl := s.ingress.PassthroughListener(l, proxy.PassthroughOptions{HelloTimeout: s.cfg.ReadHeaderTimeout, Go: s.spawn})
+	pl := s.ingress.PassthroughListener(l, proxy.PassthroughOptions{HelloTimeout: s.cfg.Public.ReadHeaderTimeout, Go: s.spawn})
 	return s.serveHTTP(tls.NewListener(pl, cfg), s.Handler(), &p, 0, true)
 }
 
@@ -199,10 +199,10 @@ func withALPN(cfg *tls.Config, protos ...string) *tls.Config {
 func (s *Server) serveHTTP(l net.Listener, h http.Handler, protos *http.Protocols, readTimeout time.Duration, public bool) error {
 	hs := &http.Server{
 		Handler:           closeAfterAbandonedBody(h, s.cfg.unreadBodyLinger()),
-		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		ReadHeaderTimeout: s.cfg.Public.ReadHeaderTimeout,
 		ReadTimeout:       readTimeout,
-		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
+		IdleTimeout:       s.cfg.Public.IdleTimeout,
+		MaxHeaderBytes:    s.cfg.Public.MaxHeaderBytes,
 		ErrorLog:          zap.NewStdLog(s.log.Named("http")),
 		ConnState:         s.publicConns.track,
 		Protocols:         protos,
@@ -216,7 +216,7 @@ func (s *Server) serveHTTP(l net.Listener, h http.Handler, protos *http.Protocol
 	}
 	h2HeaderBytes := 0
 	if public {
-		h2HeaderBytes = h2HeaderBlockBytes(s.cfg.MaxHeaderBytes)
+		h2HeaderBytes = h2HeaderBlockBytes(s.cfg.Public.MaxHeaderBytes)
 	}
 	setupHTTP2(hs, h2HeaderBytes)
 	s.mu.Lock()

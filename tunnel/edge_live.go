@@ -21,17 +21,17 @@ import (
 // live event stream opens (MaxEventStreams): what a new value caps is what comes next;
 // nothing already held is taken back.
 type liveLimits struct {
-	def           TenantLimits            // ServerConfig.Limits
-	tenants       map[string]TenantLimits // ServerConfig.TenantLimits; never written
-	perSession    int                     // ServerConfig.MaxTunnelsPerSession
-	registerRate  float64                 // ServerConfig.RegisterRate, per new session
-	registerBurst int                     // ServerConfig.RegisterBurst, per new session
+	def           TenantLimits            // ServerConfig.Limits.Tenant
+	tenants       map[string]TenantLimits // ServerConfig.Limits.PerTenant; never written
+	perSession    int                     // ServerConfig.Limits.MaxTunnelsPerSession
+	registerRate  float64                 // ServerConfig.Limits.RegisterRate, per new session
+	registerBurst int                     // ServerConfig.Limits.RegisterBurst, per new session
 }
 
 // newLiveLimits takes the live limits of c (defaults applied).
 func newLiveLimits(c *ServerConfig) *liveLimits {
-	return &liveLimits{def: c.Limits, tenants: maps.Clone(c.TenantLimits), perSession: c.MaxTunnelsPerSession,
-		registerRate: c.RegisterRate, registerBurst: c.RegisterBurst}
+	return &liveLimits{def: c.Limits.Tenant, tenants: maps.Clone(c.Limits.PerTenant), perSession: c.Limits.MaxTunnelsPerSession,
+		registerRate: c.Limits.RegisterRate, registerBurst: c.Limits.RegisterBurst}
 }
 
 // of returns tenant's limits: its own, each zero field taken from the defaults.
@@ -46,6 +46,12 @@ func (l *liveLimits) registrations() *rate.Limiter {
 func (l *liveLimits) equal(o *liveLimits) bool {
 	return l.def == o.def && maps.Equal(l.tenants, o.tenants) && l.perSession == o.perSession &&
 		l.registerRate == o.registerRate && l.registerBurst == o.registerBurst
+}
+
+// config returns the limits as the ServerConfig field that sets them.
+func (l *liveLimits) config() Limits {
+	return Limits{MaxTunnelsPerSession: l.perSession, RegisterRate: l.registerRate, RegisterBurst: l.registerBurst,
+		Tenant: l.def, PerTenant: l.tenants}
 }
 
 // endpointSet is the reserved endpoints in force and the gates of their policies
@@ -101,6 +107,13 @@ func (p Policy) active() bool {
 func (p Policy) equal(o Policy) bool {
 	return slices.Equal(p.AllowCIDRs, o.AllowCIDRs) && slices.Equal(p.DenyCIDRs, o.DenyCIDRs) &&
 		p.RateLimit == o.RateLimit && p.RateBurst == o.RateBurst && p.MaxConcurrent == o.MaxConcurrent
+}
+
+// same reports whether ep and o reserve the same route for the same pool with the same
+// policy.
+func (ep *Endpoint) same(o *Endpoint) bool {
+	return ep.Subdomain == o.Subdomain && ep.Proto == o.Proto && ep.Port == o.Port && ep.Tenant == o.Tenant &&
+		ep.Group == o.Group && ep.KeyHash == o.KeyHash && ep.Policy.equal(o.Policy)
 }
 
 // own returns a copy of ep that shares no list with the caller's configuration.

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -14,19 +15,59 @@ import (
 	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
+// ReloadChange is one setting of the configuration passed to Reload that differs from what
+// the edge runs with: applied, or left as it was and why.
+type ReloadChange struct {
+	// Setting names the setting: a field of ServerConfig by its path ("Domain",
+	// "Timeouts.Drain", "Limits.Tenant.MaxTunnels", "Limits.PerTenant[acme].MaxTunnels"), or
+	// a reserved endpoint by its route ("Endpoints[http/shop]", "Endpoints[tcp/db]").
+	Setting string
+	// From is the value the edge ran with and To the one Reload was given. A plain setting
+	// (a string, a number, a bool, a time.Duration, a group.PortRange) has its values; an
+	// endpoint has Endpoint values, nil where there was or is none (added, released). Both
+	// are nil for any other setting (a function, an interface, a pointer, a slice, a map)
+	// and for Alerts.WebhookURL, which may hold a secret.
+	From, To any
+	// Applied reports whether the edge runs with To from now on.
+	Applied bool
+	// Reason says why a change was not applied; it is empty for one that was.
+	Reason string
+}
+
+// String formats c as "Setting (From -> To): Reason", leaving out the values when they are
+// nil or endpoints and the reason when there is none.
+func (c ReloadChange) String() string {
+	line := c.Setting
+	if a, b := showValue(c.From), showValue(c.To); a != "" || b != "" {
+		line += fmt.Sprintf(" (%s -> %s)", orNone(a), orNone(b))
+	}
+	if c.Reason != "" {
+		line += ": " + c.Reason
+	}
+	return line
+}
+
+// Reasons of the changes Reload does not apply.
+const (
+	// reasonRestart is the reason of every setting but the live ones.
+	reasonRestart = "cannot change while the edge runs; a restart applies it"
+)
+
 // Reload applies cfg to the running edge as far as it can without dropping a connector, and
-// returns, one line each, what it left as it was. It is meant for a configuration file
-// reloaded on SIGHUP: pass the whole new configuration.
+// returns every setting of cfg that differs from what the edge runs with: those it applied
+// and those it left as they were, with why. It is meant for a configuration file reloaded on
+// SIGHUP: pass the whole new configuration.
 //
 // What it applies at once:
 //
-//   - The limits: Limits, TenantLimits, MaxTunnelsPerSession, RegisterRate and
-//     RegisterBurst. They are read where they are used, so a new value applies to what
-//     comes next: a session's Hello (max_sessions), a registration (MaxTunnelsPerSession,
-//     max_tunnels, max_tcp_ports), a new live event stream (max_event_streams), a new
-//     session's registration rate. Lowering one never ends a session, a tunnel or a stream
-//     already there, nor gives a port back: a tenant over its new cap keeps what it holds
-//     and is refused (ErrLimit) until it is under it again.
+//   - The limits: every field of Limits (Tenant, PerTenant, MaxTunnelsPerSession,
+//     RegisterRate and RegisterBurst). They are read where they are used, so a new value
+//     applies to what comes next: a session's Hello (MaxSessions), a registration
+//     (MaxTunnelsPerSession, MaxTunnels, MaxTCPPorts), a new live event stream
+//     (MaxEventStreams), a new session's registration rate. Lowering one never ends a
+//     session, a tunnel or a stream already there, nor gives a port back: a tenant over its
+//     new cap keeps what it holds and is refused (ErrLimit) until it is under it again. Each
+//     field that changed is a change of its own ("Limits.Tenant.MaxTunnels").
 //   - The reserved endpoints (Endpoints). An endpoint cfg adds reserves its route for its
 //     tenant (pool name, key hash, TCP port) from now on, exactly as at start: its route
 //     answers 503 (not 404) while it has no member, the admin API lists it at once, and its
@@ -37,21 +78,21 @@ import (
 //     a restart): no 503, no listing, no policy. Registrations are checked against the new
 //     reservations at once; connectors already registered stay. An endpoint whose route has
 //     members that do not match it, or that another tenant claims, or whose TCP port is
-//     taken, is left as it was (not reserved, or reserved as before) and named in notApplied.
+//     taken, is left as it was (not reserved, or reserved as before): a change not applied,
+//     whose Reason says why.
 //
-// What it does not apply, and names in notApplied as "Field (old -> new): reason" (the
-// values left out for settings that are not plain values, and for AlertWebhookURL, which
-// may hold a secret): every other field of cfg that differs from the running configuration
-// (ports, listeners, Domain, RegionID, TLS, Store, request body limits, timeouts, alerts, load
-// balancing, …). Auth is compared only for
-// nil: an Authenticator that reads its tokens live (examples/edge has one) changes them
-// itself.
+// What it does not apply: every other field of cfg that differs from the running
+// configuration (ports, listeners, Domain, RegionID, TLS, Store, request body limits,
+// timeouts, alerts, load balancing, …), each a change not applied, a field of a sub-struct
+// by its path ("Timeouts.Drain"). Auth is compared only for nil: an Authenticator that reads
+// its tokens live (examples/edge has one) changes them itself.
 //
-// When cfg is invalid (an endpoint NewServer would refuse, two endpoints for one route, a
-// setting NewServer refuses) Reload applies nothing and returns the error; after Shutdown or
-// Close it returns ErrServerClosed. Reloads are serialised; traffic and registrations are
-// never held up by one.
-func (s *Server) Reload(cfg ServerConfig) (notApplied []string, err error) {
+// The changes not applied come first, in the order of ServerConfig's fields, then the
+// limits, then the endpoints by route. When cfg is invalid (an endpoint NewServer would
+// refuse, two endpoints for one route, a setting NewServer refuses) Reload applies nothing
+// and returns the error; after Shutdown or Close it returns ErrServerClosed. Reloads are
+// serialised; traffic and registrations are never held up by one.
+func (s *Server) Reload(cfg ServerConfig) ([]ReloadChange, error) {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
 	if s.shuttingDown() {
@@ -62,17 +103,15 @@ func (s *Server) Reload(cfg ServerConfig) (notApplied []string, err error) {
 	if err := next.setDefaults(); err != nil {
 		return nil, err
 	}
+	// The endpoints are checked against the TCP port range the edge runs with.
+	check := ServerConfig{TCP: s.cfg.TCP, Endpoints: cfg.Endpoints}
+	if err := check.Validate(); err != nil {
+		return nil, fmt.Errorf("tunnel: %w", err)
+	}
 	want := map[string]*Endpoint{}
 	for i := range cfg.Endpoints {
 		ep := cfg.Endpoints[i].own()
-		if err := ep.validate(s.cfg.TCPPorts); err != nil {
-			return nil, err
-		}
-		key := store.Key(ep.kind(), ep.label())
-		if want[key] != nil {
-			return nil, fmt.Errorf("tunnel: two endpoints reserve the route %s", key)
-		}
-		want[key] = ep
+		want[store.Key(ep.kind(), ep.label())] = ep
 	}
 	current, err := s.routes.st.List(s.routes.ctx)
 	if err != nil {
@@ -83,47 +122,95 @@ func (s *Server) Reload(cfg ServerConfig) (notApplied []string, err error) {
 		// no configuration names: not a change.
 		next.Store = s.cfg.Store
 	}
-	notApplied = s.unchangedFields(next)
-	s.applyLimits(newLiveLimits(&next))
-	notApplied = append(notApplied, s.routes.applyEndpoints(want, current)...)
-	return notApplied, nil
+	changes := s.unchangedFields(next)
+	changes = append(changes, s.applyLimits(newLiveLimits(&next))...)
+	changes = append(changes, s.routes.applyEndpoints(want, current)...)
+	return changes, nil
 }
 
-// applyLimits puts l in force, unless it is what is in force.
-func (s *Server) applyLimits(l *liveLimits) {
-	if s.limits.Load().equal(l) {
-		return
+// applyLimits puts l in force, unless it is what is in force, and returns the fields that
+// changed.
+func (s *Server) applyLimits(l *liveLimits) []ReloadChange {
+	prev := s.limits.Load()
+	if prev.equal(l) {
+		return nil
 	}
 	s.limits.Store(l)
 	s.log.Info("limits changed by a reload; they apply to the next sessions, registrations and event streams",
 		zap.Any("limits", l.def), zap.Any("tenant_limits", l.tenants), zap.Int("max_tunnels_per_session", l.perSession),
 		zap.Float64("register_rate", l.registerRate), zap.Int("register_burst", l.registerBurst))
+	return diffLimits(prev.config(), l.config())
+}
+
+// diffLimits lists the fields of two Limits that differ, a tenant's own limits field by
+// field, in the order of the fields and of the tenants' names.
+func diffLimits(a, b Limits) []ReloadChange {
+	var out []ReloadChange
+	add := func(setting string, x, y any) {
+		if x != y {
+			out = append(out, ReloadChange{Setting: setting, From: x, To: y, Applied: true})
+		}
+	}
+	add("Limits.MaxTunnelsPerSession", a.MaxTunnelsPerSession, b.MaxTunnelsPerSession)
+	add("Limits.RegisterRate", a.RegisterRate, b.RegisterRate)
+	add("Limits.RegisterBurst", a.RegisterBurst, b.RegisterBurst)
+	tenant := func(prefix string, x, y TenantLimits) {
+		add(prefix+".MaxSessions", x.MaxSessions, y.MaxSessions)
+		add(prefix+".MaxTunnels", x.MaxTunnels, y.MaxTunnels)
+		add(prefix+".MaxTCPPorts", x.MaxTCPPorts, y.MaxTCPPorts)
+		add(prefix+".MaxEventStreams", x.MaxEventStreams, y.MaxEventStreams)
+	}
+	tenant("Limits.Tenant", a.Tenant, b.Tenant)
+	names := slices.Sorted(maps.Keys(a.PerTenant))
+	for name := range b.PerTenant {
+		if _, ok := a.PerTenant[name]; !ok {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		tenant("Limits.PerTenant["+name+"]", a.PerTenant[name], b.PerTenant[name])
+	}
+	return out
 }
 
 // applyEndpoints reserves the endpoints of want (by store key), releases the reserved routes
 // of current (the store's routes) that want leaves out, and puts the new set in force. It
-// returns the lines of what it could not apply.
-func (b *routeBook) applyEndpoints(want map[string]*Endpoint, current []*store.Route) (notApplied []string) {
+// returns the endpoints added, changed and released, and those it could not apply.
+func (b *routeBook) applyEndpoints(want map[string]*Endpoint, current []*store.Route) (changes []ReloadChange) {
 	prev := b.eps.Load()
 	eps := map[string]*Endpoint{}
 	for _, key := range slices.Sorted(maps.Keys(want)) {
 		ep := want[key]
 		old := prev.byKey[key]
+		change := ReloadChange{Setting: "Endpoints[" + key + "]", From: endpointValue(old), To: *ep}
 		if why := b.reserve(key, ep); why != "" {
 			if old != nil {
 				// Its reservation on record is the old one: so are its 503, listing and policy.
 				eps[key] = old
-				notApplied = append(notApplied, fmt.Sprintf("endpoint %s: %s; it stays as it was", key, why))
+				change.Reason = why + "; it stays as it was"
 			} else {
-				notApplied = append(notApplied, fmt.Sprintf("endpoint %s: %s; it is not reserved", key, why))
+				change.Reason = why + "; it is not reserved"
 			}
+			changes = append(changes, change)
 			continue
 		}
 		eps[key] = ep
+		if old != nil && old.same(ep) {
+			continue
+		}
 		if old != nil && !old.Policy.equal(ep.Policy) {
 			b.log.Info("endpoint policy changed by a reload", zap.String("route", key))
 		}
+		change.Applied = true
+		changes = append(changes, change)
 	}
+	for _, key := range slices.Sorted(maps.Keys(prev.byKey)) {
+		if eps[key] == nil {
+			changes = append(changes, ReloadChange{Setting: "Endpoints[" + key + "]", From: *prev.byKey[key], Applied: true})
+		}
+	}
+	slices.SortStableFunc(changes, func(x, y ReloadChange) int { return strings.Compare(x.Setting, y.Setting) })
 	// Published before the releases below: a released route is an ordinary one for traffic
 	// at once, and its record is released right after.
 	b.eps.Store(newEndpointSet(eps, prev))
@@ -132,56 +219,96 @@ func (b *routeBook) applyEndpoints(want map[string]*Endpoint, current []*store.R
 			b.unreserve(r.Key())
 		}
 	}
-	return notApplied
+	return changes
+}
+
+// endpointValue is ep as a ReloadChange value: nil for none.
+func endpointValue(ep *Endpoint) any {
+	if ep == nil {
+		return nil
+	}
+	return *ep
 }
 
 // liveFields are the fields of ServerConfig that Reload applies (or compares by itself).
-var liveFields = map[string]bool{"Endpoints": true, "Limits": true, "TenantLimits": true,
-	"MaxTunnelsPerSession": true, "RegisterRate": true, "RegisterBurst": true}
+var liveFields = map[string]bool{"Endpoints": true, "Limits": true}
 
-// secretFields are the fields whose values a "not applied" line leaves out.
-var secretFields = map[string]bool{"AlertWebhookURL": true}
+// secretFields are the fields whose values a change leaves out.
+var secretFields = map[string]bool{"Alerts.WebhookURL": true}
 
-// unchangedFields names the fields of next (defaults applied) that differ from the running
+// settingGroups are the sub-structs of ServerConfig whose fields are compared one by one.
+var settingGroups = map[reflect.Type]bool{
+	reflect.TypeFor[PublicHTTP](): true, reflect.TypeFor[RequestBodyLimits](): true,
+	reflect.TypeFor[StalledResponseLimits](): true, reflect.TypeFor[TCPTunnels](): true,
+	reflect.TypeFor[LoadBalancing](): true, reflect.TypeFor[Timeouts](): true,
+	reflect.TypeFor[PreAuthLimits](): true, reflect.TypeFor[Alerts](): true,
+}
+
+// unchangedFields lists the fields of next (defaults applied) that differ from the running
 // configuration and that Reload leaves as they are. The live fields are left out.
-func (s *Server) unchangedFields(next ServerConfig) []string {
-	var out []string
-	cur, nv := reflect.ValueOf(s.cfg), reflect.ValueOf(next)
+func (s *Server) unchangedFields(next ServerConfig) []ReloadChange {
+	return diffSettings("", reflect.ValueOf(s.cfg), reflect.ValueOf(next))
+}
+
+// diffSettings lists the fields of the structs cur and nv that differ, named under prefix,
+// the fields of a settings group one by one.
+func diffSettings(prefix string, cur, nv reflect.Value) []ReloadChange {
+	var out []ReloadChange
 	for i := range cur.NumField() {
 		f := cur.Type().Field(i)
-		if !f.IsExported() || liveFields[f.Name] {
+		name := prefix + f.Name
+		if !f.IsExported() || liveFields[name] {
+			continue
+		}
+		if settingGroups[f.Type] {
+			out = append(out, diffSettings(name+".", cur.Field(i), nv.Field(i))...)
 			continue
 		}
 		if sameSetting(cur.Field(i), nv.Field(i)) {
 			continue
 		}
-		name := f.Name
-		if a, ok := showSetting(cur.Field(i)); ok && !secretFields[f.Name] {
-			b, _ := showSetting(nv.Field(i))
-			name += fmt.Sprintf(" (%s -> %s)", a, b)
+		c := ReloadChange{Setting: name, Reason: reasonRestart}
+		if plainSetting(cur.Field(i)) && !secretFields[name] {
+			c.From, c.To = cur.Field(i).Interface(), nv.Field(i).Interface()
 		}
-		out = append(out, name+": cannot change while the edge runs; a restart applies it")
+		out = append(out, c)
 	}
 	return out
 }
 
-// showSetting formats a plain setting's value (a string, number, bool, duration or port
-// range); ok is false for any other.
-func showSetting(v reflect.Value) (s string, ok bool) {
-	switch x := v.Interface().(type) {
-	case time.Duration:
-		return x.String(), true
-	case group.PortRange:
-		return fmt.Sprintf("%d-%d", x.Lo, x.Hi), true
+// plainSetting reports whether v is a plain setting's value: a string, a number, a bool, a
+// duration or a port range.
+func plainSetting(v reflect.Value) bool {
+	if v.Type() == reflect.TypeFor[group.PortRange]() {
+		return true
 	}
 	switch v.Kind() {
-	case reflect.String:
-		return fmt.Sprintf("%q", v.String()), true
-	case reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+	case reflect.String, reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
-		return fmt.Sprint(v.Interface()), true
+		return true
 	}
-	return "", false
+	return false
+}
+
+// showValue formats a plain setting's value for ReloadChange.String: strings quoted,
+// durations as time.Duration prints them, port ranges as lo-hi; "" for nil and endpoints.
+func showValue(v any) string {
+	switch x := v.(type) {
+	case nil, Endpoint:
+		return ""
+	case string:
+		return fmt.Sprintf("%q", x)
+	case group.PortRange:
+		return fmt.Sprintf("%d-%d", x.Lo, x.Hi)
+	}
+	return fmt.Sprint(v)
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 // sameSetting compares two values of one ServerConfig field: functions by whether they are

@@ -30,9 +30,12 @@ type routeBook struct {
 	log *zap.Logger
 
 	// writes orders the book's store writes per route (routes_writes.go); closing is closed
-	// when the book closes: a write the store refused is not tried again then.
-	writes  routeWrites
-	closing chan struct{}
+	// (stop) when the edge begins to close: a write the store refused is not tried again
+	// then, for the store may be gone for good (a cluster's, once the edge left it), and the
+	// edge's Close waits for the writes.
+	writes    routeWrites
+	closing   chan struct{}
+	closeOnce sync.Once
 	// ctx bounds the book's store calls. It lasts as long as the store: close cancels it as
 	// it closes the store, once the edge's last session is gone. (The server's own context
 	// ends earlier in Close, while sessions still end and their routes are recorded empty.)
@@ -336,7 +339,7 @@ func (b *routeBook) liveIndex() func(r *store.Route) bool {
 // openRouteBook opens the configured store and reads the routes back.
 func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*routeBook, error) {
 	for i := range cfg.Endpoints {
-		if err := cfg.Endpoints[i].validate(cfg.TCPPorts); err != nil {
+		if err := cfg.Endpoints[i].validate(cfg.TCP.Ports); err != nil {
 			return nil, err
 		}
 	}
@@ -356,11 +359,18 @@ func openRouteBook(cfg *ServerConfig, reg *group.Registry, log *zap.Logger) (*ro
 	return b, nil
 }
 
+// stop tells the book that the edge is closing: a write the store refuses from now on is
+// not tried again.
+func (b *routeBook) stop() {
+	b.stopping.Store(true)
+	b.closeOnce.Do(func() { close(b.closing) })
+}
+
 // close ends the book's store calls still under way and closes the store.
 func (b *routeBook) close() error {
 	// The writes queued as the last members left are tried once more, not again and again:
 	// each is bounded by the store's timeouts.
-	close(b.closing)
+	b.stop()
 	b.writes.wait()
 	b.cancel()
 	return b.st.Close()

@@ -109,10 +109,10 @@ func newID() string {
 }
 
 func (s *Server) newSession(c net.Conn, preAuth *throttle.Slot) (*edgeSession, error) {
-	helloBy := time.Now().Add(s.cfg.HelloTimeout)
+	helloBy := time.Now().Add(s.cfg.PreAuth.HelloTimeout)
 	id := newID()
 	log := s.log.With(zap.String("session", id), zap.String("remote", c.RemoteAddr().String()))
-	mux, err := mux.Server(c, log, s.cfg.OpenTimeout)
+	mux, err := mux.Server(c, log, s.cfg.Timeouts.Open)
 	if err != nil {
 		return nil, err
 	}
@@ -352,7 +352,7 @@ func (e *edgeSession) authenticate(a Authenticator, token string) error {
 			return e.ctx.Err()
 		}
 	}
-	actx, cancel := context.WithTimeout(e.ctx, e.srv.cfg.HelloTimeout)
+	actx, cancel := context.WithTimeout(e.ctx, e.srv.cfg.PreAuth.HelloTimeout)
 	tenant, err := a.Authenticate(actx, token)
 	cancel()
 	switch {
@@ -531,13 +531,13 @@ func (e *edgeSession) drain(id string) {
 	e.dataCheck()
 	e.log.Info("draining member", zap.String("tunnel", id), zap.Int64("active", t.member.Active()))
 	e.srv.wg.Go(func() {
-		timer := time.NewTimer(e.srv.cfg.DrainTimeout)
+		timer := time.NewTimer(e.srv.cfg.Timeouts.Drain)
 		defer timer.Stop()
 		reason := "drained"
 		select {
 		case <-drained:
 		case <-timer.C:
-			reason = fmt.Sprintf("drain timeout after %s with %d streams open", e.srv.cfg.DrainTimeout, t.member.Active())
+			reason = fmt.Sprintf("drain timeout after %s with %d streams open", e.srv.cfg.Timeouts.Drain, t.member.Active())
 		case <-e.mux.CloseChan():
 			return // end() removes it
 		}
@@ -597,7 +597,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 	if !s.routes.take(s.routes.tunnels, e.tenant, lim.MaxTunnels) {
 		return nil, fmt.Errorf("%w: this tenant already has %d tunnels (max_tunnels)", ErrLimit, lim.MaxTunnels)
 	}
-	grouped := m.Group != "" && s.cfg.LoadBalancing
+	grouped := m.Group != "" && s.cfg.LoadBalancing.Enabled
 	if s.cluster != nil && e.resumed != "" {
 		// A connector that moved here from another edge: its registrations there are not
 		// in the way of this one (remoteConflict too lets them be).

@@ -7,8 +7,8 @@ import (
 	"github.com/warren-tunnel/warren/internal/throttle"
 )
 
-// errPreAuthFull is ServeConn's error for a connection over MaxPreAuthConns or
-// MaxPreAuthConnsPerIP.
+// errPreAuthFull is ServeConn's error for a connection over PreAuth.MaxConns or
+// PreAuth.MaxConnsPerIP.
 var errPreAuthFull = errors.New("tunnel: too many control connections waiting to authenticate")
 
 // throttles returns the edge's limiter of failed authentications and its cap on the control
@@ -16,15 +16,15 @@ var errPreAuthFull = errors.New("tunnel: too many control connections waiting to
 func (c *ServerConfig) throttles() (*throttle.Auth, *throttle.Conns) {
 	log := c.Logger.Named("throttle")
 	auth := throttle.NewAuth(throttle.AuthConfig{
-		MaxFailures: c.MaxAuthFailuresPerIP,
-		Window:      c.AuthFailureWindow,
-		Block:       c.AuthBlockDuration,
-		Delay:       c.AuthFailureDelay,
+		MaxFailures: c.PreAuth.MaxAuthFailuresPerIP,
+		Window:      c.PreAuth.AuthFailureWindow,
+		Block:       c.PreAuth.AuthBlockDuration,
+		Delay:       c.PreAuth.AuthFailureDelay,
 		Logger:      log,
 	})
 	conns := throttle.NewConns(throttle.ConnsConfig{
-		Max:       c.MaxPreAuthConns,
-		MaxPerKey: c.MaxPreAuthConnsPerIP,
+		Max:       c.PreAuth.MaxConns,
+		MaxPerKey: c.PreAuth.MaxConnsPerIP,
 		What:      "control connections waiting to authenticate",
 		Logger:    log,
 	})

@@ -50,7 +50,7 @@ func TestOnEventMayReadTheRoutingTable(t *testing.T) {
 	var mu sync.Mutex
 	var seen []string
 	ready := make(chan struct{})
-	edge, err := tunnel.NewServer(tunnel.ServerConfig{Domain: embedDomain, LoadBalancing: true,
+	edge, err := tunnel.NewServer(tunnel.ServerConfig{Domain: embedDomain, LoadBalancing: tunnel.LoadBalancing{Enabled: true},
 		OnEvent: func(ev group.Event) {
 			<-ready
 			view := edge.Registry()
@@ -88,7 +88,7 @@ func TestOnEventMayReadTheRoutingTable(t *testing.T) {
 // Server.Registry is read-only: what it returns are copies. It used to be the mutable
 // registry, and a Join through it made the next request panic the edge.
 func TestRegistryViewCannotBreakTheEdge(t *testing.T) {
-	edge, err := tunnel.NewServer(tunnel.ServerConfig{Domain: embedDomain, LoadBalancing: true})
+	edge, err := tunnel.NewServer(tunnel.ServerConfig{Domain: embedDomain, LoadBalancing: tunnel.LoadBalancing{Enabled: true}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = edge.Close() })
 	sess := dialInMemory(t, edge)
@@ -117,17 +117,17 @@ func (s lastMember) Pick(c dispatch.Candidates) int {
 	return c.Len() - 1
 }
 
-// An embedder can plug its own dispatch.Strategy into the edge (ServerConfig.NewStrategy);
+// An embedder can plug its own dispatch.Strategy into the edge (ServerConfig.LoadBalancing.NewStrategy);
 // it used to take only a strategy name.
 func TestCustomStrategy(t *testing.T) {
 	var picks atomic.Int64
 	var pools atomic.Int64
-	edge, err := tunnel.NewServer(tunnel.ServerConfig{Domain: embedDomain, LoadBalancing: true,
+	edge, err := tunnel.NewServer(tunnel.ServerConfig{Domain: embedDomain, LoadBalancing: tunnel.LoadBalancing{Enabled: true,
 		Strategy: "no-such-name", // ignored when NewStrategy is set
 		NewStrategy: func() dispatch.Strategy {
 			pools.Add(1)
 			return lastMember{&picks}
-		}})
+		}}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = edge.Close() })
 	sess := dialInMemory(t, edge)
@@ -142,6 +142,6 @@ func TestCustomStrategy(t *testing.T) {
 	require.EqualValues(t, 20, picks.Load())
 	require.EqualValues(t, 1, pools.Load(), "one strategy per pool")
 
-	_, err = tunnel.NewServer(tunnel.ServerConfig{Strategy: "no-such-name"})
-	require.ErrorContains(t, err, "unknown strategy", "without NewStrategy the name is still checked")
+	_, err = tunnel.NewServer(tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Strategy: "no-such-name"}})
+	require.ErrorContains(t, err, `LoadBalancing.Strategy: "no-such-name" is not a strategy`, "without NewStrategy the name is still checked")
 }

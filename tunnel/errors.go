@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/wire"
@@ -121,4 +122,48 @@ func (e *sessionError) Unwrap() error { return sentinelFor(e.code) }
 // (ErrServerClosed, as an in-memory edge's Server.DialContext does once it was closed).
 func permanent(err error) bool {
 	return errors.Is(err, ErrUnauthorized) || errors.Is(err, ErrUnsupportedVersion) || errors.Is(err, ErrServerClosed)
+}
+
+// ErrRequired is wrapped by the FieldError of a setting that must be given and is not
+// (its message reads "required: …").
+var ErrRequired = errors.New("required")
+
+// FieldError is a setting that a check of a configuration refuses: ServerConfig.Validate
+// (and NewServer and Reload, which run it), TunnelSpec.Validate (and Forward and Listen),
+// cluster.Config.Validate. A check that finds several returns them joined (errors.Join);
+// errors.As finds each. Package tunnel/config maps Field to the file key that set it.
+type FieldError struct {
+	// Field names the setting by its path in the value checked: "TCP.Ports",
+	// "Endpoints[2].Group", "Weight", "EdgeID".
+	Field string
+	// Err says what is wrong with the setting, in words that follow its name ("low port
+	// 30000 is above high port 20000"). It never holds a secret's value.
+	Err error
+}
+
+// Error returns "Field: what is wrong".
+func (e *FieldError) Error() string { return e.Field + ": " + e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// fieldErr returns a FieldError for field with a formatted message.
+func fieldErr(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// under returns err with each FieldError in it named under prefix ("Endpoints[2]" +
+// "Group"), the errors of a join one by one; other errors are left as they are.
+func under(prefix string, err error) error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var errs []error
+		for _, e := range j.Unwrap() {
+			errs = append(errs, under(prefix, e))
+		}
+		return errors.Join(errs...)
+	}
+	if fe, ok := err.(*FieldError); ok {
+		return &FieldError{Field: prefix + "." + fe.Field, Err: fe.Err}
+	}
+	return err
 }

@@ -51,7 +51,7 @@ func Example() {
 // with the edge's message.
 func ExampleSession_Forward() {
 	ctx := context.Background()
-	edge, err := tunnel.NewServer(tunnel.ServerConfig{Domain: "example.test", LoadBalancing: true})
+	edge, err := tunnel.NewServer(tunnel.ServerConfig{Domain: "example.test", LoadBalancing: tunnel.LoadBalancing{Enabled: true}})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -90,7 +90,7 @@ func TestForwardingHeadersFromAnUntrustedClient(t *testing.T) {
 // appended, X-Forwarded-Proto and -Host are kept, and X-Real-IP is the client the chain
 // names, not the one the request claims.
 func TestTrustedProxiesKeepTheForwardingChain(t *testing.T) {
-	e := startEdge(t, ServerConfig{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	e := startEdge(t, ServerConfig{Public: PublicHTTP{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}})
 	be := forwardingBackend(t)
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "web"}, hostPort(be.URL))
 	require.NoError(t, err)
@@ -109,8 +109,8 @@ func TestTrustedProxiesKeepTheForwardingChain(t *testing.T) {
 
 // TestTrustedProxiesInvalidPrefix: NewServer refuses a prefix that is not one.
 func TestTrustedProxiesInvalidPrefix(t *testing.T) {
-	_, err := NewServer(ServerConfig{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), {}}})
-	require.ErrorContains(t, err, "TrustedProxies[1] is not a valid prefix")
+	_, err := NewServer(ServerConfig{Public: PublicHTTP{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), {}}}})
+	require.ErrorContains(t, err, "Public.TrustedProxies[1]: is not a valid prefix")
 }
 
 // expectUploadSize is the body of the end-to-end Expect test: 10 MiB.

@@ -38,7 +38,7 @@ func (e *testEdge) tally(sub string, n int) map[string]int {
 }
 
 func TestSeedScenarioHTTPGroup(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	a, b := backend(t, "A"), backend(t, "B")
 	ta, err := e.connect().Forward(ctxT(t), pool("pool"), hostPort(a.URL))
 	require.NoError(t, err)
@@ -53,7 +53,7 @@ func TestSeedScenarioHTTPGroup(t *testing.T) {
 }
 
 func TestRandomStrategySharesToo(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Strategy: "random"})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true, Strategy: "random"}})
 	a, b := backend(t, "A"), backend(t, "B")
 	_, err := e.connect().Forward(ctxT(t), pool("pool"), hostPort(a.URL))
 	require.NoError(t, err)
@@ -65,7 +65,7 @@ func TestRandomStrategySharesToo(t *testing.T) {
 }
 
 func TestSeedScenarioTCPGroupSharesAPort(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, TCPPorts: tcpRange(43300), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, TCP: TCPTunnels{Ports: tcpRange(43300), BindHost: "127.0.0.1"}})
 	namer := func(name string) func(net.Conn) {
 		return func(c net.Conn) { _, _ = io.WriteString(c, name) }
 	}
@@ -98,7 +98,7 @@ func TestSeedScenarioTCPGroupSharesAPort(t *testing.T) {
 }
 
 func TestRegistrationRejectionsReachTheConnector(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, TCPPorts: group1Port(freePort(t)), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, TCP: TCPTunnels{Ports: group1Port(freePort(t)), BindHost: "127.0.0.1"}})
 	sess := e.connect()
 	_, err := sess.Forward(ctxT(t), pool("pool"), "127.0.0.1:9")
 	require.NoError(t, err)
@@ -139,7 +139,7 @@ func freePort(t *testing.T) int {
 func group1Port(p int) group.PortRange { return group.PortRange{Lo: p, Hi: p} }
 
 func TestKillSwitchOff(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43500), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43500), BindHost: "127.0.0.1"}})
 	a := backend(t, "A")
 	ta, err := e.connect().Forward(ctxT(t), pool("pool"), hostPort(a.URL))
 	require.NoError(t, err, "group fields are accepted and ignored")
@@ -156,7 +156,7 @@ func TestKillSwitchOff(t *testing.T) {
 }
 
 func TestNoSelectableMemberIs503(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	spec := pool("pool")
 	spec.Health = &healthSpecNeverPasses
 	_, err := e.connect().Forward(ctxT(t), spec, "127.0.0.1:9")
@@ -170,7 +170,7 @@ func TestNoSelectableMemberIs503(t *testing.T) {
 // opening a stream to it fails before any request byte is written, so the edge retries on
 // the other member and no request fails.
 func TestRetryAvoidsADeadBackend(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	var served atomic.Int64
 	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		served.Add(1)
@@ -249,7 +249,7 @@ func (g *loadGen) finish() (ok, failed int64, first any) {
 // TestRollingRestartLosesNothing restarts each of three members in turn (drain, then
 // register again) under continuous load: no request fails.
 func TestRollingRestartLosesNothing(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	slow := func(name string) *httptest.Server {
 		b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			time.Sleep(2 * time.Millisecond) // keep requests in flight while members drain
@@ -303,7 +303,7 @@ func TestRollingRestartLosesNothing(t *testing.T) {
 // TestUpgradedConnectionStaysOnItsMemberWhileItDrains: a WebSocket-style connection keeps
 // working on its member after the member starts draining, while new requests go elsewhere.
 func TestUpgradedConnectionStaysOnItsMemberWhileItDrains(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	wsBackend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") != "" {
 			echoUpgrade(w, r)

@@ -60,7 +60,7 @@ func TestTicketKeyRotationReachesTheListener(t *testing.T) {
 			pki := newTestPKI(t)
 			k1, k2 := [32]byte{1}, [32]byte{2}
 			keyed := &tls.Config{Certificates: []tls.Certificate{pki.server}, MinVersion: tls.VersionTLS12}
-			cfg := ServerConfig{DisablePublicHTTP2: tc.off, TLSConfig: keyed}
+			cfg := ServerConfig{Public: PublicHTTP{DisableHTTP2: tc.off}, TLSConfig: keyed}
 			if tc.pick {
 				cfg.TLSConfig = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) { return keyed, nil }}
 			}
@@ -136,11 +136,11 @@ func h2Head(t *testing.T, enc *hpack.Encoder, buf *bytes.Buffer, method, authori
 }
 
 // TestH2SlowUploadKeepsTheConnection: one HTTP/2 stream whose upload is too slow
-// (RequestBodyTimeout) gets its 408 without ending the connection: no GOAWAY, which would
+// (RequestBody.Timeout) gets its 408 without ending the connection: no GOAWAY, which would
 // make every other request multiplexed on it start over.
 func TestH2SlowUploadKeepsTheConnection(t *testing.T) {
 	be := protoBackend(t)
-	e := startEdge(t, ServerConfig{PublicH2C: true, RequestBodyTimeout: 300 * time.Millisecond})
+	e := startEdge(t, ServerConfig{Public: PublicHTTP{H2C: true}, RequestBody: RequestBodyLimits{Timeout: 300 * time.Millisecond}})
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(be.URL))
 	require.NoError(t, err)
 	c, fr := h2Frames(t, e.publicAddr)
@@ -201,7 +201,7 @@ func TestRapidResetReachesNoBackend(t *testing.T) {
 			}
 			b.Start()
 			t.Cleanup(b.Close)
-			e := startEdge(t, ServerConfig{PublicH2C: true})
+			e := startEdge(t, ServerConfig{Public: PublicHTTP{H2C: true}})
 			_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "app", BackendProtocol: proto}, hostPort(b.URL))
 			require.NoError(t, err)
 			_, fr := h2Frames(t, e.publicAddr)

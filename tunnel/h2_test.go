@@ -98,7 +98,7 @@ func fetch(t *testing.T, c *http.Client, url string) (*http.Response, string) {
 // TestHTTP2PublicTLS: the public HTTPS listener offers h2 in ALPN by default: an HTTP/2
 // client gets HTTP/2 through an HTTPS tunnel (and an HTTP one), an HTTP/1.1 client still
 // gets HTTP/1.1, and the backend (HTTP/1.1) sees no difference. The embedder's TLS
-// configuration is not modified. DisablePublicHTTP2 keeps the listener on HTTP/1.1.
+// configuration is not modified. Public.DisableHTTP2 keeps the listener on HTTP/1.1.
 func TestHTTP2PublicTLS(t *testing.T) {
 	pki := newTestPKI(t)
 	e, httpsAddr := startTLSEdge(t, pki, ServerConfig{})
@@ -121,7 +121,7 @@ func TestHTTP2PublicTLS(t *testing.T) {
 	require.Equal(t, "HTTP/1.1", resp.Proto)
 	require.Empty(t, e.cfg.TLSConfig.NextProtos, "ServePublicTLS works on a copy of TLSConfig")
 
-	off, offAddr := startTLSEdge(t, pki, ServerConfig{DisablePublicHTTP2: true})
+	off, offAddr := startTLSEdge(t, pki, ServerConfig{Public: PublicHTTP{DisableHTTP2: true}})
 	_, err = off.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoHTTPS, Subdomain: "secure"}, hostPort(be.URL))
 	require.NoError(t, err)
 	resp, body = fetch(t, tlsClient(t, pki, offAddr, "h1", "h2"), "https://secure."+testDomain+"/z")
@@ -129,12 +129,12 @@ func TestHTTP2PublicTLS(t *testing.T) {
 	require.Equal(t, "HTTP/1.1", resp.Proto, "DisablePublicHTTP2 offers no h2")
 }
 
-// TestHTTP2PublicH2C: with PublicH2C the public HTTP listener serves HTTP/2 with prior
+// TestHTTP2PublicH2C: with Public.H2C the public HTTP listener serves HTTP/2 with prior
 // knowledge (and HTTP/1.1 still); without it an h2c client is refused at once, not left
 // with an answer it cannot read.
 func TestHTTP2PublicH2C(t *testing.T) {
 	be := protoBackend(t)
-	on := startEdge(t, ServerConfig{PublicH2C: true})
+	on := startEdge(t, ServerConfig{Public: PublicHTTP{H2C: true}})
 	_, err := on.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(be.URL))
 	require.NoError(t, err)
 	resp, body := fetch(t, h2cClient(t, on.publicAddr), on.url("app", "/a"))
@@ -177,7 +177,7 @@ func TestHTTP2StreamsBounded(t *testing.T) {
 			close(release)
 		}
 	})
-	e := startEdge(t, ServerConfig{PublicH2C: true})
+	e := startEdge(t, ServerConfig{Public: PublicHTTP{H2C: true}})
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(be.URL))
 	require.NoError(t, err)
 

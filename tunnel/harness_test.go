@@ -50,10 +50,10 @@ func startEdge(t testing.TB, cfg ServerConfig) *testEdge {
 		cfg.Logger = zaptest.NewLogger(t)
 	}
 	ctl, pub := listenLoopback(t), listenLoopback(t)
-	if cfg.PublicHTTPPort == 0 {
+	if cfg.Public.URLHTTPPort == 0 {
 		// Known before the first registration: a tunnel's URL does not change when the
 		// public listener starts serving (ServePublic runs in a goroutine below).
-		cfg.PublicHTTPPort = pub.Addr().(*net.TCPAddr).Port
+		cfg.Public.URLHTTPPort = pub.Addr().(*net.TCPAddr).Port
 	}
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)

@@ -111,7 +111,7 @@ func tcpCheck(interval time.Duration, maxFailed int) *health.Spec {
 // backend restarts both members share again.
 func TestKilledBackendLeavesAndReturns(t *testing.T) {
 	ev := newEvents()
-	e := startEdge(t, ServerConfig{LoadBalancing: true, OnEvent: ev.hook})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, OnEvent: ev.hook})
 	a, b := newRestartableBackend(t, "A"), newRestartableBackend(t, "B")
 	const interval, maxFailed = 50 * time.Millisecond, 3
 	spec := pool("pool")
@@ -147,7 +147,7 @@ func TestKilledBackendLeavesAndReturns(t *testing.T) {
 }
 
 func TestMemberWhoseProbeNeverPassesGetsNothing(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	a, b := newRestartableBackend(t, "A"), newRestartableBackend(t, "B")
 	_, err := e.connect().Forward(ctxT(t), pool("pool"), a.addr)
 	require.NoError(t, err)

@@ -64,7 +64,7 @@ func rawFrame(typ wire.Type, payload string) []byte {
 }
 
 func TestHostileConnectorsLeaveOthersServing(t *testing.T) {
-	e := startEdge(t, ServerConfig{HelloTimeout: 300 * time.Millisecond})
+	e := startEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: 300 * time.Millisecond}})
 	b := backend(t, "b")
 	good := e.connect()
 	_, err := good.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))

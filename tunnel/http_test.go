@@ -239,7 +239,7 @@ func TestUpgradeCarriedEndToEnd(t *testing.T) {
 }
 
 func TestSlowHeaderClientDoesNotHoldOthers(t *testing.T) {
-	e := startEdge(t, ServerConfig{ReadHeaderTimeout: 300 * time.Millisecond})
+	e := startEdge(t, ServerConfig{Public: PublicHTTP{ReadHeaderTimeout: 300 * time.Millisecond}})
 	b := backend(t, "b")
 	sess := e.connect()
 	_, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))
@@ -263,7 +263,7 @@ func TestSlowHeaderClientDoesNotHoldOthers(t *testing.T) {
 }
 
 func TestPublicLimits(t *testing.T) {
-	e := startEdge(t, ServerConfig{MaxHeaderBytes: 4 << 10, RequestBodyMaxBytes: 1000})
+	e := startEdge(t, ServerConfig{Public: PublicHTTP{MaxHeaderBytes: 4 << 10}, RequestBody: RequestBodyLimits{MaxBytes: 1000}})
 	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := io.Copy(io.Discard, r.Body)
 		fmt.Fprintf(w, "read %d", n)

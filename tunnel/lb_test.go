@@ -33,7 +33,7 @@ func weighted(sub string, weight, priority int) TunnelSpec {
 }
 
 func TestWeightedPoolSplitsRequests(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	a, b := backend(t, "A"), backend(t, "B")
 	_, err := e.connect().Forward(ctxT(t), weighted("pool", 3, 0), hostPort(a.URL))
 	require.NoError(t, err)
@@ -54,7 +54,7 @@ func TestWeightedPoolSplitsRequests(t *testing.T) {
 }
 
 func TestPriorityTierTakesOverAndGivesBack(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	primary, backup := backend(t, "P"), backend(t, "B")
 	sess := e.connect()
 	tp, err := sess.Forward(ctxT(t), weighted("pool", 1, 0), hostPort(primary.URL))
@@ -73,7 +73,7 @@ func TestPriorityTierTakesOverAndGivesBack(t *testing.T) {
 }
 
 func TestMismatchedAffinityIsRefused(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	b := backend(t, "A")
 	sp := pool("pool")
 	sp.Affinity = "cookie"
@@ -90,7 +90,7 @@ func TestMismatchedAffinityIsRefused(t *testing.T) {
 }
 
 func TestCookieAffinityKeepsAClientOnItsMember(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	for _, name := range []string{"A", "B", "C"} {
 		sp := pool("pool")
 		sp.Affinity = "cookie"
@@ -128,8 +128,8 @@ func TestCookieAffinityKeepsAClientOnItsMember(t *testing.T) {
 
 func TestOutlierEjectionEndToEnd(t *testing.T) {
 	var events atomic.Int32
-	e := startEdge(t, ServerConfig{LoadBalancing: true,
-		OutlierEjection: &group.Ejection{Failures: 3, Duration: time.Hour},
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true, OutlierEjection: &group.Ejection{Failures: 3, Duration: time.Hour}},
+
 		OnEvent: func(ev group.Event) {
 			if ev.Ejection {
 				events.Add(1)
@@ -165,7 +165,7 @@ func TestOutlierEjectionEndToEnd(t *testing.T) {
 }
 
 func TestKeyRotationWithLiveTraffic(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	old := func() TunnelSpec { return TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "k1"} }
 	rotated := func() TunnelSpec {
 		return TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "k2", PreviousGroupKeys: []string{"k1"}}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/warren-tunnel/warren/group"
 )
 
 func TestWrongTokenIsRejectedAndOthersKeepServing(t *testing.T) {
@@ -51,10 +53,26 @@ func TestCloseIsIdempotentAndServeAfterCloseFails(t *testing.T) {
 }
 
 func TestServerConfigValidation(t *testing.T) {
-	_, err := NewServer(ServerConfig{Strategy: "round_robin"})
-	require.ErrorContains(t, err, "unknown strategy")
-	_, err = NewServer(ServerConfig{TCPPorts: tcpRange(70000)})
-	require.ErrorContains(t, err, "invalid TCP port range")
+	_, err := NewServer(ServerConfig{LoadBalancing: LoadBalancing{Strategy: "round_robin"}})
+	require.ErrorContains(t, err, `LoadBalancing.Strategy: "round_robin" is not a strategy`)
+	_, err = NewServer(ServerConfig{TCP: TCPTunnels{Ports: tcpRange(70000)}})
+	require.ErrorContains(t, err, "TCP.Ports: low port 70000 is out of range 1-65535")
+
+	// Validate names every setting it refuses, each a FieldError.
+	err = ServerConfig{
+		TCP:       TCPTunnels{Ports: group.PortRange{Lo: 30000, Hi: 20000}},
+		Alerts:    Alerts{WebhookURL: "ftp://alerts.example.com/x"},
+		Endpoints: []Endpoint{{Subdomain: "a", Group: "web"}, {Subdomain: "b"}, {Subdomain: "a", Group: "api"}},
+	}.Validate()
+	var fields []string
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		var fe *FieldError
+		require.ErrorAs(t, e, &fe)
+		fields = append(fields, fe.Field)
+	}
+	require.Equal(t, []string{"TCP.Ports", "Alerts.WebhookURL", "Endpoints[1].Group", "Endpoints[2]"}, fields, "%v", err)
+	require.NoError(t, ServerConfig{}.Validate(), "the zero value is valid")
+	require.NoError(t, ServerConfig{}.WithDefaults().Validate(), "and so are the defaults")
 }
 
 func TestShutdownWaitsForInFlightRequests(t *testing.T) {

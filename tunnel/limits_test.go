@@ -15,7 +15,7 @@ import (
 )
 
 func TestRegistrationFloodIsRateLimited(t *testing.T) {
-	e := startEdge(t, ServerConfig{MaxTunnelsPerSession: 100, RegisterRate: 1, RegisterBurst: 10})
+	e := startEdge(t, ServerConfig{Limits: Limits{MaxTunnelsPerSession: 100, RegisterRate: 1, RegisterBurst: 10}})
 	b := backend(t, "b")
 	good := e.connect()
 	_, err := good.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))
@@ -46,7 +46,7 @@ func TestRegistrationFloodIsRateLimited(t *testing.T) {
 }
 
 func TestMaxTunnelsPerSession(t *testing.T) {
-	e := startEdge(t, ServerConfig{MaxTunnelsPerSession: 2})
+	e := startEdge(t, ServerConfig{Limits: Limits{MaxTunnelsPerSession: 2}})
 	sess := e.connect()
 	for i := range 2 {
 		_, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: fmt.Sprint("t", i)}, "127.0.0.1:9")
@@ -61,7 +61,7 @@ func TestMaxTunnelsPerSession(t *testing.T) {
 // backend hangs fills its members' slots and answers 503 beyond them, while another group
 // keeps serving.
 func TestFloodOnOneGroupDoesNotStarveAnother(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, MaxConcurrentPerMember: 3})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true, MaxConcurrentPerMember: 3}})
 	release := make(chan struct{})
 	var inFlight sync.WaitGroup
 	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -122,7 +122,7 @@ func TestRequestReachesTheBackendBeforeTheAck(t *testing.T) {
 // stream in time refuses it; the request, sent behind the envelope before that refusal, goes
 // whole to the other member, and the listener never sees it.
 func TestRefusedStreamNeverReachesTheApp(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	var served atomic.Int64
 	sums := make(chan string, 64)
 	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -38,7 +38,7 @@ func tenantAuth() Authenticator {
 // member). Before ownership, a tenant that registered a subdomain first (for example right
 // after an edge restart) served the other tenant's users.
 func TestRouteBelongsToItsFirstTenant(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(), RouteTTL: time.Hour})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Auth: tenantAuth(), RouteTTL: time.Hour})
 	b, thief := backend(t, "acme"), backend(t, "globex")
 	acme := e.connect(WithToken(acmeToken))
 	tun, err := acme.Forward(ctxT(t), TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "acme-key"}, hostPort(b.URL))
@@ -74,7 +74,7 @@ func TestRouteBelongsToItsFirstTenant(t *testing.T) {
 // A claim lapses RouteTTL after the route's last member left; then another tenant may take
 // the route.
 func TestRouteClaimLapsesAfterTTL(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(), RouteTTL: time.Hour})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Auth: tenantAuth(), RouteTTL: time.Hour})
 	var clock atomic.Int64
 	clock.Store(time.Now().UnixNano())
 	e.routes.now = func() time.Time { return time.Unix(0, clock.Load()) }
@@ -99,8 +99,8 @@ func TestRouteClaimLapsesAfterTTL(t *testing.T) {
 // A TCP group name belongs to its first tenant too; its pools keep their ports while the
 // claim holds, and a held port is never handed to another tenant.
 func TestTCPGroupBelongsToItsTenantAndKeepsItsPort(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(), TCPPorts: group.PortRange{Lo: 44700, Hi: 44709},
-		TCPBindHost: "127.0.0.1", RouteTTL: time.Hour})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Auth: tenantAuth(), TCP: TCPTunnels{Ports: group.PortRange{Lo: 44700, Hi: 44709}, BindHost: "127.0.0.1"},
+		RouteTTL: time.Hour})
 	echo := tcpBackend(t, func(net.Conn) {})
 	acme := e.connect(WithToken(acmeToken))
 	db, err := acme.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "db", Group: "db", GroupKey: "k"}, echo)
@@ -133,10 +133,10 @@ func TestTCPGroupBelongsToItsTenantAndKeepsItsPort(t *testing.T) {
 
 // Quotas: per tenant, with defaults in Limits and overrides in TenantLimits.
 func TestTenantQuotas(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(),
-		TCPPorts: group.PortRange{Lo: 44710, Hi: 44719}, TCPBindHost: "127.0.0.1",
-		Limits:       TenantLimits{MaxSessions: 2, MaxTunnels: 3, MaxTCPPorts: 1},
-		TenantLimits: map[string]TenantLimits{"globex": {MaxTunnels: 1}}})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Auth: tenantAuth(),
+		TCP:    TCPTunnels{Ports: group.PortRange{Lo: 44710, Hi: 44719}, BindHost: "127.0.0.1"},
+		Limits: Limits{Tenant: TenantLimits{MaxSessions: 2, MaxTunnels: 3, MaxTCPPorts: 1}, PerTenant: map[string]TenantLimits{"globex": {MaxTunnels: 1}}},
+	})
 	b := backend(t, "b")
 	echo := tcpBackend(t, func(net.Conn) {})
 	acme := e.connect(WithToken(acmeToken))
@@ -176,8 +176,8 @@ func TestTenantQuotas(t *testing.T) {
 // owner's TCP pool gets its port back. Before, the first to register after a restart won.
 func TestOwnershipAndPortsSurviveARestart(t *testing.T) {
 	dir := t.TempDir()
-	cfg := ServerConfig{LoadBalancing: true, Auth: tenantAuth(), Store: openBoltStore(t, dir),
-		TCPPorts: group.PortRange{Lo: 44720, Hi: 44729}, TCPBindHost: "127.0.0.1"}
+	cfg := ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Auth: tenantAuth(), Store: openBoltStore(t, dir),
+		TCP: TCPTunnels{Ports: group.PortRange{Lo: 44720, Hi: 44729}, BindHost: "127.0.0.1"}}
 	echo := tcpBackend(t, func(net.Conn) {})
 	b := backend(t, "acme")
 
@@ -271,7 +271,7 @@ func clientFrom(e *testEdge, local string) *http.Client {
 // group name, may register it; and its policy applies to every public request: deny_cidrs
 // (403), a per-client rate (429 with Retry-After).
 func TestReservedEndpointAndPolicy(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(),
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Auth: tenantAuth(),
 		Endpoints: []Endpoint{{Subdomain: "pool", Tenant: "acme", Group: "web", Policy: Policy{
 			DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")},
 			RateLimit: 1, RateBurst: 3,
@@ -327,8 +327,8 @@ func TestReservedEndpointAndPolicy(t *testing.T) {
 // A reserved TCP endpoint keeps its configured port for its tenant and key, and its policy
 // closes connections from denied clients before they reach a member.
 func TestReservedTCPEndpointPortAndPolicy(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(),
-		TCPPorts: group.PortRange{Lo: 44730, Hi: 44739}, TCPBindHost: "127.0.0.1",
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Auth: tenantAuth(),
+		TCP: TCPTunnels{Ports: group.PortRange{Lo: 44730, Hi: 44739}, BindHost: "127.0.0.1"},
 		Endpoints: []Endpoint{{Proto: ProtoTCP, Group: "db", Port: 44735, Tenant: "acme", KeyHash: group.HashKey("db-key"),
 			Policy: Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}}}}})
 	banner := tcpBackend(t, func(c net.Conn) { _, _ = c.Write([]byte("db\n")) })

@@ -48,7 +48,7 @@ func tallyingBackend(t *testing.T) (b *httptest.Server, conns, reqs *atomic.Int6
 // behind its CONNECT without waiting for the answer are never read as a request.
 func TestConnectIsRefusedBeforeAnyMember(t *testing.T) {
 	pki := newTestPKI(t)
-	e, httpsAddr := startTLSEdge(t, pki, ServerConfig{PublicH2C: true})
+	e, httpsAddr := startTLSEdge(t, pki, ServerConfig{Public: PublicHTTP{H2C: true}})
 	be, conns, reqs := tallyingBackend(t)
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "web"}, hostPort(be.URL))
 	require.NoError(t, err)
@@ -141,7 +141,7 @@ func TestSpoofableHeadersNeverReachTheBackend(t *testing.T) {
 // by the edge, as net/http answers such a request line over HTTP/1.1; no member is
 // involved, and the connection goes on.
 func TestH2PathWithASpaceIsRefused(t *testing.T) {
-	e := startEdge(t, ServerConfig{PublicH2C: true})
+	e := startEdge(t, ServerConfig{Public: PublicHTTP{H2C: true}})
 	be, conns, _ := tallyingBackend(t)
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "web"}, hostPort(be.URL))
 	require.NoError(t, err)
@@ -230,7 +230,7 @@ func TestPublicH2NeverAdvertisesExtendedConnect(t *testing.T) {
 		"net/http does not advertise extended CONNECT here: GODEBUG did not take")
 
 	pki := newTestPKI(t)
-	e, httpsAddr := startTLSEdge(t, pki, ServerConfig{PublicH2C: true})
+	e, httpsAddr := startTLSEdge(t, pki, ServerConfig{Public: PublicHTTP{H2C: true}})
 	be := protoBackend(t)
 	_, err = e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(be.URL))
 	require.NoError(t, err)
@@ -286,7 +286,7 @@ func TestH2OversizedHeaderGets431(t *testing.T) {
 		fmt.Fprintf(w, "got %d", len(b))
 	}))
 	t.Cleanup(be.Close)
-	e := startEdge(t, ServerConfig{PublicH2C: true})
+	e := startEdge(t, ServerConfig{Public: PublicHTTP{H2C: true}})
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(be.URL))
 	require.NoError(t, err)
 	c, fr := h2Frames(t, e.publicAddr)

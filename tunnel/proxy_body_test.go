@@ -21,8 +21,8 @@ func TestSlowRequestBodiesGet408(t *testing.T) {
 		cfg     ServerConfig
 		trickle bool
 	}{
-		{"no body within the timeout", ServerConfig{RequestBodyTimeout: 300 * time.Millisecond, RequestBodyMinRate: -1}, false},
-		{"below the minimum rate", ServerConfig{RequestBodyMinRate: 1000, RequestBodyMinRateGrace: 200 * time.Millisecond}, true},
+		{"no body within the timeout", ServerConfig{RequestBody: RequestBodyLimits{Timeout: 300 * time.Millisecond, MinRate: -1}}, false},
+		{"below the minimum rate", ServerConfig{RequestBody: RequestBodyLimits{MinRate: 1000, MinRateGrace: 200 * time.Millisecond}}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := startEdge(t, tc.cfg)

@@ -35,7 +35,7 @@ func streamForever(w io.Writer) {
 // ends normally still ends cleanly.
 func TestConnectorKilledMidDownloadIsVisible(t *testing.T) {
 	const total = 1 << 20
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43600), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43600), BindHost: "127.0.0.1"}})
 	d := newCutDialer(t)
 	sess := e.connect(WithDialer(d.dial))
 

@@ -187,9 +187,9 @@ func serveAsync(ctx context.Context, e *testEdge, sub string) <-chan struct{} {
 }
 
 // However many Drain frames a connector repeats for one tunnel, the edge waits for that
-// tunnel's drain once: the frames do not pile up goroutines (and timers) for DrainTimeout.
+// tunnel's drain once: the frames do not pile up goroutines (and timers) for Timeouts.Drain.
 func TestRepeatedDrainFramesStartOneWaiter(t *testing.T) {
-	e := startEdge(t, ServerConfig{DrainTimeout: 20 * time.Second})
+	e := startEdge(t, ServerConfig{Timeouts: Timeouts{Drain: 20 * time.Second}})
 	ctrl, id, held := holdingConnector(t, e, "flood")
 	ctx, cancel := context.WithCancel(context.Background())
 	served := serveAsync(ctx, e, "flood")
@@ -251,7 +251,7 @@ func TestUnrequestedSwitchingProtocolsReleasesTheStreamSlot(t *testing.T) {
 // When the drain timeout removes a tunnel, the streams still open on it end with it: the
 // edge does not keep carrying connections of a tunnel that no longer exists.
 func TestDrainTimeoutEndsStreamsOfTheRemovedTunnel(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(46100), TCPBindHost: "127.0.0.1", DrainTimeout: 200 * time.Millisecond})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(46100), BindHost: "127.0.0.1"}, Timeouts: Timeouts{Drain: 200 * time.Millisecond}})
 	sess := e.connect()
 	addr, _ := echoBackend(t)
 	tun, err := sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "echo"}, addr)
@@ -336,7 +336,7 @@ func TestEarlyAnswerReachesClientWithPausedUpload(t *testing.T) {
 func TestGracefulShutdownSendsNoZeroHealthyAlert(t *testing.T) {
 	op := newReceiver(t)
 	var logs logBuffer
-	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, Logger: logs.logger()})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL}, Logger: logs.logger()})
 	b := backend(t, "b")
 	sess := e.connect()
 	for _, sub := range []string{"a", "b", "c"} {
@@ -383,7 +383,7 @@ func (c *corkConn) uncork() error {
 // either the edge has seen them when it takes the control stream, and cuts the connector
 // off with a protocol error, or they arrive after its go-away, and yamux refuses them.
 func TestExtraStreamsBeforeHelloAreNotKept(t *testing.T) {
-	e := startEdge(t, ServerConfig{HelloTimeout: 5 * time.Second})
+	e := startEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: 5 * time.Second}})
 	raw, err := net.Dial("tcp", e.controlAddr)
 	require.NoError(t, err)
 	cc := &corkConn{Conn: raw, corked: true}
@@ -430,7 +430,7 @@ func TestExtraStreamsBeforeHelloAreNotKept(t *testing.T) {
 // off after 9/10 of OpenTimeout: requests to it end instead of blocking for ever once yamux's
 // limit of unacknowledged opens is reached.
 func TestStreamOpenToUnacknowledgingConnectorIsBounded(t *testing.T) {
-	e := startEdge(t, ServerConfig{OpenTimeout: 300 * time.Millisecond})
+	e := startEdge(t, ServerConfig{Timeouts: Timeouts{Open: 300 * time.Millisecond}})
 	ym, ctrl := rawControl(t, e.controlAddr)
 	hello(t, ctrl)
 	require.NoError(t, wire.WriteFrame(ctrl, &wire.Register{Req: 1, Proto: "http", Label: "wedged"}))
@@ -472,12 +472,12 @@ func TestStreamOpenToUnacknowledgingConnectorIsBounded(t *testing.T) {
 }
 
 // A backend closes keep-alive connections idle for its own timeout (5 s in Node). With
-// IdleStreamTimeout shorter than that, the edge never sends a request on a pooled stream
+// Timeouts.IdleStream shorter than that, the edge never sends a request on a pooled stream
 // whose backend connection is closing, so requests arriving around that timeout never get
 // a 502 (which the edge cannot retry: the backend may have read the request).
 func TestIdleStreamTimeoutBelowBackendKeepAliveAvoids502(t *testing.T) {
 	const backendIdle = 20 * time.Millisecond
-	e := startEdge(t, ServerConfig{IdleStreamTimeout: backendIdle / 2})
+	e := startEdge(t, ServerConfig{Timeouts: Timeouts{IdleStream: backendIdle / 2}})
 	var served atomic.Int64
 	l := listenLoopback(t)
 	b := &http.Server{IdleTimeout: backendIdle, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -530,7 +530,7 @@ func TestIdleStreamTimeoutBelowBackendKeepAliveAvoids502(t *testing.T) {
 // A connector that opened its control stream and has not said hello yet, and an edge Close:
 // the session's control stream is set and read under the same lock (go test -race).
 func TestCloseDuringHelloHasNoControlStreamRace(t *testing.T) {
-	e := startEdge(t, ServerConfig{HelloTimeout: 5 * time.Second})
+	e := startEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: 5 * time.Second}})
 	c, err := e.DialContext(context.Background(), "", "")
 	require.NoError(t, err)
 	fc := &firstReadConn{Conn: c, first: make(chan struct{})}

@@ -41,10 +41,21 @@ const (
 	reloadPlainToken  = "plain-token-0123456789"
 )
 
+// notApplied returns the lines of the changes Reload did not apply.
+func notApplied(changes []ReloadChange) []string {
+	var out []string
+	for _, c := range changes {
+		if !c.Applied {
+			out = append(out, c.String())
+		}
+	}
+	return out
+}
+
 func tenantEdge(t *testing.T) (*testEdge, *liveTokens, ServerConfig) {
 	auth := &liveTokens{}
 	auth.set(t, []string{reloadPlainToken}, map[string]string{"acme": reloadAcmeToken, "globex": reloadGlobexToken})
-	cfg := ServerConfig{Auth: auth, LoadBalancing: true}
+	cfg := ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true}}
 	e := startEdge(t, cfg)
 	return e, auth, e.cfg // the configuration in force, defaults applied
 }
@@ -61,24 +72,35 @@ func TestReloadKeepsConnectors(t *testing.T) {
 	id := tun.ID()
 
 	next := cfg
-	next.Limits = TenantLimits{MaxTunnels: 3}
-	next.MaxTunnelsPerSession = 4
+	next.Limits.Tenant = TenantLimits{MaxTunnels: 3}
+	next.Limits.MaxTunnelsPerSession = 4
 	next.Endpoints = []Endpoint{{Subdomain: "shop", Tenant: "acme", Group: "web",
 		Policy: Policy{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}}}
 	next.Domain = "other.test"
-	next.DrainTimeout = time.Minute
-	notApplied, err := e.Reload(next)
+	next.Timeouts.Drain = time.Minute
+	changes, err := e.Reload(next)
 	require.NoError(t, err)
+	require.Equal(t, []ReloadChange{
+		{Setting: "Domain", From: "warren.test", To: "other.test", Reason: "cannot change while the edge runs; a restart applies it"},
+		{Setting: "Timeouts.Drain", From: 30 * time.Second, To: time.Minute, Reason: "cannot change while the edge runs; a restart applies it"},
+		{Setting: "Limits.MaxTunnelsPerSession", From: 16, To: 4, Applied: true},
+		{Setting: "Limits.Tenant.MaxTunnels", From: 0, To: 3, Applied: true},
+		{Setting: "Endpoints[http/shop]", To: next.Endpoints[0], Applied: true},
+	}, changes)
 	require.Equal(t, []string{
 		`Domain ("warren.test" -> "other.test"): cannot change while the edge runs; a restart applies it`,
-		"DrainTimeout (30s -> 1m0s): cannot change while the edge runs; a restart applies it",
-	}, notApplied)
+		"Timeouts.Drain (30s -> 1m0s): cannot change while the edge runs; a restart applies it",
+	}, notApplied(changes))
 	require.Equal(t, 4, e.limits.Load().perSession, "the limits are live")
 	require.True(t, e.routes.reserved("shop"), "the endpoint is live")
 
-	notApplied, err = e.Reload(cfg)
+	changes, err = e.Reload(cfg)
 	require.NoError(t, err)
-	require.Empty(t, notApplied, "the configuration the edge started with changes nothing")
+	require.Equal(t, []ReloadChange{
+		{Setting: "Limits.MaxTunnelsPerSession", From: 4, To: 16, Applied: true},
+		{Setting: "Limits.Tenant.MaxTunnels", From: 3, To: 0, Applied: true},
+		{Setting: "Endpoints[http/shop]", From: next.Endpoints[0], Applied: true},
+	}, changes, "the configuration the edge started with: what the previous reload applied is undone, nothing else changes")
 	require.Equal(t, 16, e.limits.Load().perSession)
 	require.False(t, e.routes.reserved("shop"))
 
@@ -97,13 +119,13 @@ func TestReloadKeepsConnectors(t *testing.T) {
 
 	next = cfg
 	next.Auth = nil
-	next.AlertWebhookURL = "https://alerts.example.com/hook?secret=s3cret"
-	notApplied, err = e.Reload(next)
+	next.Alerts.WebhookURL = "https://alerts.example.com/hook?secret=s3cret"
+	changes, err = e.Reload(next)
 	require.NoError(t, err)
 	require.Equal(t, []string{
 		"Auth: cannot change while the edge runs; a restart applies it",
-		"AlertWebhookURL: cannot change while the edge runs; a restart applies it",
-	}, notApplied, "no value of a setting that is not plain, nor of a secret")
+		"Alerts.WebhookURL: cannot change while the edge runs; a restart applies it",
+	}, notApplied(changes), "no value of a setting that is not plain, nor of a secret")
 }
 
 // TestReloadTenantQuota: lowering a tenant's max_tunnels refuses its next registration as
@@ -122,11 +144,11 @@ func TestReloadTenantQuota(t *testing.T) {
 	}
 
 	lower := cfg
-	lower.Limits = TenantLimits{MaxTunnels: 5}
-	lower.TenantLimits = map[string]TenantLimits{"acme": {MaxTunnels: 1}}
-	notApplied, err := e.Reload(lower)
+	lower.Limits.Tenant = TenantLimits{MaxTunnels: 5}
+	lower.Limits.PerTenant = map[string]TenantLimits{"acme": {MaxTunnels: 1}}
+	changes, err := e.Reload(lower)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 
 	_, err = acme.Forward(ctxT(t), TunnelSpec{Subdomain: "a3"}, hostPort(b.URL))
 	require.ErrorIs(t, err, ErrLimit)
@@ -147,10 +169,10 @@ func TestReloadTenantQuota(t *testing.T) {
 	require.NoError(t, err, "another tenant has the default quota")
 
 	raise := lower
-	raise.TenantLimits = map[string]TenantLimits{"acme": {MaxTunnels: 3}}
-	notApplied, err = e.Reload(raise)
+	raise.Limits.PerTenant = map[string]TenantLimits{"acme": {MaxTunnels: 3}}
+	changes, err = e.Reload(raise)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	_, err = acme.Forward(ctxT(t), TunnelSpec{Subdomain: "a3"}, hostPort(b.URL))
 	require.NoError(t, err, "the raised quota admits one more")
 	_, err = acme.Forward(ctxT(t), TunnelSpec{Subdomain: "a4"}, hostPort(b.URL))
@@ -158,12 +180,12 @@ func TestReloadTenantQuota(t *testing.T) {
 
 	// The per-session cap and the session quota are live too.
 	perSession := raise
-	perSession.TenantLimits = nil
-	perSession.MaxTunnelsPerSession = 1
-	perSession.Limits.MaxSessions = 1
-	notApplied, err = e.Reload(perSession)
+	perSession.Limits.PerTenant = nil
+	perSession.Limits.MaxTunnelsPerSession = 1
+	perSession.Limits.Tenant.MaxSessions = 1
+	changes, err = e.Reload(perSession)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	_, err = globex.Forward(ctxT(t), TunnelSpec{Subdomain: "g2"}, hostPort(b.URL))
 	require.ErrorIs(t, err, ErrLimit)
 	require.ErrorContains(t, err, "max_tunnels_per_session")
@@ -184,9 +206,9 @@ func TestReloadRemovedTokenStopsNewLogins(t *testing.T) {
 	require.NoError(t, err)
 
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken})
-	notApplied, err := e.Reload(cfg)
+	changes, err := e.Reload(cfg)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 
 	_, err = Dial(ctxT(t), e.controlAddr, WithToken(reloadPlainToken), WithReconnect(false))
 	require.ErrorIs(t, err, ErrUnauthorized, "the removed token logs in no more")
@@ -227,7 +249,7 @@ func requireListedEndpoints(t *testing.T, e *testEdge, tenant string, want ...st
 func TestReloadEndpoint(t *testing.T) {
 	auth := &liveTokens{}
 	auth.set(t, []string{reloadPlainToken}, map[string]string{"acme": reloadAcmeToken, "globex": reloadGlobexToken})
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true, RouteTTL: 300 * time.Millisecond})
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true}, RouteTTL: 300 * time.Millisecond})
 	cfg := e.cfg
 	b := backend(t, "shop")
 	globex := e.connect(WithToken(reloadGlobexToken))
@@ -244,9 +266,9 @@ func TestReloadEndpoint(t *testing.T) {
 		{Subdomain: "shop", Tenant: "acme", Group: "web"},
 		{Subdomain: "taken", Tenant: "acme", Group: "web"},
 	}
-	notApplied, err := e.Reload(next)
+	changes, err := e.Reload(next)
 	require.NoError(t, err)
-	require.Equal(t, []string{"endpoint http/taken: its route has members of another pool (name or key); it is not reserved"}, notApplied)
+	require.Equal(t, []string{"Endpoints[http/taken]: its route has members of another pool (name or key); it is not reserved"}, notApplied(changes))
 	r, err := e.routes.st.Get(t.Context(), "http/taken")
 	require.NoError(t, err)
 	require.Equal(t, "globex", r.Tenant, "the live route keeps its owner")
@@ -271,13 +293,13 @@ func TestReloadEndpoint(t *testing.T) {
 	// Invalid: nothing is applied.
 	bad := cfg
 	bad.Endpoints = []Endpoint{{Subdomain: "x", Tenant: "acme"}}
-	bad.Limits.MaxTunnels = 1
+	bad.Limits.Tenant.MaxTunnels = 1
 	_, err = e.Reload(bad)
-	require.ErrorContains(t, err, "a group name is required")
+	require.ErrorContains(t, err, "Endpoints[0].Group: required: the pool's name")
 	require.Zero(t, e.limits.Load().def.MaxTunnels, "an invalid configuration applies nothing")
 	bad.Endpoints = []Endpoint{{Subdomain: "x", Group: "a"}, {Subdomain: "x", Group: "b"}}
 	_, err = e.Reload(bad)
-	require.ErrorContains(t, err, "two endpoints reserve the route http/x")
+	require.ErrorContains(t, err, "Endpoints[1]: reserves the route http/x, as Endpoints[0] does")
 
 	// A TCP endpoint outside the edge's range is refused as NewServer refuses it.
 	bad.Endpoints = []Endpoint{{Proto: ProtoTCP, Group: "db", Port: 1, KeyHash: group.HashKey("k"), Tenant: "acme"}}
@@ -286,9 +308,9 @@ func TestReloadEndpoint(t *testing.T) {
 	require.True(t, e.routes.reserved("shop"))
 
 	// Removed: an ordinary claim of acme from now on, which its live pool holds.
-	notApplied, err = e.Reload(cfg)
+	changes, err = e.Reload(cfg)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	r, err = e.routes.st.Get(t.Context(), "http/shop")
 	require.NoError(t, err)
 	require.False(t, r.Reserved)
@@ -316,7 +338,7 @@ func TestReloadEndpoint(t *testing.T) {
 func TestReloadRemovedEmptyEndpoint(t *testing.T) {
 	auth := &liveTokens{}
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken, "globex": reloadGlobexToken})
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true, RouteTTL: 300 * time.Millisecond,
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true}, RouteTTL: 300 * time.Millisecond,
 		Endpoints: []Endpoint{{Subdomain: "shop", Tenant: "acme", Group: "web"}}})
 	cfg := e.cfg
 	b := backend(t, "globex")
@@ -328,9 +350,9 @@ func TestReloadRemovedEmptyEndpoint(t *testing.T) {
 
 	next := cfg
 	next.Endpoints = nil
-	notApplied, err := e.Reload(next)
+	changes, err := e.Reload(next)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	status, _ = e.get("shop", "/")
 	require.Equal(t, http.StatusNotFound, status)
 	requireListedEndpoints(t, e, "acme")
@@ -347,7 +369,7 @@ func TestReloadRemovedEmptyEndpoint(t *testing.T) {
 func policyEdge(t *testing.T, p Policy) (*testEdge, ServerConfig) {
 	auth := &liveTokens{}
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken})
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true,
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true},
 		Endpoints: []Endpoint{{Subdomain: "shop", Tenant: "acme", Group: "web", Policy: p}}})
 	b := backend(t, "shop")
 	acme := e.connect(WithToken(reloadAcmeToken))
@@ -372,21 +394,21 @@ func TestReloadEndpointCIDRs(t *testing.T) {
 	status, _ := e.get("shop", "/")
 	require.Equal(t, http.StatusOK, status)
 
-	notApplied, err := e.Reload(withPolicy(cfg, Policy{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}))
+	changes, err := e.Reload(withPolicy(cfg, Policy{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}))
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	status, body := e.get("shop", "/")
 	require.Equal(t, http.StatusForbidden, status, body)
 
-	notApplied, err = e.Reload(withPolicy(cfg, loopback))
+	changes, err = e.Reload(withPolicy(cfg, loopback))
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	status, _ = e.get("shop", "/")
 	require.Equal(t, http.StatusOK, status)
 
-	notApplied, err = e.Reload(withPolicy(cfg, Policy{}))
+	changes, err = e.Reload(withPolicy(cfg, Policy{}))
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	require.Nil(t, e.routes.httpGate("shop"), "a policy that restricts nothing has no gate")
 	status, _ = e.get("shop", "/")
 	require.Equal(t, http.StatusOK, status)
@@ -403,9 +425,9 @@ func TestReloadEndpointRateLimit(t *testing.T) {
 	}
 
 	limited := Policy{RateLimit: 0.001, RateBurst: 2}
-	notApplied, err := e.Reload(withPolicy(cfg, limited))
+	changes, err := e.Reload(withPolicy(cfg, limited))
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	gate := e.routes.httpGate("shop")
 	require.NotNil(t, gate)
 	var codes []int
@@ -439,7 +461,7 @@ func TestReloadEndpointConcurrency(t *testing.T) {
 	auth := &liveTokens{}
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken})
 	p := Policy{MaxConcurrent: 1}
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true,
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true},
 		Endpoints: []Endpoint{{Subdomain: "slow", Tenant: "acme", Group: "web", Policy: p}}})
 	cfg := e.cfg
 	started, release := make(chan struct{}, 2), make(chan struct{})
@@ -470,9 +492,9 @@ func TestReloadEndpointConcurrency(t *testing.T) {
 	next := cfg
 	next.Endpoints = append(slices.Clone(cfg.Endpoints), Endpoint{Subdomain: "other", Tenant: "acme", Group: "web",
 		Policy: Policy{MaxConcurrent: 5}})
-	notApplied, err := e.Reload(next)
+	changes, err := e.Reload(next)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	probe := publicClient(e.publicAddr)
 	probe.Timeout = 3 * time.Second // a request let through would wait for release
 	resp, err := probe.Get(e.url("slow", "/"))
@@ -493,8 +515,8 @@ func TestReloadTCPEndpointPolicy(t *testing.T) {
 	auth := &liveTokens{}
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken})
 	ep := Endpoint{Proto: ProtoTCP, Group: "db", Port: 44765, Tenant: "acme", KeyHash: group.HashKey("db-key")}
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true,
-		TCPPorts: group.PortRange{Lo: 44760, Hi: 44769}, TCPBindHost: "127.0.0.1", Endpoints: []Endpoint{ep}})
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true},
+		TCP: TCPTunnels{Ports: group.PortRange{Lo: 44760, Hi: 44769}, BindHost: "127.0.0.1"}, Endpoints: []Endpoint{ep}})
 	cfg := e.cfg
 	banner := tcpBackend(t, func(c net.Conn) { _, _ = c.Write([]byte("db\n")) })
 	acme := e.connect(WithToken(reloadAcmeToken))
@@ -515,16 +537,16 @@ func TestReloadTCPEndpointPolicy(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "db\n", got)
 
-	notApplied, err := e.Reload(withPolicy(cfg, Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}))
+	changes, err := e.Reload(withPolicy(cfg, Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}))
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	got, err = read()
 	require.Error(t, err, "a denied client is closed before any byte")
 	require.Empty(t, got)
 
-	notApplied, err = e.Reload(cfg)
+	changes, err = e.Reload(cfg)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	got, err = read()
 	require.NoError(t, err)
 	require.Equal(t, "db\n", got)
@@ -552,7 +574,7 @@ func TestReloadRace(t *testing.T) {
 			p, next := allow, cfg
 			if i%2 == 1 {
 				p = deny
-				next.Limits.MaxTunnels = 1 + i%3
+				next.Limits.Tenant.MaxTunnels = 1 + i%3
 			}
 			_, err := e.Reload(withPolicy(next, p))
 			assert.NoError(t, err)
@@ -588,16 +610,16 @@ func TestReloadStartEndpoint(t *testing.T) {
 	auth.set(t, nil, map[string]string{"acme": reloadAcmeToken})
 	ep := Endpoint{Subdomain: "shop", Tenant: "acme", Group: "web",
 		Policy: Policy{DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}}
-	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: true, Endpoints: []Endpoint{ep}})
+	e := startEdge(t, ServerConfig{Auth: auth, LoadBalancing: LoadBalancing{Enabled: true}, Endpoints: []Endpoint{ep}})
 	cfg := e.cfg
 	status, _ := e.get("shop", "/")
 	require.Equal(t, http.StatusForbidden, status)
 
 	next := cfg
 	next.Endpoints = nil
-	notApplied, err := e.Reload(next)
+	changes, err := e.Reload(next)
 	require.NoError(t, err)
-	require.Empty(t, notApplied)
+	require.Empty(t, notApplied(changes))
 	status, _ = e.get("shop", "/")
 	require.Equal(t, http.StatusNotFound, status, "no policy, no 503: an ordinary route")
 	r, err := e.routes.st.Get(t.Context(), "http/shop")

@@ -18,9 +18,9 @@ func tcpPool(key string, prev ...string) TunnelSpec {
 // A TCP pool's key rotation needs no new port, so a tenant at its max_tcp_ports quota can
 // rotate, and its members still on the old key can reconnect meanwhile.
 func TestTCPRotationUnderPortQuota(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, Auth: tenantAuth(),
-		TCPPorts: group.PortRange{Lo: 44790, Hi: 44799}, TCPBindHost: "127.0.0.1",
-		Limits: TenantLimits{MaxTCPPorts: 1}})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Auth: tenantAuth(),
+		TCP:    TCPTunnels{Ports: group.PortRange{Lo: 44790, Hi: 44799}, BindHost: "127.0.0.1"},
+		Limits: Limits{Tenant: TenantLimits{MaxTCPPorts: 1}}})
 	echo := tcpBackend(t, func(net.Conn) {})
 	acme := e.connect(WithToken(acmeToken))
 	a, err := acme.Forward(ctxT(t), tcpPool("k1"), echo)
@@ -37,8 +37,8 @@ func TestTCPRotationUnderPortQuota(t *testing.T) {
 // its public port; once no member holds the old key, the record forgets it.
 func TestTCPRotationSurvivesARestart(t *testing.T) {
 	dir := t.TempDir()
-	cfg := ServerConfig{LoadBalancing: true, Auth: tenantAuth(), Store: openBoltStore(t, dir),
-		TCPPorts: group.PortRange{Lo: 44780, Hi: 44789}, TCPBindHost: "127.0.0.1"}
+	cfg := ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Auth: tenantAuth(), Store: openBoltStore(t, dir),
+		TCP: TCPTunnels{Ports: group.PortRange{Lo: 44780, Hi: 44789}, BindHost: "127.0.0.1"}}
 	echo := tcpBackend(t, func(net.Conn) {})
 	first := startEdge(t, cfg)
 	acme := first.connect(WithToken(acmeToken), WithReconnect(false))
@@ -71,7 +71,7 @@ func TestTCPRotationSurvivesARestart(t *testing.T) {
 // recovered, like any other pool.
 func TestRecoveryAlertAfterRotation(t *testing.T) {
 	op := newReceiver(t)
-	e := startEdge(t, ServerConfig{LoadBalancing: true, AlertWebhookURL: op.URL, AlertMinInterval: time.Nanosecond})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, MinInterval: time.Nanosecond}})
 	b := backend(t, "b")
 	var h switchable
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "k1", Health: h.spec()}, hostPort(b.URL))

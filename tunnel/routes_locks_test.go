@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/warren-tunnel/warren/tunnel/store"
 )
@@ -58,7 +60,7 @@ func (s *stallingStore) Update(ctx context.Context, key string, fn func(*store.R
 // lock, and every registration and leave of the routes of its shard waited for it.
 func TestSlowRouteWriteHoldsUpNoOtherRoute(t *testing.T) {
 	st := newStallingStore()
-	e := startEdge(t, ServerConfig{Store: st, MaxTunnelsPerSession: 1000, RegisterRate: 10000, RegisterBurst: 10000})
+	e := startEdge(t, ServerConfig{Store: st, Limits: Limits{MaxTunnelsPerSession: 1000, RegisterRate: 10000, RegisterBurst: 10000}})
 	t.Cleanup(st.unstall) // before the edge closes: its Close waits for the queued write
 	b := backend(t, "b")
 	sess := e.connect()
@@ -108,4 +110,68 @@ func TestSlowRouteWriteHoldsUpNoOtherRoute(t *testing.T) {
 	st.unstall()
 	require.Eventually(t, func() bool { return !slowRecord().EmptySince.IsZero() }, 5*time.Second, 10*time.Millisecond,
 		"the slow route was never recorded empty")
+}
+
+// refusingStore is a Memory whose Updates of one key fail once fail names it, as a store
+// that is gone (a cluster's NATS, once the edge left the cluster).
+type refusingStore struct {
+	*store.Memory
+	mu      sync.Mutex
+	key     string
+	refused chan struct{} // closed once an Update of key failed
+	once    sync.Once
+}
+
+func (s *refusingStore) Update(ctx context.Context, key string, fn func(*store.Route) (*store.Route, error)) (*store.Route, error) {
+	s.mu.Lock()
+	fail := key == s.key
+	s.mu.Unlock()
+	if fail {
+		s.once.Do(func() { close(s.refused) })
+		return nil, errors.New("store gone")
+	}
+	return s.Memory.Update(ctx, key, fn)
+}
+
+// An edge closes although a route's write is being tried again and again (its store
+// refuses it) and a registration of that route waits behind that write: the edge stops
+// trying once it begins to close. Before, Close waited for the registration, the
+// registration for the write, and the write for the end of Close.
+func TestCloseEndsWritesTheStoreRefuses(t *testing.T) {
+	st := &refusingStore{Memory: store.NewMemory(), refused: make(chan struct{})}
+	cfg := ServerConfig{Store: st, Domain: testDomain, Logger: zaptest.NewLogger(t)}
+	srv, err := NewServer(cfg)
+	require.NoError(t, err)
+	ctl := listenLoopback(t)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctl) }()
+	b := backend(t, "b")
+	sess, err := Dial(ctxT(t), ctl.Addr().String(), WithToken(""), WithReconnect(false))
+	require.NoError(t, err)
+	defer sess.Close()
+	x, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "x"}, hostPort(b.URL))
+	require.NoError(t, err)
+
+	st.mu.Lock()
+	st.key = store.Key(store.KindHTTP, "x")
+	st.mu.Unlock()
+	require.NoError(t, x.Close()) // x's emptiness is refused, and tried again
+	<-st.refused
+	registered := make(chan error, 1)
+	go func() {
+		_, err := sess.Forward(context.Background(), TunnelSpec{Subdomain: "x"}, hostPort(b.URL))
+		registered <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the registration reaches the write queue
+
+	closed := make(chan error, 1)
+	go func() { closed <- srv.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close did not return: it waits for a write the store refuses")
+	}
+	require.Error(t, <-registered)
+	require.ErrorIs(t, <-served, ErrServerClosed)
 }

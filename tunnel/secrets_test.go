@@ -52,7 +52,11 @@ func TestSecretsNeverReachTheLogs(t *testing.T) {
 	var logs logBuffer
 	op := newReceiver(t)
 	e := startEdge(t, ServerConfig{
-		LoadBalancing: true, Logger: logs.logger(), AlertWebhookURL: op.URL,
+		LoadBalancing: LoadBalancing{
+			Enabled: true,
+		}, Logger: logs.logger(), Alerts: Alerts{
+			WebhookURL: op.URL,
+		},
 		Auth: mustStaticTokens(t, []string{token}, map[string]string{"acme": tenantToken}),
 	})
 	b := backend(t, "b")

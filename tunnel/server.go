@@ -113,14 +113,14 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.limits.Store(newLiveLimits(&cfg))
 	s.authLimit, s.preAuth = cfg.throttles()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.httpPort.Store(int32(cfg.PublicHTTPPort))
-	s.httpsPort.Store(int32(cfg.PublicHTTPSPort))
+	s.httpPort.Store(int32(cfg.Public.URLHTTPPort))
+	s.httpsPort.Store(int32(cfg.Public.URLHTTPSPort))
 	pc := cfg.proxyConfig()
 	pc.Stats = proxy.Stats{HTTPRequests: &s.requests.http, TCPConnections: &s.requests.tcp,
 		RetriesOpenFailed: &s.retries.open, RetriesResetUnread: &s.retries.unread, RetriesIdempotent: &s.retries.idempotent,
 		ResponsesCut: &s.cuts}
 	pc.RetryIdempotent = s.retryIdempotent
-	if cfg.OutlierEjection != nil {
+	if cfg.LoadBalancing.OutlierEjection != nil {
 		pc.Outcome = func(m *group.Member, failed bool, reason string) { s.registry.ReportOutcome(m, failed, reason) }
 	}
 	pc.HTTPSHost = func(sub string) string { // "": no HTTPS listener, no redirect
@@ -142,12 +142,12 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return ErrServerClosed
 	}
 	s.registry = group.NewRegistry(group.Config{
-		LoadBalancing:      cfg.LoadBalancing,
-		Ports:              cfg.TCPPorts,
-		MaxActivePerMember: int64(cfg.MaxConcurrentPerMember),
-		PreferLocalStreams: cfg.PreferLocalStreams,
-		NewStrategy:        cfg.NewStrategy,
-		Ejection:           cfg.OutlierEjection,
+		LoadBalancing:      cfg.LoadBalancing.Enabled,
+		Ports:              cfg.TCP.Ports,
+		MaxActivePerMember: int64(cfg.LoadBalancing.MaxConcurrentPerMember),
+		PreferLocalStreams: cfg.LoadBalancing.PreferLocalStreams,
+		NewStrategy:        cfg.LoadBalancing.NewStrategy,
+		Ejection:           cfg.LoadBalancing.OutlierEjection,
 		OnCreate:           bindTCP,
 		OnRemove: func(g *group.Group) {
 			s.tcp.OnRemove(g)
@@ -293,8 +293,8 @@ func isTemporary(err error) bool {
 // A connection that begins with a data connection's preamble (package wire) joins its
 // session's pool of data connections instead (edge_data.go).
 //
-// Until its Hello is accepted the connection counts toward MaxPreAuthConns and
-// MaxPreAuthConnsPerIP; over either cap it is closed at once and ServeConn returns an error.
+// Until its Hello is accepted the connection counts toward PreAuth.MaxConns and
+// PreAuth.MaxConnsPerIP; over either cap it is closed at once and ServeConn returns an error.
 func (s *Server) ServeConn(c net.Conn) error {
 	slot := s.preAuth.Acquire(throttle.KeyOf(c.RemoteAddr()))
 	if slot == nil {
@@ -302,7 +302,7 @@ func (s *Server) ServeConn(c net.Conn) error {
 		return errPreAuthFull
 	}
 	// A data connection (edge_data.go) or a control connection: its first byte tells.
-	by := time.Now().Add(s.cfg.HelloTimeout)
+	by := time.Now().Add(s.cfg.PreAuth.HelloTimeout)
 	c, data, err := s.sniff(c, by)
 	if err != nil || data {
 		if err == nil {
@@ -343,7 +343,7 @@ func (s *Server) DialContext(ctx context.Context, _, _ string) (net.Conn, error)
 
 // ServeAdmin serves h, an operator plane (the admin API of package tunnel/admin, say), on l
 // until Shutdown or Close, with the limits of an operator listener: a request there has
-// twice ServerConfig.ReadHeaderTimeout to arrive, body included (an event stream is not cut
+// twice ServerConfig.Public.ReadHeaderTimeout to arrive, body included (an event stream is not cut
 // by it), and an HTTP/1.x connection is closed after an answer that left its request body
 // unread.
 func (s *Server) ServeAdmin(l net.Listener, h http.Handler) error {
@@ -362,12 +362,12 @@ func (s *Server) ListenAndServe() error {
 	svcs := []svc{{name: "control", addr: s.cfg.ControlAddr, serve: s.Serve}}
 	if s.cfg.TLSConfig != nil {
 		svcs[0].wrap = func(l net.Listener) net.Listener { return tls.NewListener(l, s.cfg.TLSConfig) }
-		if s.cfg.HTTPSAddr != "" {
-			svcs = append(svcs, svc{name: "https", addr: s.cfg.HTTPSAddr, serve: s.ServePublicTLS})
+		if s.cfg.Public.HTTPSAddr != "" {
+			svcs = append(svcs, svc{name: "https", addr: s.cfg.Public.HTTPSAddr, serve: s.ServePublicTLS})
 		}
 	}
-	if s.cfg.HTTPAddr != "" {
-		svcs = append(svcs, svc{name: "http", addr: s.cfg.HTTPAddr, serve: s.ServePublic})
+	if s.cfg.Public.HTTPAddr != "" {
+		svcs = append(svcs, svc{name: "http", addr: s.cfg.Public.HTTPAddr, serve: s.ServePublic})
 	}
 	if s.cluster != nil {
 		svcs = append(svcs, svc{name: "peers", addr: s.cluster.PeerAddr(), serve: s.cluster.ServePeers})
@@ -482,7 +482,7 @@ func (s *Server) Close() error {
 
 func (s *Server) beginClose() ([]net.Listener, []*http.Server) {
 	s.closeOnce.Do(func() { close(s.done) })
-	s.routes.stopping.Store(true)
+	s.routes.stop()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closing = true

@@ -172,8 +172,7 @@ func (c *h2Client) state(id uint32) (resets map[uint32]http2.ErrCode, goaway boo
 func TestH2StalledStreamsPastTheConnectionBudgetAreReset(t *testing.T) {
 	be := downloads(t)
 	window := int64(mux.StreamWindow)
-	e := startEdge(t, ServerConfig{PublicH2C: true, ResponseStallTimeout: time.Second,
-		MaxStalledResponseBytesPerConn: 2*window + window/2})
+	e := startEdge(t, ServerConfig{Public: PublicHTTP{H2C: true}, StalledResponses: StalledResponseLimits{Timeout: time.Second, MaxBytesPerConn: 2*window + window/2}})
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "dl"}, hostPort(be.URL))
 	require.NoError(t, err)
 
@@ -241,7 +240,7 @@ func stalledGet(t *testing.T, e *testEdge, local, sub, path string) net.Conn {
 func TestHTTP1ClientThatStopsReadingIsCut(t *testing.T) {
 	be := downloads(t)
 	const timeout = 500 * time.Millisecond
-	e := startEdge(t, ServerConfig{ResponseStallTimeout: timeout})
+	e := startEdge(t, ServerConfig{StalledResponses: StalledResponseLimits{Timeout: timeout}})
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "dl"}, hostPort(be.URL))
 	require.NoError(t, err)
 
@@ -267,7 +266,7 @@ func TestHTTP1ClientThatStopsReadingIsCut(t *testing.T) {
 func TestClientAddressOverItsBudgetIsCut(t *testing.T) {
 	be := downloads(t)
 	window := int64(mux.StreamWindow)
-	e := startEdge(t, ServerConfig{ResponseStallTimeout: time.Minute, MaxStalledResponseBytesPerIP: 2*window + window/2})
+	e := startEdge(t, ServerConfig{StalledResponses: StalledResponseLimits{Timeout: time.Minute, MaxBytesPerIP: 2*window + window/2}})
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "dl"}, hostPort(be.URL))
 	require.NoError(t, err)
 

@@ -64,7 +64,7 @@ func digestBackend(c net.Conn) {
 }
 
 func TestTCPHalfCloseCarriesTheReply(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43000), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43000), BindHost: "127.0.0.1"}})
 	sess := e.connect()
 	tun, err := sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "digest"}, tcpBackend(t, digestBackend))
 	require.NoError(t, err)
@@ -100,7 +100,7 @@ func TestTCPLargeTransferIsByteExact(t *testing.T) {
 		require.NoError(t, err)
 		mib = n
 	}
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43100), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43100), BindHost: "127.0.0.1"}})
 	sess := e.connect()
 	tun, err := sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, tcpBackend(t, digestBackend))
 	require.NoError(t, err)
@@ -143,7 +143,7 @@ func (p *prng) Read(b []byte) (int, error) {
 }
 
 func TestTCPWithoutHealthyMemberClosesAtOnce(t *testing.T) {
-	e := startEdge(t, ServerConfig{TCPPorts: tcpRange(43200), TCPBindHost: "127.0.0.1"})
+	e := startEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(43200), BindHost: "127.0.0.1"}})
 	sess := e.connect()
 	never := &healthSpecNeverPasses
 	tun, err := sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Health: never}, tcpBackend(t, digestBackend))

@@ -86,9 +86,9 @@ func closedAtOnce(conns ...net.Conn) int {
 
 func TestShortTokensAreRefused(t *testing.T) {
 	_, err := NewStaticTokens([]string{"0123456789abcdef", "short-secret"}, nil)
-	require.EqualError(t, err, "tunnel: token 1 is 12 characters long; tokens need at least 16")
+	require.EqualError(t, err, "tunnel: token 1 is 12 characters long; a token needs at least 16")
 	_, err = NewStaticTokens(nil, map[string]string{"acme": "0123456789abcdef", "globex": "tiny"})
-	require.EqualError(t, err, `tunnel: the token of tenant "globex" is 4 characters long; tokens need at least 16`)
+	require.EqualError(t, err, `tunnel: the token of tenant "globex" is 4 characters long; a token needs at least 16`)
 	_, err = NewStaticTokens([]string{""}, nil)
 	require.Error(t, err, "an empty token is a short one")
 	_, err = NewStaticTokens([]string{"0123456789abcdef"}, map[string]string{"acme": "ééééééééééééééée"})
@@ -110,7 +110,7 @@ func TestControlTokenGuessingIsThrottled(t *testing.T) {
 	})
 	core, logs := observer.New(zapcore.InfoLevel)
 	e := startEdge(t, ServerConfig{Auth: auth, Logger: zap.New(core),
-		MaxAuthFailuresPerIP: 3, AuthFailureDelay: 100 * time.Millisecond})
+		PreAuth: PreAuthLimits{MaxAuthFailuresPerIP: 3, AuthFailureDelay: 100 * time.Millisecond}})
 
 	for i, wantDelay := range []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond} {
 		start := time.Now()
@@ -148,7 +148,7 @@ func TestControlTokenGuessingIsThrottled(t *testing.T) {
 // per-address cap (default 16) they are closed at once, and others are still served.
 func TestPreAuthConnectionsPerAddressAreCapped(t *testing.T) {
 	// A long hello timeout: the silent connections stay until the test closes them.
-	e := startEdge(t, ServerConfig{HelloTimeout: time.Minute})
+	e := startEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: time.Minute}})
 	var conns []net.Conn
 	for range 20 {
 		conns = append(conns, dialFrom(t, "127.0.0.1", e.controlAddr))
@@ -169,7 +169,7 @@ func TestPreAuthConnectionsPerAddressAreCapped(t *testing.T) {
 // The total cap holds across addresses; a connection counts until its Hello is accepted, and
 // sessions already up are not affected.
 func TestPreAuthConnectionsInAllAreCapped(t *testing.T) {
-	e := startEdge(t, ServerConfig{HelloTimeout: time.Minute, MaxPreAuthConns: 6, MaxPreAuthConnsPerIP: 3})
+	e := startEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: time.Minute, MaxConns: 6, MaxConnsPerIP: 3}})
 	b := backend(t, "b")
 	up := e.connect()
 	_, err := up.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))
@@ -198,17 +198,17 @@ func TestPreAuthConnectionsInAllAreCapped(t *testing.T) {
 func TestHelloTimeoutDefaultsToFiveSeconds(t *testing.T) {
 	var cfg ServerConfig
 	require.NoError(t, cfg.setDefaults())
-	require.Equal(t, 5*time.Second, cfg.HelloTimeout)
-	require.Equal(t, 256, cfg.MaxPreAuthConns)
-	require.Equal(t, 16, cfg.MaxPreAuthConnsPerIP)
-	require.Equal(t, 10, cfg.MaxAuthFailuresPerIP)
+	require.Equal(t, 5*time.Second, cfg.PreAuth.HelloTimeout)
+	require.Equal(t, 256, cfg.PreAuth.MaxConns)
+	require.Equal(t, 16, cfg.PreAuth.MaxConnsPerIP)
+	require.Equal(t, 10, cfg.PreAuth.MaxAuthFailuresPerIP)
 }
 
 // The hello timeout bounds the control stream and the Hello together, from the accept: a
 // connector cannot take one timeout for each.
 func TestHelloTimeoutCountsFromTheAccept(t *testing.T) {
 	const timeout = time.Second
-	e := startEdge(t, ServerConfig{HelloTimeout: timeout})
+	e := startEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: timeout}})
 	sess, err := yamux.Client(dialFrom(t, "127.0.0.1", e.controlAddr), mux.ClientConfig(zap.NewNop()))
 	require.NoError(t, err)
 	defer sess.Close()

@@ -65,7 +65,7 @@ func fingerprint(der []byte) string { s := sha256.Sum256(der); return fmt.Sprint
 func passthroughEdge(t *testing.T, cfg ServerConfig) (*testEdge, string, tls.Certificate, *x509.CertPool) {
 	t.Helper()
 	cert, pool := selfSigned(t, "edge", "*."+testDomain, "edge.test")
-	cfg.LoadBalancing = true
+	cfg.LoadBalancing.Enabled = true
 	e, addr := startTLSEdge(t, testPKI{pool: pool, server: cert}, cfg)
 	return e, addr, cert, pool
 }
@@ -244,7 +244,7 @@ func TestTLSPassthroughNextToTerminatedHTTPS(t *testing.T) {
 // goroutine behind.
 func TestTLSPassthroughClosesSilentAndGarbageClients(t *testing.T) {
 	const bound = 400 * time.Millisecond
-	e, httpsAddr, _, edgePool := passthroughEdge(t, ServerConfig{ReadHeaderTimeout: bound})
+	e, httpsAddr, _, edgePool := passthroughEdge(t, ServerConfig{Public: PublicHTTP{ReadHeaderTimeout: bound}})
 	beCert, _ := selfSigned(t, "pool backend", "pool."+testDomain)
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTLS, Subdomain: "pool"}, tlsBackend(t, "tls", beCert, nil).Listener.Addr().String())
 	require.NoError(t, err)
@@ -304,10 +304,10 @@ func TestTLSPassthroughValidation(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalid, "%+v", sp)
 	}
 	sp := TunnelSpec{Proto: ProtoTLS, Subdomain: "p", Group: "p", GroupKey: "k", Affinity: "cookie"}
-	require.ErrorContains(t, sp.normalize(false), "a TLS passthrough pool takes client_ip")
+	require.ErrorContains(t, sp.normalize(false), "a TLS passthrough pool (no HTTP is seen) takes client_ip")
 
 	// No TLS at the edge: refused for good.
-	plain := startEdge(t, ServerConfig{LoadBalancing: true})
+	plain := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	_, err := plain.connect().Forward(ctxT(t), TunnelSpec{Proto: ProtoTLS, Subdomain: "p"}, "127.0.0.1:1")
 	require.ErrorIs(t, err, ErrInvalid)
 	require.ErrorContains(t, err, "no TLS configuration")
@@ -334,7 +334,7 @@ func TestTLSPassthroughValidation(t *testing.T) {
 	resp, _ := fetch(t, sniClient(t, httpsAddr, &tls.Config{ServerName: "pool." + testDomain, RootCAs: bePool}, "h1"), "https://pool."+testDomain+"/")
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the pool next to it is not gated")
 
-	require.ErrorContains(t, (&Endpoint{Subdomain: "x", Proto: ProtoTLS}).validate(group.PortRange{}), "a group name is required")
+	require.ErrorContains(t, (&Endpoint{Subdomain: "x", Proto: ProtoTLS}).validate(group.PortRange{}), "Group: required: the pool's name")
 	require.NoError(t, (&Endpoint{Subdomain: "x", Proto: ProtoTLS, Group: "x"}).validate(group.PortRange{}))
 }
 

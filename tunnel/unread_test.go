@@ -76,7 +76,7 @@ func poolWithLive(t *testing.T, e *testEdge, handle func(net.Conn)) func(method 
 func TestRequestResetUnreadGoesToAnotherMember(t *testing.T) {
 	for _, retry := range []bool{true, false} {
 		t.Run(fmt.Sprintf("RetryUnreadRequests=%v", retry), func(t *testing.T) {
-			e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: retry})
+			e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true, RetryUnreadRequests: retry}})
 			var resets atomic.Int64
 			got := poolWithLive(t, e, resetAfterOneByte(&resets))
 
@@ -126,7 +126,7 @@ func TestRequestThatMayHaveReachedAnAppIsNotReplayed(t *testing.T) {
 		{"request with a body reset unread", http.MethodPost, resetAfterOneByte},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: true})
+			e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true, RetryUnreadRequests: true}})
 			var seen atomic.Int64
 			got := poolWithLive(t, e, tc.handle(&seen))
 
@@ -164,7 +164,7 @@ func TestRequestThatMayHaveReachedAnAppIsNotReplayed(t *testing.T) {
 // the backend here keeps its connection open after its three bytes, so an edge waiting for
 // a whole notice would leave the client waiting until its own timeout.
 func TestUnreadNoticeIsNotAResponse(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true, RetryUnreadRequests: true}})
 	got := poolWithLive(t, e, func(c net.Conn) {
 		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
 			_, _ = c.Write([]byte{0x00, 0x01, 'x'})
@@ -195,7 +195,7 @@ func TestUnreadNoticeIsNotAResponse(t *testing.T) {
 // request to the other member. The notice's tag, keyed by a secret of the session that the
 // backend never sees, is what tells them apart.
 func TestBackendOutputLikeTheUnreadNoticeIsNotReplayed(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true, RetryUnreadRequests: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true, RetryUnreadRequests: true}})
 	var handled atomic.Int64
 	got := poolWithLive(t, e, func(c net.Conn) {
 		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
@@ -228,7 +228,7 @@ func TestBackendOutputLikeTheUnreadNoticeIsNotReplayed(t *testing.T) {
 // unread, which resets the connection. The public client must never receive a notice as
 // content: after a request with a body the connector sends none on that stream.
 func TestUnreadNoticeNeverInsideAResponseBody(t *testing.T) {
-	e := startEdge(t, ServerConfig{LoadBalancing: true})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}})
 	_, err := e.connect().Forward(ctxT(t), pool("pool"), tcpBackend(t, func(c net.Conn) {
 		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 		// Read the request head byte by byte, leaving the body in the socket.

@@ -45,10 +45,10 @@ type edgeOptions struct {
 	// detailed heap profiles).
 	memProfileRate int
 	// retryIdempotent turns the edge's idempotent retry on for every pool
-	// (tunnel.ServerConfig.RetryIdempotent).
+	// (tunnel.ServerConfig.LoadBalancing.RetryIdempotent).
 	retryIdempotent bool
 	// publicH2C makes the public listener serve HTTP/2 with prior knowledge (h2c) too
-	// (tunnel.ServerConfig.PublicH2C), for the h2 scenario.
+	// (tunnel.ServerConfig.Public.H2C), for the h2 scenario.
 	publicH2C bool
 }
 
@@ -115,24 +115,23 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		}
 	}
 	e.srv, err = tunnel.NewServer(tunnel.ServerConfig{
-		Domain:        benchDomain,
-		LoadBalancing: true,
-		TCPPorts:      o.tcpPorts,
-		TCPBindHost:   "127.0.0.1",
-		Logger:        log,
-		// Off by default (a request is replayed only when no byte of it was written);
-		// on here so that the churn report shows
-		// what it saves.
-		RetryUnreadRequests: true,
-		// Off by default too: the churn scenario runs its kill once more with it on.
-		RetryIdempotent: o.retryIdempotent,
+		Domain: benchDomain,
+		LoadBalancing: tunnel.LoadBalancing{
+			Enabled: true,
+			// Off by default (a request is replayed only when no byte of it was written);
+			// on here so that the churn report shows what it saves.
+			RetryUnreadRequests: true,
+			// Off by default too: the churn scenario runs its kill once more with it on.
+			RetryIdempotent: o.retryIdempotent,
+		},
+		TCP:    tunnel.TCPTunnels{Ports: o.tcpPorts, BindHost: "127.0.0.1"},
+		Logger: log,
 		// Off by default; on for the h2 scenario, whose clients speak h2c to the edge.
-		PublicH2C: o.publicH2C,
+		Public: tunnel.PublicHTTP{H2C: o.publicH2C},
 		// Every connector here dials from 127.0.0.1, mem-parallel of them at a time: the
 		// defaults (256 in all, 16 per address, waiting to authenticate) are for a public
 		// edge, and would refuse the memory scenario's connectors as a flood.
-		MaxPreAuthConns:      4096,
-		MaxPreAuthConnsPerIP: 4096,
+		PreAuth: tunnel.PreAuthLimits{MaxConns: 4096, MaxConnsPerIP: 4096},
 	})
 	if err != nil {
 		e.stopProfile()

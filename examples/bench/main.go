@@ -15,7 +15,7 @@
 //     client, -latency-clients) shows the latency the tunnel adds without queueing.
 //   - h2:    HTTP/2 and gRPC: requests/s and latency of -clients request loops sharing
 //     -h2-conns connections that speak HTTP/2 with prior knowledge (h2c) to the edge
-//     (tunnel.ServerConfig.PublicH2C): tiny GETs through a 2-member pool whose members the
+//     (tunnel.ServerConfig.Public.H2C): tiny GETs through a 2-member pool whose members the
 //     edge reaches over HTTP/1.1 and through one it reaches over h2c (TunnelSpec.
 //     BackendProtocol), and gRPC unary calls (the standard health service's Check) through a
 //     2-member h2c pool of grpc-go servers; directly, the same loops speak h2c to the backends.
@@ -26,7 +26,7 @@
 //   - churn: failed requests under load through a 3-member group with 100 ms TCP health
 //     checks while (a) one backend is killed and restarted and (b) the three members are
 //     restarted one after the other (drain, register again); and (c) the same kill through
-//     a second edge with the idempotent retry on (tunnel.ServerConfig.RetryIdempotent), so
+//     a second edge with the idempotent retry on (tunnel.ServerConfig.LoadBalancing.RetryIdempotent), so
 //     that the report shows the failures with the retry off and on side by side.
 //   - lb:    the load-balancing policies: each member's share of -lb-requests sequential
 //     requests through pools weighted 3:1 and 1:1:2; the affinity keys (-lb-keys, header
@@ -96,7 +96,7 @@ import (
 
 	"go.uber.org/zap"
 
-	benchconfig "github.com/warren-tunnel/warren/examples/internal/config"
+	benchconfig "github.com/warren-tunnel/warren/tunnel/config"
 )
 
 func main() {

@@ -35,7 +35,7 @@ type churnRun struct {
 // churnSummary is one disruption over the runs.
 type churnSummary struct {
 	name string
-	// retry: the edge ran with the idempotent retry on (tunnel.ServerConfig.RetryIdempotent).
+	// retry: the edge ran with the idempotent retry on (tunnel.ServerConfig.LoadBalancing.RetryIdempotent).
 	retry bool
 	runs  []churnRun
 }

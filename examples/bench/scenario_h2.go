@@ -39,7 +39,7 @@ type h2Summary struct {
 
 // runH2 measures HTTP/2 and gRPC through the tunnel and directly: -clients request loops
 // share -h2-conns connections that speak HTTP/2 with prior knowledge (h2c) to the edge's
-// public listener (PublicH2C) or, directly, to the backends. Tiny GETs go through a 2-member
+// public listener (Public.H2C) or, directly, to the backends. Tiny GETs go through a 2-member
 // pool whose members the edge reaches over HTTP/1.1 and through one whose members it reaches
 // over h2c (BackendProtocol "h2c"), both over the same two net/http backends; gRPC unary
 // calls (the standard health service's Check) go through a 2-member h2c pool over two

@@ -57,11 +57,11 @@ var wanScenarios = []string{"http", "tcp", "cold"}
 
 // The "cold" figure: single requests through Warren that each open a new member stream,
 // because the edge's idle streams to the members expired (tunnel.ServerConfig's
-// IdleStreamTimeout, 4 s by default and not set by examples/edge) — the request the issue's
+// Timeouts.IdleStream, 4 s by default and not set by examples/edge) — the request the issue's
 // one-round-trip change is about, which the keep-alive workloads above hardly ever make once
 // warm.
 const (
-	wanColdIdle    = 4500 * time.Millisecond // > the edge's IdleStreamTimeout
+	wanColdIdle    = 4500 * time.Millisecond // > the edge's Timeouts.IdleStream
 	wanColdSamples = 2                       // per path and round
 )
 

@@ -304,11 +304,15 @@ func startEdge(id, natsURL string) (*edge, error) {
 		return fail(err)
 	}
 	srv, err := tunnel.NewServer(tunnel.ServerConfig{
-		Domain:         "localhost",
-		LoadBalancing:  true,
-		Auth:           auth,
-		PublicHTTPPort: ls[1].Addr().(*net.TCPAddr).Port,
-		Cluster:        c,
+		Domain: "localhost",
+		LoadBalancing: tunnel.LoadBalancing{
+			Enabled: true,
+		},
+		Auth: auth,
+		Public: tunnel.PublicHTTP{
+			URLHTTPPort: ls[1].Addr().(*net.TCPAddr).Port,
+		},
+		Cluster: c,
 	})
 	if err != nil {
 		return fail(err)

@@ -36,34 +36,31 @@
 //
 // --config defaults to ~/.warren/config.yml. Logs go to stderr as JSON at info level; -v
 // switches to a human-readable debug log.
+//
+// It is a thin wrapper: package tunnel/config reads the file into the session's options
+// and the tunnels' registrations, and package connectorcmd (internal to this example) holds
+// the running tunnels, the control socket and the commands that talk to it.
 package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"strconv"
 	"sync"
 	"syscall"
-	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
-	"github.com/warren-tunnel/warren/health"
+	"github.com/warren-tunnel/warren/examples/connector/internal/connectorcmd"
 	"github.com/warren-tunnel/warren/tunnel"
+	"github.com/warren-tunnel/warren/tunnel/config"
 )
-
-// startTimeout bounds connecting to the edge and registering the tunnels.
-const startTimeout = 30 * time.Second
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -101,44 +98,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "start":
 		return runStart(ctx, args[1:], stdout, stderr)
 	case "status":
-		return runStatus(args[1:], stdout, stderr)
+		return connectorcmd.Status(args[1:], stdout, stderr)
 	case "attach":
-		return runAttach(args[1:], stdout, stderr)
+		return connectorcmd.Attach(args[1:], stdout, stderr)
 	case "detach":
-		return runDetach(args[1:], stdout, stderr)
+		return connectorcmd.Detach(args[1:], stdout, stderr)
 	case "check":
-		return runCheck(args[1:], stdout, stderr)
+		return connectorcmd.Check(args[1:], stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		usage(stdout)
 		return 0
 	}
 	usage(stderr)
 	return 2
-}
-
-// loadConfig reads the configuration file (path "" is the default) and checks its TLS
-// settings load; errors are printed.
-func loadConfig(path string, stderr io.Writer) (*config.Client, int) {
-	if path == "" {
-		p, err := config.DefaultClientPath()
-		if err != nil {
-			fmt.Fprintln(stderr, err)
-			return nil, 2
-		}
-		path = p
-	}
-	cfg, err := config.LoadClient(path)
-	if err != nil {
-		fmt.Fprintln(stderr, err)
-		return nil, 2
-	}
-	if cfg.TLS.Enabled {
-		if _, err := tlsConfig(cfg.TLS); err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", cfg.File, err)
-			return nil, 2
-		}
-	}
-	return cfg, 0
 }
 
 // runStart is `connector start`.
@@ -165,51 +137,24 @@ func runStart(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stderr, "connector: --socket-mode %q is not an octal permission such as 0600\n", *modeFlag)
 		return 2
 	}
-	cfg, code := loadConfig(*path, stderr)
-	if cfg == nil {
-		return code
-	}
-	opts := []tunnel.Option{tunnel.WithToken(cfg.AuthToken), tunnel.WithDrainTimeout(cfg.DrainTimeout), tunnel.WithDataReadBuffer(cfg.DataReadBuffer)}
-	if cfg.TLS.Enabled {
-		tc, _ := tlsConfig(cfg.TLS) // loadConfig checked it
-		opts = append(opts, tunnel.WithTLS(tc))
+	cfg, opts, err := connectorcmd.Load(*path)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
 	}
 	log := newLogger(stderr, *verbose)
 	defer func() { _ = log.Sync() }()
 	opts = append(opts, tunnel.WithLogger(log))
-
-	// The control socket comes first: a second connector on the same socket stops here,
-	// before it registers anything.
-	// The default one is optional: where it cannot be made (no writable home, say) the
-	// connector runs without it, as it did before it had one.
-	socket, explicit := *socketFlag, true
-	if socket == "" {
-		socket = cfg.ControlSocket
-	}
-	if socket == "" {
-		explicit = false
-		if socket, err = config.DefaultControlSocket(cfg.File); err != nil {
-			log.Warn("no control socket", zap.Error(err))
-		}
-	}
-	var ln *net.UnixListener
-	if socket != "" {
-		ln, err = listenControl(socket, os.FileMode(mode))
-		switch {
-		case err == nil:
-		case explicit || errors.Is(err, errAlreadyRunning):
-			fmt.Fprintln(stderr, "connector:", err)
-			return 1
-		default:
-			log.Warn("no control socket; status, attach and detach are unavailable", zap.Error(err))
-			socket = ""
-		}
+	ln, socket, err := connectorcmd.OpenControlSocket(*socketFlag, cfg, os.FileMode(mode), log)
+	if err != nil {
+		fmt.Fprintln(stderr, "connector:", err)
+		return 1
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
-	startCtx, cancel := context.WithTimeout(ctx, startTimeout)
+	startCtx, cancel := context.WithTimeout(ctx, connectorcmd.StartTimeout)
 	defer cancel()
 	var sess *tunnel.Session
 	if cfg.Servers != nil {
@@ -229,9 +174,8 @@ func runStart(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		return 1
 	}
 	dctx, dcancel := context.WithCancel(context.Background())
-	d := newDaemon(dctx, sess, cfg, log, stdout, stderr)
-	d.socket = socket
-	ctl := newControlServer(d, ln, socket)
+	d := connectorcmd.NewDaemon(dctx, sess, cfg, socket, log, stdout, stderr)
+	ctl := connectorcmd.NewControlServer(d, ln, socket)
 	stopped := false
 	stopAll := func(wait bool) {
 		if stopped {
@@ -239,8 +183,8 @@ func runStart(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		stopped = true
 		dcancel()
-		ctl.close(wait)
-		d.wg.Wait()
+		ctl.Close(wait)
+		d.Wait()
 	}
 	defer func() {
 		_ = sess.Close() // ends every tunnel, so every watcher returns
@@ -248,118 +192,44 @@ func runStart(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}()
 
 	for _, tc := range cfg.Tunnels {
-		e, err := d.register(startCtx, tc, false)
-		if err != nil {
+		if err := d.Start(startCtx, tc); err != nil {
 			if ctx.Err() != nil {
 				return 0
 			}
-			fmt.Fprintln(stderr, tunnelError(tc.Name, err))
+			fmt.Fprintln(stderr, connectorcmd.TunnelError(tc.Name, err))
 			return 1
 		}
-		d.insert(e)
 	}
 	cancel()
-	ctl.start()
+	ctl.Start()
 	log.Info("control socket ready", zap.String("socket", socket))
 
 	for {
 		select {
 		case <-ctx.Done():
 			log.Info("signal received; draining tunnels", zap.Duration("drain_timeout", cfg.DrainTimeout))
-			d.shutdown()
+			d.Shutdown()
 			stopAll(false)
 			return 0
 		case <-sess.Done():
 			fmt.Fprintln(stderr, "connector:", sess.Err())
 			return 1
 		case <-hup:
-			next, err := config.LoadClient(cfg.File)
+			next, err := config.LoadConnector(cfg.File)
 			if err != nil {
 				log.Error("reload failed; the running configuration is kept", zap.String("errors", err.Error()))
 				fmt.Fprintln(stderr, err)
 				continue
 			}
 			log.Info("SIGHUP: reloading the configuration", zap.String("file", cfg.File))
-			d.wg.Go(func() { d.reload(next) })
-		case <-d.failed:
-			if d.liveCount() == 0 {
+			d.Reload(next)
+		case <-d.Failed():
+			if d.LiveCount() == 0 {
 				fmt.Fprintln(stderr, "connector: no tunnel left")
 				return 1
 			}
 		}
 	}
-}
-
-// tunnelSpec turns one tunnel of the file into its registration.
-func tunnelSpec(t config.Tunnel) tunnel.TunnelSpec {
-	spec := tunnel.TunnelSpec{
-		Proto:     t.Proto,
-		Subdomain: t.Subdomain,
-		Group:     t.Group,
-		GroupKey:  t.GroupKey,
-	}
-	if t.Proto == tunnel.ProtoTCP {
-		spec.Name = t.Name
-	}
-	if h := t.HealthCheck; h != nil {
-		spec.Health = &health.Spec{
-			Type:      health.Type(h.Type),
-			Path:      h.Path,
-			Interval:  h.Interval,
-			Timeout:   h.Timeout,
-			MaxFailed: h.MaxFailed,
-			AnyStatus: !h.Expect2xx,
-		}
-		spec.AlertWebhook = h.AlertWebhook
-	}
-	spec.Weight, spec.Priority, spec.SlowStart = t.Weight, t.Priority, t.SlowStart
-	spec.Affinity, spec.RetryIdempotent = t.Affinity, t.RetryIdempotent
-	spec.PreviousGroupKeys = t.PreviousGroupKeys
-	spec.BackendProtocol = t.BackendProtocol
-	return spec
-}
-
-// tlsConfig builds the TLS settings for the connection to the edge: the system roots or
-// the ca_path bundle; verification is skipped only when the file says so.
-func tlsConfig(c config.ClientTLS) (*tls.Config, error) {
-	tc := &tls.Config{
-		ServerName:         c.ServerName,
-		InsecureSkipVerify: c.InsecureSkipVerify, // only an explicit "true" in the file
-		MinVersion:         tls.VersionTLS12,
-	}
-	if c.CAPath != "" {
-		pem, err := os.ReadFile(c.CAPath)
-		if err != nil {
-			return nil, fmt.Errorf("tls.ca_path: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls.ca_path: %s holds no PEM certificate", c.CAPath)
-		}
-		tc.RootCAs = pool
-	}
-	return tc, nil
-}
-
-// tunnelLine is the line printed once a tunnel is registered.
-func tunnelLine(c config.Tunnel, t *tunnel.Tunnel) string {
-	line := fmt.Sprintf("tunnel %s: %s", c.Name, t.URL())
-	if t.Port() != 0 {
-		line += fmt.Sprintf(" (port %d)", t.Port())
-	}
-	line += " -> " + c.LocalAddr()
-	if g := t.Group(); g != "" {
-		line += fmt.Sprintf(" (group %s)", g)
-	}
-	return line
-}
-
-// tunnelError says why a tunnel failed; a rejection carries the edge's message verbatim.
-func tunnelError(name string, err error) string {
-	if rej, ok := errors.AsType[*tunnel.RejectedError](err); ok {
-		return fmt.Sprintf("tunnel %s rejected: %s", name, rej.Message)
-	}
-	return fmt.Sprintf("tunnel %s: %v", name, err)
 }
 
 // newLogger returns a JSON logger at info level, or with verbose a human-readable one at

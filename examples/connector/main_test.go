@@ -3,14 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,11 +15,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/warren-tunnel/warren/examples/connector/internal/connectorcmd"
 	"go.uber.org/goleak"
-
-	"github.com/warren-tunnel/warren/examples/internal/config"
-	"github.com/warren-tunnel/warren/health"
-	"github.com/warren-tunnel/warren/tunnel"
 )
 
 func TestMain(m *testing.M) {
@@ -42,104 +32,6 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(code)
 	}))
-}
-
-func TestTunnelSpec(t *testing.T) {
-	c, err := config.ParseClient("config.yml", []byte(`
-server: localhost:4040
-tunnels:
-  web:
-    proto: http
-    local_port: 3000
-    subdomain: pool
-    group: web
-    group_key: k
-    health_check:
-      type: http
-      path: /healthz
-      interval_secs: 0.5
-      timeout_secs: 0.25
-      max_failed: 2
-      expect_2xx: false
-      alert_webhook: https://hooks.example.com/a
-  db:
-    proto: tcp
-    local_port: 5432
-`))
-	require.NoError(t, err)
-
-	web := tunnelSpec(c.Tunnels[0])
-	require.Equal(t, tunnel.TunnelSpec{
-		Proto: tunnel.ProtoHTTP, Subdomain: "pool", Group: "web", GroupKey: "k",
-		Health: &health.Spec{Type: health.TypeHTTP, Path: "/healthz", Interval: 500 * time.Millisecond,
-			Timeout: 250 * time.Millisecond, MaxFailed: 2, AnyStatus: true},
-		AlertWebhook: "https://hooks.example.com/a",
-	}, web)
-
-	db := tunnelSpec(c.Tunnels[1])
-	require.Equal(t, tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Name: "db"}, db, "a tcp tunnel is named after its key")
-	require.Equal(t, "127.0.0.1:5432", c.Tunnels[1].LocalAddr())
-}
-
-func TestTunnelSpecExpect2xxDefault(t *testing.T) {
-	c, err := config.ParseClient("config.yml", []byte(`
-server: localhost:4040
-tunnels:
-  a: {proto: http, local_port: 3000, subdomain: a, health_check: {type: tcp}}
-`))
-	require.NoError(t, err)
-	spec := tunnelSpec(c.Tunnels[0])
-	require.NotNil(t, spec.Health)
-	require.False(t, spec.Health.AnyStatus, "expect_2xx defaults to true")
-	require.NoError(t, spec.Health.Validate())
-}
-
-func TestTLSConfig(t *testing.T) {
-	dir := t.TempDir()
-	bad := filepath.Join(dir, "bad.pem")
-	require.NoError(t, os.WriteFile(bad, []byte("not PEM"), 0o600))
-	_, err := tlsConfig(config.ClientTLS{Enabled: true, CAPath: bad})
-	require.ErrorContains(t, err, "tls.ca_path")
-
-	_, err = tlsConfig(config.ClientTLS{Enabled: true, CAPath: filepath.Join(dir, "missing.pem")})
-	require.ErrorContains(t, err, "tls.ca_path")
-
-	ca := filepath.Join(dir, "ca.pem")
-	require.NoError(t, os.WriteFile(ca, selfSigned(t), 0o600))
-	tc, err := tlsConfig(config.ClientTLS{Enabled: true, CAPath: ca, ServerName: "edge.example.com"})
-	require.NoError(t, err)
-	require.NotNil(t, tc.RootCAs)
-	require.Equal(t, "edge.example.com", tc.ServerName)
-	require.False(t, tc.InsecureSkipVerify)
-
-	tc, err = tlsConfig(config.ClientTLS{Enabled: true})
-	require.NoError(t, err)
-	require.Nil(t, tc.RootCAs, "the system roots")
-	require.False(t, tc.InsecureSkipVerify)
-
-	tc, err = tlsConfig(config.ClientTLS{Enabled: true, InsecureSkipVerify: true})
-	require.NoError(t, err)
-	require.True(t, tc.InsecureSkipVerify, "only when the file says so")
-}
-
-func selfSigned(t *testing.T) []byte {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-}
-
-func TestTunnelError(t *testing.T) {
-	rej := &tunnel.RejectedError{Code: "group_key_mismatch", Message: "group key does not match for subdomain 'pool'"}
-	require.Equal(t, "tunnel b rejected: group key does not match for subdomain 'pool'", tunnelError("b", rej))
-	require.Equal(t, "tunnel b: tunnel: session closed", tunnelError("b", tunnel.ErrSessionClosed))
 }
 
 func TestRunUsageAndConfigErrors(t *testing.T) {
@@ -173,7 +65,7 @@ func TestRunEdgeDown(t *testing.T) {
 	require.Equal(t, 1, run(context.Background(), []string{"start", "--config", path}, &stdout, &stderr))
 	require.Contains(t, stderr.String(), "connector: tunnel: dial "+addr)
 	require.Empty(t, stdout.String())
-	sock, err := config.DefaultControlSocket(path)
+	sock, err := connectorcmd.DefaultControlSocket(path)
 	require.NoError(t, err)
 	require.NoFileExists(t, sock, "the control socket is removed when the connector exits")
 }
@@ -188,9 +80,9 @@ func TestStatusShowsLiveTunnel(t *testing.T) {
 	b := startBackend(t, "web")
 	c := startConnector(t, e, "tunnels:\n"+tunnelYAML("web", b.port, poolYAML("pool")+fastHealth))
 
-	var ts tunnelStatus
+	var ts connectorcmd.TunnelStatus
 	require.Eventually(t, func() bool {
-		ts, _ = c.status(t).tunnelNamed("web")
+		ts, _ = tunnelNamed(c.status(t), "web")
 		return ts.Health == "healthy"
 	}, 10*time.Second, 20*time.Millisecond, "the probe's report reaches status")
 	st := c.status(t)
@@ -220,7 +112,7 @@ func TestStatusShowsLiveTunnel(t *testing.T) {
 	startEdgeOn(t, lc2, nil)
 	require.Eventually(t, func() bool {
 		st := c.status(t)
-		ts, _ := st.tunnelNamed("web")
+		ts, _ := tunnelNamed(st, "web")
 		return st.Connected && st.Reconnects == 1 && ts.State == "registered" && ts.Health == "healthy"
 	}, 15*time.Second, 20*time.Millisecond)
 }
@@ -244,7 +136,7 @@ func TestAttachServesThroughEdge(t *testing.T) {
 		status, body, err := e.get("pool.localhost", "/")
 		return err == nil && status == 200 && body == "attached-backend"
 	}, 10*time.Second, 20*time.Millisecond, "the attached tunnel serves requests")
-	ts, ok := c.status(t).tunnelNamed(fmt.Sprintf("pool-%d", b.port))
+	ts, ok := tunnelNamed(c.status(t), fmt.Sprintf("pool-%d", b.port))
 	require.True(t, ok)
 	require.Equal(t, "attach", ts.Source)
 	pool, ok := e.srv.Registry().LookupHTTP("pool")
@@ -342,10 +234,10 @@ func TestSIGHUPReload(t *testing.T) {
 		tunnelYAML("gone", gone.port, "    subdomain: gone\n")+
 		tunnelYAML("chg", oldB.port, poolYAML("pool")+slowHealth))
 	require.Eventually(t, func() bool {
-		ts, _ := c.status(t).tunnelNamed("chg")
+		ts, _ := tunnelNamed(c.status(t), "chg")
 		return ts.Health == "healthy"
 	}, 10*time.Second, 20*time.Millisecond)
-	keepID := func() string { ts, _ := c.status(t).tunnelNamed("keep"); return ts.ID }
+	keepID := func() string { ts, _ := tunnelNamed(c.status(t), "keep"); return ts.ID }
 	before := keepID()
 
 	// Requests to the pool, one after the other, until stop.
@@ -383,7 +275,7 @@ func TestSIGHUPReload(t *testing.T) {
 
 	require.Eventually(t, func() bool {
 		st := c.status(t)
-		chg, ok := st.tunnelNamed("chg")
+		chg, ok := tunnelNamed(st, "chg")
 		return ok && chg.Local == fmt.Sprintf("127.0.0.1:%d", newB.port) && len(st.Tunnels) == 3
 	}, 15*time.Second, 20*time.Millisecond, "chg re-registered, gone drained, added registered")
 	require.Eventually(t, func() bool {

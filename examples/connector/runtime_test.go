@@ -19,6 +19,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/warren-tunnel/warren/examples/connector/internal/connectorcmd"
 	"github.com/warren-tunnel/warren/tunnel"
 )
 
@@ -69,8 +70,8 @@ func startEdgeOn(t *testing.T, lc, lp net.Listener) *testEdge {
 		require.NoError(t, err)
 	}
 	port := lp.Addr().(*net.TCPAddr).Port
-	srv, err := tunnel.NewServer(tunnel.ServerConfig{Domain: "localhost", LoadBalancing: true,
-		PublicHTTPPort: port, DrainTimeout: 10 * time.Second})
+	srv, err := tunnel.NewServer(tunnel.ServerConfig{Domain: "localhost", LoadBalancing: tunnel.LoadBalancing{Enabled: true},
+		Public: tunnel.PublicHTTP{URLHTTPPort: port}, Timeouts: tunnel.Timeouts{Drain: 10 * time.Second}})
 	require.NoError(t, err)
 	e := &testEdge{srv: srv, control: lc.Addr().String(), public: lp.Addr().String(), publicPort: port}
 	e.serving.Go(func() { _ = srv.Serve(lc) })
@@ -201,23 +202,23 @@ func (c *connector) ctl(args ...string) (int, string, string) {
 }
 
 // status returns c's status as JSON.
-func (c *connector) status(t *testing.T) statusReply {
+func (c *connector) status(t *testing.T) connectorcmd.StatusReply {
 	t.Helper()
 	code, out, errOut := c.ctl("status", "--json")
 	require.Equal(t, 0, code, errOut)
-	var st statusReply
+	var st connectorcmd.StatusReply
 	require.NoError(t, json.Unmarshal([]byte(out), &st), out)
 	return st
 }
 
 // tunnelNamed returns the status of the tunnel called name that is not draining.
-func (st statusReply) tunnelNamed(name string) (tunnelStatus, bool) {
+func tunnelNamed(st connectorcmd.StatusReply, name string) (connectorcmd.TunnelStatus, bool) {
 	for _, ts := range st.Tunnels {
 		if ts.Name == name && ts.State != "draining" {
 			return ts, true
 		}
 	}
-	return tunnelStatus{}, false
+	return connectorcmd.TunnelStatus{}, false
 }
 
 func tunnelYAML(name string, port int, extra string) string {

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/warren-tunnel/warren/examples/internal/config"
 )
 
 // TestServersFollowTheEdge: a connector given two edges attaches to the first; when that
@@ -38,16 +36,7 @@ func TestServersFollowTheEdge(t *testing.T) {
 	require.True(t, st.Connected)
 	require.Equal(t, e2.control, st.Edge)
 	require.Equal(t, 1, st.Reconnects)
-	ts, ok := st.tunnelNamed("web")
+	ts, ok := tunnelNamed(st, "web")
 	require.True(t, ok)
 	require.Equal(t, "registered", ts.State)
-}
-
-// TestReloadKeepsTheEdges: a reload that changes the edges says the change needs a restart
-// (the session keeps its edges); server: x and servers: [x] are the same edges.
-func TestReloadKeepsTheEdges(t *testing.T) {
-	prev := &config.Client{Servers: []string{"a:1", "b:1"}}
-	require.Equal(t, []string{"server (a:1, b:1 -> a:1, c:1): the connector keeps its session with a:1, b:1; restart it to move"},
-		notAppliedSettings(prev, &config.Client{Servers: []string{"a:1", "c:1"}}))
-	require.Empty(t, notAppliedSettings(&config.Client{Server: "a:1"}, &config.Client{Servers: []string{"a:1"}}))
 }

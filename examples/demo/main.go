@@ -61,9 +61,11 @@ func run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	edge, err := tunnel.NewServer(tunnel.ServerConfig{
-		Domain:        "localhost",
-		LoadBalancing: true,
-		Auth:          auth,
+		Domain: "localhost",
+		LoadBalancing: tunnel.LoadBalancing{
+			Enabled: true,
+		},
+		Auth: auth,
 		OnEvent: func(ev group.Event) { // in order per group: print and return
 			say("    edge: %s", describe(ev, &names))
 			select {

@@ -169,7 +169,7 @@ func verifyAs(roots *x509.CertPool, name string) *tls.Config {
 // HTTP/2 connection to the backend. An HTTP/1.1 tunnel next to them is served as before.
 func TestGRPCThroughTunnels(t *testing.T) {
 	cert, pool := selfSigned(t, "edge", "edge.test")
-	e := startInprocEdge(t, tunnel.ServerConfig{PublicH2C: true, TLSConfig: edgeTLS(cert)})
+	e := startInprocEdge(t, tunnel.ServerConfig{Public: tunnel.PublicHTTP{H2C: true}, TLSConfig: edgeTLS(cert)})
 	svc, gl := startGRPC(t)
 	sess := e.connect()
 	for _, sp := range []tunnel.TunnelSpec{
@@ -200,7 +200,7 @@ func TestGRPCThroughTunnels(t *testing.T) {
 // not with an HTTP error page a gRPC client cannot read: a pool with no healthy member and a
 // backend that cannot be reached are UNAVAILABLE with the edge's message.
 func TestGRPCCallsGetTheEdgeFailuresAsGRPCStatuses(t *testing.T) {
-	e := startInprocEdge(t, tunnel.ServerConfig{LoadBalancing: true, PublicH2C: true})
+	e := startInprocEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, Public: tunnel.PublicHTTP{H2C: true}})
 	dead := listenLoopback(t)
 	deadAddr := dead.Addr().String()
 	require.NoError(t, dead.Close())
@@ -234,7 +234,7 @@ func TestGRPCCallsGetTheEdgeFailuresAsGRPCStatuses(t *testing.T) {
 // RESOURCE_EXHAUSTED, and the connection goes on).
 func TestEveryEdgeAnswerReachesAGRPCClientAsAStatus(t *testing.T) {
 	cert, _ := selfSigned(t, "edge", "edge.test")
-	e := startInprocEdge(t, tunnel.ServerConfig{PublicH2C: true, TLSConfig: edgeTLS(cert)})
+	e := startInprocEdge(t, tunnel.ServerConfig{Public: tunnel.PublicHTTP{H2C: true}, TLSConfig: edgeTLS(cert)})
 	_, gl := startGRPC(t)
 	sess := e.connect()
 	for _, sp := range []tunnel.TunnelSpec{
@@ -401,7 +401,7 @@ func TestTLSPassthroughGRPC(t *testing.T) {
 	// The edge's own certificate names every host under its domain: the tunnel's host goes
 	// to the backend all the same.
 	edgeCert, _ := selfSigned(t, "edge", "*."+inprocDomain, "edge.test")
-	e := startInprocEdge(t, tunnel.ServerConfig{LoadBalancing: true, TLSConfig: edgeTLS(edgeCert)})
+	e := startInprocEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, TLSConfig: edgeTLS(edgeCert)})
 	cert, pool := selfSigned(t, "grpc backend", "grpc."+inprocDomain)
 	svc := &grpcService{ended: make(chan error, 16), deadlines: make(chan time.Time, 16)}
 	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}})))

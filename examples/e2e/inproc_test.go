@@ -41,7 +41,7 @@ type inprocEdge struct {
 	*tunnel.Server
 	t           *testing.T
 	controlAddr string
-	publicAddr  string // ServePublic: HTTP, and h2c with ServerConfig.PublicH2C
+	publicAddr  string // ServePublic: HTTP, and h2c with ServerConfig.Public.H2C
 	httpsAddr   string // ServePublicTLS, when ServerConfig.TLSConfig is set
 	client      *http.Client
 }
@@ -72,7 +72,7 @@ func startInprocEdge(t *testing.T, cfg tunnel.ServerConfig) *inprocEdge {
 	}
 	ctl, pub := listenLoopback(t), listenLoopback(t)
 	// Known before the first registration: a tunnel's URL names the public port.
-	cfg.PublicHTTPPort = pub.Addr().(*net.TCPAddr).Port
+	cfg.Public.URLHTTPPort = pub.Addr().(*net.TCPAddr).Port
 	srv, err := tunnel.NewServer(cfg)
 	require.NoError(t, err)
 	e := &inprocEdge{Server: srv, t: t, controlAddr: ctl.Addr().String(), publicAddr: pub.Addr().String()}

@@ -86,8 +86,8 @@ func clusterEdgeOn(t *testing.T, url, id string, timeout time.Duration) *tunnelt
 	served := make(chan error, 1)
 	// Registered first, so run last: after the edge's Close, which ends ServePeers.
 	t.Cleanup(func() { <-served })
-	e := tunneltest.NewEdge(t, tunnel.ServerConfig{LoadBalancing: true, Cluster: c, MaxTunnelsPerSession: 1000,
-		RegisterRate: 1000, RegisterBurst: 1000})
+	e := tunneltest.NewEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, Cluster: c,
+		Limits: tunnel.Limits{MaxTunnelsPerSession: 1000, RegisterRate: 1000, RegisterBurst: 1000}})
 	go func() { served <- c.ServePeers(peer) }()
 	return e
 }

@@ -3,16 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,11 +16,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap"
 
-	"github.com/warren-tunnel/warren/examples/internal/config"
 	"github.com/warren-tunnel/warren/tunnel"
-	"github.com/warren-tunnel/warren/tunnel/cluster"
 )
 
 const (
@@ -53,81 +43,18 @@ func clusterTable(natsURL, id string, peer int, extra string) string {
 		natsURL, id, peer, clusterToken, extra)
 }
 
-// writeCert writes a self-signed certificate for 127.0.0.1 and its key into dir.
-func writeCert(t *testing.T, dir string) (certPath, keyPath string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "edge"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		DNSNames: []string{"localhost"}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	require.NoError(t, err)
-	kb, err := x509.MarshalECPrivateKey(key)
-	require.NoError(t, err)
-	certPath, keyPath = filepath.Join(dir, "peer.crt"), filepath.Join(dir, "peer.key")
-	require.NoError(t, os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600))
-	require.NoError(t, os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600))
-	return certPath, keyPath
-}
-
-// TestServerConfigCluster: [cluster] maps onto cluster.Config, TLS files loaded; without it
-// the edge has no cluster.
-func TestServerConfigCluster(t *testing.T) {
-	sc, err := serverConfig(parse(t, "[server]\ndomain = \"localhost\"\n"), zap.NewNop())
-	require.NoError(t, err)
-	require.Nil(t, sc.Cluster)
-
+// TestCheckClusterBadKeyPair: -check loads the [cluster.tls] key pair, and one that does
+// not load is an error naming the file and the table.
+func TestCheckClusterBadKeyPair(t *testing.T) {
 	dir := t.TempDir()
-	cert, key := writeCert(t, dir)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "peer.crt"), []byte("x"), 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "peer.key"), []byte("not a key"), 0o600))
 	path := filepath.Join(dir, "server.toml")
-	require.NoError(t, os.WriteFile(path, []byte(`[server]
-domain = "localhost"
-[cluster]
-nats_urls = ["nats://10.0.0.1:4222", "nats://10.0.0.2:4222"]
-edge_id = "edge-a"
-advertise = "localhost:7443"
-peer_addr = ":7443"
-token = "`+clusterToken+`"
-lease_secs = 3
-bucket = "prod"
-replicas = 3
-timeout_secs = 2
-[cluster.tls]
-cert_path = "peer.crt"
-key_path = "peer.key"
-ca_path = "peer.crt"
-`), 0o600))
-	c, err := config.LoadServer(path)
-	require.NoError(t, err)
-	sc, err = serverConfig(c, zap.NewNop())
-	require.NoError(t, err)
-	require.IsType(t, &cluster.Cluster{}, sc.Cluster)
-	cc, err := clusterConfig(c.Cluster)
-	require.NoError(t, err)
-	require.Equal(t, []string{"nats://10.0.0.1:4222", "nats://10.0.0.2:4222"}, cc.NATSURLs)
-	require.Equal(t, "edge-a", cc.EdgeID)
-	require.Equal(t, "localhost:7443", cc.Advertise)
-	require.Equal(t, ":7443", cc.PeerAddr)
-	require.Equal(t, clusterToken, cc.Token)
-	require.Equal(t, 3*time.Second, cc.LeaseTTL)
-	require.Equal(t, "prod", cc.Bucket)
-	require.Equal(t, 3, cc.Replicas)
-	require.Equal(t, 2*time.Second, cc.Timeout)
-	require.NotNil(t, cc.PeerTLS)
-	require.Len(t, cc.PeerTLS.Certificates, 1)
-	require.NotNil(t, cc.PeerClientTLS)
-	require.NotNil(t, cc.PeerClientTLS.RootCAs)
-
-	// A key pair that does not load is refused, naming the file and the table.
-	require.NoError(t, os.WriteFile(key, []byte("not a key"), 0o600))
-	_, err = serverConfig(c, zap.NewNop())
-	require.ErrorContains(t, err, path+": cluster: tls: loading cert_path and key_path")
-	require.NoError(t, os.WriteFile(cert, []byte("x"), 0o600))
+	text := "[server]\ndomain = \"localhost\"\n" + clusterTable("nats://10.0.0.1:4222", "edge-a", 7443, "[cluster.tls]\ncert_path = \"peer.crt\"\nkey_path = \"peer.key\"\n")
+	require.NoError(t, os.WriteFile(path, []byte(text), 0o600))
 	var stdout, stderr bytes.Buffer
 	require.Equal(t, 1, runWith(context.Background(), func() {}, []string{"-check", "-config", path}, &stdout, &stderr))
-	require.Contains(t, stderr.String(), path+": cluster: tls")
+	require.Contains(t, stderr.String(), path+": cluster: tls: loading cert_path and key_path")
 }
 
 // TestCheckClusterNoNATS: -check validates [cluster] without connecting to NATS (nothing
@@ -231,26 +158,4 @@ func TestRunCluster(t *testing.T) {
 		<-e.done
 		require.Equal(t, 0, e.code, e.stderr.String())
 	}
-}
-
-// TestReloadCluster: a changed [cluster] is reported as not applied, key by key, the token
-// without its values.
-func TestReloadCluster(t *testing.T) {
-	const base = "[server]\ndomain = \"localhost\"\n"
-	single := parse(t, base)
-	one := parse(t, base+clusterTable("nats://127.0.0.1:4222", "a", 7443, ""))
-	two := parse(t, base+strings.Replace(clusterTable("nats://127.0.0.1:4223", "a", 7443, "replicas = 3\n"), clusterToken, "other-edges-secret-0123", 1))
-	require.Empty(t, fileDiff(one, one))
-	require.Equal(t, []string{"cluster (off -> on): the edge runs alone; restart the edge to join the cluster"}, fileDiff(single, one))
-	require.Equal(t, []string{"cluster (on -> off): the edge stays in the cluster; restart the edge to run it alone"}, fileDiff(one, single))
-	diff := fileDiff(one, two)
-	require.Equal(t, []string{
-		"cluster.nats_urls ([nats://127.0.0.1:4222] -> [nats://127.0.0.1:4223]): the edge joined the cluster with it; restart the edge to apply it",
-		"cluster.token: the edge joined the cluster with it; restart the edge to apply it",
-		"cluster.replicas (1 -> 3): the edge joined the cluster with it; restart the edge to apply it",
-	}, diff)
-	require.NotContains(t, strings.Join(diff, "\n"), "secret")
-
-	three := parse(t, base+strings.Replace(clusterTable("nats://127.0.0.1:4222", "a", 7443, "[cluster.tls]\nca_path = \"\"\n"), "lease_secs = 1", "lease_secs = 2", 1))
-	require.Equal(t, []string{"cluster.lease_secs (1s -> 2s): the edge joined the cluster with it; restart the edge to apply it"}, fileDiff(one, three))
 }

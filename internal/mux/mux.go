@@ -50,7 +50,7 @@ const (
 func ClientConfig(log *zap.Logger) *yamux.Config { return config(log, false, 0) }
 
 // ServerConfig returns the edge's yamux configuration; openTimeout is the edge's deadline for
-// a whole stream open (ServerConfig.OpenTimeout in package tunnel).
+// a whole stream open (ServerConfig.Timeouts.Open in package tunnel).
 //
 // StreamOpenTimeout bounds, on the edge, how long an opened stream may wait for the
 // connector's SYN-ACK; when it expires yamux closes the *whole session*. That is right here:

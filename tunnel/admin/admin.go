@@ -33,7 +33,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -84,8 +83,10 @@ type Options struct {
 // and follows the edge's group events until Close. Live event streams end when the edge
 // shuts down.
 func New(srv *tunnel.Server, o Options) (*Plane, error) {
-	if n := utf8.RuneCountInString(o.Token); o.Token != "" && n < tunnel.MinTokenLength {
-		return nil, fmt.Errorf("admin: the admin token is %d characters long; tokens need at least %d", n, tunnel.MinTokenLength)
+	if o.Token != "" {
+		if err := tunnel.ValidateToken(o.Token); err != nil {
+			return nil, fmt.Errorf("admin: the admin token %w", err)
+		}
 	}
 	op := srv.Operator()
 	cfg := config{

@@ -148,7 +148,7 @@ type HealthEvent struct {
 //	GET /api/groups/{protocol}/{label}/events     Server-Sent Events: GroupEvent per health transition
 //
 // Every request needs "Authorization: Bearer <token>" (401 without a valid one) unless the
-// API is open: ServerConfig.AdminToken empty and ServerConfig.Auth nil. The admin token sees
+// API is open: Options.Token empty and ServerConfig.Auth nil. The admin token sees
 // everything. A token Auth accepts as a tenant sees only the tunnels its connectors
 // registered and the groups that hold at least one of them, with counts over those members
 // alone; a token Auth accepts with no tenant sees nothing. Whatever a caller cannot see is

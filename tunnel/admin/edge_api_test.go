@@ -30,7 +30,7 @@ func keyShort(t *testing.T, e *testEdge, sub string) string {
 }
 
 func TestAPIListsTunnelsAndGroups(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, TCPPorts: tcpRange(44000), TCPBindHost: "127.0.0.1"}, Options{})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, TCP: tunnel.TCPTunnels{Ports: tcpRange(44000), BindHost: "127.0.0.1"}}, Options{})
 	hook := newReceiver(t) // on loopback: a tenant URL there is refused, never posted to
 	b := backend(t, "b")
 	withHook := pool("pool")
@@ -113,7 +113,7 @@ func TestAPIListsTunnelsAndGroups(t *testing.T) {
 }
 
 func TestAPIHealthEventsKeepTheLast50OldestFirst(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}}, Options{})
 	id, ctrl := rawMember(t, e, "", probedRegister("flappy", "web", "k"))
 	api := newAPIClient(t, e.adminAddr)
 
@@ -154,7 +154,7 @@ func TestAPIHealthEventsKeepTheLast50OldestFirst(t *testing.T) {
 func TestAPIScopesEachTenantToItsOwnMembers(t *testing.T) {
 	auth := mustStaticTokens(t, []string{"plain-token-0123456789"}, map[string]string{"acme": "acme-token-0123456789", "globex": "globex-token-0123456789"})
 	// Wrong tokens are tried below: no delay (the throttle has tests of its own).
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, Auth: auth, AuthFailureDelay: -1}, Options{Token: "admin-token-0123456789"})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, Auth: auth, PreAuth: tunnel.PreAuthLimits{AuthFailureDelay: -1}}, Options{Token: "admin-token-0123456789"})
 	b := backend(t, "b")
 	acme, globex := e.connect(tunnel.WithToken("acme-token-0123456789")), e.connect(tunnel.WithToken("globex-token-0123456789"))
 	acmeShared, err := acme.Forward(ctxT(t), pool("shared"), hostPort(b.URL))

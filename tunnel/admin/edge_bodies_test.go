@@ -73,7 +73,7 @@ func requireClosedByEdge(t *testing.T, c net.Conn, br *bufio.Reader) {
 // status page), whose head is written while the handler runs, comes at the latest when the
 // admin listener's limit on a whole request (twice ReadHeaderTimeout) ends the wait.
 func TestAdminAnswersARequestWithABodyItDoesNotRead(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{ReadHeaderTimeout: 500 * time.Millisecond, RequestBodyTimeout: 300 * time.Millisecond}, Options{})
+	e := startEdge(t, tunnel.ServerConfig{Public: tunnel.PublicHTTP{ReadHeaderTimeout: 500 * time.Millisecond}, RequestBody: tunnel.RequestBodyLimits{Timeout: 300 * time.Millisecond}}, Options{})
 	for _, tc := range []struct {
 		name, path string
 		within     time.Duration
@@ -100,7 +100,7 @@ func TestAdminAnswersARequestWithABodyItDoesNotRead(t *testing.T) {
 // leaving, once the request is read).
 func TestEventStreamOutlivesTheAdminReadTimeout(t *testing.T) {
 	const readHeader = 100 * time.Millisecond
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, ReadHeaderTimeout: readHeader}, Options{EventKeepAlive: readHeader})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, Public: tunnel.PublicHTTP{ReadHeaderTimeout: readHeader}}, Options{EventKeepAlive: readHeader})
 	rawMember(t, e, "", probedRegister("pool", "web", "k"))
 	st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
 	start := time.Now()
@@ -116,7 +116,7 @@ func TestEventStreamOutlivesTheAdminReadTimeout(t *testing.T) {
 // (twice ReadHeaderTimeout), and the connection with it.
 func TestServeAdminServesAnyHandlerWithTheOperatorLimits(t *testing.T) {
 	const readHeader = 300 * time.Millisecond
-	e := tunneltest.NewEdge(t, tunnel.ServerConfig{ReadHeaderTimeout: readHeader, RequestBodyTimeout: 300 * time.Millisecond})
+	e := tunneltest.NewEdge(t, tunnel.ServerConfig{Public: tunnel.PublicHTTP{ReadHeaderTimeout: readHeader}, RequestBody: tunnel.RequestBodyLimits{Timeout: 300 * time.Millisecond}})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /ignore", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ignored") })
 	mux.HandleFunc("POST /read", func(w http.ResponseWriter, r *http.Request) {

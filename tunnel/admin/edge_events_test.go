@@ -133,7 +133,7 @@ func (s *sseStream) nextGroupEvent() GroupEvent {
 }
 
 func TestGroupEventsStreamHealthTransitions(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{EventKeepAlive: 50 * time.Millisecond})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}}, Options{EventKeepAlive: 50 * time.Millisecond})
 	b := backend(t, "b")
 	var ha, hb, ho switchable
 	add := func(h *switchable, spec tunnel.TunnelSpec) *tunnel.Tunnel {
@@ -237,7 +237,7 @@ func (s *sseStream) tallyUntil(n int) (got, missed int, order []string, lastReas
 }
 
 func TestGroupEventsSlowConsumerLagsAlone(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, Logger: zap.NewNop()}, Options{EventBuffer: 4})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, Logger: zap.NewNop()}, Options{EventBuffer: 4})
 	slowAdmin := smallWriteBuffers{listenLoopback(t)}
 	e.serveAdminOn(slowAdmin)
 	id, ctrl := rawMember(t, e, "", probedRegister("lag", "web", "k"))
@@ -288,7 +288,7 @@ func TestGroupEventsSlowConsumerLagsAlone(t *testing.T) {
 
 func TestGroupEventsAreScopedToTheTenant(t *testing.T) {
 	auth := mustStaticTokens(t, nil, map[string]string{"acme": "acme-token-0123456789", "globex": "globex-token-0123456789"})
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, Auth: auth}, Options{Token: "admin-token-0123456789"})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, Auth: auth}, Options{Token: "admin-token-0123456789"})
 	acmeID, acmeCtl := rawMember(t, e, "acme-token-0123456789", probedRegister("shared", "web", "k"))
 	rawMember(t, e, "acme-token-0123456789", probedRegister("shared", "web", "k")) // stays unhealthy
 	// A route belongs to one tenant: globex's pool is on its own subdomain.
@@ -327,7 +327,7 @@ func TestGroupEventsEndWithTheClientOrTheEdge(t *testing.T) {
 		return e.plane.EventStreams()
 	}
 	t.Run("client goes away", func(t *testing.T) {
-		e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
+		e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}}, Options{})
 		rawMember(t, e, "", probedRegister("pool", "web", "k"))
 		st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
 		require.NotEmpty(t, st.next().comment)
@@ -336,7 +336,7 @@ func TestGroupEventsEndWithTheClientOrTheEdge(t *testing.T) {
 		require.Eventually(t, func() bool { return subscribers(e) == 0 }, 5*time.Second, 5*time.Millisecond)
 	})
 	t.Run("edge closes", func(t *testing.T) {
-		e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
+		e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}}, Options{})
 		rawMember(t, e, "", probedRegister("pool", "web", "k"))
 		st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
 		require.NotEmpty(t, st.next().comment)
@@ -345,7 +345,7 @@ func TestGroupEventsEndWithTheClientOrTheEdge(t *testing.T) {
 		require.Zero(t, subscribers(e))
 	})
 	t.Run("edge shuts down", func(t *testing.T) {
-		e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
+		e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}}, Options{})
 		rawMember(t, e, "", probedRegister("pool", "web", "k"))
 		st := openStream(t, e.adminAddr, "", "/api/groups/http/pool/events", nil).read()
 		require.NotEmpty(t, st.next().comment)
@@ -375,7 +375,7 @@ func requireEnded(t *testing.T, st *sseStream) {
 // A tenant's member whose first verdict is "unhealthy" was never counted as healthy: the
 // tenant's live event stream keeps the right healthy_count (and recovers to the right one).
 func TestTenantEventCountsAfterFirstUnhealthyVerdict(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true,
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true},
 		Auth: mustStaticTokens(t, nil, map[string]string{"acme": "acme-token-0123456789"})}, Options{EventKeepAlive: time.Hour})
 	b := backend(t, "b")
 	var ok, late switchable
@@ -406,8 +406,8 @@ func TestTenantEventCountsAfterFirstUnhealthyVerdict(t *testing.T) {
 // max_event_streams caps a tenant's open live event streams (429 past it); the admin token
 // is never capped, and closing a stream frees its place.
 func TestEventStreamQuota(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, Auth: tenantAuth(t),
-		Limits: tunnel.TenantLimits{MaxEventStreams: 2}}, Options{Token: "admin-token-0123456789"})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, Auth: tenantAuth(t),
+		Limits: tunnel.Limits{Tenant: tunnel.TenantLimits{MaxEventStreams: 2}}}, Options{Token: "admin-token-0123456789"})
 	rawMember(t, e, acmeToken, probedRegister("pool", "web", "k"))
 	path := "/api/groups/http/pool/events"
 	first := openStream(t, e.adminAddr, acmeToken, path, nil)
@@ -431,7 +431,7 @@ func TestEventStreamQuota(t *testing.T) {
 // TestReloadEventStreamQuota: max_event_streams applies to the next stream a reload lets
 // open; the streams open stay.
 func TestReloadEventStreamQuota(t *testing.T) {
-	cfg := tunnel.ServerConfig{Auth: tenantAuth(t), LoadBalancing: true, Domain: testDomain, Logger: zaptest.NewLogger(t)}
+	cfg := tunnel.ServerConfig{Auth: tenantAuth(t), LoadBalancing: tunnel.LoadBalancing{Enabled: true}, Domain: testDomain, Logger: zaptest.NewLogger(t)}
 	e := startEdge(t, cfg, Options{})
 	rawMember(t, e, acmeToken, probedRegister("pool", "web", "k"))
 	path := "/api/groups/http/pool/events"
@@ -439,7 +439,7 @@ func TestReloadEventStreamQuota(t *testing.T) {
 	require.Equal(t, http.StatusOK, first.resp.StatusCode)
 
 	next := cfg
-	next.TenantLimits = map[string]tunnel.TenantLimits{"acme": {MaxEventStreams: 1}}
+	next.Limits.PerTenant = map[string]tunnel.TenantLimits{"acme": {MaxEventStreams: 1}}
 	_, err := e.Reload(next)
 	require.NoError(t, err)
 	second := openStream(t, e.adminAddr, acmeToken, path, nil)

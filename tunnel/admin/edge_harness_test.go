@@ -38,7 +38,7 @@ import (
 const testDomain = tunneltest.Domain
 
 // adminReadTimeoutFactor is the limit the edge's ServeAdmin puts on reading a whole request,
-// body included: twice ServerConfig.ReadHeaderTimeout.
+// body included: twice ServerConfig.Public.ReadHeaderTimeout.
 const adminReadTimeoutFactor = 2
 
 // testEdge is an edge on loopback (tunneltest) with its operator plane, served by the edge's

@@ -31,7 +31,7 @@ import (
 
 // /api/tunnels pages like /api/groups: every tunnel once, in order, whatever the page size.
 func TestTunnelListIsPaged(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}}, Options{})
 	b := backend(t, "b")
 	s := e.connect()
 	for i := range 7 {
@@ -79,8 +79,8 @@ func TestGroupPagesNeverSkipPoolsThatShareAShortHash(t *testing.T) {
 		}
 		seen[s] = k
 	}
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true,
-		TCPPorts: group.PortRange{Lo: 45200, Hi: 45209}, TCPBindHost: "127.0.0.1"}, Options{Token: "admin-token-0123456789"})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true},
+		TCP: tunnel.TCPTunnels{Ports: group.PortRange{Lo: 45200, Hi: 45209}, BindHost: "127.0.0.1"}}, Options{Token: "admin-token-0123456789"})
 	echo := tcpBackend(t, func(net.Conn) {})
 	c := e.connect()
 	for _, k := range []string{k1, k2} {
@@ -110,8 +110,8 @@ func TestGroupPagesNeverSkipPoolsThatShareAShortHash(t *testing.T) {
 // TestOutlierEjectionEndToEnd, which checks the edge's side of it without them).
 func TestOutlierEjectionInTheAPIAndMetrics(t *testing.T) {
 	var events atomic.Int32
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true,
-		OutlierEjection: &group.Ejection{Failures: 3, Duration: time.Hour},
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true, OutlierEjection: &group.Ejection{Failures: 3, Duration: time.Hour}},
+
 		OnEvent: func(ev group.Event) {
 			if ev.Ejection {
 				events.Add(1)
@@ -150,7 +150,7 @@ func TestOutlierEjectionInTheAPIAndMetrics(t *testing.T) {
 
 // A member in its slow start takes a small share of the work, and the API shows it ramping.
 func TestSlowStartVisibleInAPI(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}}, Options{})
 	a := backend(t, "A")
 	_, err := e.connect().Forward(ctxT(t), pool("pool"), hostPort(a.URL))
 	require.NoError(t, err)
@@ -174,7 +174,7 @@ func TestSlowStartVisibleInAPI(t *testing.T) {
 // tenant and the admin token and to no other tenant (the listing part of package tunnel's
 // TestReservedEndpointAndPolicy); once its pool registers it is listed as the live pool.
 func TestReservedEndpointIsListedToItsTenant(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, Auth: tenantAuth(t),
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, Auth: tenantAuth(t),
 		Endpoints: []tunnel.Endpoint{{Subdomain: "pool", Tenant: "acme", Group: "web"}}}, Options{Token: "admin-token-0123456789"})
 	api := newAPIClient(t, e.adminAddr)
 	for _, token := range []string{"admin-token-0123456789", acmeToken} {
@@ -198,7 +198,7 @@ func TestReservedEndpointIsListedToItsTenant(t *testing.T) {
 // The API shows each member's weight and priority (the API part of package tunnel's
 // TestWeightedPoolSplitsRequests).
 func TestAPIShowsEachMembersWeightAndPriority(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}}, Options{})
 	for _, lb := range []struct{ weight, priority int }{{3, 0}, {1, 0}, {2, 1}} {
 		sp := pool("pool")
 		sp.Weight, sp.Priority = lb.weight, lb.priority
@@ -238,7 +238,7 @@ func selfSigned(t *testing.T, names ...string) tls.Certificate {
 // TestTLSPassthroughPool).
 func TestTLSPassthroughPoolInTheAdminAPI(t *testing.T) {
 	token := strings.Repeat("a", 32)
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true,
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true},
 		TLSConfig: &tls.Config{Certificates: []tls.Certificate{selfSigned(t, "*."+testDomain)}, MinVersion: tls.VersionTLS12}},
 		Options{Token: token})
 	be := tcpBackend(t, func(net.Conn) {})

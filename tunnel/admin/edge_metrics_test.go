@@ -72,8 +72,8 @@ func fastProbe(typ health.Type) *health.Spec {
 
 func TestMetricsAfterJoinsDispatchesFailuresAndLeaves(t *testing.T) {
 	op := newReceiver(t)
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true, RegionID: "eu", AlertWebhookURL: op.URL,
-		TCPPorts: tcpRange(44100), TCPBindHost: "127.0.0.1"}, Options{})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, RegionID: "eu", Alerts: tunnel.Alerts{WebhookURL: op.URL},
+		TCP: tunnel.TCPTunnels{Ports: tcpRange(44100), BindHost: "127.0.0.1"}}, Options{})
 	healthy := func(id string, want bool) func() bool {
 		return func() bool {
 			m, _, ok := e.Registry().Member(id)
@@ -240,7 +240,7 @@ warren_webhook_deliveries_total{result="success"} 3
 }
 
 func TestMetricsCountersSurviveRemovalsAndNeverDuplicate(t *testing.T) {
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}}, Options{})
 	b := backend(t, "b")
 	dispatches := func() float64 {
 		t.Helper()
@@ -356,7 +356,7 @@ func TestSeveralEdgesOnOneRegistry(t *testing.T) {
 // registry, and follows the edge from then on.
 func TestPlaneCloseUnsubscribesAndUnregisters(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: true}, Options{Metrics: reg})
+	e := startEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}}, Options{Metrics: reg})
 	id, ctrl := rawMember(t, e, "", probedRegister("pool", "web", "k"))
 	failures := func(p *Plane) uint64 { // the tcp probe's unhealthy transitions p counted
 		p.metrics.mu.Lock()

@@ -2,7 +2,7 @@ package admin
 
 // Token checks of a Plane over a live edge: its limiter of failed authentications is the
 // control listener's (moved from package tunnel's throttle_test.go), and New refuses a short
-// admin token (the check NewServer made of ServerConfig.AdminToken).
+// admin token (the check admin.New makes of Options.Token).
 
 import (
 	"net"
@@ -59,7 +59,7 @@ func requireErrorCode(t *testing.T, m wire.Message, code string) *wire.Error {
 func TestShortAdminTokenIsRefused(t *testing.T) {
 	srv := newServer(t, tunnel.ServerConfig{})
 	_, err := New(srv, Options{Token: "s3cret"})
-	require.EqualError(t, err, "admin: the admin token is 6 characters long; tokens need at least 16")
+	require.EqualError(t, err, "admin: the admin token is 6 characters long; a token needs at least 16")
 	_, err = New(srv, Options{Token: "ééééééééééééééé"})
 	require.ErrorContains(t, err, "15 characters long", "counted in characters, not bytes")
 	p, err := New(srv, Options{Token: "0123456789abcdef"})
@@ -74,7 +74,7 @@ func TestShortAdminTokenIsRefused(t *testing.T) {
 func TestAdminTokenGuessingBlocksTheControlPort(t *testing.T) {
 	const good = "good-connector-token"
 	e := startEdge(t, tunnel.ServerConfig{Auth: mustStaticTokens(t, []string{good}, nil),
-		MaxAuthFailuresPerIP: 2, AuthFailureDelay: -1}, Options{Token: "admin-token-0123456789"})
+		PreAuth: tunnel.PreAuthLimits{MaxAuthFailuresPerIP: 2, AuthFailureDelay: -1}}, Options{Token: "admin-token-0123456789"})
 	api := newAPIClient(t, e.adminAddr)
 	for range 2 {
 		requireError(t, api, "admin-token-guess-00", "/api/groups", http.StatusUnauthorized)
@@ -89,7 +89,7 @@ func TestAdminTokenGuessingBlocksTheControlPort(t *testing.T) {
 func TestControlTokenGuessingBlocksTheAdminAPI(t *testing.T) {
 	const good = "good-connector-token"
 	e := startEdge(t, tunnel.ServerConfig{Auth: mustStaticTokens(t, []string{good}, nil),
-		MaxAuthFailuresPerIP: 3, AuthFailureDelay: 100 * time.Millisecond}, Options{Token: "admin-token-0123456789"})
+		PreAuth: tunnel.PreAuthLimits{MaxAuthFailuresPerIP: 3, AuthFailureDelay: 100 * time.Millisecond}}, Options{Token: "admin-token-0123456789"})
 	for i := range 3 {
 		requireErrorCode(t, helloFrom(t, "127.0.0.1", e.ControlAddr, "guess-"+string(rune('a'+i))), wire.CodeUnauthorized)
 	}

@@ -13,7 +13,7 @@ import (
 // ExamplePlane_Handler builds an edge's operator plane with an admin token, serves it and
 // asks it for the load-balancing groups.
 func ExamplePlane_Handler() {
-	srv, err := tunnel.NewServer(tunnel.ServerConfig{LoadBalancing: true})
+	srv, err := tunnel.NewServer(tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -68,7 +68,7 @@ func h2cClient(t *testing.T, addr string) *http.Client {
 // (tunnel.TestAbortedDownloadsEndTheirBackendConnections is the same on one edge.)
 func TestClusterAbortedDownloadsEndTheirBackendConnections(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
-	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: func(c *tunnel.ServerConfig) { c.PublicH2C = true }})
+	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: func(c *tunnel.ServerConfig) { c.Public.H2C = true }})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{})
 	downloads := &endlessDownloads{}
 	web := httptest.NewServer(downloads)

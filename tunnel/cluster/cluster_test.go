@@ -95,7 +95,7 @@ func TestClusterTiesRotateOverThePool(t *testing.T) {
 	for _, prefer := range []int{0, 1} {
 		t.Run(fmt.Sprintf("prefer_local_streams=%d", prefer), func(t *testing.T) {
 			nodes := startNATSCluster(t, 1)
-			opts := clusterOpts{edit: func(c *tunnel.ServerConfig) { c.PreferLocalStreams = prefer }}
+			opts := clusterOpts{edit: func(c *tunnel.ServerConfig) { c.LoadBalancing.PreferLocalStreams = prefer }}
 			a := startClusterEdge(t, nodes, "a", opts)
 			b := startClusterEdge(t, nodes, "b", opts)
 			_, err := a.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
@@ -307,9 +307,9 @@ func TestClusterOneAlertPerPool(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	rcv := newReceiver(t)
 	alerting := func(c *tunnel.ServerConfig) {
-		c.AlertWebhookURL = rcv.URL
-		c.AllowPrivateAlertWebhooks = true
-		c.AlertMinInterval = time.Millisecond
+		c.Alerts.WebhookURL = rcv.URL
+		c.Alerts.AllowPrivateWebhooks = true
+		c.Alerts.MinInterval = time.Millisecond
 	}
 	edges := []*clusterEdge{
 		startClusterEdge(t, nodes, "a", clusterOpts{edit: alerting}),

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // Config makes an edge one of several that share their routes and pools through a
@@ -43,35 +45,54 @@ type Config struct {
 	PeerTLS, PeerClientTLS *tls.Config
 	// LeaseTTL is how long an edge's lease lasts without a renewal: an edge that stops
 	// (kill -9, lost its NATS connection) has its members leave every other edge's view
-	// within it. Renewed every third of it. Default 10 s.
+	// within it. Renewed every third of it. Default 10 s (DefaultLeaseTTL), at least
+	// MinLeaseTTL.
 	LeaseTTL time.Duration
 	// Bucket prefixes the JetStream key-value buckets: <Bucket>_routes, <Bucket>_members,
-	// <Bucket>_leases, <Bucket>_alerts. Default "warren".
+	// <Bucket>_leases, <Bucket>_alerts: 1 to 64 of [A-Za-z0-9_-]. Default "warren"
+	// (DefaultBucket).
 	Bucket string
 	// Replicas is the replica count of buckets the edge creates (3 in a 3-node NATS
-	// cluster, so that a node can be lost). Default 1.
+	// cluster, so that a node can be lost). Default 1, at most MaxReplicas.
 	Replicas int
-	// Timeout bounds each request to NATS. Default 5 s.
+	// Timeout bounds each request to NATS. Default 5 s (DefaultTimeout).
 	Timeout time.Duration
 }
 
+// Defaults and bounds of Config.
 const (
-	defaultLeaseTTL     = 10 * time.Second
-	defaultClusterTimer = 5 * time.Second
-	maxEdgeIDLen        = 64
+	// DefaultLeaseTTL is Config.LeaseTTL's default.
+	DefaultLeaseTTL = 10 * time.Second
+	// MinLeaseTTL is the shortest Config.LeaseTTL: renewed every third of it, a shorter
+	// lease would expire on an ordinary pause of the edge or of NATS.
+	MinLeaseTTL = 300 * time.Millisecond
+	// DefaultTimeout is Config.Timeout's default.
+	DefaultTimeout = 5 * time.Second
+	// DefaultBucket is Config.Bucket's default.
+	DefaultBucket = "warren"
+	// DefaultReplicas is Config.Replicas' default.
+	DefaultReplicas = 1
+	// MaxReplicas is the most replicas a JetStream bucket may have (Config.Replicas).
+	MaxReplicas = 5
+	// MaxEdgeIDLength is the longest Config.EdgeID (and Config.Bucket).
+	MaxEdgeIDLength = 64
 )
 
-// validEdgeID accepts 1 to 64 of [A-Za-z0-9_-]: an edge id is a token of NATS keys.
-func validEdgeID(id string) bool {
-	if id == "" || len(id) > maxEdgeIDLen {
-		return false
+// maxEdgeIDLen is MaxEdgeIDLength, as the peer handshake reads it.
+const maxEdgeIDLen = MaxEdgeIDLength
+
+// nameProblem says why id cannot be an edge id or a bucket prefix (a token of NATS keys: 1
+// to 64 of [A-Za-z0-9_-]), or returns "".
+func nameProblem(id string) string {
+	if id == "" || len(id) > MaxEdgeIDLength {
+		return fmt.Sprintf("%q must be 1 to %d characters long", id, MaxEdgeIDLength)
 	}
 	for i := 0; i < len(id); i++ {
 		if !natsTokenChar(id[i]) {
-			return false
+			return fmt.Sprintf("%q may hold only letters, digits, \"-\" and \"_\"", id)
 		}
 	}
-	return true
+	return ""
 }
 
 func natsTokenChar(c byte) bool {
@@ -96,49 +117,69 @@ func defaultEdgeID() string {
 	return string(b)
 }
 
+// Validate reports the settings of c that New refuses, each a *tunnel.FieldError naming the
+// field ("EdgeID", "LeaseTTL"; joined when there are several), or returns nil. Zero
+// settings take their defaults and are not refused. It connects nothing.
+func (c Config) Validate() error {
+	var errs []error
+	add := func(field, format string, args ...any) {
+		errs = append(errs, &tunnel.FieldError{Field: field, Err: fmt.Errorf(format, args...)})
+	}
+	if c.NATSConn == nil && len(c.NATSURLs) == 0 {
+		add("NATSURLs", "%w: the NATS servers the edges share", tunnel.ErrRequired)
+	}
+	if c.EdgeID != "" {
+		if p := nameProblem(c.EdgeID); p != "" {
+			add("EdgeID", "%s", p)
+		}
+	}
+	if c.Advertise == "" {
+		add("Advertise", "%w: the host:port the other edges reach this edge on", tunnel.ErrRequired)
+	} else if _, port, err := net.SplitHostPort(c.Advertise); err != nil || port == "" || port == "0" {
+		add("Advertise", "%q is not host:port", c.Advertise)
+	}
+	if strings.TrimSpace(c.Token) == "" {
+		add("Token", "%w: the secret every edge of the cluster presents to the others", tunnel.ErrRequired)
+	}
+	if (c.PeerTLS == nil) != (c.PeerClientTLS == nil) {
+		add("PeerTLS", "set both PeerTLS and PeerClientTLS, or neither")
+	}
+	if c.LeaseTTL > 0 && c.LeaseTTL < MinLeaseTTL {
+		add("LeaseTTL", "must be at least %s, got %s", MinLeaseTTL, c.LeaseTTL)
+	}
+	if c.Bucket != "" {
+		if p := nameProblem(c.Bucket); p != "" {
+			add("Bucket", "%s", p)
+		}
+	}
+	if c.Replicas > MaxReplicas {
+		add("Replicas", "must be at most %d (JetStream's limit), got %d", MaxReplicas, c.Replicas)
+	}
+	return errors.Join(errs...)
+}
+
 // setDefaults validates c and fills in its defaults.
 func (c *Config) setDefaults() error {
-	if c.NATSConn == nil && len(c.NATSURLs) == 0 {
-		return errors.New("cluster: nats_urls is empty")
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("cluster: %w", err)
 	}
 	if c.EdgeID == "" {
 		c.EdgeID = defaultEdgeID()
 	}
-	if !validEdgeID(c.EdgeID) {
-		return fmt.Errorf("cluster: edge_id %q: use 1 to %d letters, digits, '-' or '_'", c.EdgeID, maxEdgeIDLen)
-	}
-	if c.Advertise == "" {
-		return errors.New("cluster: advertise (host:port other edges reach this edge on) is empty")
-	}
-	if _, port, err := net.SplitHostPort(c.Advertise); err != nil || port == "" || port == "0" {
-		return fmt.Errorf("cluster: advertise %q is not host:port", c.Advertise)
-	}
 	if c.PeerAddr == "" {
 		c.PeerAddr = c.Advertise
 	}
-	if strings.TrimSpace(c.Token) == "" {
-		return errors.New("cluster: token is empty: edges authenticate each other with it")
-	}
-	if (c.PeerTLS == nil) != (c.PeerClientTLS == nil) {
-		return errors.New("cluster: set both PeerTLS and PeerClientTLS, or neither")
-	}
 	if c.LeaseTTL <= 0 {
-		c.LeaseTTL = defaultLeaseTTL
-	}
-	if c.LeaseTTL < 300*time.Millisecond {
-		return fmt.Errorf("cluster: lease %v is too short (at least 300ms)", c.LeaseTTL)
+		c.LeaseTTL = DefaultLeaseTTL
 	}
 	if c.Bucket == "" {
-		c.Bucket = "warren"
-	}
-	if !validEdgeID(c.Bucket) {
-		return fmt.Errorf("cluster: bucket prefix %q: use letters, digits, '-' or '_'", c.Bucket)
+		c.Bucket = DefaultBucket
 	}
 	if c.Replicas <= 0 {
-		c.Replicas = 1
+		c.Replicas = DefaultReplicas
 	}
 	if c.Timeout <= 0 {
-		c.Timeout = defaultClusterTimer
+		c.Timeout = DefaultTimeout
 	}
 	return nil
 }

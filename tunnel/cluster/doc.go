@@ -12,7 +12,8 @@
 //	if err != nil {
 //		return err
 //	}
-//	srv, err := tunnel.NewServer(tunnel.ServerConfig{Domain: "tunnel.example.com", LoadBalancing: true, Cluster: c})
+//	srv, err := tunnel.NewServer(tunnel.ServerConfig{Domain: "tunnel.example.com",
+//		LoadBalancing: tunnel.LoadBalancing{Enabled: true}, Cluster: c})
 //
 // The edge starts the cluster in NewServer (Join and Start), serves the other edges' links
 // with ListenAndServe (or ServePeers on a listener of your own), and leaves it in Shutdown

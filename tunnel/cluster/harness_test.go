@@ -177,10 +177,12 @@ func startClusterEdge(t testing.TB, nodes []*server.Server, id string, o cluster
 	claims := &alertClaims{Cluster: c}
 	cfg := tunnel.ServerConfig{
 		Logger:        zaptest.NewLogger(t).Named(id),
-		LoadBalancing: true,
-		TCPPorts:      group.PortRange{Lo: 31300, Hi: 31399}, // below the ephemeral range: no client socket holds one
-		TCPBindHost:   o.host,
-		Cluster:       claims,
+		LoadBalancing: tunnel.LoadBalancing{Enabled: true},
+		TCP: tunnel.TCPTunnels{
+			Ports:    group.PortRange{Lo: 31300, Hi: 31399}, // below the ephemeral range: no client socket holds one
+			BindHost: o.host,
+		},
+		Cluster: claims,
 	}
 	if o.edit != nil {
 		o.edit(&cfg)

@@ -184,7 +184,7 @@ func TestClusterLiveRouteNeverLapsesAsMembersMoveEdges(t *testing.T) {
 	tenants := func(c *tunnel.ServerConfig) {
 		c.Auth = tenantAuth()
 		c.RouteTTL = ttl
-		c.RegisterRate, c.RegisterBurst = 1000, 1000
+		c.Limits.RegisterRate, c.Limits.RegisterBurst = 1000, 1000
 	}
 	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: tenants})
 	c := startClusterEdge(t, nodes, "c", clusterOpts{edit: tenants})
@@ -403,7 +403,7 @@ func TestClusterDeadEdgeReleasesSoloTCPPorts(t *testing.T) {
 	const port = soloTCPPort
 	lease := 600 * time.Millisecond
 	one := func(c *tunnel.ServerConfig) {
-		c.TCPPorts = group.PortRange{Lo: port, Hi: port}
+		c.TCP.Ports = group.PortRange{Lo: port, Hi: port}
 		c.RouteTTL = time.Second
 	}
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: lease, edit: one})

@@ -42,9 +42,9 @@ func handshake(c net.Conn, hello []byte) (byte, error) {
 func TestClusterPeerPortRefusesBadActors(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	limits := func(c *tunnel.ServerConfig) {
-		c.MaxPreAuthConnsPerIP = 2
-		c.MaxAuthFailuresPerIP = 3
-		c.AuthFailureDelay = -1
+		c.PreAuth.MaxConnsPerIP = 2
+		c.PreAuth.MaxAuthFailuresPerIP = 3
+		c.PreAuth.AuthFailureDelay = -1
 	}
 	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: limits})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{host: "127.0.0.2", edit: limits})

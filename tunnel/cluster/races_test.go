@@ -311,7 +311,7 @@ func TestClusterSoloSubdomainFreeOnceItsTunnelClosed(t *testing.T) {
 			hostPort(backend(t, "2").URL))
 		return err
 	}
-	require.NoError(t, again(t, tunneltest.NewEdge(t, tunnel.ServerConfig{LoadBalancing: true})), "one edge")
+	require.NoError(t, again(t, tunneltest.NewEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}})), "one edge")
 	nodes := startNATSCluster(t, 1)
 	a := startClusterEdge(t, nodes, "a", clusterOpts{lease: 5 * time.Second})
 	require.NoError(t, again(t, a.Edge), "an edge of a cluster")
@@ -335,7 +335,7 @@ func TestClusterSoloTCPPortLeadsToOneTunnelAfterANATSCut(t *testing.T) {
 	const port = natsCutSoloPort
 	lease := 600 * time.Millisecond
 	one := func(c *tunnel.ServerConfig) {
-		c.TCPPorts = group.PortRange{Lo: port, Hi: port}
+		c.TCP.Ports = group.PortRange{Lo: port, Hi: port}
 		c.RouteTTL = time.Second
 	}
 	a := startClusterEdge(t, nodes, "a", clusterOpts{host: "127.0.0.1", lease: lease, edit: one, cluster: viaProxy(p)})

@@ -49,9 +49,9 @@ func TestClusterReviewAlertAfterPoolRecreated(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	rcv := newReceiver(t)
 	alerting := func(c *tunnel.ServerConfig) {
-		c.AlertWebhookURL = rcv.URL
-		c.AllowPrivateAlertWebhooks = true
-		c.AlertMinInterval = time.Millisecond
+		c.Alerts.WebhookURL = rcv.URL
+		c.Alerts.AllowPrivateWebhooks = true
+		c.Alerts.MinInterval = time.Millisecond
 	}
 	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: alerting})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{edit: alerting})

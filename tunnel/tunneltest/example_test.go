@@ -18,7 +18,7 @@ func Example() {
 	t := newExampleT()
 	defer t.cleanup()
 
-	e := tunneltest.NewEdge(t, tunnel.ServerConfig{LoadBalancing: true})
+	e := tunneltest.NewEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}})
 	spec := tunnel.TunnelSpec{Subdomain: "app", Group: "web", GroupKey: "pool-key"}
 	var members []*tunnel.Tunnel
 	for _, name := range []string{"a", "b"} {

@@ -50,14 +50,14 @@ func NewEdge(t testing.TB, cfg tunnel.ServerConfig) *Edge {
 	if cfg.Logger == nil {
 		cfg.Logger = zaptest.NewLogger(t)
 	}
-	if cfg.TCPBindHost == "" {
-		cfg.TCPBindHost = "127.0.0.1"
+	if cfg.TCP.BindHost == "" {
+		cfg.TCP.BindHost = "127.0.0.1"
 	}
 	ctl, pub := listen(t), listen(t)
-	if cfg.PublicHTTPPort == 0 {
+	if cfg.Public.URLHTTPPort == 0 {
 		// Known before the first registration: a tunnel's URL does not change when the
 		// public listener starts serving.
-		cfg.PublicHTTPPort = pub.Addr().(*net.TCPAddr).Port
+		cfg.Public.URLHTTPPort = pub.Addr().(*net.TCPAddr).Port
 	}
 	srv, err := tunnel.NewServer(cfg)
 	if err != nil {

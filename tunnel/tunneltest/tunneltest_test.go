@@ -51,7 +51,7 @@ func TestEdgeServesAndEndsWithItsTest(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	var e *tunneltest.Edge
 	t.Run("edge", func(t *testing.T) {
-		e = tunneltest.NewEdge(t, tunnel.ServerConfig{LoadBalancing: true, TCPPorts: group.PortRange{Lo: 46100, Hi: 46149}})
+		e = tunneltest.NewEdge(t, tunnel.ServerConfig{LoadBalancing: tunnel.LoadBalancing{Enabled: true}, TCP: tunnel.TCPTunnels{Ports: group.PortRange{Lo: 46100, Hi: 46149}}})
 		require.Equal(t, tunneltest.Domain, e.Domain)
 		b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "%s %s", r.Host, r.URL.Path) }))
 		t.Cleanup(b.Close)
