@@ -50,10 +50,11 @@ type Cluster struct {
 	// Advertise is the host:port the other edges dial to reach this edge. Required.
 	Advertise string `toml:"advertise"`
 	// PeerAddr is the address this edge listens on for the other edges ("host:port" or
-	// ":port"). Default: ":PeerPort" with PeerPort, else Advertise.
+	// ":port"). Default: PeerPort on [server] bind with PeerPort, else Advertise.
 	PeerAddr string `toml:"peer_addr"`
-	// PeerPort is the port this edge listens on for the other edges, on every interface
-	// (peer_port = 7443 is peer_addr = ":7443"). Give one of PeerAddr and PeerPort.
+	// PeerPort is the port this edge listens on for the other edges, on the [server] bind
+	// address like every other *_port (peer_port = 7443 with bind = "127.0.0.2" is
+	// peer_addr = "127.0.0.2:7443"). Give one of PeerAddr and PeerPort.
 	PeerPort int `toml:"peer_port"`
 	// Token authenticates the edges to each other; the same on every edge, at least
 	// tunnel.MinTokenLength characters, distinct from every token of [auth]. Required.
@@ -421,12 +422,9 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 		if cl.PeerPort == 0 && !r.missing("cluster.peer_port") {
 			r.add("cluster.peer_port", ErrInvalid, "port 0 is out of range 1-65535")
 		}
-		switch {
-		case cl.PeerAddr == "" && cl.PeerPort != 0:
-			cl.PeerAddr = ":" + strconv.Itoa(cl.PeerPort)
-		case cl.PeerAddr == "":
+		if cl.PeerAddr == "" && cl.PeerPort == 0 {
 			cl.PeerAddr = cl.Advertise
-		}
+		} // with peer_port, on the bind address: set below, once bind is read
 		cl.TLS.CertPath = resolvePath(dir, cl.TLS.CertPath)
 		cl.TLS.KeyPath = resolvePath(dir, cl.TLS.KeyPath)
 		cl.TLS.CAPath = resolvePath(dir, cl.TLS.CAPath)
@@ -442,6 +440,9 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 			r.fail("server.bind", ErrInvalid, "%q is not an IP address; use e.g. \"0.0.0.0\" (all interfaces) or \"127.0.0.1\"", *f.Server.Bind)
 		}
 		cfg.Server.Bind = addr
+	}
+	if cl := cfg.Cluster; cl != nil && cl.PeerAddr == "" && cl.PeerPort != 0 {
+		cl.PeerAddr = cfg.Server.Addr(cl.PeerPort) // like every other *_port, on [server] bind
 	}
 	cfg.TLS.CertPath = resolvePath(dir, cfg.TLS.CertPath)
 	cfg.TLS.KeyPath = resolvePath(dir, cfg.TLS.KeyPath)
@@ -658,7 +659,7 @@ func (c *Server) validateCluster(r *reporter) {
 		r.invalid("cluster.advertise", hostPortProblem(cl.Advertise))
 	}
 	switch {
-	case cl.PeerPort != 0 && cl.PeerAddr != ":"+strconv.Itoa(cl.PeerPort):
+	case cl.PeerPort != 0 && cl.PeerAddr != c.Server.Addr(cl.PeerPort):
 		r.add("cluster.peer_port", ErrInvalid, "cannot be combined with cluster.peer_addr%s: give one of them", r.lineNote("cluster.peer_addr"))
 	case cl.PeerPort != 0:
 		c.checkPeerAddr(r, "cluster.peer_port", cl.PeerAddr)
