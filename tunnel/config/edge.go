@@ -134,6 +134,7 @@ func (c *Server) serverConfig() tunnel.ServerConfig {
 			RetryUnreadRequests:    lb.RetryUnreadRequests,
 			RetryIdempotent:        lb.RetryIdempotent,
 			MaxConcurrentPerMember: l.MaxConcurrentPerMember,
+			PreferLocalStreams:     lb.PreferLocalStreams,
 		},
 		Timeouts: tunnel.Timeouts{Drain: l.DrainTimeout},
 		PreAuth: tunnel.PreAuthLimits{

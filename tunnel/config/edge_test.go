@@ -154,6 +154,7 @@ max_stalled_response_bytes_per_ip = 33554432
 alert_webhook_url = "https://hooks.example.com/x"
 allow_private_alert_webhooks = true
 retry_unread_requests = true
+prefer_local_streams = 2
 `)
 	sc := e.Config
 	require.Equal(t, "/var/lib/warren", e.StateDir)
@@ -161,6 +162,7 @@ retry_unread_requests = true
 	require.True(t, sc.Alerts.AllowPrivateWebhooks)
 	require.True(t, sc.LoadBalancing.RetryUnreadRequests)
 	require.Equal(t, 3, sc.LoadBalancing.MaxConcurrentPerMember)
+	require.Equal(t, 2, sc.LoadBalancing.PreferLocalStreams)
 	require.Equal(t, 64, sc.PreAuth.MaxConns)
 	require.Equal(t, 4, sc.PreAuth.MaxConnsPerIP)
 	require.Equal(t, 2*time.Second, sc.PreAuth.HelloTimeout)

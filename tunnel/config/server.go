@@ -315,6 +315,11 @@ type LoadBalancing struct {
 	// within 10 s for 30 s (doubling up to 5 min while it keeps failing),
 	// never more than half of a pool. Default false.
 	OutlierEjection bool `toml:"outlier_ejection"`
+	// PreferLocalStreams, in a cluster, lets the members attached to this edge take a
+	// pool's new work while they are less than this many active streams ahead of the
+	// pool's members on other edges (1: ties go local). Default 0: ties rotate over the
+	// whole pool, as on one edge (tunnel.LoadBalancing.PreferLocalStreams).
+	PreferLocalStreams int `toml:"prefer_local_streams"`
 	// AlertMinInterval is the shortest time between two alerts of one
 	// group (alert_min_interval_secs). Default 60s.
 	AlertMinInterval time.Duration `toml:"-"`
@@ -629,6 +634,9 @@ func (c *Server) validate(r *reporter) {
 	c.validateEndpoints(r)
 
 	lb := c.LoadBalancing
+	if lb.PreferLocalStreams < 0 {
+		r.add("load_balancing.prefer_local_streams", ErrInvalid, "must be 0 (off) or more, got %d", lb.PreferLocalStreams)
+	}
 	if p := webhookProblem(lb.AlertWebhookURL); p != "" {
 		r.fail("load_balancing.alert_webhook_url", ErrInvalid, "%s", p)
 	}

@@ -374,6 +374,8 @@ func TestServerErrors(t *testing.T) {
 			[]want{{4, "limits.drain_timeout_secs", config.ErrInvalid, "1ns resolution"}}},
 		{"concurrency negative", serverDoc("[limits]\nmax_concurrent_per_member = -3\n"),
 			[]want{{4, "limits.max_concurrent_per_member", config.ErrInvalid, "got -3"}}},
+		{"locality negative", serverDoc("[load_balancing]\nprefer_local_streams = -1\n"),
+			[]want{{4, "load_balancing.prefer_local_streams", config.ErrInvalid, "must be 0 (off) or more, got -1"}}},
 		{"preauth cap zero", serverDoc("[limits]\nmax_preauth_conns = 0\n"),
 			[]want{{4, "limits.max_preauth_conns", config.ErrInvalid, "must be at least 1, got 0"}}},
 		{"preauth per-ip cap zero", serverDoc("[limits]\nmax_preauth_conns_per_ip = 0\n"),
