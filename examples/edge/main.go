@@ -180,7 +180,7 @@ wait:
 // /api, the status page) on the edge's admin address, sending the end of its serving to
 // served.
 func serveAdmin(srv *tunnel.Server, edge *config.Edge, log *zap.Logger, served chan<- error) (*admin.Plane, error) {
-	plane, err := admin.New(srv, admin.Options{Token: edge.AdminToken, Logger: log.Named("admin")})
+	plane, err := admin.New(srv, admin.Options{Token: edge.AdminToken, Hosts: edge.AdminHosts, Logger: log.Named("admin")})
 	if err != nil {
 		return nil, err
 	}

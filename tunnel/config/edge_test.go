@@ -136,6 +136,7 @@ func TestEveryKeyIsWired(t *testing.T) {
 [server]
 domain = "localhost"
 state_dir = "/var/lib/warren"
+admin_hosts = ["admin.internal"]
 [auth]
 admin_token = "admin-token-0123456789"
 [limits]
@@ -158,6 +159,7 @@ prefer_local_streams = 2
 `)
 	sc := e.Config
 	require.Equal(t, "/var/lib/warren", e.StateDir)
+	require.Equal(t, []string{"admin.internal"}, e.AdminHosts)
 	require.Equal(t, "https://hooks.example.com/x", sc.Alerts.WebhookURL)
 	require.True(t, sc.Alerts.AllowPrivateWebhooks)
 	require.True(t, sc.LoadBalancing.RetryUnreadRequests)

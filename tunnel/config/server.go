@@ -136,6 +136,10 @@ type ServerSection struct {
 	// AdminPort serves /healthz, /metrics and /api; 0 turns it off.
 	// Default 9090.
 	AdminPort int `toml:"admin_port"`
+	// AdminHosts are the host names the admin port is reached by, besides its IP
+	// addresses and localhost: with neither an admin token nor tenants the admin API is
+	// open, and answers no other name (admin.Options.Hosts). Default none.
+	AdminHosts []string `toml:"admin_hosts"`
 	// RegionID names this edge in alerts and metrics. Default "local".
 	RegionID string `toml:"region_id"`
 	// StateDir is where the edge keeps route ownership (an embedded database), so that it
@@ -513,6 +517,13 @@ func (c *Server) validate(r *reporter) {
 	}
 	if !s.Bind.IsValid() {
 		r.add("server.bind", ErrInvalid, "must be an IP address, e.g. \"0.0.0.0\"")
+	}
+	for i, h := range s.AdminHosts {
+		if _, err := netip.ParseAddr(h); err == nil {
+			r.add(indexKey("server.admin_hosts", i), ErrInvalid, "%q is an IP address: addresses are always answered; list host names", h)
+			continue
+		}
+		r.invalid(indexKey("server.admin_hosts", i), hostProblem(h))
 	}
 	for i, p := range s.TrustedProxies {
 		if _, err := netip.ParsePrefix(p); err != nil {
