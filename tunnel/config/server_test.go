@@ -807,6 +807,9 @@ func TestServerEndpointAndQuotaErrors(t *testing.T) {
 			[]want{{6, "endpoints[0].key_sha256", config.ErrInvalid, "64 hex digits"}}},
 		{"route reserved twice", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\n[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\n"),
 			[]want{{6, "endpoints[1]", config.ErrInvalid, "reserves the route http/pool, as endpoints[0] (line 3) does"}}},
+		{"tcp port reserved twice", serverDoc("[[endpoints]]\nproto = \"tcp\"\ngroup = \"db\"\nport = 20005\nkey_sha256 = \"" + strings.Repeat("ab", 32) + "\"\n" +
+			"[[endpoints]]\nproto = \"tcp\"\ngroup = \"cache\"\nport = 20005\nkey_sha256 = \"" + strings.Repeat("cd", 32) + "\"\n"),
+			[]want{{11, "endpoints[1].port", config.ErrInvalid, "port 20005 is reserved by endpoints[0] (line 3) too, for tcp/db"}}},
 		{"negative quota", serverDoc("[limits]\nmax_tunnels = -1\n"),
 			[]want{{4, "limits.max_tunnels", config.ErrInvalid, "must be 0 (no cap) or more"}}},
 		{"zero route ttl", serverDoc("[limits]\nroute_ttl_secs = 0\n"),
