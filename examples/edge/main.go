@@ -41,6 +41,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -147,6 +148,8 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 	}
 	go func() { served <- srv.ListenAndServe() }()
 
+	var reloading sync.Mutex
+	defer func() { reloading.Lock(); reloading.Unlock() }() // a reload reads within 5 s, then ends
 wait:
 	for {
 		select {
@@ -154,8 +157,12 @@ wait:
 			_ = srv.Close()
 			log.Error("edge stopped", zap.Error(err))
 			return 1
-		case <-hup:
-			reload(edge, srv, *path, log)
+		case <-hup: // off this loop, so that a SIGTERM is heard whatever the file does
+			if reloading.TryLock() {
+				go func() { defer reloading.Unlock(); reload(edge, srv, *path, log) }()
+			} else {
+				log.Warn("SIGHUP: the previous reload is still running; this one is skipped")
+			}
 		case <-ctx.Done():
 			break wait
 		}
