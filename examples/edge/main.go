@@ -149,7 +149,8 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 	go func() { served <- srv.ListenAndServe() }()
 
 	var reloading sync.Mutex
-	defer func() { reloading.Lock(); reloading.Unlock() }() // a reload reads within 5 s, then ends
+	var reloads sync.WaitGroup
+	defer reloads.Wait() // a reload reads within 5 s, then ends
 wait:
 	for {
 		select {
@@ -159,7 +160,7 @@ wait:
 			return 1
 		case <-hup: // off this loop, so that a SIGTERM is heard whatever the file does
 			if reloading.TryLock() {
-				go func() { defer reloading.Unlock(); reload(edge, srv, *path, log) }()
+				reloads.Go(func() { defer reloading.Unlock(); reload(edge, srv, *path, log) })
 			} else {
 				log.Warn("SIGHUP: the previous reload is still running; this one is skipped")
 			}
