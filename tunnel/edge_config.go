@@ -459,7 +459,7 @@ func (c ServerConfig) WithDefaults() ServerConfig {
 // there are several), or returns nil: a TCP port range out of order or outside 1-65535, a
 // TrustedProxies prefix that is not valid, an unknown Strategy (when NewStrategy is nil), an
 // Alerts.WebhookURL that is not an absolute http(s) URL, and an endpoint that is malformed
-// or that reserves the route of another. Reload runs it too.
+// or that reserves the route or the TCP port of another. Reload runs it too.
 func (c ServerConfig) Validate() error {
 	var errs []error
 	if r := c.TCP.Ports; r != (group.PortRange{}) {
@@ -488,7 +488,7 @@ func (c ServerConfig) Validate() error {
 			errs = append(errs, &FieldError{Field: "Alerts.WebhookURL", Err: err})
 		}
 	}
-	routes := map[string]int{}
+	routes, ports := map[string]int{}, map[int]int{}
 	for i := range c.Endpoints {
 		ep := &c.Endpoints[i]
 		name := fmt.Sprintf("Endpoints[%d]", i)
@@ -502,6 +502,17 @@ func (c ServerConfig) Validate() error {
 			continue
 		}
 		routes[key] = i
+		if ep.kind() != store.KindTCP || ep.Port == 0 {
+			continue
+		}
+		// One port serves one pool: the second endpoint's clients would reach whoever
+		// registered first.
+		if j, dup := ports[ep.Port]; dup {
+			errs = append(errs, fieldErr(name+".Port", "port %d is reserved by Endpoints[%d] too, for %s",
+				ep.Port, j, store.Key(store.KindTCP, c.Endpoints[j].label())))
+			continue
+		}
+		ports[ep.Port] = i
 	}
 	return errors.Join(errs...)
 }

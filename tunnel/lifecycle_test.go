@@ -72,6 +72,21 @@ func TestServerConfigValidation(t *testing.T) {
 	}
 	require.Equal(t, []string{"TCP.Ports", "Alerts.WebhookURL", "Endpoints[1].Group", "Endpoints[2]"}, fields, "%v", err)
 	require.NoError(t, ServerConfig{}.Validate(), "the zero value is valid")
+
+	// Two TCP endpoints on one port, whoever's: the second's clients would reach the first's
+	// pool. NewServer and Reload refuse it.
+	twoOnOnePort := ServerConfig{
+		TCP: TCPTunnels{Ports: group.PortRange{Lo: 45300, Hi: 45309}},
+		Endpoints: []Endpoint{
+			{Proto: ProtoTCP, Group: "db", Port: 45301, KeyHash: group.HashKey("k"), Tenant: "acme"},
+			{Proto: ProtoTCP, Group: "cache", Port: 45302, KeyHash: group.HashKey("k2"), Tenant: "globex"},
+			{Proto: ProtoTCP, Group: "queue", Port: 45301, KeyHash: group.HashKey("k3"), Tenant: "globex"},
+		},
+	}
+	err = twoOnOnePort.Validate()
+	require.ErrorContains(t, err, "Endpoints[2].Port: port 45301 is reserved by Endpoints[0] too, for tcp/db")
+	_, err = NewServer(twoOnOnePort)
+	require.ErrorContains(t, err, "Endpoints[2].Port")
 	require.NoError(t, ServerConfig{}.WithDefaults().Validate(), "and so are the defaults")
 }
 

@@ -94,12 +94,13 @@ type clusterEdge struct {
 
 func (e *clusterEdge) controlAddr() string { return net.JoinHostPort(e.host, fmt.Sprint(e.control)) }
 
-// startClusterEdge writes a server.toml with [cluster] (lease 1 s) and load balancing on,
-// every listener on host, and starts the edge; it returns once the admin API answers.
-func startClusterEdge(t *testing.T, natsURL, id, host string, tcpLo, tcpHi int) *clusterEdge {
+// startClusterEdge writes a server.toml with [cluster] (lease 1 s, peer_port peerPort) and
+// load balancing on, every listener on host, and starts the edge; it returns once the admin
+// API answers.
+func startClusterEdge(t *testing.T, natsURL, id, host string, tcpLo, tcpHi, peerPort int) *clusterEdge {
 	t.Helper()
-	ports := freePortsOn(t, host, 4)
-	e := &clusterEdge{id: id, host: host, control: ports[0], http: ports[1], admin: ports[2], peer: ports[3]}
+	ports := freePortsOn(t, host, 3)
+	e := &clusterEdge{id: id, host: host, control: ports[0], http: ports[1], admin: ports[2], peer: peerPort}
 	path := filepath.Join(t.TempDir(), "server.toml")
 	require.NoError(t, os.WriteFile(path, fmt.Appendf(nil, `
 [server]
@@ -125,12 +126,12 @@ enabled = true
 nats_urls = [%q]
 edge_id = %q
 advertise = "%s:%d"
-peer_addr = "%s:%d"
+peer_port = %d
 token = %q
 lease_secs = 1
 replicas = 1
 `, host, e.http, e.control, e.admin, token, adminToken, tcpLo, tcpHi,
-		natsURL, id, host, e.peer, host, e.peer, edgesToken), 0o600))
+		natsURL, id, host, e.peer, e.peer, edgesToken), 0o600))
 	e.proc = start(t, id, "edge", "-config", path)
 	waitAdmin(t, e.proc, fmt.Sprintf("http://%s/healthz", net.JoinHostPort(host, fmt.Sprint(e.admin))))
 	return e
@@ -286,8 +287,15 @@ func TestClusterEdgeKill9(t *testing.T) {
 	// public port on every edge, so the two edges cannot share an address.
 	const hostA, hostB = "127.0.0.1", "127.0.0.2"
 	tcpLo, tcpHi := sharedTCPRange(t, hostA, hostB)
-	a := startClusterEdge(t, natsURL, "edge-a", hostA, tcpLo, tcpHi)
-	b := startClusterEdge(t, natsURL, "edge-b", hostB, tcpLo, tcpHi)
+	// Both edges take the same peer_port, each on its own bind address, as every other
+	// *_port (the README's layout): it used to bind every interface, and edge-b died with
+	// "address already in use".
+	peerPort, _ := sharedTCPRange(t, hostA, hostB)
+	for peerPort >= tcpLo-2 && peerPort <= tcpHi {
+		peerPort, _ = sharedTCPRange(t, hostA, hostB)
+	}
+	a := startClusterEdge(t, natsURL, "edge-a", hostA, tcpLo, tcpHi, peerPort)
+	b := startClusterEdge(t, natsURL, "edge-b", hostB, tcpLo, tcpHi, peerPort)
 	edges := []*clusterEdge{a, b}
 
 	http1, tcp1 := httpBackend(t, "backend-1"), bannerBackend(t, "banner-1")

@@ -41,6 +41,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -147,6 +148,9 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 	}
 	go func() { served <- srv.ListenAndServe() }()
 
+	var reloading sync.Mutex
+	var reloads sync.WaitGroup
+	defer reloads.Wait() // a reload reads within 5 s, then ends
 wait:
 	for {
 		select {
@@ -154,8 +158,12 @@ wait:
 			_ = srv.Close()
 			log.Error("edge stopped", zap.Error(err))
 			return 1
-		case <-hup:
-			reload(edge, srv, *path, log)
+		case <-hup: // off this loop, so that a SIGTERM is heard whatever the file does
+			if reloading.TryLock() {
+				reloads.Go(func() { defer reloading.Unlock(); reload(edge, srv, *path, log) })
+			} else {
+				log.Warn("SIGHUP: the previous reload is still running; this one is skipped")
+			}
 		case <-ctx.Done():
 			break wait
 		}
@@ -180,7 +188,7 @@ wait:
 // /api, the status page) on the edge's admin address, sending the end of its serving to
 // served.
 func serveAdmin(srv *tunnel.Server, edge *config.Edge, log *zap.Logger, served chan<- error) (*admin.Plane, error) {
-	plane, err := admin.New(srv, admin.Options{Token: edge.AdminToken, Logger: log.Named("admin")})
+	plane, err := admin.New(srv, admin.Options{Token: edge.AdminToken, Hosts: edge.AdminHosts, Logger: log.Named("admin")})
 	if err != nil {
 		return nil, err
 	}

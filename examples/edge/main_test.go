@@ -295,3 +295,43 @@ func TestCheck(t *testing.T) {
 	require.Equal(t, 1, runWith(context.Background(), func() {}, []string{"-check", "-config", good}, &stdout, &stderr))
 	require.Contains(t, stderr.String(), good+": tls: loading cert_path and key_path")
 }
+
+// A SIGHUP while the configuration path is a FIFO (no writer, or a writer that never
+// writes) does not hold up the edge: the reload fails within its read timeout (5 s), off the
+// signal loop, and a SIGTERM meanwhile starts the shutdown at once (the process ends once the
+// reload has given up). Before, the reload waited in the signal loop for a writer, and
+// SIGTERM was never heard.
+func TestSIGHUPWithAFIFOConfigStillStops(t *testing.T) {
+	control, http := freePort(t), freePort(t)
+	e := startRun(t, edgeFile(control, http, oldToken, ""), control, http)
+	require.NoError(t, os.Remove(e.path))
+	require.NoError(t, syscall.Mkfifo(e.path, 0o600))
+
+	// No writer: the reload fails at once.
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
+	require.Eventually(t, func() bool {
+		return strings.Contains(e.stderr.String(), "reload failed; the running configuration is kept")
+	}, 10*time.Second, 10*time.Millisecond, e.stderr.String())
+
+	// A writer that never writes: the reload waits for its read timeout, and SIGTERM
+	// (the run's context) stops the edge meanwhile.
+	w, err := os.OpenFile(e.path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer w.Close()
+	require.NoError(t, syscall.Kill(os.Getpid(), syscall.SIGHUP))
+	time.Sleep(100 * time.Millisecond) // the reload is reading
+	stopped := time.Now()
+	e.cancel()
+	select {
+	case <-e.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the edge did not stop: a SIGHUP reading a FIFO held it")
+	}
+	require.Zero(t, e.code)
+	t.Logf("stopped %v after SIGTERM", time.Since(stopped).Round(time.Millisecond))
+	logged := e.stderr.String()
+	shutdown, lastFail := strings.Index(logged, "shutting down"), strings.LastIndex(logged, "reload failed")
+	require.True(t, shutdown >= 0 && lastFail > shutdown,
+		"the edge began to shut down while the reload still read the FIFO (it ends with its read timeout): %s", logged)
+	require.Contains(t, logged, "edge stopped")
+}

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/warren-tunnel/warren/group"
@@ -245,12 +246,19 @@ func sizeError(file string, n int) error {
 	return ErrorList{{File: file, Msg: fmt.Sprintf("the file is larger than %d bytes; is this the right file?", maxFileSize), Err: ErrInvalid}}
 }
 
+// readTimeout bounds the reading of a configuration file.
+const readTimeout = 5 * time.Second
+
 // readFile reads a configuration file of at most maxFileSize bytes.
 func readFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	// Opened without waiting, and read within readTimeout: a FIFO or a device at path would
+	// otherwise keep the reader (a SIGHUP's reload) waiting for a writer for ever. A regular
+	// file takes no deadline, and needs none.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	var data []byte
 	if err == nil {
 		defer f.Close()
+		_ = f.SetReadDeadline(time.Now().Add(readTimeout))
 		data, err = io.ReadAll(io.LimitReader(f, maxFileSize+1))
 	}
 	if err != nil {

@@ -85,14 +85,18 @@ ca_path = "ca.pem"
 	require.True(t, c.Cluster.TLS.Enabled())
 }
 
-// TestClusterPeerPort: peer_port = N listens on every interface on port N, as
-// peer_addr = ":N" does; it is checked like peer_addr and cannot be given with it.
+// TestClusterPeerPort: peer_port = N listens on port N of [server] bind, like every other
+// *_port, so that two edges on one host (bind 127.0.0.1 and 127.0.0.2) can both take it; it is
+// checked like peer_addr and cannot be given with it.
 func TestClusterPeerPort(t *testing.T) {
 	base := "[cluster]\nnats_urls = [\"nats://127.0.0.1:4222\"]\nadvertise = \"10.0.0.5:7443\"\ntoken = \"" + clusterToken + "\"\n"
 	c, err := config.ParseServer("server.toml", []byte(serverDoc(base+"peer_port = 7444\n")))
 	require.NoError(t, err)
-	require.Equal(t, ":7444", c.Cluster.PeerAddr)
+	require.Equal(t, "0.0.0.0:7444", c.Cluster.PeerAddr, "the default bind")
 	require.Equal(t, 7444, c.Cluster.PeerPort)
+	c, err = config.ParseServer("server.toml", []byte("[server]\ndomain = \"localhost\"\nbind = \"127.0.0.2\"\n"+base+"peer_port = 7444\n"))
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.2:7444", c.Cluster.PeerAddr)
 
 	const head = "[server]\ndomain = \"localhost\"\n" // lines 1-2; [cluster] on 3, peer_port on 7
 	for _, tc := range []struct {

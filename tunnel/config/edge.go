@@ -33,6 +33,9 @@ type Edge struct {
 	// AdminAddr is where the admin plane listens (server.bind and server.admin_port), "" when
 	// it is off; AdminToken is its bearer token (auth.admin_token), for admin.Options.Token.
 	AdminAddr, AdminToken string
+	// AdminHosts are the names the admin port is reached by (server.admin_hosts), for
+	// admin.Options.Hosts.
+	AdminHosts []string
 	// StateDir is the directory route ownership is kept in (server.state_dir), "" to keep it
 	// in memory.
 	StateDir string
@@ -51,7 +54,7 @@ type Edge struct {
 // connects nothing (cluster.New does not connect). Its error names the file.
 func (c *Server) Edge(log *zap.Logger) (*Edge, error) {
 	e := &Edge{File: c.File, start: c, last: c, AdminToken: c.Auth.AdminToken, StateDir: c.Server.StateDir,
-		AdminAddr: c.Server.Addr(c.Server.AdminPort)}
+		AdminAddr: c.Server.Addr(c.Server.AdminPort), AdminHosts: c.Server.AdminHosts}
 	sc := c.serverConfig()
 	sc.Logger = log
 	if c.Auth.RequireAuth {
@@ -134,6 +137,7 @@ func (c *Server) serverConfig() tunnel.ServerConfig {
 			RetryUnreadRequests:    lb.RetryUnreadRequests,
 			RetryIdempotent:        lb.RetryIdempotent,
 			MaxConcurrentPerMember: l.MaxConcurrentPerMember,
+			PreferLocalStreams:     lb.PreferLocalStreams,
 		},
 		Timeouts: tunnel.Timeouts{Drain: l.DrainTimeout},
 		PreAuth: tunnel.PreAuthLimits{

@@ -136,6 +136,7 @@ func TestEveryKeyIsWired(t *testing.T) {
 [server]
 domain = "localhost"
 state_dir = "/var/lib/warren"
+admin_hosts = ["admin.internal"]
 [auth]
 admin_token = "admin-token-0123456789"
 [limits]
@@ -154,13 +155,16 @@ max_stalled_response_bytes_per_ip = 33554432
 alert_webhook_url = "https://hooks.example.com/x"
 allow_private_alert_webhooks = true
 retry_unread_requests = true
+prefer_local_streams = 2
 `)
 	sc := e.Config
 	require.Equal(t, "/var/lib/warren", e.StateDir)
+	require.Equal(t, []string{"admin.internal"}, e.AdminHosts)
 	require.Equal(t, "https://hooks.example.com/x", sc.Alerts.WebhookURL)
 	require.True(t, sc.Alerts.AllowPrivateWebhooks)
 	require.True(t, sc.LoadBalancing.RetryUnreadRequests)
 	require.Equal(t, 3, sc.LoadBalancing.MaxConcurrentPerMember)
+	require.Equal(t, 2, sc.LoadBalancing.PreferLocalStreams)
 	require.Equal(t, 64, sc.PreAuth.MaxConns)
 	require.Equal(t, 4, sc.PreAuth.MaxConnsPerIP)
 	require.Equal(t, 2*time.Second, sc.PreAuth.HelloTimeout)

@@ -50,10 +50,11 @@ type Cluster struct {
 	// Advertise is the host:port the other edges dial to reach this edge. Required.
 	Advertise string `toml:"advertise"`
 	// PeerAddr is the address this edge listens on for the other edges ("host:port" or
-	// ":port"). Default: ":PeerPort" with PeerPort, else Advertise.
+	// ":port"). Default: PeerPort on [server] bind with PeerPort, else Advertise.
 	PeerAddr string `toml:"peer_addr"`
-	// PeerPort is the port this edge listens on for the other edges, on every interface
-	// (peer_port = 7443 is peer_addr = ":7443"). Give one of PeerAddr and PeerPort.
+	// PeerPort is the port this edge listens on for the other edges, on the [server] bind
+	// address like every other *_port (peer_port = 7443 with bind = "127.0.0.2" is
+	// peer_addr = "127.0.0.2:7443"). Give one of PeerAddr and PeerPort.
 	PeerPort int `toml:"peer_port"`
 	// Token authenticates the edges to each other; the same on every edge, at least
 	// tunnel.MinTokenLength characters, distinct from every token of [auth]. Required.
@@ -135,6 +136,10 @@ type ServerSection struct {
 	// AdminPort serves /healthz, /metrics and /api; 0 turns it off.
 	// Default 9090.
 	AdminPort int `toml:"admin_port"`
+	// AdminHosts are the host names the admin port is reached by, besides its IP
+	// addresses and localhost: with neither an admin token nor tenants the admin API is
+	// open, and answers no other name (admin.Options.Hosts). Default none.
+	AdminHosts []string `toml:"admin_hosts"`
 	// RegionID names this edge in alerts and metrics. Default "local".
 	RegionID string `toml:"region_id"`
 	// StateDir is where the edge keeps route ownership (an embedded database), so that it
@@ -314,6 +319,11 @@ type LoadBalancing struct {
 	// within 10 s for 30 s (doubling up to 5 min while it keeps failing),
 	// never more than half of a pool. Default false.
 	OutlierEjection bool `toml:"outlier_ejection"`
+	// PreferLocalStreams, in a cluster, lets the members attached to this edge take a
+	// pool's new work while they are less than this many active streams ahead of the
+	// pool's members on other edges (1: ties go local). Default 0: ties rotate over the
+	// whole pool, as on one edge (tunnel.LoadBalancing.PreferLocalStreams).
+	PreferLocalStreams int `toml:"prefer_local_streams"`
 	// AlertMinInterval is the shortest time between two alerts of one
 	// group (alert_min_interval_secs). Default 60s.
 	AlertMinInterval time.Duration `toml:"-"`
@@ -421,12 +431,9 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 		if cl.PeerPort == 0 && !r.missing("cluster.peer_port") {
 			r.add("cluster.peer_port", ErrInvalid, "port 0 is out of range 1-65535")
 		}
-		switch {
-		case cl.PeerAddr == "" && cl.PeerPort != 0:
-			cl.PeerAddr = ":" + strconv.Itoa(cl.PeerPort)
-		case cl.PeerAddr == "":
+		if cl.PeerAddr == "" && cl.PeerPort == 0 {
 			cl.PeerAddr = cl.Advertise
-		}
+		} // with peer_port, on the bind address: set below, once bind is read
 		cl.TLS.CertPath = resolvePath(dir, cl.TLS.CertPath)
 		cl.TLS.KeyPath = resolvePath(dir, cl.TLS.KeyPath)
 		cl.TLS.CAPath = resolvePath(dir, cl.TLS.CAPath)
@@ -442,6 +449,9 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 			r.fail("server.bind", ErrInvalid, "%q is not an IP address; use e.g. \"0.0.0.0\" (all interfaces) or \"127.0.0.1\"", *f.Server.Bind)
 		}
 		cfg.Server.Bind = addr
+	}
+	if cl := cfg.Cluster; cl != nil && cl.PeerAddr == "" && cl.PeerPort != 0 {
+		cl.PeerAddr = cfg.Server.Addr(cl.PeerPort) // like every other *_port, on [server] bind
 	}
 	cfg.TLS.CertPath = resolvePath(dir, cfg.TLS.CertPath)
 	cfg.TLS.KeyPath = resolvePath(dir, cfg.TLS.KeyPath)
@@ -507,6 +517,13 @@ func (c *Server) validate(r *reporter) {
 	}
 	if !s.Bind.IsValid() {
 		r.add("server.bind", ErrInvalid, "must be an IP address, e.g. \"0.0.0.0\"")
+	}
+	for i, h := range s.AdminHosts {
+		if _, err := netip.ParseAddr(h); err == nil {
+			r.add(indexKey("server.admin_hosts", i), ErrInvalid, "%q is an IP address: addresses are always answered; list host names", h)
+			continue
+		}
+		r.invalid(indexKey("server.admin_hosts", i), hostProblem(h))
 	}
 	for i, p := range s.TrustedProxies {
 		if _, err := netip.ParsePrefix(p); err != nil {
@@ -628,6 +645,9 @@ func (c *Server) validate(r *reporter) {
 	c.validateEndpoints(r)
 
 	lb := c.LoadBalancing
+	if lb.PreferLocalStreams < 0 {
+		r.add("load_balancing.prefer_local_streams", ErrInvalid, "must be 0 (off) or more, got %d", lb.PreferLocalStreams)
+	}
 	if p := webhookProblem(lb.AlertWebhookURL); p != "" {
 		r.fail("load_balancing.alert_webhook_url", ErrInvalid, "%s", p)
 	}
@@ -658,7 +678,7 @@ func (c *Server) validateCluster(r *reporter) {
 		r.invalid("cluster.advertise", hostPortProblem(cl.Advertise))
 	}
 	switch {
-	case cl.PeerPort != 0 && cl.PeerAddr != ":"+strconv.Itoa(cl.PeerPort):
+	case cl.PeerPort != 0 && cl.PeerAddr != c.Server.Addr(cl.PeerPort):
 		r.add("cluster.peer_port", ErrInvalid, "cannot be combined with cluster.peer_addr%s: give one of them", r.lineNote("cluster.peer_addr"))
 	case cl.PeerPort != 0:
 		c.checkPeerAddr(r, "cluster.peer_port", cl.PeerAddr)
