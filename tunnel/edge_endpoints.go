@@ -68,6 +68,10 @@ type TenantLimits struct {
 	MaxTCPPorts int
 	// MaxEventStreams caps the tenant's open live event streams on the admin API.
 	MaxEventStreams int
+	// MaxRoutes caps the routes the tenant holds: HTTP subdomains and TCP pool names it
+	// claimed, with members or within RouteTTL of their last member leaving (reserved
+	// endpoints are not counted). In a cluster it is counted over every edge.
+	MaxRoutes int
 }
 
 // or returns l with each zero field taken from d.
@@ -79,7 +83,7 @@ func (l TenantLimits) or(d TenantLimits) TenantLimits {
 		return b
 	}
 	return TenantLimits{pick(l.MaxSessions, d.MaxSessions), pick(l.MaxTunnels, d.MaxTunnels),
-		pick(l.MaxTCPPorts, d.MaxTCPPorts), pick(l.MaxEventStreams, d.MaxEventStreams)}
+		pick(l.MaxTCPPorts, d.MaxTCPPorts), pick(l.MaxEventStreams, d.MaxEventStreams), pick(l.MaxRoutes, d.MaxRoutes)}
 }
 
 func (ep *Endpoint) kind() string {

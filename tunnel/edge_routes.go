@@ -47,8 +47,12 @@ type routeBook struct {
 	eps atomic.Pointer[endpointSet]
 
 	mu sync.Mutex
-	// ports counts the TCP ports held for each tenant's routes (quota max_tcp_ports).
-	ports map[string]map[int]bool
+	// ports counts the TCP ports held for each tenant's routes and solo TCP tunnels (quota
+	// max_tcp_ports); soloTCP are the tenants of this edge's solo TCP tunnels, by port.
+	ports   map[string]map[int]bool
+	soloTCP map[int]string
+	// claims indexes the routes each tenant holds (quota max_routes; routes_quota.go).
+	claims routeClaims
 	// tunnels and sessions count each tenant's live tunnels and sessions (quotas).
 	tunnels, sessions map[string]int
 	// startedAt is when this edge started: no claim lapses within RouteTTL of it.
@@ -126,7 +130,7 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 	b := &routeBook{st: st, ttl: ttl, now: time.Now, reg: reg, log: log, rules: localRules{}, closing: make(chan struct{}),
 		ports: map[string]map[int]bool{}, tunnels: map[string]int{}, sessions: map[string]int{},
 		pendingPorts: map[string]int{}, soloPorts: map[int]string{}, elsewhere: map[int]bool{},
-		soloHolders: map[string]string{}}
+		soloHolders: map[string]string{}, soloTCP: map[int]string{}, claims: routeClaims{byTenant: map[string]map[string]uint64{}}}
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	reservedEps := map[string]*Endpoint{}
 	for i := range endpoints {
@@ -134,10 +138,12 @@ func newRouteBook(st store.Store, ttl time.Duration, reg *group.Registry, endpoi
 		reservedEps[store.Key(ep.kind(), ep.label())] = ep
 	}
 	b.eps.Store(newEndpointSet(reservedEps, nil))
+	before := b.beginClaimsIndex()
 	routes, err := st.List(b.ctx)
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: reading the route store: %w", err)
 	}
+	b.indexClaims(routes, before)
 	// The edge starts with no member: every route is empty from now on, and its owner has a
 	// full RouteTTL from startedAt to come back (however long the edge was down). That
 	// takes no write (lapsed reads startedAt), so a start costs no fsync per route.
@@ -283,10 +289,12 @@ func (b *routeBook) live(kind, label string) bool {
 
 // sweep deletes the claims that lapsed and gives their ports back.
 func (b *routeBook) sweep() {
+	before := b.beginClaimsIndex()
 	routes, err := b.st.List(b.ctx)
 	if err != nil {
 		return
 	}
+	b.indexClaims(routes, before)
 	now := b.now()
 	live := b.liveIndex()
 	reserved := map[int]bool{} // in a cluster: the ports reserved now
@@ -306,6 +314,7 @@ func (b *routeBook) sweep() {
 		})
 		if err == nil && gone != nil {
 			b.log.Info("route claim lapsed", zap.String("route", r.Key()), zap.String("tenant", gone.Tenant))
+			b.dropClaim(gone.Tenant, r.Key())
 			b.releasePorts(gone)
 			b.rules.dropped(gone)
 		}

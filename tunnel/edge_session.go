@@ -603,7 +603,7 @@ func (s *Server) addTunnel(e *edgeSession, m *wire.Register) (*edgeTunnel, error
 		// in the way of this one (remoteConflict too lets them be).
 		s.cluster.MovedHere(e.resumed, e.tenant, e.resumedProof)
 	}
-	tk, err := s.routes.claim(e.tenant, &req, grouped, lim.MaxTCPPorts)
+	tk, err := s.routes.claim(e.tenant, &req, grouped, lim)
 	if err != nil {
 		s.routes.give(s.routes.tunnels, e.tenant)
 		return nil, err

@@ -1,6 +1,7 @@
 package tunnel
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
@@ -82,6 +83,31 @@ type IdleEndpoint struct {
 
 // IdleEndpoints lists the reserved endpoints that have no live pool now.
 func (o Operator) IdleEndpoints() []IdleEndpoint { return o.s.routes.idleEndpoints() }
+
+// Routes lists every route a tenant holds, by kind and label: the HTTP subdomains and TCP
+// pool names claimed, with members now or within RouteTTL of their last member leaving, and
+// the reserved endpoints' routes (Reserved). TenantLimits.MaxRoutes counts the first kind. It
+// reads the route store (in a cluster, the shared one).
+func (o Operator) Routes(ctx context.Context) ([]RouteClaim, error) {
+	return o.s.routes.routeClaimsList(ctx)
+}
+
+// ReleaseRoute drops the claim on route kind/label ("http" and a subdomain, or "tcp" and a
+// pool's name) at once, as if it had lapsed: its tenant's max_routes and max_tcp_ports count
+// it no more, its TCP port goes back to the range, and any tenant may claim it. A route with
+// members is not released (ErrRouteLive), nor a reserved endpoint's (ErrRouteReserved);
+// ErrNoRoute when none is held.
+func (o Operator) ReleaseRoute(kind, label string) (RouteClaim, error) {
+	r, err := o.s.routes.release(kind, label)
+	if err != nil {
+		return RouteClaim{}, err
+	}
+	c := RouteClaim{Kind: r.Kind, Label: r.Label, Tenant: r.Tenant, Group: r.Group, Claimed: r.Claimed, EmptySince: r.EmptySince}
+	for _, p := range r.Ports {
+		c.Port = p
+	}
+	return c, nil
+}
 
 // MaxEventStreams is how many live event streams tenant may have open at once under the
 // limits in force (TenantLimits.MaxEventStreams; 0: no cap).

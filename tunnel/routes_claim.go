@@ -18,6 +18,7 @@ type ticket struct {
 	created     *store.Route    // the first claim this registration wrote, if any
 	solo        string          // in a cluster: the reservation of a solo TCP tunnel's port
 	portSlot    bool            // a max_tcp_ports slot reserved for a new port
+	soloTCP     bool            // a solo TCP tunnel: its port counts in max_tcp_ports
 	port        int             // in a cluster: the port the TCP pool must have on this edge
 	holder      string          // in a cluster: the solo HTTP tunnel's session (store.Route.Holder)
 	holderHash  string          // and the hex SHA-256 of its resume token (HolderHash)
@@ -29,11 +30,20 @@ type ticket struct {
 // claim at once so that two tenants racing on a new route cannot both pass. It sets
 // req.Port to the port the pool had before, and reserves a max_tcp_ports slot when the pool
 // needs a new one. The caller then calls joined (the Join succeeded) or abandon.
-func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, maxPorts int) (*ticket, error) {
+func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, lim TenantLimits) (*ticket, error) {
 	kind, label := routeKey(req, grouped)
 	tk := &ticket{tenant: tenant, kind: kind, label: label}
 	if kind == "" {
+		// A solo TCP tunnel owns no route, but its port counts in max_tcp_ports.
+		tk.soloTCP = true
+		if lim.MaxTCPPorts > 0 {
+			if !b.reservePortSlot(tenant, lim.MaxTCPPorts) {
+				return nil, fmt.Errorf("%w: this tenant already holds %d TCP ports (max_tcp_ports)", ErrLimit, lim.MaxTCPPorts)
+			}
+			tk.portSlot = true
+		}
 		if err := b.rules.claimSoloPort(tk, req); err != nil {
+			b.releasePortSlot(tk)
 			return nil, err
 		}
 		return tk, nil
@@ -51,14 +61,21 @@ func (b *routeBook) claim(tenant string, req *group.JoinRequest, grouped bool, m
 		}
 	}
 	// Read before the store's lock is taken.
-	c := &claimDecision{b: b, tk: tk, req: req, grouped: grouped, sc: b.rules.solo(req, kind, grouped)}
+	c := &claimDecision{b: b, tk: tk, req: req, grouped: grouped, sc: b.rules.solo(req, kind, grouped), maxRoutes: lim.MaxRoutes}
 	if _, err := b.update(tk.key, c.decide); err != nil && !errors.Is(err, errUnchanged) {
+		if c.slotAdded {
+			b.dropClaim(tenant, tk.key) // the claim was not written
+		}
 		return nil, refusal(err)
 	}
 	if c.taken != nil {
 		b.log.Info("route claim lapsed; a new tenant claims it", zap.String("route", tk.key))
 		b.releasePorts(c.taken)
+		if c.taken.Tenant != tenant {
+			b.dropClaim(c.taken.Tenant, tk.key)
+		}
 	}
+	maxPorts := lim.MaxTCPPorts
 	b.rules.holdTicket(tk, req, grouped, c.sc)
 	tk.prevKeys = req.PrevKeyHashes
 	req.Port = c.port
@@ -103,6 +120,10 @@ type claimDecision struct {
 	// the route's pool had before (0: none).
 	taken *store.Route
 	port  int
+	// maxRoutes is the tenant's max_routes (0: no cap); slotAdded reports that a decision
+	// counted the route for the tenant anew (takeRouteSlot).
+	maxRoutes int
+	slotAdded bool
 }
 
 func (c *claimDecision) decide(cur *store.Route) (*store.Route, error) {
@@ -130,6 +151,12 @@ func (c *claimDecision) decideOn(cur *store.Route, now time.Time) (*store.Route,
 		// No record (a wiped store) or a lapsed one, but another tenant's members serve
 		// the route: it is theirs.
 		return nil, ownedError(tk.kind, tk.label)
+	}
+	ok, added := b.takeRouteSlot(tk.tenant, tk.key, c.maxRoutes)
+	c.slotAdded = c.slotAdded || added
+	if !ok {
+		return nil, fmt.Errorf("%w: this tenant already holds %d routes (max_routes); a route is held until route_ttl_secs after its last member left, or an operator releases it",
+			ErrLimit, c.maxRoutes)
 	}
 	c.taken = cur
 	tk.created = &store.Route{Kind: tk.kind, Label: tk.label, Tenant: tk.tenant, Group: c.req.Group, EmptySince: now}
@@ -202,13 +229,16 @@ func (b *routeBook) abandon(tk *ticket) {
 		return
 	}
 	created := tk.created
-	_, _ = b.update(tk.key, func(cur *store.Route) (*store.Route, error) {
+	_, err := b.update(tk.key, func(cur *store.Route) (*store.Route, error) {
 		if cur == nil || cur.Tenant != created.Tenant || !cur.EmptySince.Equal(created.EmptySince) ||
 			len(cur.Ports) > 0 || b.live(tk.kind, tk.label) {
 			return nil, errUnchanged // someone has used it since
 		}
 		return nil, nil
 	})
+	if err == nil {
+		b.dropClaim(tk.tenant, tk.key)
+	}
 }
 
 // reservedAdmits checks a registration of the owning tenant against its endpoint: the

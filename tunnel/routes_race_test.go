@@ -48,7 +48,7 @@ func (b *testBook) req(proto group.Proto, label, grp, key string) *group.JoinReq
 
 // register is addTunnel's claim, Join, joined.
 func (b *testBook) register(tenant string, req *group.JoinRequest, maxPorts int) (*group.Member, error) {
-	tk, err := b.claim(tenant, req, req.Group != "", maxPorts)
+	tk, err := b.claim(tenant, req, req.Group != "", TenantLimits{MaxTCPPorts: maxPorts})
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +74,7 @@ func TestOwnerBackAtLapseSurvivesTheSweep(t *testing.T) {
 	b.clock.Add(int64(time.Hour)) // lapsed, not swept yet
 
 	req := b.req(group.ProtoTCP, "db", "db", "k1")
-	tk, err := b.claim("acme", req, true, 0)
+	tk, err := b.claim("acme", req, true, TenantLimits{})
 	require.NoError(t, err)
 	b.sweep()
 	m2, err := b.reg.Join(*req)
@@ -88,7 +88,7 @@ func TestOwnerBackAtLapseSurvivesTheSweep(t *testing.T) {
 	b.reg.Leave(m2)
 	b.clock.Add(int64(time.Hour))
 	req = b.req(group.ProtoTCP, "db", "db", "k1")
-	tk, err = b.claim("acme", req, true, 0)
+	tk, err = b.claim("acme", req, true, TenantLimits{})
 	require.NoError(t, err)
 	_, err = b.register("globex", b.req(group.ProtoTCP, "db", "db", "k2"), 0)
 	require.ErrorIs(t, err, ErrOwned, "the owner's return renewed its claim")
@@ -103,9 +103,9 @@ func TestAbandonKeepsAClaimInUse(t *testing.T) {
 	b := newTestBook(t, group.Config{}, nil)
 	r1 := b.req(group.ProtoHTTP, "pool", "web", "k") // grouped: writes the first claim
 	r2 := b.req(group.ProtoHTTP, "pool", "", "")     // solo, same tenant
-	tk1, err := b.claim("acme", r1, true, 0)
+	tk1, err := b.claim("acme", r1, true, TenantLimits{})
 	require.NoError(t, err)
-	tk2, err := b.claim("acme", r2, false, 0)
+	tk2, err := b.claim("acme", r2, false, TenantLimits{})
 	require.NoError(t, err)
 	m2, err := b.reg.Join(*r2) // r2 wins the registry
 	require.NoError(t, err)
@@ -122,9 +122,9 @@ func TestAbandonKeepsAClaimInUse(t *testing.T) {
 func TestTCPPortQuotaHoldsUnderConcurrentClaims(t *testing.T) {
 	b := newTestBook(t, group.Config{Ports: group.PortRange{Lo: 45120, Hi: 45129}}, nil)
 	r1, r2 := b.req(group.ProtoTCP, "a", "a", "k"), b.req(group.ProtoTCP, "b", "b", "k")
-	tk1, err := b.claim("acme", r1, true, 1)
+	tk1, err := b.claim("acme", r1, true, TenantLimits{MaxTCPPorts: 1})
 	require.NoError(t, err)
-	_, err = b.claim("acme", r2, true, 1)
+	_, err = b.claim("acme", r2, true, TenantLimits{MaxTCPPorts: 1})
 	require.ErrorIs(t, err, ErrLimit, "the first claim's port is being taken")
 	m1, err := b.reg.Join(*r1)
 	require.NoError(t, err)
@@ -221,10 +221,10 @@ func TestRestartGivesEveryOwnerAFullTTLWithoutWriting(t *testing.T) {
 		clock.Store(start.Add(23 * time.Hour).UnixNano())
 		b.now = func() time.Time { return time.Unix(0, clock.Load()) }
 		req := &group.JoinRequest{ID: "x-" + label, Proto: group.ProtoHTTP, Label: label}
-		_, err := b.claim("globex", req, false, 0)
+		_, err := b.claim("globex", req, false, TenantLimits{})
 		require.ErrorIs(t, err, ErrOwned, "%s: within a TTL of the start", label)
 		clock.Store(start.Add(24 * time.Hour).UnixNano())
-		tk, err := b.claim("globex", req, false, 0)
+		tk, err := b.claim("globex", req, false, TenantLimits{})
 		require.NoError(t, err, "%s: lapsed a TTL after the start", label)
 		require.NotNil(t, tk)
 	}

@@ -27,6 +27,9 @@ func (b *routeBook) joined(tk *ticket, g *group.Group) error {
 		b.soloPorts[tk.port] = tk.solo
 		b.mu.Unlock()
 	}
+	if tk.soloTCP {
+		b.holdSoloTCP(tk.tenant, g.Port)
+	}
 	if tk.kind == "" {
 		return nil
 	}
@@ -106,6 +109,7 @@ func (b *routeBook) emptied(g *group.Group) {
 	kind := store.KindHTTP
 	if g.Kind == group.KindTCP {
 		if g.Solo() {
+			b.releaseSoloTCP(g.Port)
 			b.releaseSoloPort(g.Port)
 			return
 		}

@@ -42,12 +42,12 @@ func TestRegistrationRefusedWithTheStoresError(t *testing.T) {
 	req := &group.JoinRequest{ID: "t1", Proto: group.ProtoHTTP, Label: "pool", Group: "web", KeyHash: group.HashKey("k")}
 
 	st.fail.Store(true)
-	_, err = b.claim("acme", req, true, 0)
+	_, err = b.claim("acme", req, true, TenantLimits{})
 	require.ErrorIs(t, err, ErrUnavailable, "claim")
 	require.ErrorIs(t, err, errStoreDown, "claim")
 
 	st.fail.Store(false)
-	tk, err := b.claim("acme", req, true, 0)
+	tk, err := b.claim("acme", req, true, TenantLimits{})
 	require.NoError(t, err)
 	m, err := reg.Join(*req)
 	require.NoError(t, err)
@@ -64,7 +64,7 @@ func TestRegistrationRefusedWithTheStoresError(t *testing.T) {
 	require.NoError(t, err)
 	b.rules = &sharedRules{b: b, lease: time.Minute, edgeID: "edge-1"}
 	st.fail.Store(true)
-	_, err = b.claim("acme", &group.JoinRequest{ID: "t2", Proto: group.ProtoTCP}, false, 0)
+	_, err = b.claim("acme", &group.JoinRequest{ID: "t2", Proto: group.ProtoTCP}, false, TenantLimits{})
 	require.ErrorIs(t, err, ErrUnavailable, "a cluster's port reservation")
 	require.ErrorIs(t, err, errStoreDown, "a cluster's port reservation")
 }

@@ -95,6 +95,8 @@ func New(srv *tunnel.Server, o Options) (*Plane, error) {
 		AdminToken:      o.Token,
 		Throttle:        op.AuthThrottle(), // shared with the control listener
 		Endpoints:       op.IdleEndpoints,
+		Routes:          op.Routes,
+		ReleaseRoute:    op.ReleaseRoute,
 		MaxEventStreams: op.MaxEventStreams, // read as each stream opens: Reload changes it
 		Stats:           op.Counters,
 		ShuttingDown:    op.ShuttingDown,
@@ -150,6 +152,10 @@ type config struct {
 	// Endpoints returns the reserved routes that have no live group, listed with zero
 	// members; nil means none.
 	Endpoints func() []Endpoint
+	// Routes lists the routes tenants hold, and ReleaseRoute drops one (tunnel.Operator's);
+	// nil: GET /api/routes lists none and DELETE answers 404.
+	Routes       func(ctx context.Context) ([]tunnel.RouteClaim, error)
+	ReleaseRoute func(kind, label string) (tunnel.RouteClaim, error)
 	// MaxEventStreams returns how many live event streams a tenant may have open at once
 	// (0: no cap); nil means no cap. The admin token is never capped.
 	MaxEventStreams func(tenant string) int

@@ -146,6 +146,8 @@ type HealthEvent struct {
 //	GET /api/tunnels/{id}/health-events           its last 50 health transitions, oldest first
 //	GET /api/groups                               every visible load-balancing group ([]GroupInfo)
 //	GET /api/groups/{protocol}/{label}/events     Server-Sent Events: GroupEvent per health transition
+//	GET /api/routes                               every visible route a tenant holds ([]RouteInfo)
+//	DELETE /api/routes/{kind}/{label}             release a claim nobody serves (admin only; RouteInfo)
 //
 // Every request needs "Authorization: Bearer <token>" (401 without a valid one) unless the
 // API is open: Options.Token empty and ServerConfig.Auth nil. The admin token sees
@@ -161,6 +163,8 @@ func (p *Plane) APIHandler() http.Handler {
 	mux.HandleFunc("GET /api/groups", p.apiGroups)
 	mux.HandleFunc("GET /api/groups/{protocol}/{label}/events", p.apiGroupEvents)
 	mux.HandleFunc("GET /api/cluster", p.apiCluster)
+	mux.HandleFunc("GET /api/routes", p.apiRoutes)
+	mux.HandleFunc("DELETE /api/routes/{kind}/{label}", p.apiReleaseRoute)
 	return p.requireAuth(mux)
 }
 

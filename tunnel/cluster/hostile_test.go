@@ -582,3 +582,32 @@ func TestClusterRefusalOfAnotherTenantDoesNotDependOnTheKey(t *testing.T) {
 	tenant, held := b.c.ServedElsewhere(store.KindHTTP, "pool")
 	require.True(t, held && tenant == "acme", "a's member records were gone before the guesses: the refusals came from the route's record")
 }
+
+// max_routes counts a tenant's routes over the whole cluster: claims made on another edge
+// count once this edge's sweep has read them (every RouteTTL/4, at most a minute; 1 s here),
+// and this edge's own at once. max_tunnels, by contrast, counts per edge: with max_tunnels 1
+// the tenant holds a tunnel on each edge.
+func TestClusterMaxRoutesCountsEveryEdgesClaims(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	quota := func(c *tunnel.ServerConfig) {
+		c.Auth = tenantAuth()
+		c.RouteTTL = 4 * time.Second // the sweep runs every second
+		c.Limits.Tenant = tunnel.TenantLimits{MaxRoutes: 2, MaxTunnels: 1}
+	}
+	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: quota})
+	b := startClusterEdge(t, nodes, "b", clusterOpts{edit: quota})
+	c := startClusterEdge(t, nodes, "c", clusterOpts{edit: quota})
+	be := hostPort(backend(t, "A").URL)
+	_, err := a.connect(tunnel.WithToken(acmeToken)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "r0"}, be)
+	require.NoError(t, err)
+	sb := b.connect(tunnel.WithToken(acmeToken))
+	_, err = sb.Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "r1"}, be)
+	require.NoError(t, err, "max_tunnels 1 counts on each edge: one here too")
+	time.Sleep(2500 * time.Millisecond) // two sweeps on each edge
+
+	_, err = c.connect(tunnel.WithToken(acmeToken)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "r2"}, be)
+	require.ErrorIs(t, err, tunnel.ErrLimit, "r0 on a and r1 on b make acme's 2 routes")
+	require.ErrorContains(t, err, "max_routes")
+	_, err = c.connect(tunnel.WithToken(globexToken)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "g0"}, be)
+	require.NoError(t, err, "another tenant's quota is its own")
+}

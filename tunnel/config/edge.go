@@ -204,7 +204,7 @@ func (c *Server) endpoints() []tunnel.Endpoint {
 // tenantLimits are the file's quotas as the library's.
 func (q Quotas) tenantLimits() tunnel.TenantLimits {
 	return tunnel.TenantLimits{MaxSessions: q.MaxSessions, MaxTunnels: q.MaxTunnels,
-		MaxTCPPorts: q.MaxTCPPorts, MaxEventStreams: q.MaxEventStreams}
+		MaxTCPPorts: q.MaxTCPPorts, MaxEventStreams: q.MaxEventStreams, MaxRoutes: q.MaxRoutes}
 }
 
 // authenticator checks the connector tokens and the tenants' tokens of the [auth] table.

@@ -200,7 +200,7 @@ func TestDefaultsAreTheLibrarys(t *testing.T) {
 	require.Equal(t, want.Limits.MaxTunnelsPerSession, sc.Limits.MaxTunnelsPerSession)
 	require.Equal(t, want.RegionID, sc.RegionID)
 	require.Equal(t, "0.0.0.0:4040", sc.ControlAddr)
-	require.Equal(t, tunnel.TenantLimits{MaxSessions: 64, MaxTunnels: 1024, MaxTCPPorts: 16, MaxEventStreams: 8}, sc.Limits.Tenant)
+	require.Equal(t, tunnel.TenantLimits{MaxSessions: 64, MaxTunnels: 1024, MaxTCPPorts: 16, MaxEventStreams: 8, MaxRoutes: 1024}, sc.Limits.Tenant)
 }
 
 const edgesToken = "edges-secret-0123456789"

@@ -110,7 +110,7 @@ func tokensChanged(a, b Auth) bool {
 // liveLimits are the [limits] keys the edge applies on a reload (its quotas included): the
 // fields of tunnel.Limits.
 var liveLimits = map[string]bool{"max_tunnels_per_session": true, "max_sessions": true, "max_tunnels": true,
-	"max_tcp_ports": true, "max_event_streams": true}
+	"max_tcp_ports": true, "max_event_streams": true, "max_routes": true}
 
 // quotaApplies says when a changed limit applies.
 const quotaApplies = "from the next session, registration or event stream; what is held stays"

@@ -214,12 +214,13 @@ type Quotas struct {
 	MaxTunnels      int `toml:"max_tunnels"`       // registered tunnels over all sessions
 	MaxTCPPorts     int `toml:"max_tcp_ports"`     // public TCP ports held for its pools
 	MaxEventStreams int `toml:"max_event_streams"` // open live event streams on the admin API
+	MaxRoutes       int `toml:"max_routes"`        // routes held: live, or until route_ttl_secs after their last member
 }
 
 // Limits is the [limits] table of server.toml.
 type Limits struct {
 	// Quotas are every tenant's default quotas. Defaults: 64 sessions, 1024 tunnels, 16
-	// TCP ports, 8 event streams.
+	// TCP ports, 8 event streams, 1024 routes.
 	Quotas
 	// RouteTTL is how long a route stays its owner's after its last member left
 	// (route_ttl_secs). Default 24h.
@@ -335,7 +336,7 @@ var (
 	defaultAdminPort    = 9090
 	defaultTCPPortRange = PortRange{Low: 20000, High: 20100}
 	// defaultQuotas are every tenant's quotas; the library caps nothing by default.
-	defaultQuotas = Quotas{MaxSessions: 64, MaxTunnels: 1024, MaxTCPPorts: 16, MaxEventStreams: 8}
+	defaultQuotas = Quotas{MaxSessions: 64, MaxTunnels: 1024, MaxTCPPorts: 16, MaxEventStreams: 8, MaxRoutes: 1024}
 )
 
 // defaultServer returns a Server holding every default of server.toml: the library's own
@@ -634,7 +635,8 @@ func (c *Server) validate(r *reporter) {
 		key string
 		n   int
 	}{{"limits.max_sessions", l.MaxSessions}, {"limits.max_tunnels", l.MaxTunnels},
-		{"limits.max_tcp_ports", l.MaxTCPPorts}, {"limits.max_event_streams", l.MaxEventStreams}} {
+		{"limits.max_tcp_ports", l.MaxTCPPorts}, {"limits.max_event_streams", l.MaxEventStreams},
+		{"limits.max_routes", l.MaxRoutes}} {
 		if q.n < 0 {
 			r.add(q.key, ErrInvalid, "must be 0 (no cap) or more, got %d", q.n)
 		}

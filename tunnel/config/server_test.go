@@ -49,7 +49,7 @@ func TestServerDefaults(t *testing.T) {
 			RegionID:    "local",
 		},
 		Limits: config.Limits{
-			Quotas:               config.Quotas{MaxSessions: 64, MaxTunnels: 1024, MaxTCPPorts: 16, MaxEventStreams: 8},
+			Quotas:               config.Quotas{MaxSessions: 64, MaxTunnels: 1024, MaxTCPPorts: 16, MaxEventStreams: 8, MaxRoutes: 1024},
 			RouteTTL:             24 * time.Hour,
 			TCPPortRange:         config.PortRange{Low: 20000, High: 20100},
 			MaxTunnelsPerSession: 16,
@@ -114,6 +114,7 @@ max_sessions = 2
 max_tunnels = 3
 max_tcp_ports = 4
 max_event_streams = 5
+max_routes = 6
 tcp_port_range = [30000, 30000]
 max_tunnels_per_session = 1
 request_body_max_bytes = 1048576
@@ -175,7 +176,7 @@ key_sha256 = "5fbf9bf10407864eb8562d42e245fd6435ebebff6cdea8cae46bec8da0b11e9a"
 			Tenants:     []config.Tenant{{Name: "acme", Token: "acme-token-0123456789"}, {Name: "globex", Token: "globex-token-0123456789", Quotas: config.Quotas{MaxTunnels: 7}}},
 		},
 		Limits: config.Limits{
-			Quotas:                 config.Quotas{MaxSessions: 2, MaxTunnels: 3, MaxTCPPorts: 4, MaxEventStreams: 5},
+			Quotas:                 config.Quotas{MaxSessions: 2, MaxTunnels: 3, MaxTCPPorts: 4, MaxEventStreams: 5, MaxRoutes: 6},
 			RouteTTL:               time.Hour,
 			TCPPortRange:           config.PortRange{Low: 30000, High: 30000},
 			MaxTunnelsPerSession:   1,
@@ -484,7 +485,7 @@ func TestServerUnknownKeys(t *testing.T) {
 		{"server camelCase", serverDoc("controlPort = 1\n"), want{3, "server.controlPort", config.ErrUnknownKey, `did you mean "control_port"?`}},
 		{"tls", serverDoc("[tls]\ncert = \"x\"\n"), want{4, "tls.cert", config.ErrUnknownKey, "unknown key"}},
 		{"auth", serverDoc("[auth]\ntoken = \"x\"\n"), want{4, "auth.token", config.ErrUnknownKey, `did you mean "tokens"?`}},
-		{"tenant", serverDoc("[[auth.tenants]]\nname = \"a\"\ntoken = \"tenant-token-a-0123\"\nrole = \"admin\"\n"), want{6, "auth.tenants[0].role", config.ErrUnknownKey, "expected one of: max_event_streams, max_sessions, max_tcp_ports, max_tunnels, name, token"}},
+		{"tenant", serverDoc("[[auth.tenants]]\nname = \"a\"\ntoken = \"tenant-token-a-0123\"\nrole = \"admin\"\n"), want{6, "auth.tenants[0].role", config.ErrUnknownKey, "expected one of: max_event_streams, max_routes, max_sessions, max_tcp_ports, max_tunnels, name, token"}},
 		{"second tenant", serverDoc("[[auth.tenants]]\nname = \"a\"\ntoken = \"tenant-token-a-0123\"\n[[auth.tenants]]\nname = \"b\"\ntoken = \"tenant-token-b-0123\"\nrole = 1\n"), want{9, "auth.tenants[1].role", config.ErrUnknownKey, "unknown key"}},
 		{"limits", serverDoc("[limits]\nmax_tunnel = 3\n"), want{4, "limits.max_tunnel", config.ErrUnknownKey, `did you mean "max_tunnels"?`}},
 		{"endpoint", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\nrate = 3\n"), want{6, "endpoints[0].rate", config.ErrUnknownKey, "unknown key"}},
