@@ -314,8 +314,10 @@ type LoadBalancing struct {
 	// within 10 s for 30 s (doubling up to 5 min while it keeps failing),
 	// never more than half of a pool. Default false.
 	OutlierEjection bool `toml:"outlier_ejection"`
-	// AlertMinInterval is the shortest time between two alerts of one
-	// group (alert_min_interval_secs). Default 60s.
+	// AlertMinInterval, when above 0, is the shortest time between two
+	// alerts of one group (alert_min_interval_secs); what happens inside it
+	// is reported when it ends. Default 0: off, every fall to zero healthy
+	// members alerts at once (the alert document's rule).
 	AlertMinInterval time.Duration `toml:"-"`
 }
 
@@ -634,8 +636,8 @@ func (c *Server) validate(r *reporter) {
 	// The library's own rules (the TCP port range, the strategy, the alert URL, the
 	// endpoints), after the file's, which leave out what they already reported.
 	r.library(c.serverConfig().Validate(), serverKey)
-	if lb.AlertMinInterval <= 0 {
-		r.add("load_balancing.alert_min_interval_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(lb.AlertMinInterval))
+	if lb.AlertMinInterval < 0 {
+		r.add("load_balancing.alert_min_interval_secs", ErrInvalid, "must be 0 (off) or more seconds, got %s", formatDuration(lb.AlertMinInterval))
 	}
 }
 

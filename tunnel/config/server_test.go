@@ -71,7 +71,7 @@ func TestServerDefaults(t *testing.T) {
 			AuthFailureWindow:    10 * time.Minute,
 			AuthBlock:            15 * time.Minute,
 		},
-		LoadBalancing: config.LoadBalancing{Strategy: dispatch.NameLeastStreams, AlertMinInterval: time.Minute},
+		LoadBalancing: config.LoadBalancing{Strategy: dispatch.NameLeastStreams},
 	}, cfg)
 	require.Equal(t, "0.0.0.0:8080", cfg.Server.Addr(cfg.Server.HTTPPort))
 	require.Equal(t, "", cfg.Server.Addr(cfg.Server.HTTPSPort))
@@ -432,10 +432,8 @@ func TestServerErrors(t *testing.T) {
 			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "invalid URL: cannot be parsed"}}},
 		{"webhook too long", serverDoc("[load_balancing]\nalert_webhook_url = \"" + longURL(webhook.MaxURLLength+1) + "\"\n"),
 			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "longer than 2048 bytes"}}},
-		{"alert interval zero", serverDoc("[load_balancing]\nalert_min_interval_secs = 0\n"),
-			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "must be greater than 0 seconds, got 0"}}},
 		{"alert interval negative", serverDoc("[load_balancing]\nalert_min_interval_secs = -60\n"),
-			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "got -60"}}},
+			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "must be 0 (off) or more seconds, got -60"}}},
 		{"alert interval infinite", serverDoc("[load_balancing]\nalert_min_interval_secs = inf\n"),
 			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "finite"}}},
 
