@@ -319,6 +319,10 @@ type LoadBalancing struct {
 	// is reported when it ends. Default 0: off, every fall to zero healthy
 	// members alerts at once (the alert document's rule).
 	AlertMinInterval time.Duration `toml:"-"`
+	// AlertOnRecovery also POSTs a group_recovered alert when a group that
+	// fell has a healthy member again. Default false: the alert document's
+	// only event is group_zero_healthy.
+	AlertOnRecovery bool `toml:"alert_on_recovery"`
 }
 
 // The file's own defaults, for settings the library leaves off or to the embedder.
