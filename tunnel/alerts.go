@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -63,10 +64,10 @@ func newAlerter(s *Server) *alerter {
 }
 
 // poolKey identifies a pool across re-creations and key rotations, so that a pool whose
-// members join and leave over and over stays within one alert per interval: an HTTP pool by
-// its subdomain (one pool at a time), a TCP pool by its name and public port (pools of one
-// name with different keys live side by side on their own ports; a rotating pool keeps its
-// port).
+// members join and leave over and over stays within one alert per interval (when there is
+// one) and is one record in a cluster's alerts bucket: an HTTP pool by its subdomain (one
+// pool at a time), a TCP pool by its name and public port (pools of one name with different
+// keys live side by side on their own ports; a rotating pool keeps its port).
 func poolKey(g group.Info) string {
 	if g.Kind == group.KindTCP {
 		return string(g.Proto) + "\x00" + g.Label + "\x00" + strconv.Itoa(g.Port)
@@ -144,7 +145,8 @@ func (a *alerter) inOrder(pool string, claim func()) {
 	q, busy := a.claims[pool]
 	if len(q) >= maxPendingClaims {
 		a.mu.Unlock()
-		a.srv.log.Warn("alert dropped: the cluster has not answered this pool's earlier alerts yet", zap.String("pool", pool))
+		a.srv.log.Warn("alert dropped: the cluster has not answered this pool's earlier alerts yet",
+			zap.String("pool", strings.ReplaceAll(pool, "\x00", "/")))
 		return
 	}
 	a.claims[pool] = append(q, claim)
@@ -162,6 +164,7 @@ func (a *alerter) inOrder(pool string, claim func()) {
 				return
 			}
 			next := q[0]
+			q[0] = nil // the closure and its alert go once run
 			a.claims[pool] = q[1:]
 			a.mu.Unlock()
 			next()

@@ -477,3 +477,40 @@ func TestAlertFloodByDefaultIsOneAlertPerFall(t *testing.T) {
 	code, _ := e.get("barrier", "/")
 	require.Equal(t, http.StatusOK, code)
 }
+
+// A cluster claims a pool's alerts one at a time, in the order they were decided (a fall is
+// never claimed before the recovery before it), with at most maxPendingClaims waiting; other
+// pools' claims do not wait for them.
+func TestAlertClaimsOfAPoolRunInOrderAndAreBounded(t *testing.T) {
+	e := startEdge(t, ServerConfig{})
+	a := e.alerts
+	var mu sync.Mutex
+	var ran []int
+	record := func(i int) { mu.Lock(); ran = append(ran, i); mu.Unlock() }
+	started, release := make(chan struct{}), make(chan struct{})
+	a.inOrder("p", func() { close(started); <-release; record(0) })
+	<-started
+	for i := 1; i <= 2*maxPendingClaims; i++ {
+		a.inOrder("p", func() { record(i) })
+	}
+	other := make(chan struct{})
+	a.inOrder("q", func() { close(other) })
+	select {
+	case <-other:
+	case <-time.After(5 * time.Second):
+		t.Fatal("another pool's claim waited for this one's")
+	}
+	close(release)
+	want := make([]int, maxPendingClaims+1)
+	for i := range want {
+		want[i] = i
+	}
+	require.Eventually(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.claims) == 0
+	}, 5*time.Second, time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, want, ran, "in order; those past the bound dropped")
+}
