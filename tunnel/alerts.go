@@ -2,6 +2,7 @@ package tunnel
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -11,9 +12,10 @@ import (
 	"github.com/warren-tunnel/warren/webhook"
 )
 
-// alerter turns group events into group_zero_healthy and group_recovered alerts: a
-// Debouncer (at most one alert per pool per Alerts.MinInterval) and a Sender with one bounded
-// queue per destination, neither of which ever blocks frame handling or dispatch.
+// alerter turns group events into alerts: a Debouncer (one group_zero_healthy alert per fall;
+// with the opt-ins, group_recovered alerts and at most one alert per pool per
+// Alerts.MinInterval) and a Sender with one bounded queue per destination, neither of which
+// ever blocks frame handling or dispatch.
 type alerter struct {
 	srv      *Server
 	debounce *webhook.Debouncer[alertInfo]
@@ -24,7 +26,14 @@ type alerter struct {
 	mu      sync.Mutex
 	results map[webhook.Result]uint64
 	fired   map[string]uint64 // alerts decided, by event
+	// claims holds, per pool, the cluster claims (ClaimAlert) waiting for the one under
+	// way; a pool has a key while a goroutine works through them. See inOrder.
+	claims map[string][]func()
 }
+
+// maxPendingClaims bounds the cluster claims one pool may have waiting: a member flapping
+// faster than NATS answers makes its later alerts dropped, not goroutines and memory grow.
+const maxPendingClaims = 64
 
 // alertInfo is what an alert says about its group, as of the group's latest event.
 type alertInfo struct {
@@ -35,25 +44,30 @@ type alertInfo struct {
 }
 
 func newAlerter(s *Server) *alerter {
-	a := &alerter{srv: s, results: map[webhook.Result]uint64{}, fired: map[string]uint64{}}
+	a := &alerter{srv: s, results: map[webhook.Result]uint64{}, fired: map[string]uint64{}, claims: map[string][]func(){}}
 	a.sender = webhook.NewSender(webhook.SenderConfig{
 		Timeout:      s.cfg.Alerts.Timeout,
 		AllowPrivate: s.cfg.Alerts.AllowPrivateWebhooks,
 		Logger:       s.log.Named("alerts"),
 		OnResult:     a.count,
 	})
-	a.debounce = webhook.NewDebouncer(webhook.DebouncerConfig[alertInfo]{
+	dc := webhook.DebouncerConfig[alertInfo]{
 		MinInterval: s.cfg.Alerts.MinInterval,
+		Recovery:    s.cfg.Alerts.OnRecovery,
 		Fire:        a.fire,
-	})
+	}
+	if s.cluster != nil && !s.cfg.Alerts.OnRecovery {
+		dc.Recovered = a.recordRecovery
+	}
+	a.debounce = webhook.NewDebouncer(dc)
 	return a
 }
 
 // poolKey identifies a pool across re-creations and key rotations, so that a pool whose
-// members join and leave over and over stays within one alert per interval: an HTTP pool by
-// its subdomain (one pool at a time), a TCP pool by its name and public port (pools of one
-// name with different keys live side by side on their own ports; a rotating pool keeps its
-// port).
+// members join and leave over and over stays within one alert per interval (when there is
+// one) and is one record in a cluster's alerts bucket: an HTTP pool by its subdomain (one
+// pool at a time), a TCP pool by its name and public port (pools of one name with different
+// keys live side by side on their own ports; a rotating pool keeps its port).
 func poolKey(g group.Info) string {
 	if g.Kind == group.KindTCP {
 		return string(g.Proto) + "\x00" + g.Label + "\x00" + strconv.Itoa(g.Port)
@@ -100,7 +114,7 @@ func (a *alerter) fire(al webhook.Alert[alertInfo]) {
 	if c := a.srv.cluster; c != nil {
 		// Every edge sees the pool fall; the first to record the alert sends it. That is
 		// a NATS round trip: not on the registry's event path.
-		a.srv.spawn(func() {
+		a.inOrder(v.pool, func() {
 			if c.ClaimAlert(v.pool, al.Event) {
 				a.send(al, p)
 			}
@@ -108,6 +122,59 @@ func (a *alerter) fire(al webhook.Alert[alertInfo]) {
 		return
 	}
 	a.send(al, p)
+}
+
+// recordRecovery tells the cluster that pool has a healthy member again, when recoveries are
+// not alerts: the cluster takes a fall alert for another edge's copy of the last one it
+// recorded, so without this record a pool that falls again soon after (within a lease)
+// would alert nobody.
+func (a *alerter) recordRecovery(pool string) {
+	if a.stopped.Load() {
+		return
+	}
+	c := a.srv.cluster
+	a.inOrder(pool, func() { c.ClaimAlert(pool, webhook.EventGroupRecovered) })
+}
+
+// inOrder runs claim, a cluster claim for pool, after the ones pool already has waiting, in
+// a goroutine of the edge's: each claim reads the record the previous one wrote (a fall
+// claimed before the recovery before it was recorded would be taken for a copy of the
+// previous fall), and one pool's claims never contend with each other for its record.
+func (a *alerter) inOrder(pool string, claim func()) {
+	a.mu.Lock()
+	q, busy := a.claims[pool]
+	if len(q) >= maxPendingClaims {
+		a.mu.Unlock()
+		a.srv.log.Warn("alert dropped: the cluster has not answered this pool's earlier alerts yet",
+			zap.String("pool", strings.ReplaceAll(pool, "\x00", "/")))
+		return
+	}
+	a.claims[pool] = append(q, claim)
+	a.mu.Unlock()
+	if busy {
+		return
+	}
+	work := func() {
+		for {
+			a.mu.Lock()
+			q := a.claims[pool]
+			if len(q) == 0 || a.stopped.Load() {
+				delete(a.claims, pool)
+				a.mu.Unlock()
+				return
+			}
+			next := q[0]
+			q[0] = nil // the closure and its alert go once run
+			a.claims[pool] = q[1:]
+			a.mu.Unlock()
+			next()
+		}
+	}
+	if !a.srv.spawn(work) {
+		a.mu.Lock()
+		delete(a.claims, pool)
+		a.mu.Unlock()
+	}
 }
 
 // send logs and queues one alert.

@@ -94,11 +94,11 @@ func (r *receiver) events() []string {
 	return out
 }
 
-// With an interval that never holds anything back, every fall and every recovery is posted
+// With recovery alerts asked for and no interval, every fall and every recovery is posted
 // once to the operator and to each unique tenant URL.
 func TestAlertOnEveryFallAndRecovery(t *testing.T) {
 	op, t1, t2 := newReceiver(t), newReceiver(t), newReceiver(t)
-	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, RegionID: "eu", Alerts: Alerts{WebhookURL: op.URL, AllowPrivateWebhooks: true, MinInterval: time.Nanosecond}})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, RegionID: "eu", Alerts: Alerts{WebhookURL: op.URL, AllowPrivateWebhooks: true, OnRecovery: true}})
 	b := backend(t, "b")
 	var ha, hb, hc switchable
 	for _, m := range []struct {
@@ -159,7 +159,7 @@ func TestAlertOnEveryFallAndRecovery(t *testing.T) {
 
 func TestAlertFiresWhenTheLastHealthyMemberLeaves(t *testing.T) {
 	op := newReceiver(t)
-	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, MinInterval: time.Nanosecond}})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, OnRecovery: true}})
 	b := backend(t, "b")
 	sess := e.connect()
 	_, err := sess.Forward(ctxT(t), pool("pool"), hostPort(b.URL))
@@ -168,9 +168,9 @@ func TestAlertFiresWhenTheLastHealthyMemberLeaves(t *testing.T) {
 	require.Eventually(t, func() bool { return len(op.alerts()) == 1 }, 5*time.Second, 5*time.Millisecond)
 	require.Equal(t, 1, op.alerts()[0].MemberCount, "the pool reached zero when its last member started draining")
 
-	// The pool is created again (a new pool: the old one's interval is over, so its coming up
-	// is not a recovery), and its member vanishes without a goodbye (connection cut): that
-	// fires too.
+	// The pool is created again (a new pool, with no interval to keep the old one's state,
+	// so its coming up is not a recovery), and its member vanishes without a goodbye
+	// (connection cut): that fires too.
 	var raw net.Conn
 	cut, err := Dial(ctxT(t), e.controlAddr, WithReconnect(false), WithDialer(func(ctx context.Context, n, a string) (net.Conn, error) {
 		c, err := (&net.Dialer{}).DialContext(ctx, n, a)
@@ -195,13 +195,13 @@ func TestAlertFiresWhenTheLastHealthyMemberLeaves(t *testing.T) {
 	require.Len(t, op.alerts(), 2)
 }
 
-// A member flapping as fast as its connector can send health frames gives one alert to the
-// operator and to its tenant per interval, not one per fall.
+// With the interval asked for, a member flapping as fast as its connector can send health
+// frames gives one alert to the operator and to its tenant per interval, not one per fall.
 func TestAlertFloodFromAFlappingMemberIsOneAlert(t *testing.T) {
 	op, tenant := newReceiver(t), newReceiver(t)
 	var falls atomic.Int32
 	var up atomic.Bool
-	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, AllowPrivateWebhooks: true, MinInterval: time.Hour},
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, AllowPrivateWebhooks: true, MinInterval: time.Hour, OnRecovery: true},
 		Logger: zap.NewNop(),
 		OnEvent: func(ev group.Event) { // after the alerter has seen the event
 			if ev.Group.Label != "pool" {
@@ -244,12 +244,13 @@ func TestAlertFloodFromAFlappingMemberIsOneAlert(t *testing.T) {
 	require.Equal(t, map[webhook.Result]uint64{webhook.ResultSuccess: 2}, e.alerts.deliveries())
 }
 
-// A group that fell, recovered and fell again inside the interval is reported down again
-// when the interval ends; a recovery inside the interval is reported when it ends.
+// With the interval and recovery alerts asked for, a group that fell, recovered and fell
+// again inside the interval is reported down again when the interval ends; a recovery inside
+// the interval is reported when it ends.
 func TestAlertRecoveryAndSecondFallInsideTheIntervalAreNotLost(t *testing.T) {
 	op := newReceiver(t)
 	const interval = 300 * time.Millisecond
-	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, MinInterval: interval}})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, MinInterval: interval, OnRecovery: true}})
 	b := backend(t, "b")
 	var h switchable
 	spec := pool("pool")
@@ -371,4 +372,145 @@ func TestSlowAlertReceiverDoesNotDelayDispatch(t *testing.T) {
 		t.Fatal("unreachable")
 	default: // the alert is still being held while all of the above happened
 	}
+}
+
+// The alert document's rule by default: a pool that flaps (down, up, down) alerts every
+// destination once per fall, at once, and never with group_recovered. The scenario:
+// one operator URL and one tenant URL, a pool of two, both members down (2 POSTs), one back
+// up and down again a moment later (2 more POSTs, not held back for a minute).
+func TestAlertEveryFallOfAFlappingPoolByDefault(t *testing.T) {
+	op, tenant := newReceiver(t), newReceiver(t)
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, AllowPrivateWebhooks: true}})
+	b := backend(t, "b")
+	var h [2]switchable
+	for i := range h {
+		spec := pool("pool")
+		spec.Health, spec.AlertWebhook = h[i].spec(), tenant.URL
+		_, err := e.connect().Forward(ctxT(t), spec, hostPort(b.URL))
+		require.NoError(t, err)
+	}
+	n := selectable(e, "pool")
+	require.Eventually(t, func() bool { return n() == 2 }, 5*time.Second, 5*time.Millisecond)
+	flip := func(i int, down bool, want int) {
+		t.Helper()
+		h[i].down.Store(down)
+		require.Eventually(t, func() bool { return n() == want }, 5*time.Second, time.Millisecond)
+	}
+	// received waits for count alerts at each destination; 5 s is well within the 60 s an
+	// interval would hold a second fall back.
+	received := func(count int) {
+		t.Helper()
+		for _, r := range []*receiver{op, tenant} {
+			require.Eventually(t, func() bool { return len(r.alerts()) >= count }, 5*time.Second, time.Millisecond)
+		}
+	}
+
+	flip(0, true, 1)
+	flip(1, true, 0)
+	received(1)
+	flip(0, false, 1)
+	flip(0, true, 0)
+	received(2)
+	// Each destination's POSTs are made one at a time, in order: a recovery alert would
+	// have arrived before the second fall's.
+	for _, r := range []*receiver{op, tenant} {
+		require.Equal(t, []string{webhook.EventGroupZeroHealthy, webhook.EventGroupZeroHealthy}, r.events())
+	}
+	require.Equal(t, map[string]uint64{webhook.EventGroupZeroHealthy: 2}, e.alerts.decided())
+	require.Eventually(t, func() bool { // counted once the receiver's answer is read
+		return e.alerts.deliveries()[webhook.ResultSuccess] == 4
+	}, 5*time.Second, time.Millisecond)
+	require.Equal(t, map[webhook.Result]uint64{webhook.ResultSuccess: 4}, e.alerts.deliveries())
+}
+
+// By default a member flapping as fast as its connector can send health frames gives one
+// alert per fall, each sent: what the destinations' bounded queues cannot hold is dropped and
+// counted, never buffered without bound, and frames and dispatch carry on.
+func TestAlertFloodByDefaultIsOneAlertPerFall(t *testing.T) {
+	op, tenant := newReceiver(t), newReceiver(t)
+	var falls atomic.Int32
+	var up atomic.Bool
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, AllowPrivateWebhooks: true},
+		Logger: zap.NewNop(),
+		OnEvent: func(ev group.Event) { // after the alerter has seen the event
+			if ev.Group.Label != "pool" {
+				return
+			}
+			if ev.SelectableCount > 0 {
+				up.Store(true)
+			} else if up.Swap(false) {
+				falls.Add(1)
+			}
+		}})
+	b := backend(t, "b")
+	sess := e.connect(WithLogger(zap.NewNop()))
+	spec := pool("pool")
+	spec.AlertWebhook = tenant.URL
+	spec.Health = &health.Spec{Type: health.TypeFunc, Interval: time.Hour, Timeout: time.Second, MaxFailed: 1,
+		Check: func(context.Context) error { return nil }} // reports healthy once, then never again
+	tun, err := sess.Forward(ctxT(t), spec, hostPort(b.URL))
+	require.NoError(t, err)
+	n := selectable(e, "pool")
+	require.Eventually(t, func() bool { return n() == 1 }, 5*time.Second, 5*time.Millisecond)
+
+	c, err := sess.liveConn(ctxT(t))
+	require.NoError(t, err)
+	const frames = 1000
+	for i := range frames {
+		require.NoError(t, c.send(healthFrame(tun.ID(), i%2 == 1))) // down, up, down, ... ends up
+	}
+	// The control stream is read in order: once a later registration is answered, every
+	// health frame before it has been handled, and its events delivered.
+	_, err = sess.Forward(ctxT(t), TunnelSpec{Subdomain: "barrier"}, hostPort(b.URL))
+	require.NoError(t, err)
+	f := uint64(falls.Load())
+	require.Greater(t, f, uint64(100), "the member flapped")
+	require.Equal(t, map[string]uint64{webhook.EventGroupZeroHealthy: f}, e.alerts.decided(), "one alert per fall")
+	require.Eventually(t, func() bool {
+		d := e.alerts.deliveries()
+		return d[webhook.ResultSuccess]+d[webhook.ResultDropped] == 2*f
+	}, 10*time.Second, 5*time.Millisecond, "every delivery made or dropped: %v", e.alerts.deliveries())
+	d := e.alerts.deliveries()
+	require.Equal(t, d[webhook.ResultSuccess], uint64(len(op.alerts())+len(tenant.alerts())))
+	require.GreaterOrEqual(t, len(tenant.alerts()), 1)
+	t.Logf("%d falls: operator got %d, tenant %d, %d dropped", f, len(op.alerts()), len(tenant.alerts()), d[webhook.ResultDropped])
+	code, _ := e.get("barrier", "/")
+	require.Equal(t, http.StatusOK, code)
+}
+
+// A cluster claims a pool's alerts one at a time, in the order they were decided (a fall is
+// never claimed before the recovery before it), with at most maxPendingClaims waiting; other
+// pools' claims do not wait for them.
+func TestAlertClaimsOfAPoolRunInOrderAndAreBounded(t *testing.T) {
+	e := startEdge(t, ServerConfig{})
+	a := e.alerts
+	var mu sync.Mutex
+	var ran []int
+	record := func(i int) { mu.Lock(); ran = append(ran, i); mu.Unlock() }
+	started, release := make(chan struct{}), make(chan struct{})
+	a.inOrder("p", func() { close(started); <-release; record(0) })
+	<-started
+	for i := 1; i <= 2*maxPendingClaims; i++ {
+		a.inOrder("p", func() { record(i) })
+	}
+	other := make(chan struct{})
+	a.inOrder("q", func() { close(other) })
+	select {
+	case <-other:
+	case <-time.After(5 * time.Second):
+		t.Fatal("another pool's claim waited for this one's")
+	}
+	close(release)
+	want := make([]int, maxPendingClaims+1)
+	for i := range want {
+		want[i] = i
+	}
+	require.Eventually(t, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.claims) == 0
+	}, 5*time.Second, time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, want, ran, "in order; those past the bound dropped")
 }

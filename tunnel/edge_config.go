@@ -62,7 +62,8 @@ type ServerConfig struct {
 	// Limits caps what one connector session and one tenant may hold and ask for. Reload
 	// changes it live.
 	Limits Limits
-	// Alerts configures the group_zero_healthy and group_recovered alert POSTs.
+	// Alerts configures the group_zero_healthy alert POSTs, and the opt-ins: a minimum
+	// interval between two alerts of a pool, and group_recovered alerts.
 	Alerts Alerts
 
 	// OnEvent, when set, receives every group membership and health change (joins,
@@ -318,7 +319,10 @@ type Limits struct {
 }
 
 // Alerts configures the alert POSTs of pools that reach zero healthy members
-// (ServerConfig.Alerts).
+// (ServerConfig.Alerts). Its zero value follows the alert document's rule: each time a pool
+// that had a healthy member falls to zero, every destination gets one group_zero_healthy
+// POST at once, however often the pool flaps; a pool that stays down gets no more, and a
+// recovery sends nothing. MinInterval and OnRecovery are opt-ins.
 type Alerts struct {
 	// WebhookURL is the operator's URL: the edge POSTs a group_zero_healthy alert to it
 	// whenever any group reaches zero healthy members, in addition to the tenant URLs the
@@ -330,11 +334,17 @@ type Alerts struct {
 	AllowPrivateWebhooks bool
 	// Timeout bounds one alert POST. Default 5 s.
 	Timeout time.Duration
-	// MinInterval is the shortest time between two alerts of one group, however fast its
-	// members flap: a change held back is reported when the interval since the group's
-	// previous alert ends, with the group's state at that moment (group_zero_healthy, or
-	// group_recovered). Default 60 s.
+	// MinInterval, when above 0, is the shortest time between two alerts of one group,
+	// however fast its members flap: what happens inside it is held back and reported when
+	// the interval since the group's previous alert ends (with OnRecovery, the group's
+	// state at that moment, group_zero_healthy or group_recovered; without it, a
+	// group_zero_healthy alert for the falls held back). Default 0: no interval, every fall
+	// alerts at once (a negative value is 0). See webhook.Debouncer for the rules.
 	MinInterval time.Duration
+	// OnRecovery also POSTs a group_recovered alert when a group that fell to zero healthy
+	// members has a healthy member again. Default false: the alert document's payload has
+	// one event, group_zero_healthy; a recovery only makes the next fall alert again.
+	OnRecovery bool
 }
 
 // Defaults of the stalled-response limits (ServerConfig.StalledResponses: Timeout and the
@@ -443,8 +453,8 @@ func (c ServerConfig) WithDefaults() ServerConfig {
 	if c.Alerts.Timeout <= 0 {
 		c.Alerts.Timeout = webhook.DefaultTimeout
 	}
-	if c.Alerts.MinInterval <= 0 {
-		c.Alerts.MinInterval = webhook.DefaultMinInterval
+	if c.Alerts.MinInterval < 0 {
+		c.Alerts.MinInterval = 0
 	}
 	if c.LoadBalancing.Strategy == "" && c.LoadBalancing.NewStrategy == nil {
 		c.LoadBalancing.Strategy = dispatch.NameLeastStreams

@@ -68,10 +68,10 @@ func TestTCPRotationSurvivesARestart(t *testing.T) {
 }
 
 // A pool at zero healthy members rescued by a member that rotates the key is alerted as
-// recovered, like any other pool.
+// recovered (recovery alerts asked for), like any other pool.
 func TestRecoveryAlertAfterRotation(t *testing.T) {
 	op := newReceiver(t)
-	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, MinInterval: time.Nanosecond}})
+	e := startEdge(t, ServerConfig{LoadBalancing: LoadBalancing{Enabled: true}, Alerts: Alerts{WebhookURL: op.URL, OnRecovery: true}})
 	b := backend(t, "b")
 	var h switchable
 	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "k1", Health: h.spec()}, hostPort(b.URL))

@@ -5,10 +5,6 @@ import (
 	"time"
 )
 
-// DefaultMinInterval is the default DebouncerConfig.MinInterval: at most one
-// alert per group per minute.
-const DefaultMinInterval = time.Minute
-
 // Clock is the time source of a Debouncer; tests inject a fake one.
 type Clock interface {
 	// Now returns the current time.
@@ -30,10 +26,12 @@ func (realClock) AfterFunc(d time.Duration, f func()) func() bool { return time.
 type Alert[T any] struct {
 	// Group is the key the group was observed under.
 	Group string
-	// Event is EventGroupZeroHealthy when the group has no healthy member
-	// now, EventGroupRecovered when it has one again.
+	// Event is EventGroupZeroHealthy or, only with DebouncerConfig.Recovery,
+	// EventGroupRecovered; see the rules of Debouncer.
 	Event string
-	// Since is when the group entered the state Event reports.
+	// Since is when the group entered the state Event reports: for
+	// EventGroupZeroHealthy its latest fall to zero healthy members, for
+	// EventGroupRecovered the moment it had a healthy member again.
 	Since time.Time
 	// Falls counts the group's falls to zero healthy members since its
 	// previous alert (those held back by the interval included).
@@ -42,11 +40,26 @@ type Alert[T any] struct {
 	Value T
 }
 
-// DebouncerConfig configures a Debouncer.
+// DebouncerConfig configures a Debouncer. The zero value (with Fire set)
+// follows the alert document's rule: every fall to zero healthy members
+// alerts at once, nothing else does.
 type DebouncerConfig[T any] struct {
-	// MinInterval is the shortest time between two alerts of one group.
-	// Default DefaultMinInterval (60 s).
+	// MinInterval, when above 0, is the shortest time between two alerts of
+	// one group, however fast it flaps; changes inside it are held back and
+	// reported when it ends. 0 (the default; a negative value is 0) sets no
+	// interval: each fall alerts at once. An opt-in rate limit.
 	MinInterval time.Duration
+	// Recovery makes a group's recovery an alert too (EventGroupRecovered).
+	// Off by default, as in the alert document, whose only event is
+	// EventGroupZeroHealthy: a recovery is then only recorded, so that the
+	// group's next fall alerts again.
+	Recovery bool
+	// Recovered, when set, is called each time a group that was down has a
+	// healthy member again, whether Recovery makes that an alert or not,
+	// from Observe with the Debouncer's lock released. Callers that share
+	// alert decisions with other processes use it to record that the
+	// group's next fall is a new one. The rules of Fire apply to it.
+	Recovered func(group string)
 	// Clock is the time source. Default: the wall clock.
 	Clock Clock
 	// Fire is called once per alert, either from Observe or Remove (an
@@ -57,11 +70,13 @@ type DebouncerConfig[T any] struct {
 }
 
 // Debouncer turns a stream of "group G now has N healthy members"
-// observations into alerts, at most one per group per MinInterval however
-// fast the group flaps. It is safe for concurrent use; create it with
-// NewDebouncer and stop it with Close. T is whatever the caller needs to
-// build an alert (names, destinations); the latest observed value is handed
-// back in each Alert.
+// observations into alerts. By default it applies the alert document's
+// rule: one alert per fall to zero healthy members, sent at once, however
+// often the group falls, and none while it stays down; DebouncerConfig's
+// MinInterval (a rate limit) and Recovery (recovery alerts) are opt-ins. It
+// is safe for concurrent use; create it with NewDebouncer and stop it with
+// Close. T is whatever the caller needs to build an alert (names,
+// destinations); the latest observed value is handed back in each Alert.
 //
 // The rules, per group:
 //
@@ -69,32 +84,44 @@ type DebouncerConfig[T any] struct {
 //     least one, and up otherwise. A group that has never had a healthy
 //     member is not down (members with a health check start unhealthy), so
 //     it does not alert until it has been up once. Negative counts are zero.
-//   - Each alert reports the group's state when it is sent:
-//     EventGroupZeroHealthy when down, EventGroupRecovered when up.
-//   - An alert is due when the group fell to zero since its previous alert,
-//     or when its state differs from the one its previous alert reported (a
-//     group with no previous alert counts as reported up). So a fall is
-//     always reported, a recovery is reported once the fall was, and a
-//     group that stays down is reported once.
-//   - A due alert is sent at once when the group's previous alert is at
-//     least MinInterval old (or there is none). Otherwise it is sent when
-//     MinInterval has passed since the previous alert, reporting the state
-//     at that moment: a group that fell, recovered and fell again inside
-//     the interval gets a zero-healthy alert when the interval ends, and
-//     one that fell and recovered inside it gets a recovered alert.
-//   - A removed group (Remove) keeps its state until MinInterval has passed
-//     since its last alert, so that a group removed and re-created under
-//     the same key cannot alert more often; an alert still due is sent
-//     then. Its state is forgotten afterwards.
+//   - Without Recovery, every alert is EventGroupZeroHealthy, and one is due
+//     when the group fell to zero since its previous alert: a group that
+//     stays down is reported once, and after it has had a healthy member
+//     again its next fall is reported afresh.
+//   - With Recovery, each alert reports the group's state when it is sent:
+//     EventGroupZeroHealthy when down, EventGroupRecovered when up. One is
+//     due when the group fell to zero since its previous alert, or when its
+//     state differs from the one its previous alert reported (a group with
+//     no previous alert counts as reported up). So a fall is always
+//     reported, a recovery is reported once the fall was, and a group that
+//     stays down is reported once.
+//   - With no MinInterval, a due alert is sent at once, and a removed group
+//     (Remove) is forgotten at once: created again under the same key, it
+//     is a new group.
+//   - With a MinInterval, a due alert is sent at once when the group's
+//     previous alert is at least MinInterval old (or there is none).
+//     Otherwise it is sent when MinInterval has passed since the previous
+//     alert: with Recovery, reporting the state at that moment (a group
+//     that fell, recovered and fell again inside the interval gets a
+//     zero-healthy alert when the interval ends, and one that fell and
+//     recovered inside it gets a recovered alert); without it, a
+//     zero-healthy alert for the falls held back, whose Since is the latest
+//     of them, even if the group is up again by then. A removed group keeps
+//     its state until MinInterval has passed since its last alert, so that
+//     a group removed and re-created under the same key cannot alert more
+//     often; an alert still due is sent then. Its state is forgotten
+//     afterwards.
 type Debouncer[T any] struct {
-	interval time.Duration
-	clock    Clock
-	fire     func(Alert[T])
+	interval  time.Duration
+	recovery  bool
+	clock     Clock
+	fire      func(Alert[T])
+	recovered func(string)
 
 	mu     sync.Mutex
 	closed bool
 	groups map[string]*debounceState[T]
-	firing sync.WaitGroup // Fire calls under way
+	firing sync.WaitGroup // Fire and Recovered calls under way
 }
 
 // debounceState is one group's state.
@@ -104,6 +131,7 @@ type debounceState[T any] struct {
 	reported bool      // the previous alert reported down
 	falls    int       // falls since the previous alert
 	since    time.Time // when the current state (down or up) began
+	fell     time.Time // when the latest fall began
 	last     time.Time // when the previous alert was decided; zero: never
 	removed  bool
 	value    T
@@ -113,8 +141,8 @@ type debounceState[T any] struct {
 
 // NewDebouncer returns a Debouncer with cfg's defaults applied.
 func NewDebouncer[T any](cfg DebouncerConfig[T]) *Debouncer[T] {
-	if cfg.MinInterval <= 0 {
-		cfg.MinInterval = DefaultMinInterval
+	if cfg.MinInterval < 0 {
+		cfg.MinInterval = 0
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = realClock{}
@@ -122,8 +150,8 @@ func NewDebouncer[T any](cfg DebouncerConfig[T]) *Debouncer[T] {
 	if cfg.Fire == nil {
 		cfg.Fire = func(Alert[T]) {}
 	}
-	return &Debouncer[T]{interval: cfg.MinInterval, clock: cfg.Clock, fire: cfg.Fire,
-		groups: make(map[string]*debounceState[T])}
+	return &Debouncer[T]{interval: cfg.MinInterval, recovery: cfg.Recovery, clock: cfg.Clock, fire: cfg.Fire,
+		recovered: cfg.Recovered, groups: make(map[string]*debounceState[T])}
 }
 
 // Observe records that group now has healthy healthy members, with v as the
@@ -143,15 +171,24 @@ func (d *Debouncer[T]) Observe(group string, healthy int, v T) {
 		d.groups[group] = st
 	}
 	st.value, st.removed = v, false
+	rose := false
 	switch {
 	case healthy > 0:
 		st.everUp = true
 		if st.down {
 			st.down, st.since = false, now
+			rose = d.recovered != nil
 		}
 	case st.everUp && !st.down:
-		st.down, st.since = true, now
+		st.down, st.since, st.fell = true, now, now
 		st.falls++
+	}
+	if rose {
+		d.firing.Add(1) // before step releases the lock: Close waits for the call
+		defer func() {
+			defer d.firing.Done()
+			d.recovered(group)
+		}()
 	}
 	d.step(group, st, now)
 }
@@ -185,19 +222,22 @@ func (d *Debouncer[T]) Close() {
 // for the end of the interval, or forgets a removed group. d.mu is held and
 // step releases it.
 func (d *Debouncer[T]) step(group string, st *debounceState[T], now time.Time) {
-	due := st.falls > 0 || st.down != st.reported
+	due := st.falls > 0 || (d.recovery && st.down != st.reported)
 	end := st.last.Add(d.interval)
 	open := st.last.IsZero() || !now.Before(end)
 	switch {
 	case due && open:
-		a := Alert[T]{Group: group, Event: EventGroupRecovered, Since: st.since, Falls: st.falls, Value: st.value}
-		if st.down {
-			a.Event = EventGroupZeroHealthy
+		a := Alert[T]{Group: group, Event: EventGroupZeroHealthy, Since: st.fell, Falls: st.falls, Value: st.value}
+		if d.recovery && !st.down {
+			a.Event, a.Since = EventGroupRecovered, st.since
 		}
 		st.reported, st.falls, st.last = st.down, 0, now
 		d.disarm(st)
-		if st.removed {
+		switch {
+		case st.removed && d.interval > 0:
 			d.arm(group, st, d.interval) // forget it when this interval ends
+		case st.removed:
+			delete(d.groups, group)
 		}
 		d.firing.Add(1)
 		d.mu.Unlock()

@@ -121,10 +121,12 @@ func (l *alertLog) events() []string {
 
 const interval = time.Minute
 
+// newTestDebouncer returns a Debouncer with both opt-ins on: a minimum interval and
+// recovery alerts.
 func newTestDebouncer(t *testing.T) (*Debouncer[int], *fakeClock, *alertLog) {
 	t.Helper()
 	c, log := newFakeClock(), &alertLog{}
-	d := NewDebouncer(DebouncerConfig[int]{MinInterval: interval, Clock: c, Fire: log.fire})
+	d := NewDebouncer(DebouncerConfig[int]{MinInterval: interval, Recovery: true, Clock: c, Fire: log.fire})
 	t.Cleanup(d.Close)
 	return d, c, log
 }
@@ -199,7 +201,7 @@ func TestDebouncerFloodGivesOneAlertPerInterval(t *testing.T) {
 func TestDebouncerAlertsAreAtLeastTheIntervalApart(t *testing.T) {
 	c := newFakeClock()
 	var at []time.Time
-	d := NewDebouncer(DebouncerConfig[int]{MinInterval: interval, Clock: c, Fire: func(Alert[int]) { at = append(at, c.Now()) }})
+	d := NewDebouncer(DebouncerConfig[int]{MinInterval: interval, Recovery: true, Clock: c, Fire: func(Alert[int]) { at = append(at, c.Now()) }})
 	defer d.Close()
 	step := 7 * time.Second
 	total := 30 * interval
@@ -331,7 +333,7 @@ func TestDebouncerRecreatedGroupReportsItsRecovery(t *testing.T) {
 
 func TestDebouncerCloseCancelsHeldAlerts(t *testing.T) {
 	c, log := newFakeClock(), &alertLog{}
-	d := NewDebouncer(DebouncerConfig[int]{MinInterval: interval, Clock: c, Fire: log.fire})
+	d := NewDebouncer(DebouncerConfig[int]{MinInterval: interval, Recovery: true, Clock: c, Fire: log.fire})
 	d.Observe("web", 1, 0)
 	d.Observe("web", 0, 0)
 	d.Observe("web", 1, 0) // held back
@@ -372,7 +374,7 @@ func TestDebouncerConcurrentObserve(t *testing.T) {
 func TestDebouncerWallClockSendsHeldAlert(t *testing.T) {
 	got := make(chan Alert[int], 4)
 	const short = 50 * time.Millisecond
-	d := NewDebouncer(DebouncerConfig[int]{MinInterval: short, Fire: func(a Alert[int]) { got <- a }})
+	d := NewDebouncer(DebouncerConfig[int]{MinInterval: short, Recovery: true, Fire: func(a Alert[int]) { got <- a }})
 	defer d.Close()
 	d.Observe("web", 1, 0)
 	start := time.Now()
@@ -386,4 +388,117 @@ func TestDebouncerWallClockSendsHeldAlert(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the held-back recovery was never sent")
 	}
+}
+
+// The alert document's rule with the zero DebouncerConfig: every fall of a group that had
+// been up alerts at once, a group that stays down alerts once, and a recovery sends nothing.
+func TestDebouncerDefaultAlertsEveryFallAtOnce(t *testing.T) {
+	c, log := newFakeClock(), &alertLog{}
+	var rose []string
+	d := NewDebouncer(DebouncerConfig[int]{Clock: c, Fire: log.fire, Recovered: func(g string) { rose = append(rose, g) }})
+	defer d.Close()
+	d.Observe("web", 2, 0)
+	fell := c.Now()
+	d.Observe("web", 0, 1) // down
+	c.Advance(time.Second)
+	d.Observe("web", 0, 2) // still down
+	require.Equal(t, []string{zero}, log.events(), "the fall alerts at once; staying down adds nothing")
+	c.Advance(time.Second)
+	d.Observe("web", 1, 3) // up: nothing
+	require.Equal(t, []string{zero}, log.events(), "a recovery sends nothing")
+	c.Advance(time.Second)
+	fellAgain := c.Now()
+	d.Observe("web", 0, 4) // down again, 3 s after the first fall
+	d.Observe("web", 1, 5) // up
+	require.Equal(t, []string{zero, zero}, log.events(), "each downward edge alerts at once")
+	require.Equal(t, []Alert[int]{
+		{Group: "web", Event: zero, Since: fell, Falls: 1, Value: 1},
+		{Group: "web", Event: zero, Since: fellAgain, Falls: 1, Value: 4},
+	}, log.all())
+	require.Zero(t, c.pendingTimers(), "nothing is held back")
+	require.Equal(t, []string{"web", "web"}, rose, "each recovery is recorded (coming up the first time is none)")
+
+	// A flood: one alert per fall, each at once.
+	for i := range 1000 {
+		d.Observe("web", i%2, i) // 0, 1, 0, 1, ...
+	}
+	require.Len(t, log.all(), 2+500)
+	require.Zero(t, c.pendingTimers())
+}
+
+func TestDebouncerNegativeIntervalIsNone(t *testing.T) {
+	c, log := newFakeClock(), &alertLog{}
+	d := NewDebouncer(DebouncerConfig[int]{MinInterval: -time.Minute, Clock: c, Fire: log.fire})
+	defer d.Close()
+	for _, healthy := range []int{1, 0, 1, 0} {
+		d.Observe("web", healthy, 0)
+	}
+	require.Equal(t, []string{zero, zero}, log.events())
+}
+
+// Recovery without an interval: each fall and each recovery of a reported fall alerts at once.
+func TestDebouncerRecoveryWithoutIntervalAlertsAtOnce(t *testing.T) {
+	c, log := newFakeClock(), &alertLog{}
+	d := NewDebouncer(DebouncerConfig[int]{Recovery: true, Clock: c, Fire: log.fire})
+	defer d.Close()
+	d.Observe("web", 0, 0) // never up: nothing
+	d.Observe("web", 2, 1) // first up: not a recovery
+	d.Observe("web", 0, 2)
+	d.Observe("web", 0, 3)
+	c.Advance(time.Second)
+	back := c.Now()
+	d.Observe("web", 1, 4)
+	d.Observe("web", 2, 5)
+	d.Observe("web", 0, 6)
+	d.Observe("web", 1, 7)
+	require.Equal(t, []string{zero, recovered, zero, recovered}, log.events())
+	require.Equal(t, Alert[int]{Group: "web", Event: recovered, Since: back, Value: 4}, log.all()[1])
+	require.Zero(t, c.pendingTimers())
+}
+
+// An interval without Recovery: falls held back are reported as one zero-healthy alert when
+// the interval ends, even when the group is up again by then; recoveries never alert.
+func TestDebouncerIntervalWithoutRecoveryReportsHeldFalls(t *testing.T) {
+	c, log := newFakeClock(), &alertLog{}
+	d := NewDebouncer(DebouncerConfig[int]{MinInterval: interval, Clock: c, Fire: log.fire})
+	defer d.Close()
+	d.Observe("web", 1, 0)
+	first := c.Now()
+	d.Observe("web", 0, 1) // alert at once
+	c.Advance(time.Second)
+	d.Observe("web", 1, 2)
+	c.Advance(time.Second)
+	fellAgain := c.Now()
+	d.Observe("web", 0, 3) // held back
+	c.Advance(time.Second)
+	d.Observe("web", 1, 4) // up again before the interval ends
+	require.Equal(t, []string{zero}, log.events())
+	c.Advance(first.Add(interval).Sub(c.Now()))
+	require.Equal(t, []Alert[int]{
+		{Group: "web", Event: zero, Since: first, Falls: 1, Value: 1},
+		{Group: "web", Event: zero, Since: fellAgain, Falls: 1, Value: 4},
+	}, log.all(), "the held fall is reported, with when it began")
+	c.Advance(10 * interval)
+	require.Len(t, log.all(), 2, "the recovery is not an alert")
+	d.Observe("web", 0, 5)
+	require.Equal(t, []string{zero, zero, zero}, log.events(), "a fall after the interval alerts at once")
+}
+
+// Without an interval a removed group is forgotten at once: created again, it is a new group,
+// whose first coming up is no recovery and whose first fall alerts.
+func TestDebouncerDefaultForgetsARemovedGroupAtOnce(t *testing.T) {
+	c, log := newFakeClock(), &alertLog{}
+	d := NewDebouncer(DebouncerConfig[int]{Recovery: true, Clock: c, Fire: log.fire})
+	defer d.Close()
+	d.Observe("web", 1, 0)
+	d.Observe("web", 0, 1)
+	d.Remove("web")
+	require.Empty(t, d.groups)
+	require.Zero(t, c.pendingTimers())
+	d.Observe("web", 0, 2) // re-created, its member's probe not passed yet
+	d.Observe("web", 1, 3)
+	d.Observe("web", 0, 4)
+	require.Equal(t, []string{zero, zero}, log.events())
+	d.Remove("web")
+	require.Empty(t, d.groups)
 }

@@ -1,16 +1,17 @@
 // Package webhook sends best-effort JSON alerts when a load-balancing group
-// reaches zero healthy members, and when it recovers.
+// reaches zero healthy members.
 //
 // It holds three independent pieces that the edge wires together:
 //
 //   - [Debouncer] turns a stream of "group G now has N healthy members"
-//     observations into alerts: a group_zero_healthy alert when a group
-//     falls to zero healthy members after having had at least one, a
-//     group_recovered alert when it has one again, and at most one alert
-//     per group per minimum interval however fast the group flaps. A change
-//     held back by the interval is reported when the interval ends, with
-//     the group's state at that moment: while a group exists, the last
-//     alert a receiver got is at most one interval out of date.
+//     observations into alerts. By default it follows the alert document's
+//     rule: a group_zero_healthy alert each time a group falls to zero
+//     healthy members after having had at least one, sent at once, however
+//     often the group flaps, and none while it stays down. Two opt-ins
+//     change that: a group_recovered alert when a group has a healthy
+//     member again (DebouncerConfig.Recovery), and a minimum interval
+//     between two alerts of a group (DebouncerConfig.MinInterval), which
+//     holds back what happens inside it and reports it when it ends.
 //   - [Destinations] and [ValidateURL] build the fan-out list for one alert:
 //     the operator URL (trusted) plus the unique per-tenant URLs collected
 //     from the group's members (untrusted).

@@ -33,7 +33,6 @@ func Example() {
 	// Tenant URLs collected from the group's members; none here.
 	dests := webhook.Destinations(receiver.URL, nil)
 	debouncer := webhook.NewDebouncer(webhook.DebouncerConfig[int]{
-		MinInterval: time.Minute,
 		Fire: func(a webhook.Alert[int]) {
 			sender.Send(dests, webhook.Payload{
 				Event:        a.Event,
@@ -61,12 +60,28 @@ func Example() {
 	// success
 }
 
-// A Debouncer alerts on the first fall at once, not for a pool that never had
-// a healthy member, and holds back what happens next until the interval since
-// its previous alert is over.
+// By default a Debouncer alerts on every fall to zero healthy members at
+// once, not for a pool that never had a healthy member, not while a pool
+// stays down, and not when it recovers.
 func ExampleDebouncer() {
 	d := webhook.NewDebouncer(webhook.DebouncerConfig[string]{
+		Fire: func(a webhook.Alert[string]) { fmt.Println(a.Event, "after", a.Value) },
+	})
+	defer d.Close()
+	for i, healthy := range []int{0, 2, 1, 0, 0, 1, 0} {
+		d.Observe("web", healthy, fmt.Sprintf("observation %d", i))
+	}
+	// Output:
+	// group_zero_healthy after observation 3
+	// group_zero_healthy after observation 6
+}
+
+// The opt-ins: recovery alerts, and a minimum interval between two alerts of
+// a pool, which holds back what happens inside it until it is over.
+func ExampleDebouncer_optIns() {
+	d := webhook.NewDebouncer(webhook.DebouncerConfig[string]{
 		MinInterval: time.Hour,
+		Recovery:    true,
 		Fire:        func(a webhook.Alert[string]) { fmt.Println(a.Event, "after", a.Value) },
 	})
 	defer d.Close() // cancels the alerts still held back

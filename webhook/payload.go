@@ -7,11 +7,12 @@ import (
 
 // Values of [Payload.Event].
 const (
-	// EventGroupZeroHealthy: the group has zero healthy members (it fell
-	// to zero, possibly again, since its previous alert).
+	// EventGroupZeroHealthy: the group fell to zero healthy members (the
+	// alert document's one event).
 	EventGroupZeroHealthy = "group_zero_healthy"
-	// EventGroupRecovered: the group has a healthy member again after a
-	// fall to zero that was reported, or that began and ended while its
+	// EventGroupRecovered, sent only when asked for
+	// (DebouncerConfig.Recovery): the group has a healthy member again after
+	// a fall to zero that was reported, or that began and ended while its
 	// alerts were held back by the minimum interval.
 	EventGroupRecovered = "group_recovered"
 )

@@ -302,14 +302,14 @@ func TestClusterLeaseLapseRemovesMembers(t *testing.T) {
 }
 
 // A pool that falls to zero healthy members across all edges fires one alert, not one per
-// edge; its recovery likewise.
+// edge; its recovery likewise (recovery alerts asked for).
 func TestClusterOneAlertPerPool(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
 	rcv := newReceiver(t)
 	alerting := func(c *tunnel.ServerConfig) {
 		c.Alerts.WebhookURL = rcv.URL
 		c.Alerts.AllowPrivateWebhooks = true
-		c.Alerts.MinInterval = time.Millisecond
+		c.Alerts.OnRecovery = true
 	}
 	edges := []*clusterEdge{
 		startClusterEdge(t, nodes, "a", clusterOpts{edit: alerting}),
@@ -361,6 +361,52 @@ func TestClusterOneAlertPerPool(t *testing.T) {
 	require.Len(t, got, 2, "%+v", got)
 	require.Equal(t, "group_zero_healthy", got[0].Event)
 	require.Equal(t, "group_recovered", got[1].Event)
+}
+
+// By default (the alert document's rule) a pool that falls, recovers and falls again well
+// within a lease alerts once per fall across the cluster, never with group_recovered: every
+// edge records the recovery, so that the second fall is not taken for another edge's copy of
+// the first.
+func TestClusterAlertsEveryFallOfAFlappingPool(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	rcv := newReceiver(t)
+	opts := clusterOpts{lease: 10 * time.Second, edit: func(c *tunnel.ServerConfig) {
+		c.Alerts.WebhookURL = rcv.URL
+	}}
+	edges := []*clusterEdge{startClusterEdge(t, nodes, "a", opts), startClusterEdge(t, nodes, "b", opts)}
+	var sw switchable
+	spec := clusterPool("k")
+	spec.Health = sw.spec()
+	_, err := edges[0].connect().Forward(ctxT(t), spec, hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	for _, e := range edges {
+		e.waitMembers(t, "pool", map[string]int{"a": 1})
+	}
+	start := time.Now()
+	zeros := func(n int) func() bool {
+		return func() bool {
+			a, _ := edges[0].alerts.decided("group_zero_healthy")
+			b, _ := edges[1].alerts.decided("group_zero_healthy")
+			return a == n && b == n
+		}
+	}
+	sw.down.Store(true)
+	require.Eventually(t, zeros(1), 10*time.Second, 10*time.Millisecond, "every edge decided on the first fall")
+	sw.down.Store(false)
+	for _, e := range edges {
+		e.waitMembers(t, "pool", map[string]int{"a": 1})
+	}
+	sw.down.Store(true)
+	require.Eventually(t, zeros(2), 10*time.Second, 10*time.Millisecond, "every edge decided on the second fall")
+	require.Eventually(t, func() bool { return len(rcv.alerts()) >= 2 }, 10*time.Second, 10*time.Millisecond,
+		"the second fall was decided on every edge but sent by none: %+v", rcv.alerts())
+	require.Less(t, time.Since(start), 10*time.Second, "all within one lease")
+	// Let any duplicate arrive: the sender queues at once, so a short wait is enough.
+	time.Sleep(200 * time.Millisecond)
+	got := rcv.alerts()
+	require.Len(t, got, 2, "%+v", got)
+	require.Equal(t, "group_zero_healthy", got[0].Event)
+	require.Equal(t, "group_zero_healthy", got[1].Event)
 }
 
 // Every edge of three restarted (one after the other, and then all at once): route

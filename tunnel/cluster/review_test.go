@@ -51,7 +51,6 @@ func TestClusterReviewAlertAfterPoolRecreated(t *testing.T) {
 	alerting := func(c *tunnel.ServerConfig) {
 		c.Alerts.WebhookURL = rcv.URL
 		c.Alerts.AllowPrivateWebhooks = true
-		c.Alerts.MinInterval = time.Millisecond
 	}
 	a := startClusterEdge(t, nodes, "a", clusterOpts{edit: alerting})
 	b := startClusterEdge(t, nodes, "b", clusterOpts{edit: alerting})
@@ -81,7 +80,7 @@ func TestClusterReviewAlertAfterPoolRecreated(t *testing.T) {
 			10*time.Second, 10*time.Millisecond)
 	}
 
-	// Second life, after the debouncers forgot the first (their interval is 1 ms).
+	// Second life: the debouncers forgot the first when the pool was removed (no interval).
 	var sw2 switchable
 	spec.Health = sw2.spec()
 	_, err = sess.Forward(ctxT(t), spec, hostPort(backend(t, "A").URL))

@@ -37,7 +37,8 @@
 // line. Only a syntax error stops parsing early, and in server.toml a table
 // or a nested array where a value of another type belongs. Unknown keys and values of
 // the wrong type are errors. Durations are written in seconds (keys ending
-// in _secs), as integers or fractions greater than 0.
+// in _secs), as integers or fractions greater than 0; the few keys whose
+// documentation says so also take 0 (off, or no limit).
 //
 // The package links the cluster package (for cluster.Config) but neither the admin plane
 // nor the bbolt store, which an edge's program links itself: a connector that reads its

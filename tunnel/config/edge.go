@@ -153,6 +153,7 @@ func (c *Server) serverConfig() tunnel.ServerConfig {
 			WebhookURL:           lb.AlertWebhookURL,
 			AllowPrivateWebhooks: lb.AllowPrivateAlertWebhooks,
 			MinInterval:          lb.AlertMinInterval,
+			OnRecovery:           lb.AlertOnRecovery,
 		},
 		RouteTTL:  l.RouteTTL,
 		Endpoints: c.endpoints(),

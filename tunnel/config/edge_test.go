@@ -184,6 +184,31 @@ prefer_local_streams = 2
 	require.Equal(t, int64(tunnel.DefaultMaxStalledResponseBytesPerIP), sc.StalledResponses.MaxBytesPerIP)
 }
 
+// The alert keys: by default the alert document's rule (no interval, no recovery alerts);
+// 0 is accepted and means no interval; the opt-ins map to the edge's Alerts; a negative
+// interval is refused with its file, line and key.
+func TestAlertKeys(t *testing.T) {
+	sc := edgeOf(t, "[server]\ndomain = \"localhost\"\n").Config
+	require.Zero(t, sc.Alerts.MinInterval, "no interval by default")
+	require.False(t, sc.Alerts.OnRecovery, "no recovery alerts by default")
+
+	sc = edgeOf(t, "[server]\ndomain = \"localhost\"\n[load_balancing]\nalert_min_interval_secs = 0\nalert_on_recovery = false\n").Config
+	require.Zero(t, sc.Alerts.MinInterval, "0 is off")
+	require.False(t, sc.Alerts.OnRecovery)
+
+	sc = edgeOf(t, "[server]\ndomain = \"localhost\"\n[load_balancing]\nalert_min_interval_secs = 60\nalert_on_recovery = true\n").Config
+	require.Equal(t, time.Minute, sc.Alerts.MinInterval)
+	require.True(t, sc.Alerts.OnRecovery)
+	srv, err := tunnel.NewServer(sc)
+	require.NoError(t, err, "the edge accepts the opt-ins")
+	require.NoError(t, srv.Close())
+
+	_, err = config.ParseServer("server.toml", []byte("[server]\ndomain = \"localhost\"\n[load_balancing]\nalert_min_interval_secs = -1\n"))
+	require.EqualError(t, err, "server.toml:4: load_balancing.alert_min_interval_secs: must be 0 (off) or more seconds, got -1")
+	_, err = config.ParseServer("server.toml", []byte("[server]\ndomain = \"localhost\"\n[load_balancing]\nalert_on_recovery = 1\n"))
+	require.EqualError(t, err, "server.toml:4: load_balancing.alert_on_recovery: expected a boolean (true or false), got an integer")
+}
+
 // TestDefaultsAreTheLibrarys: a file that sets nothing but its domain gives the edge the
 // library's own defaults, but for what the file has defaults of its own for (ports, bind,
 // TCP range, tenant quotas).

@@ -325,9 +325,15 @@ type LoadBalancing struct {
 	// pool's members on other edges (1: ties go local). Default 0: ties rotate over the
 	// whole pool, as on one edge (tunnel.LoadBalancing.PreferLocalStreams).
 	PreferLocalStreams int `toml:"prefer_local_streams"`
-	// AlertMinInterval is the shortest time between two alerts of one
-	// group (alert_min_interval_secs). Default 60s.
+	// AlertMinInterval, when above 0, is the shortest time between two
+	// alerts of one group (alert_min_interval_secs); what happens inside it
+	// is reported when it ends. Default 0: off, every fall to zero healthy
+	// members alerts at once (the alert document's rule).
 	AlertMinInterval time.Duration `toml:"-"`
+	// AlertOnRecovery also POSTs a group_recovered alert when a group that
+	// fell has a healthy member again. Default false: the alert document's
+	// only event is group_zero_healthy.
+	AlertOnRecovery bool `toml:"alert_on_recovery"`
 }
 
 // The file's own defaults, for settings the library leaves off or to the embedder.
@@ -656,8 +662,8 @@ func (c *Server) validate(r *reporter) {
 	// The library's own rules (the TCP port range, the strategy, the alert URL, the
 	// endpoints), after the file's, which leave out what they already reported.
 	r.library(c.serverConfig().Validate(), serverKey)
-	if lb.AlertMinInterval <= 0 {
-		r.add("load_balancing.alert_min_interval_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(lb.AlertMinInterval))
+	if lb.AlertMinInterval < 0 {
+		r.add("load_balancing.alert_min_interval_secs", ErrInvalid, "must be 0 (off) or more seconds, got %s", formatDuration(lb.AlertMinInterval))
 	}
 }
 

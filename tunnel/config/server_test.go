@@ -71,7 +71,7 @@ func TestServerDefaults(t *testing.T) {
 			AuthFailureWindow:    10 * time.Minute,
 			AuthBlock:            15 * time.Minute,
 		},
-		LoadBalancing: config.LoadBalancing{Strategy: dispatch.NameLeastStreams, AlertMinInterval: time.Minute},
+		LoadBalancing: config.LoadBalancing{Strategy: dispatch.NameLeastStreams},
 	}, cfg)
 	require.Equal(t, "0.0.0.0:8080", cfg.Server.Addr(cfg.Server.HTTPPort))
 	require.Equal(t, "", cfg.Server.Addr(cfg.Server.HTTPSPort))
@@ -141,6 +141,7 @@ alert_webhook_url = "https://hooks.example.com/ops?x=1"
 allow_private_alert_webhooks = true
 retry_unread_requests = true
 alert_min_interval_secs = 1.5
+alert_on_recovery = true
 
 [[endpoints]]
 subdomain = "pool"
@@ -206,6 +207,7 @@ key_sha256 = "5fbf9bf10407864eb8562d42e245fd6435ebebff6cdea8cae46bec8da0b11e9a"
 			AllowPrivateAlertWebhooks: true,
 			RetryUnreadRequests:       true,
 			AlertMinInterval:          1500 * time.Millisecond,
+			AlertOnRecovery:           true,
 		},
 		Endpoints: []config.Endpoint{
 			{Subdomain: "pool", Tenant: "acme", Group: "web", AllowCIDRs: []string{"203.0.113.0/24"},
@@ -438,10 +440,8 @@ func TestServerErrors(t *testing.T) {
 			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "invalid URL: cannot be parsed"}}},
 		{"webhook too long", serverDoc("[load_balancing]\nalert_webhook_url = \"" + longURL(webhook.MaxURLLength+1) + "\"\n"),
 			[]want{{4, "load_balancing.alert_webhook_url", config.ErrInvalid, "longer than 2048 bytes"}}},
-		{"alert interval zero", serverDoc("[load_balancing]\nalert_min_interval_secs = 0\n"),
-			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "must be greater than 0 seconds, got 0"}}},
 		{"alert interval negative", serverDoc("[load_balancing]\nalert_min_interval_secs = -60\n"),
-			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "got -60"}}},
+			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "must be 0 (off) or more seconds, got -60"}}},
 		{"alert interval infinite", serverDoc("[load_balancing]\nalert_min_interval_secs = inf\n"),
 			[]want{{4, "load_balancing.alert_min_interval_secs", config.ErrInvalid, "finite"}}},
 
@@ -490,6 +490,7 @@ func TestServerUnknownKeys(t *testing.T) {
 		{"limits", serverDoc("[limits]\nmax_tunnel = 3\n"), want{4, "limits.max_tunnel", config.ErrUnknownKey, `did you mean "max_tunnels"?`}},
 		{"endpoint", serverDoc("[[endpoints]]\nsubdomain = \"pool\"\ngroup = \"web\"\nrate = 3\n"), want{6, "endpoints[0].rate", config.ErrUnknownKey, "unknown key"}},
 		{"load_balancing", serverDoc("[load_balancing]\nenable = true\n"), want{4, "load_balancing.enable", config.ErrUnknownKey, `did you mean "enabled"?`}},
+		{"load_balancing alert key", serverDoc("[load_balancing]\nalert_on_recover = true\n"), want{4, "load_balancing.alert_on_recover", config.ErrUnknownKey, `did you mean "alert_on_recovery"?`}},
 		{"dotted key", "limits.foo.bar = 1\n" + serverDoc(""), want{1, "limits.foo", config.ErrUnknownKey, "unknown key"}},
 		{"inline table", "load_balancing = { enabled = true,\n  stratgy = \"random\" }\n" + serverDoc(""), want{2, "load_balancing.stratgy", config.ErrUnknownKey, `did you mean "strategy"?`}},
 		{"quoted key", serverDoc("\"region.id\" = \"x\"\n"), want{3, `server."region.id"`, config.ErrUnknownKey, "unknown key"}},
@@ -540,6 +541,7 @@ func TestServerWrongTypes(t *testing.T) {
 		{"load_balancing", "alert_webhook_url", "07:32:00", "expected a string, got a time"},
 		{"load_balancing", "allow_private_alert_webhooks", "1", "expected a boolean (true or false), got an integer"},
 		{"load_balancing", "alert_min_interval_secs", `"60"`, "expected a number of seconds, got a string"},
+		{"load_balancing", "alert_on_recovery", `"yes"`, "expected a boolean (true or false), got a string"},
 	} {
 		t.Run(tc.table+"."+tc.key+"="+tc.value, func(t *testing.T) {
 			doc := "[server]\n"
