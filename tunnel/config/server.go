@@ -136,6 +136,14 @@ type ServerSection struct {
 	// AdminPort serves /healthz, /metrics and /api; 0 turns it off.
 	// Default 9090.
 	AdminPort int `toml:"admin_port"`
+	// AdminBind is the address the admin listener binds to (key admin_bind, written as a
+	// string). The zero value (the key left out) is the default: 127.0.0.1, or Bind when
+	// that is a loopback address itself (see AdminHost). The admin plane answers on
+	// loopback unless an address is given here.
+	AdminBind netip.Addr `toml:"-"`
+	// AllowOpenAdmin lets the admin listener serve on an address that is not loopback
+	// without auth.admin_token; default false: such a file is refused.
+	AllowOpenAdmin bool `toml:"allow_open_admin"`
 	// AdminHosts are the host names the admin port is reached by, besides its IP
 	// addresses and localhost: with neither an admin token nor tenants the admin API is
 	// open, and answers no other name (admin.Options.Hosts). Default none.
@@ -170,6 +178,27 @@ func (s ServerSection) Addr(port int) string {
 		return ""
 	}
 	return net.JoinHostPort(s.Bind.String(), strconv.Itoa(port))
+}
+
+// AdminHost is the address the admin listener binds to: AdminBind when set, else Bind
+// when that is a loopback address, else 127.0.0.1.
+func (s ServerSection) AdminHost() netip.Addr {
+	switch {
+	case s.AdminBind.IsValid():
+		return s.AdminBind
+	case s.Bind.IsLoopback():
+		return s.Bind
+	}
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+}
+
+// AdminAddr returns the "host:port" of the admin listener (AdminHost and AdminPort), or ""
+// when AdminPort is 0 (off).
+func (s ServerSection) AdminAddr() string {
+	if s.AdminPort == 0 {
+		return ""
+	}
+	return net.JoinHostPort(s.AdminHost().String(), strconv.Itoa(s.AdminPort))
 }
 
 // ServerTLS is the [tls] table of server.toml: a certificate and its key,
@@ -457,6 +486,13 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 		}
 		cfg.Server.Bind = addr
 	}
+	if f.Server.AdminBind != nil {
+		addr, err := netip.ParseAddr(*f.Server.AdminBind)
+		if err != nil {
+			r.fail("server.admin_bind", ErrInvalid, "%q is not an IP address; use e.g. \"127.0.0.1\" (this machine only, the default) or \"0.0.0.0\" (all interfaces)", *f.Server.AdminBind)
+		}
+		cfg.Server.AdminBind = addr
+	}
 	if cl := cfg.Cluster; cl != nil && cl.PeerAddr == "" && cl.PeerPort != 0 {
 		cl.PeerAddr = cfg.Server.Addr(cl.PeerPort) // like every other *_port, on [server] bind
 	}
@@ -524,6 +560,11 @@ func (c *Server) validate(r *reporter) {
 	}
 	if !s.Bind.IsValid() {
 		r.add("server.bind", ErrInvalid, "must be an IP address, e.g. \"0.0.0.0\"")
+	}
+	if s.AdminPort != 0 && s.AdminHost().IsValid() && !s.AdminHost().IsLoopback() && c.Auth.AdminToken == "" && !s.AllowOpenAdmin {
+		r.add("server.admin_bind", ErrInvalid, "the admin listener would serve %s, which is not a loopback address, without an admin token: "+
+			"set auth.admin_token (at least 16 characters), or admin_bind = \"127.0.0.1\", or allow_open_admin = true to serve it there without one",
+			s.AdminAddr())
 	}
 	for i, h := range s.AdminHosts {
 		if _, err := netip.ParseAddr(h); err == nil {
