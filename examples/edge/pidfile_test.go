@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -159,3 +161,50 @@ func TestReloadErrors(t *testing.T) {
 	require.Contains(t, msg, "it is not an edge")
 	require.Contains(t, msg, "not signalling it")
 }
+
+// TestVersionAndLogFlags: -version (and --version) print the version line; --log-format and
+// --log-level shape the one log stream, -v is the console at debug level.
+func TestVersionAndLogFlags(t *testing.T) {
+	for _, arg := range []string{"-version", "--version"} {
+		var stdout, stderr bytes.Buffer
+		require.Equal(t, 0, runWith(context.Background(), func() {}, []string{arg}, &stdout, &stderr))
+		require.Regexp(t, `^edge \S+ go1\.\S+ rev \S+`, stdout.String())
+	}
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	require.NoError(t, os.WriteFile(bad, []byte("[server]\ndomian = \"x\"\n"), 0o600))
+	for _, tc := range []struct {
+		args []string
+		line string
+	}{
+		{nil, `^\{"level":"error",.*"msg":"` + regexpQuote(bad) + `:2: server.domian: unknown key`},
+		{[]string{"--log-format", "console"}, `^\S+\tERROR\t` + regexpQuote(bad) + `:2: server.domian: unknown key`},
+		{[]string{"-v"}, `^\S+\tERROR\t` + regexpQuote(bad) + `:2: server.domian: unknown key`},
+	} {
+		var stderr bytes.Buffer
+		require.Equal(t, 2, run(context.Background(), func() {}, append([]string{"-config", bad}, tc.args...), &stderr))
+		for l := range strings.Lines(stderr.String()) {
+			require.Regexp(t, `^(\{|\S+\t(ERROR|INFO|DEBUG|WARN)\t)`, l, "every line through the logger")
+		}
+		require.Regexp(t, "(?m)"+tc.line, stderr.String(), "%q", tc.args)
+	}
+	var stderr bytes.Buffer
+	require.Equal(t, 2, run(context.Background(), func() {}, []string{"-config", bad, "--log-level", "loud"}, &stderr))
+	require.Contains(t, stderr.String(), `--log-level "loud": want debug, info, warn or error`)
+
+	// --log-level error leaves out the info lines of a running edge.
+	control, http := freePort(t), freePort(t)
+	e := startRunArgs(t, edgeFile(control, http, oldToken, ""), control, http, "--log-level", "warn")
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", e.control)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 10*time.Millisecond, "the edge listens")
+	e.cancel()
+	<-e.done
+	require.Equal(t, 0, e.code)
+	require.NotContains(t, e.stderr.String(), `"level":"info"`)
+}
+
+func regexpQuote(s string) string { return regexp.QuoteMeta(s) }
