@@ -101,7 +101,9 @@ func TestStartBeforeTheEdge(t *testing.T) {
 	defer cancel()
 	var stdout, stderr syncBuffer
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"start", "--config", path, "--socket", filepath.Join(dir, "c.sock")}, &stdout, &stderr) }()
+	go func() {
+		done <- run(ctx, []string{"start", "--config", path, "--socket", filepath.Join(dir, "c.sock")}, &stdout, &stderr)
+	}()
 	require.Eventually(t, func() bool { return strings.Count(stderr.String(), `"msg":"connect failed"`) >= 2 }, 10*time.Second, 10*time.Millisecond,
 		"each failed dial is logged: %s", stderr.String())
 	require.Contains(t, stderr.String(), "connection refused")
@@ -137,7 +139,9 @@ func TestStartInterruptedWhileWaiting(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var stderr syncBuffer
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"start", "--config", path, "--socket", filepath.Join(dir, "c.sock")}, io.Discard, &stderr) }()
+	go func() {
+		done <- run(ctx, []string{"start", "--config", path, "--socket", filepath.Join(dir, "c.sock")}, io.Discard, &stderr)
+	}()
 	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "connect failed") }, 10*time.Second, 10*time.Millisecond)
 	cancel()
 	select {
