@@ -21,6 +21,91 @@ import (
 	"github.com/warren-tunnel/warren/tunnel/cluster"
 )
 
+// startConnectors starts the two connectors, each registering its backend in the pool:
+// app-1's lists the edges as [a, b], app-2's as [b, a]. It returns the sessions it
+// started, also those of a failed start, for the caller to close.
+func startConnectors(ctx context.Context, say func(string, ...any), backends map[string]*backend, a, b *edge) ([]*tunnel.Session, error) {
+	var sessions []*tunnel.Session
+	for _, c := range []struct {
+		backend string
+		edges   []*edge
+	}{{"app-1", []*edge{a, b}}, {"app-2", []*edge{b, a}}} {
+		addrs := []string{c.edges[0].control, c.edges[1].control}
+		sess, err := tunnel.DialServers(ctx, addrs, tunnel.WithToken(demoToken), tunnel.WithBackoff(50*time.Millisecond, 500*time.Millisecond))
+		if err != nil {
+			return sessions, fmt.Errorf("connector of %s: %w", c.backend, err)
+		}
+		sessions = append(sessions, sess)
+		if _, err := sess.Forward(ctx, tunnel.TunnelSpec{Subdomain: pool, Group: pool, GroupKey: "demo-group-key"}, backends[c.backend].addr); err != nil {
+			return sessions, fmt.Errorf("connector of %s: %w", c.backend, err)
+		}
+		say("   connector of %s: servers [%s], attached to %s", c.backend, edgeNames(c.edges), edgeByControl(sess.Server(), a, b).id)
+	}
+	return sessions, nil
+}
+
+// sendThrough sends 24 requests through e, 4 at a time, and checks that both backends
+// answered and none failed.
+func sendThrough(ctx context.Context, say func(string, ...any), e *edge) error {
+	tally, failed := e.send(ctx, 24, 4)
+	say("   24 requests through %s: app-1: %d, app-2: %d, failed: %d", e.id, tally["app-1"], tally["app-2"], failed)
+	if failed > 0 || tally["app-1"] == 0 || tally["app-2"] == 0 {
+		return fmt.Errorf("through %s: expected both backends to answer and no failure, got %v and %d failed", e.id, tally, failed)
+	}
+	return nil
+}
+
+// failover is step 6 after edge A stopped: edge B keeps serving, connector 1 attaches to
+// it (sess1 is its session) and registers again, and both backends answer through it.
+func failover(ctx context.Context, say func(string, ...any), edgeB *edge, sess1 *tunnel.Session) error {
+	tally, failed := edgeB.send(ctx, 12, 4)
+	say("   12 requests through edge-b right after: app-1: %d, app-2: %d, failed: %d", tally["app-1"], tally["app-2"], failed)
+	if failed > 0 || tally["app-2"] == 0 {
+		return fmt.Errorf("edge B after edge A stopped: %v and %d failed", tally, failed)
+	}
+	members, err := edgeB.waitPool(ctx, map[string]int{"edge-b": 2})
+	if err != nil {
+		return err
+	}
+	if srv := sess1.Server(); srv != edgeB.control {
+		return fmt.Errorf("connector of app-1 is attached to %s, not edge B", srv)
+	}
+	say("   connector of app-1 is attached to edge-b now; edge-b sees pool %q with %d members:", pool, len(members))
+	printMembers(say, members)
+	tally, failed = edgeB.send(ctx, 24, 4)
+	say("   24 requests through edge-b: app-1: %d, app-2: %d, failed: %d", tally["app-1"], tally["app-2"], failed)
+	if failed > 0 || tally["app-1"] == 0 || tally["app-2"] == 0 {
+		return fmt.Errorf("through edge B after the failover: expected both backends, got %v and %d failed", tally, failed)
+	}
+	info, err := edgeB.cluster(ctx)
+	if err != nil {
+		return err
+	}
+	say("   GET /api/cluster on edge-b:")
+	printCluster(say, info)
+	return nil
+}
+
+// printTryURLs prints what to try against the running cluster while it holds.
+func printTryURLs(say func(string, ...any), a, b *edge) {
+	say("\nHolding after step 5: NATS, both edges, the backends and the connectors stay up. Try:")
+	for _, e := range []*edge{a, b} {
+		say("   curl -H 'Host: demo.localhost' http://%s/", e.public)
+	}
+	for _, e := range []*edge{a, b} {
+		say("   curl -H 'Authorization: Bearer %s' http://%s/api/groups", adminToken, e.admin)
+	}
+	say("   curl -H 'Authorization: Bearer %s' http://%s/api/cluster", adminToken, b.admin)
+	say("   status page: http://%s/ (token %s)", b.admin, adminToken)
+	say("press Ctrl-C to stop (it skips step 6, the failover, and shuts down)")
+}
+
+func printMembers(say func(string, ...any), members []admin.GroupMember) {
+	for _, m := range members {
+		say("     member %s on %s, healthy=%t", m.ID, m.EdgeID, m.Healthy)
+	}
+}
+
 // startNATS starts an embedded NATS server with JetStream on a free port of 127.0.0.1.
 func startNATS() (*natsserver.Server, string, error) {
 	dir, err := os.MkdirTemp("", "warren-cluster-demo-")
