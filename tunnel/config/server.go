@@ -486,13 +486,7 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 		}
 		cfg.Server.Bind = addr
 	}
-	if f.Server.AdminBind != nil {
-		addr, err := netip.ParseAddr(*f.Server.AdminBind)
-		if err != nil {
-			r.fail("server.admin_bind", ErrInvalid, "%q is not an IP address; use e.g. \"127.0.0.1\" (this machine only, the default) or \"0.0.0.0\" (all interfaces)", *f.Server.AdminBind)
-		}
-		cfg.Server.AdminBind = addr
-	}
+	cfg.Server.AdminBind = parseAdminBind(r, f.Server.AdminBind)
 	if cl := cfg.Cluster; cl != nil && cl.PeerAddr == "" && cl.PeerPort != 0 {
 		cl.PeerAddr = cfg.Server.Addr(cl.PeerPort) // like every other *_port, on [server] bind
 	}
@@ -536,6 +530,30 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	return cfg, nil
 }
 
+// parseAdminBind reads admin_bind (nil: not set, the zero Addr: the default).
+func parseAdminBind(r *reporter, v *string) netip.Addr {
+	if v == nil {
+		return netip.Addr{}
+	}
+	addr, err := netip.ParseAddr(*v)
+	if err != nil {
+		r.fail("server.admin_bind", ErrInvalid, "%q is not an IP address; use e.g. \"127.0.0.1\" (this machine only, the default) or \"0.0.0.0\" (all interfaces)", *v)
+	}
+	return addr
+}
+
+// validateAdmin refuses an admin listener off loopback without an admin token, unless
+// allow_open_admin says it is meant.
+func (c *Server) validateAdmin(r *reporter) {
+	s := c.Server
+	if s.AdminPort == 0 || s.AllowOpenAdmin || c.Auth.AdminToken != "" || s.AdminHost().IsLoopback() {
+		return
+	}
+	r.add("server.admin_bind", ErrInvalid, "the admin listener would serve %s, which is not a loopback address, without an admin token: "+
+		"set auth.admin_token (at least 16 characters), or admin_bind = \"127.0.0.1\", or allow_open_admin = true to serve it there without one",
+		s.AdminAddr())
+}
+
 // Validate checks every rule of server.toml on c, for a Server built or
 // changed in Go. It returns an [ErrorList] (with Line 0) or nil. It checks
 // that the TLS files exist.
@@ -561,11 +579,7 @@ func (c *Server) validate(r *reporter) {
 	if !s.Bind.IsValid() {
 		r.add("server.bind", ErrInvalid, "must be an IP address, e.g. \"0.0.0.0\"")
 	}
-	if s.AdminPort != 0 && s.AdminHost().IsValid() && !s.AdminHost().IsLoopback() && c.Auth.AdminToken == "" && !s.AllowOpenAdmin {
-		r.add("server.admin_bind", ErrInvalid, "the admin listener would serve %s, which is not a loopback address, without an admin token: "+
-			"set auth.admin_token (at least 16 characters), or admin_bind = \"127.0.0.1\", or allow_open_admin = true to serve it there without one",
-			s.AdminAddr())
-	}
+	c.validateAdmin(r)
 	for i, h := range s.AdminHosts {
 		if _, err := netip.ParseAddr(h); err == nil {
 			r.add(indexKey("server.admin_hosts", i), ErrInvalid, "%q is an IP address: addresses are always answered; list host names", h)
