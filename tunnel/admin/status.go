@@ -113,6 +113,8 @@ type statusGroup struct {
 type statusMember struct {
 	ID            string `json:"id"`
 	Tenant        string `json:"tenant"`
+	Name          string `json:"name"`
+	Host          string `json:"host"`
 	Healthy       bool   `json:"healthy"`
 	Draining      bool   `json:"draining"`
 	ActiveStreams int64  `json:"active_streams"`

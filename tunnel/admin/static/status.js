@@ -419,7 +419,7 @@
     cols.push('Timeline');
     const rows = g.members.map((m) => {
       const cells = [
-        el('td', { 'data-label': 'Member' }, el('code', null, m.id)),
+        el('td', { 'data-label': 'Member' }, el('code', null, m.id), renderWho(m)),
         el('td', { 'data-label': 'Health' },
           el('span', { class: 'pill ' + (m.healthy ? 'ok' : 'bad') }, m.healthy ? 'healthy' : 'unhealthy'),
           m.ejected && [' ', el('span', { class: 'pill bad' }, 'ejected')],
@@ -438,6 +438,15 @@
       el('thead', null, el('tr', null, cols.map((c) => el('th', null, c)))),
       el('tbody', null, rows))));
     return section;
+  }
+
+  // renderWho is the member's tunnel name and host, which tell the members of a pool apart.
+  function renderWho(m) {
+    if (!m.name && !m.host) return null;
+    return [el('br'), el('small', { class: 'who' },
+      m.name && el('span', { class: 'member-name' }, m.name),
+      m.name && m.host && ' on ',
+      m.host && el('span', { class: 'member-host' }, m.host))];
   }
 
   function renderTimeline(hist) {
