@@ -504,10 +504,10 @@
   // renderWho is the member's tunnel name and host, which tell the members of a pool apart.
   function renderWho(m) {
     if (!m.name && !m.host) return null;
-    return [el('br'), el('small', { class: 'who' },
+    return el('small', { class: 'who' },
       m.name && el('span', { class: 'member-name' }, m.name),
       m.name && m.host && ' on ',
-      m.host && el('span', { class: 'member-host' }, m.host))];
+      m.host && el('span', { class: 'member-host' }, m.host));
   }
 
   function renderTimeline(hist) {
