@@ -26,6 +26,14 @@ func TestStatusPageListsHeldRoutes(t *testing.T) {
 	require.NoError(t, gone.Close())
 	_, err = sess.Forward(ctxT(t), pool("pool"), hostPort(b.URL))
 	require.NoError(t, err)
+	require.Eventually(t, func() bool { // the route's record notes when it emptied
+		for _, r := range getJSON[[]RouteInfo](c, "", "/api/routes") {
+			if r.Label == "old" {
+				return r.EmptySince != nil
+			}
+		}
+		return false
+	}, 5*time.Second, 10*time.Millisecond)
 
 	status, _, page := c.get("", "/")
 	require.Equal(t, http.StatusOK, status)
