@@ -85,6 +85,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -235,6 +236,9 @@ func TestDocsShellWalkthroughs(t *testing.T) {
 			if errs := p.errors("sh"); len(errs) > 0 {
 				t.Fatal(strings.Join(errs, "\n"))
 			}
+			if !slices.ContainsFunc(p.shBlocks(), func(b *block) bool { return !b.notRun }) {
+				t.Skip("every ```sh block of the page is marked not run")
+			}
 			checkNeeds(t, p)
 			if busy := busyPorts(mentionedPorts(readPage(t, root, p))); len(busy) > 0 {
 				t.Fatalf("%s: the page needs ports that are taken:\n  %s", p.path, strings.Join(busy, "\n  "))
@@ -261,6 +265,19 @@ func readPage(t *testing.T, root string, p *page) string {
 // its <!-- needs: --> names is not on PATH.
 func checkNeeds(t *testing.T, p *page) {
 	t.Helper()
+	msg := missingNeeds(p)
+	if msg == "" {
+		return
+	}
+	if os.Getenv("WARREN_DOCS_ALLOW_MISSING") == "1" {
+		t.Skip(msg + " (skipped: WARREN_DOCS_ALLOW_MISSING=1)")
+	}
+	t.Fatal(msg + " (or set WARREN_DOCS_ALLOW_MISSING=1 to skip the page)")
+}
+
+// missingNeeds says which commands of the page's <!-- needs: --> are not on PATH; "" if
+// none.
+func missingNeeds(p *page) string {
 	var missing []string
 	for _, c := range p.needs {
 		if _, err := exec.LookPath(c); err != nil {
@@ -268,11 +285,7 @@ func checkNeeds(t *testing.T, p *page) {
 		}
 	}
 	if len(missing) == 0 {
-		return
+		return ""
 	}
-	msg := fmt.Sprintf("%s needs %s, not found on PATH: install %s", p.path, strings.Join(missing, ", "), strings.Join(missing, " "))
-	if os.Getenv("WARREN_DOCS_ALLOW_MISSING") == "1" {
-		t.Skip(msg + " (skipped: WARREN_DOCS_ALLOW_MISSING=1)")
-	}
-	t.Fatal(msg + " (or set WARREN_DOCS_ALLOW_MISSING=1 to skip the page)")
+	return fmt.Sprintf("%s needs %s, not found on PATH: install %s", p.path, strings.Join(missing, ", "), strings.Join(missing, " "))
 }

@@ -49,7 +49,7 @@ func compileGoBlock(ctx context.Context, root string, b *block) (string, error) 
 	if m := goLineRE.FindSubmatch(rootMod); m != nil {
 		goVersion = string(m[1])
 	}
-	dir, err := os.MkdirTemp("", "warren-docs-go-")
+	dir, err := os.MkdirTemp("", "warren-doctest-go-")
 	if err != nil {
 		return "", err
 	}

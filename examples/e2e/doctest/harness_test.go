@@ -3,6 +3,8 @@ package doctest
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -179,6 +181,25 @@ func TestGoBlockKind(t *testing.T) {
 		file, args := goBlockKind(src)
 		assert.Equal(t, want, file+" "+args[0], src)
 	}
+}
+
+func TestMissingNeeds(t *testing.T) {
+	p := parsePage("x.md", "<!-- needs: bash warren-no-such-command -->\n```sh\nls\n```\n")
+	assert.Equal(t, "x.md needs warren-no-such-command, not found on PATH: install warren-no-such-command", missingNeeds(p))
+	assert.Empty(t, missingNeeds(parsePage("x.md", "<!-- needs: bash -->\n")))
+}
+
+func TestBusyPorts(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	port := ln.Addr().(*net.TCPAddr).Port
+	busy := busyPorts([]int{port})
+	require.Len(t, busy, 1)
+	assert.Contains(t, busy[0], fmt.Sprintf("port %d is in use (", port))
+	t.Log(busy[0]) // with the process, where ss can tell
+	ln.Close()
+	assert.Empty(t, busyPorts([]int{port}))
 }
 
 // lineOf is the line of the first line of page holding s.

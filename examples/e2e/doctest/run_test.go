@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -359,6 +360,32 @@ func showBlock(b *block) string {
 	return sb.String()
 }
 
+// pageDir is the directory of a page's run: the same one on every run of the page from the
+// same checkout, so that the go command's build cache, which is keyed by the packages'
+// directories, serves a page's builds from its previous run. A lock file keeps two runs of
+// one page from sharing it; unlock releases it.
+func pageDir(root, pagePath string) (dir string, unlock func(), err error) {
+	sum := sha256.Sum256([]byte(root + "\x00" + pagePath))
+	dir = filepath.Join(os.TempDir(), "warren-doctest-"+hex.EncodeToString(sum[:6]))
+	lock, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return "", nil, fmt.Errorf("another run of this page holds %s.lock (%v)", dir, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		lock.Close()
+		return "", nil, err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		lock.Close()
+		return "", nil, err
+	}
+	return dir, func() { lock.Close() }, nil
+}
+
 // runShellPage runs the page's ```sh blocks in one bash process as described in the
 // package comment and returns its failures, each a message for t.Error.
 func runShellPage(ctx context.Context, p *page, opt shellOptions) []string {
@@ -374,10 +401,11 @@ func runShellPage(ctx context.Context, p *page, opt shellOptions) []string {
 		return nil
 	}
 
-	tmp, err := os.MkdirTemp("", "warren-docs-")
+	tmp, unlock, err := pageDir(opt.root, p.path)
 	if err != nil {
-		return []string{err.Error()}
+		return []string{fmt.Sprintf("%s: %v", p.path, err)}
 	}
+	defer unlock()
 	defer func() {
 		if err := os.RemoveAll(tmp); err != nil {
 			logf("removing %s: %v", tmp, err)
