@@ -3,10 +3,12 @@ package doctest
 import (
 	"context"
 	"fmt"
+	"iter"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -39,7 +41,7 @@ func compileGoBlock(ctx context.Context, root string, b *block) (string, error) 
 		return "", fmt.Errorf("%s: the ```go block is marked <!-- go: fragment -->: fragments are not allowed, ```go blocks must be complete files (package clause and imports)", b.where())
 	}
 	if packageRE.FindStringIndex(src) == nil {
-		return "", fmt.Errorf("%s: the ```go block has no package clause: ```go blocks must be complete files (package clause and imports) that compile; its first line: %q", b.where(), firstLine(b.body))
+		return "", fmt.Errorf("%s: the ```go block has no package clause: ```go blocks must be complete files (package clause and imports) that compile; its first line: %q", b.where(), firstLine(slices.All(b.body)))
 	}
 	rootMod, err := os.ReadFile(filepath.Join(root, "go.mod"))
 	if err != nil {
@@ -85,7 +87,8 @@ func mapGoLines(out, file string, b *block) string {
 	})
 }
 
-func firstLine(lines []string) string {
+// firstLine is the first non-blank line of lines.
+func firstLine(lines iter.Seq2[int, string]) string {
 	for _, l := range lines {
 		if strings.TrimSpace(l) != "" {
 			return l

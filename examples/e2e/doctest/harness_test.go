@@ -113,6 +113,7 @@ func TestParsePageErrors(t *testing.T) {
 		{"shell", "```shell\nls\n```\n", "page", "write ```sh"},
 		{"bad timeout", "<!-- timeout: soon -->\n", "sh", "x.md:1: <!-- timeout: soon -->: not a positive Go duration"},
 		{"two timeouts", "<!-- timeout: 1m -->\n<!-- timeout: 2m -->\n", "sh", "x.md:2: a second <!-- timeout --> (the first is on line 1)"},
+		{"continued", "```sh\necho a \\\n  b \\\n\n```\n", "sh", "x.md:1: the ```sh block ends with a line continuation"},
 		{"unclosed", "```sh\nls\n", "page", "x.md:1: the code block is not closed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

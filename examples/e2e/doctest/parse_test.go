@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -168,6 +169,9 @@ func parsePage(name, text string) *page {
 				errf("page", ln, "```%s: the harness runs ```%s blocks; write ```%s (or mark the block <!-- not run: REASON -->)", b.lang, want, want)
 			}
 			if b.isSh() && !b.notRun {
+				if last := strings.TrimRight(firstLine(slices.Backward(b.body)), " \t"); strings.HasSuffix(last, "\\") {
+					errf("sh", ln, "the ```%s block ends with a line continuation (\\): its last command would run on into the next block", b.lang)
+				}
 				for j, l := range b.body {
 					if t := strings.TrimLeft(l, " \t"); strings.HasPrefix(t, "$ ") || t == "$" {
 						errf("sh", ln+1+j, "a ```%s line starts with a prompt (\"$ \"): ```sh blocks hold the commands as a user pastes them; show a transcript in a ```console block", b.lang)
