@@ -61,7 +61,9 @@
 //
 // Output checks. A ```text block right after a ```sh block (only blank lines between) is
 // the output that block must print: stdout and stderr together, including what the
-// page's background processes print meanwhile. Every non-empty line of the ```text block,
+// page's background processes print meanwhile (the shell's stdout and stderr are one pipe,
+// as a terminal is one, and the generated script prints a marker line between blocks, so
+// the harness knows which block printed what). Every non-empty line of the ```text block,
 // its leading and trailing spaces trimmed, must appear in that output, in order, each a
 // substring of an output line after the previous one's line; "..." inside a line matches
 // any text, and a line that is only "..." matches nothing in particular (it is there for

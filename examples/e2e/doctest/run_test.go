@@ -439,6 +439,7 @@ func runShellPage(ctx context.Context, p *page, opt shellOptions) []string {
 		return []string{fmt.Sprintf("%s: copying the checkout: %v", p.path, err)}
 	}
 	logf("%s: copied the checkout to %s in %v", p.path, src, time.Since(start).Round(time.Millisecond))
+	start = time.Now()
 
 	env, err := pageEnv(home, bin, run, opt.env)
 	if err != nil {
