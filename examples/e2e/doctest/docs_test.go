@@ -37,7 +37,8 @@
 // ```sh blocks are commands a user pastes into a terminal, without prompts. All the ```sh
 // blocks of a page run in order in one bash process (set -eo pipefail first, so a failing
 // command fails the page), as in one terminal: a cd, a variable or a process started with &
-// carries over to the next block. The process runs with
+// carries over to the next block. Each block must parse on its own (bash -n) and not end
+// in a line continuation. The process runs with
 //   - its working directory a fresh copy of the checkout (the files of git ls-files -co
 //     --exclude-standard: tracked and untracked-but-not-ignored files as they are on disk,
 //     made a git repository of one commit), as a fresh clone would be;
