@@ -449,36 +449,10 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	}
 	cfg.Server, cfg.TLS, cfg.Auth, cfg.Limits, cfg.LoadBalancing = f.Server.ServerSection, f.TLS, f.Auth, f.Limits.Limits, f.LoadBalancing.LoadBalancing
 	cfg.Endpoints = f.Endpoints
-	if cf := f.Cluster; cf != nil {
-		cl := cf.Cluster
-		cl.LeaseTTL, cl.Timeout = cluster.DefaultLeaseTTL, cluster.DefaultTimeout
-		if r.missing("cluster.bucket") {
-			cl.Bucket = cluster.DefaultBucket
-		}
-		if r.missing("cluster.replicas") {
-			cl.Replicas = cluster.DefaultReplicas
-		}
-		if d := cf.LeaseTTL; d != nil {
-			r.duration("cluster.lease_secs", float64(*d), &cl.LeaseTTL)
-		}
-		if d := cf.Timeout; d != nil {
-			r.duration("cluster.timeout_secs", float64(*d), &cl.Timeout)
-		}
-		if cl.PeerPort == 0 && !r.missing("cluster.peer_port") {
-			r.add("cluster.peer_port", ErrInvalid, "port 0 is out of range 1-65535")
-		}
-		if cl.PeerAddr == "" && cl.PeerPort == 0 {
-			cl.PeerAddr = cl.Advertise
-		} // with peer_port, on the bind address: set below, once bind is read
-		cl.TLS.CertPath = resolvePath(dir, cl.TLS.CertPath)
-		cl.TLS.KeyPath = resolvePath(dir, cl.TLS.KeyPath)
-		cl.TLS.CAPath = resolvePath(dir, cl.TLS.CAPath)
-		cfg.Cluster = &cl
+	if f.Cluster != nil {
+		cfg.Cluster = decodeCluster(r, f.Cluster, dir)
 	}
 	cfg.Server.StateDir = resolvePath(dir, cfg.Server.StateDir)
-	if d := f.Limits.RouteTTL; d != nil {
-		r.duration("limits.route_ttl_secs", float64(*d), &cfg.Limits.RouteTTL)
-	}
 	if f.Server.Bind != nil {
 		addr, err := netip.ParseAddr(*f.Server.Bind)
 		if err != nil {
@@ -498,6 +472,49 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 		r.fail("limits.tcp_port_range", ErrInvalid, "must be two ports [low, high], got %d values", len(pr))
 	default:
 		cfg.Limits.TCPPortRange = PortRange{Low: int(pr[0]), High: int(pr[1])}
+	}
+	readDurations(r, f, cfg)
+	cfg.validate(r)
+	if err := r.err(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// decodeCluster returns the [cluster] table read from cf, with the library's defaults for
+// what it leaves out and its paths taken relative to dir. A peer_port's address is set by
+// the caller, once [server] bind is read.
+func decodeCluster(r *reporter, cf *clusterFile, dir string) *Cluster {
+	cl := cf.Cluster
+	cl.LeaseTTL, cl.Timeout = cluster.DefaultLeaseTTL, cluster.DefaultTimeout
+	if r.missing("cluster.bucket") {
+		cl.Bucket = cluster.DefaultBucket
+	}
+	if r.missing("cluster.replicas") {
+		cl.Replicas = cluster.DefaultReplicas
+	}
+	if d := cf.LeaseTTL; d != nil {
+		r.duration("cluster.lease_secs", float64(*d), &cl.LeaseTTL)
+	}
+	if d := cf.Timeout; d != nil {
+		r.duration("cluster.timeout_secs", float64(*d), &cl.Timeout)
+	}
+	if cl.PeerPort == 0 && !r.missing("cluster.peer_port") {
+		r.add("cluster.peer_port", ErrInvalid, "port 0 is out of range 1-65535")
+	}
+	if cl.PeerAddr == "" && cl.PeerPort == 0 {
+		cl.PeerAddr = cl.Advertise
+	} // with peer_port, on the bind address: set below, once bind is read
+	cl.TLS.CertPath = resolvePath(dir, cl.TLS.CertPath)
+	cl.TLS.KeyPath = resolvePath(dir, cl.TLS.KeyPath)
+	cl.TLS.CAPath = resolvePath(dir, cl.TLS.CAPath)
+	return &cl
+}
+
+// readDurations sets the durations of [limits] and [load_balancing], given in seconds, on cfg.
+func readDurations(r *reporter, f *serverFile, cfg *Server) {
+	if d := f.Limits.RouteTTL; d != nil {
+		r.duration("limits.route_ttl_secs", float64(*d), &cfg.Limits.RouteTTL)
 	}
 	if d := f.Limits.DrainTimeout; d != nil {
 		r.duration("limits.drain_timeout_secs", float64(*d), &cfg.Limits.DrainTimeout)
@@ -523,11 +540,6 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	if d := f.Limits.AuthBlock; d != nil {
 		r.duration("limits.auth_block_secs", float64(*d), &cfg.Limits.AuthBlock)
 	}
-	cfg.validate(r)
-	if err := r.err(); err != nil {
-		return nil, err
-	}
-	return cfg, nil
 }
 
 // parseAdminBind reads admin_bind (nil: not set, the zero Addr: the default).
@@ -567,6 +579,18 @@ func (c *Server) Validate() error {
 }
 
 func (c *Server) validate(r *reporter) {
+	c.validateServerSection(r)
+	c.validatePorts(r)
+	c.validateTLS(r)
+	c.validateAuth(r)
+	c.validateCluster(r)
+	c.validateLimits(r)
+	c.validateEndpoints(r)
+	c.validateLoadBalancing(r)
+}
+
+// validateServerSection checks the [server] table but for its ports.
+func (c *Server) validateServerSection(r *reporter) {
 	s := c.Server
 	switch {
 	case s.Domain == "" && r.missing("server.domain"):
@@ -597,6 +621,12 @@ func (c *Server) validate(r *reporter) {
 		}
 	}
 
+}
+
+// validatePorts checks the listeners' ports: in range, distinct, outside the TCP tunnels'
+// range; and the [server] settings read with them.
+func (c *Server) validatePorts(r *reporter) {
+	s := c.Server
 	pr := c.Limits.TCPPortRange
 	rangeOK := pr.Low >= 1 && pr.High <= 65535 && pr.Low <= pr.High
 	ports := []struct {
@@ -637,10 +667,11 @@ func (c *Server) validate(r *reporter) {
 		r.add("server.data_read_buffer", ErrInvalid, "must be 0 (the kernel's autotuning) to %d bytes, got %d", MaxDataReadBuffer, s.DataReadBuffer)
 	}
 
-	c.validateTLS(r)
-	c.validateAuth(r)
-	c.validateCluster(r)
+}
 
+// validateLimits checks the [limits] table but for its endpoints.
+func (c *Server) validateLimits(r *reporter) {
+	pr := c.Limits.TCPPortRange
 	l := c.Limits
 	if pr == (PortRange{}) { // the library's "no TCP tunnels", which the file writes by leaving them out
 		r.add("limits.tcp_port_range", ErrInvalid, "low port 0 is out of range 1-65535")
@@ -705,8 +736,10 @@ func (c *Server) validate(r *reporter) {
 	if l.RouteTTL <= 0 {
 		r.add("limits.route_ttl_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(l.RouteTTL))
 	}
-	c.validateEndpoints(r)
+}
 
+// validateLoadBalancing checks the [load_balancing] table, then the library's own rules.
+func (c *Server) validateLoadBalancing(r *reporter) {
 	lb := c.LoadBalancing
 	if lb.PreferLocalStreams < 0 {
 		r.add("load_balancing.prefer_local_streams", ErrInvalid, "must be 0 (off) or more, got %d", lb.PreferLocalStreams)
