@@ -346,7 +346,8 @@ func (d *Daemon) status() StatusReply {
 	if addr == edge {
 		addr = ""
 	}
-	st := StatusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, EdgeAddr: addr, Servers: servers, Connected: d.sess.Connected(),
+	st := StatusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, EdgeAddr: addr, Servers: servers, Proxy: d.sess.Proxy(),
+		Connected:  d.sess.Connected(),
 		Reconnects: d.sess.Reconnects(), Started: d.started.UTC().Truncate(time.Second), Tunnels: []TunnelStatus{}}
 	add := func(e *entry, draining bool) {
 		ts := TunnelStatus{Name: e.name, Source: "file", Proto: string(e.conf.Proto), URL: e.t.URL(), Port: e.t.Port(),
@@ -445,11 +446,12 @@ func (d *Daemon) reload(next *config.Connector) []string {
 	applied := &config.Connector{}
 	*applied = *next
 	// Not applied (restartDiff says so): the session keeps its edges, token, TLS settings,
-	// drain timeout and data connections' buffer, and the control socket stays where it is.
+	// drain timeout, data connections' buffer and proxy, and the control socket stays where
+	// it is.
 	// What runs is kept, so that the next reload compares with it.
 	applied.Server, applied.Servers = prev.Server, prev.Servers
 	applied.AuthToken, applied.TLS, applied.DrainTimeout = prev.AuthToken, prev.TLS, prev.DrainTimeout
-	applied.DataReadBuffer, applied.ControlSocket = prev.DataReadBuffer, prev.ControlSocket
+	applied.DataReadBuffer, applied.ControlSocket, applied.ProxyURL = prev.DataReadBuffer, prev.ControlSocket, prev.ProxyURL
 	applied.Tunnels = nil
 	keep := func(t config.Tunnel) { applied.Tunnels = append(applied.Tunnels, t) }
 
@@ -610,6 +612,9 @@ func notAppliedSettings(prev, next *config.Connector) []string {
 	}
 	if prev.DataReadBuffer != next.DataReadBuffer {
 		out = append(out, fmt.Sprintf("data_read_buffer (%d -> %d): restart the connector to change it", prev.DataReadBuffer, next.DataReadBuffer))
+	}
+	if prev.ProxyURL != next.ProxyURL {
+		out = append(out, "proxy_url: the session keeps the proxy it connected through; restart the connector to change it")
 	}
 	if prev.ControlSocket != next.ControlSocket {
 		out = append(out, "control_socket: the connector keeps listening where it started; restart it to move the socket")
