@@ -276,11 +276,13 @@ func httpConnect(ctx context.Context, conn net.Conn, u *url.URL, addr string) (n
 		return fail(fmt.Errorf("reading the answer to CONNECT %s: %w", addr, err))
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		// 407 is the standard refusal; some proxies (tinyproxy) answer 401 to wrong ones.
+		auth := resp.StatusCode == http.StatusProxyAuthRequired || resp.StatusCode == http.StatusUnauthorized
 		hint := ""
 		switch {
-		case resp.StatusCode == http.StatusProxyAuthRequired && u.User != nil:
+		case auth && u.User != nil:
 			hint = " (wrong user or password in the proxy URL)"
-		case resp.StatusCode == http.StatusProxyAuthRequired:
+		case auth:
 			hint = " (it wants credentials: user:password@ in the proxy URL)"
 		}
 		return nil, fmt.Errorf("refused CONNECT %s with %q%s", addr, resp.Proto+" "+resp.Status, hint)
