@@ -276,16 +276,7 @@ func httpConnect(ctx context.Context, conn net.Conn, u *url.URL, addr string) (n
 		return fail(fmt.Errorf("reading the answer to CONNECT %s: %w", addr, err))
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		// 407 is the standard refusal; some proxies (tinyproxy) answer 401 to wrong ones.
-		auth := resp.StatusCode == http.StatusProxyAuthRequired || resp.StatusCode == http.StatusUnauthorized
-		hint := ""
-		switch {
-		case auth && u.User != nil:
-			hint = " (wrong user or password in the proxy URL)"
-		case auth:
-			hint = " (it wants credentials: user:password@ in the proxy URL)"
-		}
-		return nil, fmt.Errorf("refused CONNECT %s with %q%s", addr, resp.Proto+" "+resp.Status, hint)
+		return nil, connectRefused(resp, u.User != nil, addr)
 	}
 	if !stop() {
 		return fail(errors.New("CONNECT answered too late"))
@@ -297,6 +288,21 @@ func httpConnect(ctx context.Context, conn net.Conn, u *url.URL, addr string) (n
 		return &prefixedConn{Conn: conn, r: io.MultiReader(bytes.NewReader(bytes.Clone(head)), conn)}, nil
 	}
 	return conn, nil
+}
+
+// connectRefused is the error of a proxy's answer other than 2xx to CONNECT addr: its status
+// line, and what to do about a refusal of the credentials (withUser: the URL had some).
+func connectRefused(resp *http.Response, withUser bool, addr string) error {
+	// 407 is the standard refusal; some proxies (tinyproxy) answer 401 to wrong credentials.
+	auth := resp.StatusCode == http.StatusProxyAuthRequired || resp.StatusCode == http.StatusUnauthorized
+	hint := ""
+	switch {
+	case auth && withUser:
+		hint = " (wrong user or password in the proxy URL)"
+	case auth:
+		hint = " (it wants credentials: user:password@ in the proxy URL)"
+	}
+	return fmt.Errorf("refused CONNECT %s with %q%s", addr, resp.Proto+" "+resp.Status, hint)
 }
 
 // prefixedConn reads r (what was read ahead, then the connection) instead of Conn.
