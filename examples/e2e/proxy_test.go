@@ -248,10 +248,12 @@ func requireServes(t *testing.T, e *edge, body string) {
 	}, waitTimeout, 50*time.Millisecond, "the TCP tunnel echoes through the edge")
 }
 
-// connectorStatus runs `connector status` for the file path and returns its output.
-func connectorStatus(t *testing.T, path string) string {
+// connectorStatus runs `connector status` (with args) for the file path and returns its
+// output.
+func connectorStatus(t *testing.T, path string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(binDir, "connector"), "status", "--config", path).CombinedOutput()
+	args = append([]string{"status", "--config", path}, args...)
+	out, err := exec.Command(filepath.Join(binDir, "connector"), args...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	return string(out)
 }
@@ -271,6 +273,9 @@ func TestConnectorThroughTinyproxy(t *testing.T) {
 
 	st := connectorStatus(t, path)
 	require.Contains(t, st, "proxy:      http://"+tp.addr()+"\n")
+	require.NotContains(t, st, "s3cret")
+	st = connectorStatus(t, path, "--json")
+	require.Contains(t, st, `"proxy": "http://`+tp.addr()+`"`)
 	require.NotContains(t, st, "s3cret")
 }
 
