@@ -119,12 +119,18 @@ type proc struct {
 
 func start(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, nil, name, bin, args...)
+}
+
+// startEnv is start with env added to the process's environment.
+func startEnv(t *testing.T, env []string, name, bin string, args ...string) *proc {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	p := &proc{name: name, done: make(chan struct{})}
 	p.cmd = exec.CommandContext(ctx, filepath.Join(binDir, bin), args...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	// A race-enabled binary sleeps 1 s at exit by default, to let late reports arrive.
-	p.cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=100")
+	p.cmd.Env = append(append(os.Environ(), "GORACE=atexit_sleep_ms=100"), env...)
 	p.cmd.WaitDelay = 5 * time.Second
 	require.NoError(t, p.cmd.Start())
 	go func() {

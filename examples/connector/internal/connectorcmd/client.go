@@ -201,6 +201,9 @@ func printStatus(w io.Writer, st *StatusReply) {
 	if len(st.Servers) > 0 {
 		fmt.Fprintf(w, "servers:    %s\n", strings.Join(st.Servers, ", "))
 	}
+	if st.Proxy != "" {
+		fmt.Fprintf(w, "proxy:      %s\n", st.Proxy)
+	}
 	fmt.Fprintf(w, "connector:  pid %d, up since %s, config %s\n", st.PID, st.Started.Local().Format(time.DateTime), st.Config)
 	fmt.Fprintf(w, "socket:     %s\n\n", st.Socket)
 	if len(st.Tunnels) == 0 {

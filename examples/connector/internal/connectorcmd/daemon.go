@@ -390,7 +390,8 @@ func (d *Daemon) status() StatusReply {
 	if addr == edge {
 		addr = ""
 	}
-	st := StatusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, EdgeAddr: addr, Servers: servers, Connected: d.sess.Connected(),
+	st := StatusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, EdgeAddr: addr, Servers: servers, Proxy: d.sess.Proxy(),
+		Connected:  d.sess.Connected(),
 		Reconnects: d.sess.Reconnects(), Started: d.started.UTC().Truncate(time.Second), Tunnels: []TunnelStatus{}}
 	add := func(e *entry, draining bool) {
 		ts := TunnelStatus{Name: e.name, Source: "file", Proto: string(e.conf.Proto), URL: e.t.URL(), Port: e.t.Port(),
@@ -491,11 +492,12 @@ func (d *Daemon) reload(next *config.Connector) (lines []string, failed bool) {
 	applied := &config.Connector{}
 	*applied = *next
 	// Not applied (restartDiff says so): the session keeps its edges, token, TLS settings,
-	// drain timeout and data connections' buffer, and the control socket stays where it is.
+	// drain timeout, data connections' buffer and proxy, and the control socket stays where
+	// it is.
 	// What runs is kept, so that the next reload compares with it.
 	applied.Server, applied.Servers = prev.Server, prev.Servers
 	applied.AuthToken, applied.TLS, applied.DrainTimeout = prev.AuthToken, prev.TLS, prev.DrainTimeout
-	applied.DataReadBuffer, applied.ControlSocket = prev.DataReadBuffer, prev.ControlSocket
+	applied.DataReadBuffer, applied.ControlSocket, applied.ProxyURL = prev.DataReadBuffer, prev.ControlSocket, prev.ProxyURL
 	applied.Tunnels = nil
 	keep := func(t config.Tunnel) { applied.Tunnels = append(applied.Tunnels, t) }
 
@@ -659,6 +661,9 @@ func notAppliedSettings(prev, next *config.Connector) []string {
 	}
 	if prev.Hostname != next.Hostname {
 		out = append(out, fmt.Sprintf("hostname (%q -> %q): the session sends the host name it started with; restart the connector to change it", prev.Hostname, next.Hostname))
+	}
+	if prev.ProxyURL != next.ProxyURL {
+		out = append(out, "proxy_url: the session keeps the proxy it connected through; restart the connector to change it")
 	}
 	if prev.ControlSocket != next.ControlSocket {
 		out = append(out, "control_socket: the connector keeps listening where it started; restart it to move the socket")
