@@ -11,11 +11,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
 
-	"golang.org/x/net/http/httpproxy"
 	xproxy "golang.org/x/net/proxy"
 )
 
@@ -122,14 +122,79 @@ func envProxy(getenv func(string) string) (func(addr string) *url.URL, error) {
 		return nil, err
 	}
 	_, noProxy := anyOf("NO_PROXY", "no_proxy")
-	// httpproxy decides which edges NO_PROXY (and loopback) exempt, as for net/http.
-	choose := (&httpproxy.Config{HTTPSProxy: u.String(), NoProxy: noProxy}).ProxyFunc()
+	exempt := parseNoProxy(noProxy)
 	return func(addr string) *url.URL {
-		if p, err := choose(&url.URL{Scheme: "https", Host: addr}); err != nil || p == nil {
+		if exempt(addr) {
 			return nil
 		}
 		return u
 	}, nil
+}
+
+// parseNoProxy returns whether NO_PROXY's value v exempts an edge address (host:port), by
+// the rules of net/http's ProxyFromEnvironment (golang.org/x/net/http/httpproxy): localhost
+// and loopback addresses always; "*" every address; an IP address or a CIDR prefix the
+// addresses it names; "example.com" that name and its subdomains, ".example.com" its
+// subdomains only... and the name too, as httpproxy does; a port after an entry limits it to
+// that port. The rules are written out here rather than taken from httpproxy, which links
+// IDNA tables into every connector (a third of a megabyte) for host names that this matching
+// compares as written, in lower case.
+func parseNoProxy(v string) func(addr string) bool {
+	type entry struct {
+		prefix netip.Prefix // valid: an IP address or CIDR entry
+		name   string       // a host name entry, lower case, without a leading dot
+		port   string       // "": any port
+	}
+	var entries []entry
+	all := false
+	for _, f := range strings.Split(v, ",") {
+		f = strings.ToLower(strings.TrimSpace(f))
+		switch {
+		case f == "":
+			continue
+		case f == "*":
+			all = true
+			continue
+		}
+		if p, err := netip.ParsePrefix(f); err == nil {
+			entries = append(entries, entry{prefix: p})
+			continue
+		}
+		host, port := f, ""
+		if h, p, err := net.SplitHostPort(f); err == nil {
+			host, port = h, p
+		}
+		if a, err := netip.ParseAddr(host); err == nil {
+			entries = append(entries, entry{prefix: netip.PrefixFrom(a, a.BitLen()), port: port})
+			continue
+		}
+		entries = append(entries, entry{name: strings.TrimPrefix(host, "."), port: port})
+	}
+	return func(addr string) bool {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		host = strings.ToLower(host)
+		ip, ipErr := netip.ParseAddr(host)
+		if host == "localhost" || (ipErr == nil && ip.IsLoopback()) || all {
+			return true
+		}
+		for _, e := range entries {
+			if e.port != "" && e.port != port {
+				continue
+			}
+			switch {
+			case e.prefix.IsValid():
+				if ipErr == nil && e.prefix.Contains(ip.Unmap()) {
+					return true
+				}
+			case host == e.name || strings.HasSuffix(host, "."+e.name):
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // checkProxyURL checks that u is a proxy the session can use, and returns it with the
