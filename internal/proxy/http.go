@@ -430,7 +430,7 @@ func (h *HTTP) refuseConnect(w http.ResponseWriter, r *http.Request) {
 
 // errTooManyInterim fails a request whose backend sent maxInterimResponses 1xx responses
 // without a final one.
-var errTooManyInterim = fmt.Errorf("backend sent %d interim responses without a final one", maxInterimResponses)
+var errTooManyInterim = fmt.Errorf("proxy: backend sent %d interim responses without a final one", maxInterimResponses)
 
 // interimLimit returns a Got1xxResponse hook that fails the request at its backend's
 // maxInterimResponses-th 1xx response.
