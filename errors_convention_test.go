@@ -51,8 +51,9 @@ import (
 //     opError (fragmentHolders, fragmentCauses). Package-private functions whose errors are
 //     all such causes are listed as exceptions, with the function that wraps them.
 //   - Text sent to another party is a sentence with no prefix: what an edge puts on the wire
-//     (wire.Rejected, wire.Error: tunnel's wireText strips the prefix) and the admin API's
-//     answers. The receiving side's error puts its own prefix in front.
+//     (wire.Rejected, wire.Error: tunnel's wireText strips the prefix), the admin API's
+//     answers and the edge's answers to public clients (a 408 "request body too slow: ...").
+//     The receiving side's error puts its own prefix in front.
 //
 // The exceptions (errorConventionExceptions lists the sites, by package and function):
 //
