@@ -170,9 +170,9 @@ func (s *Session) connect(ctx context.Context, cand candidate) (*clientConn, err
 			byID: map[string]*clientTunnel{}, noticeKey: key,
 		}, nil
 	case *wire.Error:
-		return fail(fmt.Errorf("tunnel: edge refused the connection: %w", &sessionError{code: m.Code, msg: m.Message}))
+		return fail(&sessionError{code: m.Code, msg: m.Message})
 	default:
-		return fail(fmt.Errorf("tunnel: %w: expected welcome, got %s", ErrProtocol, msg.Type()))
+		return fail(fmt.Errorf("%w: expected welcome, got %s", ErrProtocol, msg.Type()))
 	}
 }
 
@@ -208,7 +208,7 @@ func (s *Session) supervise(c *clientConn) {
 		s.detach(c)
 		lost := s.currentEdge()
 		if err := c.fatalErr(); err != nil && permanent(err) {
-			s.fail(fmt.Errorf("tunnel: edge ended the session: %w", err))
+			s.fail(err) // a *sessionError: "tunnel: the edge ended the session: ..."
 			return
 		}
 		if !s.opts.reconnect {

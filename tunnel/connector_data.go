@@ -213,7 +213,7 @@ func (d *connData) open() error {
 	defer cancel()
 	dc, err := s.dialEdge(ctx, d.addr, d.proxy)
 	if err != nil {
-		return fmt.Errorf("dialling: %w", err)
+		return fmt.Errorf("tunnel: data connection: dialling: %w", err)
 	}
 	if n := s.opts.dataReadBuffer; n > 0 {
 		if got := proxy.SetDataReadBuffer(dc, n); got < n && !d.capped.Swap(true) {
@@ -225,7 +225,7 @@ func (d *connData) open() error {
 		tc := tls.Client(dc, d.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = dc.Close()
-			return fmt.Errorf("TLS handshake: %w", err)
+			return fmt.Errorf("tunnel: data connection: TLS handshake: %w", err)
 		}
 		dc = tc
 	}
@@ -236,11 +236,12 @@ func (d *connData) open() error {
 		_, err = io.ReadFull(dc, answer[:])
 	}
 	if err == nil && answer[0] != wire.DataAccepted {
-		err = fmt.Errorf("unexpected answer %#x", answer[0])
+		_ = dc.Close()
+		return fmt.Errorf("tunnel: data connection: the edge refused it: unexpected answer %#x", answer[0])
 	}
 	if err != nil {
 		_ = dc.Close()
-		return fmt.Errorf("the edge refused it: %w", err)
+		return fmt.Errorf("tunnel: data connection: the edge refused it: %w", err)
 	}
 	_ = dc.SetDeadline(time.Time{})
 	d.mu.Lock()

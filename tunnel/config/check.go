@@ -39,8 +39,8 @@ func domainProblem(s string) string {
 		if label == "" {
 			return fmt.Sprintf("%q is not a host name: it has an empty label", s)
 		}
-		if err := group.ValidateSubdomain(label); err != nil {
-			return fmt.Sprintf("%q is not a host name: label %v", s, err)
+		if p := group.SubdomainProblem(label); p != "" {
+			return fmt.Sprintf("%q is not a host name: label %s", s, p)
 		}
 	}
 	return ""

@@ -429,8 +429,8 @@ func (c *Connector) validateServers(r *reporter) {
 }
 
 func (t *Tunnel) validate(r *reporter, base string) {
-	if err := group.ValidateSubdomain(t.Name); err != nil {
-		r.add(base, ErrInvalid, "tunnel name %v (names are DNS-label-like: a-z, 0-9 and \"-\")", err)
+	if p := group.SubdomainProblem(t.Name); p != "" {
+		r.add(base, ErrInvalid, "tunnel name %s (names are DNS-label-like: a-z, 0-9 and \"-\")", p)
 	}
 	key := func(name string) string { return joinKey(base, name) }
 
@@ -454,8 +454,8 @@ func (t *Tunnel) validate(r *reporter, base string) {
 	case t.Proto == group.ProtoTCP && t.Subdomain != "":
 		r.fail(key("subdomain"), ErrInvalid, "not allowed when proto is \"tcp\": TCP tunnels are reached by port, not by host name")
 	case t.Subdomain != "":
-		if err := group.ValidateSubdomain(t.Subdomain); err != nil {
-			r.fail(key("subdomain"), ErrInvalid, "%v (a subdomain is one DNS label: a-z, 0-9 and \"-\")", err)
+		if p := group.SubdomainProblem(t.Subdomain); p != "" {
+			r.fail(key("subdomain"), ErrInvalid, "%s (a subdomain is one DNS label: a-z, 0-9 and \"-\")", p)
 		}
 	}
 	if t.HealthCheck != nil {
@@ -472,7 +472,7 @@ func (t *Tunnel) validate(r *reporter, base string) {
 }
 
 // validate checks the health_check keys as the file writes them: a type of tcp or http, a
-// path where it needs one (health.ValidatePath), durations and counts greater than 0 (the
+// path where it needs one (health.PathProblem), durations and counts greater than 0 (the
 // library would take 0 as its default), an alert URL. Each problem fails its key, so that
 // the library's check of the same probe (health.Spec.Validate) says nothing more.
 func (h *HealthCheck) validate(r *reporter, base string) {
@@ -485,8 +485,8 @@ func (h *HealthCheck) validate(r *reporter, base string) {
 	case HealthHTTP:
 		if h.Path == "" {
 			r.fail(key("path"), ErrRequired, "required when type is \"http\"")
-		} else if err := health.ValidatePath(h.Path); err != nil {
-			r.fail(key("path"), ErrInvalid, "%v", err)
+		} else if p := health.PathProblem(h.Path); p != "" {
+			r.fail(key("path"), ErrInvalid, "%s", p)
 		}
 	case "":
 		if r.missing(key("type")) {

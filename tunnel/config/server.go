@@ -858,8 +858,8 @@ func (c *Server) validateAuth(r *reporter) {
 	// Token values are secrets: messages name the keys, never the values.
 	owner := map[string]string{}
 	claim := func(key, token string) {
-		if err := tunnel.ValidateToken(token); err != nil {
-			r.add(key, ErrInvalid, "%v (e.g. the output of `openssl rand -hex 16`)", err)
+		if p := tunnel.TokenProblem(token); p != "" {
+			r.add(key, ErrInvalid, "%s (e.g. the output of `openssl rand -hex 16`)", p)
 			return
 		}
 		if prev, dup := owner[token]; dup {
