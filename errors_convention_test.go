@@ -200,6 +200,12 @@ var errorConventionExceptions = map[string]string{
 	"tunnel/store/boltstore.(*pageValidator).nodePage": "as (*pageValidator).page",
 	"tunnel/store/natsstore.storeKey": "exception 4: its errors are fragments: its one caller gives them to (*Store).corrupt " +
 		"(\"store: NATS bucket b is corrupt: key \"x\" is not a route key: ...\")",
+	"tunnel.dialProxied": "exception 4: what went wrong talking to a proxy, a fragment its one caller, " +
+		"(*Session).dialEdge, wraps as \"tunnel: proxy http://host:port: ...\"",
+	"tunnel.socksConnect": "exception 4: a fragment wrapped by dialEdge through dialProxied",
+	"tunnel.httpConnect":  "exception 4: a fragment wrapped by dialEdge through dialProxied",
+	"tunnel.connectRefused": "exception 4: the proxy's refusal, a fragment wrapped by dialEdge through " +
+		"httpConnect and dialProxied (\"tunnel: proxy ...: refused CONNECT ...\")",
 	"tunnel.ErrRequired": "exception 3: the first word of the Err of a FieldError (\"required: the pool's name\"), " +
 		"which FieldError.Error prefixes with \"tunnel: <Field>: \"; tunnel/config shows it after the file's key",
 }

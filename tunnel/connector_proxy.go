@@ -238,7 +238,7 @@ func (s *Session) dialEdge(ctx context.Context, addr string, proxy *url.URL) (ne
 	}
 	c, err := dialProxied(ctx, proxy, s.opts.dial, s.opts.proxyTLS, addr)
 	if err != nil {
-		return nil, fmt.Errorf("proxy %s: %w", proxyName(proxy), err)
+		return nil, fmt.Errorf("tunnel: proxy %s: %w", proxyName(proxy), err)
 	}
 	return c, nil
 }
