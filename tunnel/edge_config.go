@@ -143,7 +143,9 @@ type PublicHTTP struct {
 	// <subdomain>.<Domain> included, goes to its tunnel whatever its path. A session over
 	// WebSocket is a session as over the control listener: same token, same
 	// pre-authentication caps and throttles (the upgrade takes its place among the
-	// connections not yet authenticated: over a cap it is answered 503), same resume,
+	// connections not yet authenticated: over a cap it is answered 503; the caps and the
+	// throttle count the TCP peer's address or, from a peer in TrustedProxies, the client
+	// its forwarding headers name, as X-Real-IP), same resume,
 	// health, drain and retry; its TCP tunnels' connections ride its yamux streams (no data
 	// connections). HTTP/2's extended CONNECT (RFC 8441) is not offered. "" (the default):
 	// off. It must begin with "/", be clean (no "..", "//" or trailing "/"), and hold no

@@ -56,7 +56,9 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 // ServePublicTLS with the tunnel's name in the TLS ClientHello. Tests can serve it with
 // httptest. A server of the embedder's own lacks what ServePublic adds around it: the
 // listener's limits, and the close of an HTTP/1.x connection after an answer that left its
-// request body unread (without which net/http waits for that body with no deadline).
+// request body unread (without which net/http waits for that body with no deadline), and
+// the connectors' WebSocket path (ServerConfig.Public.WebSocketPath), which only the edge's
+// own public listeners serve.
 func (s *Server) Handler() http.Handler { return s.ingress.GuardTLSRoutes() }
 
 // HTTP/2 limits of the public listeners: what one client connection may hold of the edge.

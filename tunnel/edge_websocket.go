@@ -3,11 +3,13 @@ package tunnel
 import (
 	"net"
 	"net/http"
+	"net/netip"
 	"path"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/warren-tunnel/warren/internal/proxy"
 	"github.com/warren-tunnel/warren/internal/throttle"
 	"github.com/warren-tunnel/warren/internal/wsconn"
 )
@@ -75,18 +77,26 @@ func isEdgeHost(host, domain string) bool {
 // acceptConnectorWebSocket upgrades r to a WebSocket and serves a connector session over
 // it, as Serve does a TCP connection. The connection takes its place among those not
 // authenticated yet before the upgrade: over PreAuth.MaxConns or MaxConnsPerIP it is
-// answered 503 and closed. PreAuth.HelloTimeout runs from the upgrade.
+// answered 503 and closed. PreAuth.HelloTimeout runs from the upgrade. The caps and the
+// auth throttle count it against its client's address: the TCP peer's, or behind a trusted
+// proxy (Public.TrustedProxies: a CDN, a load balancer) the client its forwarding headers
+// name, so that the connectors behind one CDN do not share one budget.
 func acceptConnectorWebSocket(s *Server, w http.ResponseWriter, r *http.Request) {
-	slot := s.preAuth.Acquire(throttle.KeyOfString(r.RemoteAddr))
+	client := proxy.ClientOf(r, s.cfg.Public.TrustedProxies)
+	slot := s.preAuth.Acquire(throttle.KeyOfIP(client))
 	if slot == nil {
 		w.Header().Set("Connection", "close")
 		http.Error(w, "too many connections are authenticating; try again later", http.StatusServiceUnavailable)
 		return
 	}
-	c, err := wsconn.Accept(w, r)
+	ws, err := wsconn.Accept(w, r)
 	if err != nil { // Accept answered the request (426, 400)
 		slot.Release()
 		return
+	}
+	var c net.Conn = ws
+	if client.IsValid() {
+		c = &peerConn{Conn: ws, remote: net.TCPAddrFromAddrPort(netip.AddrPortFrom(client, 0))}
 	}
 	by := time.Now().Add(s.cfg.PreAuth.HelloTimeout)
 	if !s.spawn(func() { _ = serveSession(s, c, slot, by, TransportWebSocket) }) {
@@ -94,6 +104,14 @@ func acceptConnectorWebSocket(s *Server, w http.ResponseWriter, r *http.Request)
 		_ = c.Close()
 	}
 }
+
+// peerConn is a connection whose RemoteAddr is its client's, as the edge believes it.
+type peerConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c *peerConn) RemoteAddr() net.Addr { return c.remote }
 
 // validateWebSocket checks WebSocketPath and WebSocketOnHTTP (ServerConfig.Validate).
 func (p PublicHTTP) validateWebSocket() []error {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -228,13 +229,14 @@ func TestWebSocketConnectorWrongTokenIsRefused(t *testing.T) {
 
 // rawUpgrade opens a WebSocket to the edge's path by hand and sends nothing after it, as a
 // client that never says hello; it returns the connection and the answer's status code.
-func (e *wsEdge) rawUpgrade(t *testing.T, host string) (net.Conn, int) {
+// headers are more lines of the request ("X-Forwarded-For: 192.0.2.1").
+func (e *wsEdge) rawUpgrade(t *testing.T, host string, headers ...string) (net.Conn, int) {
 	c, err := tls.Dial("tcp", e.httpsAddr, &tls.Config{RootCAs: e.pki.pool, ServerName: "edge.test", NextProtos: []string{"http/1.1"}})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	_, err = fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
-		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n", wsPath, host)
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n%s\r\n", wsPath, host, extraHeaders(headers))
 	require.NoError(t, err)
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	require.NoError(t, err)
@@ -259,6 +261,37 @@ func TestWebSocketPreAuthCapsApply(t *testing.T) {
 	_, err := e.dialWS(t, WithReconnect(false))
 	require.Error(t, err)
 	require.Equal(t, 1, closedAtOnce(dialFrom(t, "127.0.0.1", e.controlAddr)), "the control listener shares the caps")
+}
+
+func extraHeaders(lines []string) string {
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString(l + "\r\n")
+	}
+	return b.String()
+}
+
+// Behind a trusted proxy (a CDN), the caps count each connector's own address, as the
+// proxy's forwarding headers give it, not the proxy's: one client's flood does not lock the
+// others out.
+func TestWebSocketPreAuthCountsTheClientBehindATrustedProxy(t *testing.T) {
+	e := startWSEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: time.Minute, MaxConnsPerIP: 2},
+		Public: PublicHTTP{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}})
+	for range 2 {
+		_, code := e.rawUpgrade(t, testDomain, "X-Forwarded-For: 192.0.2.1")
+		require.Equal(t, http.StatusSwitchingProtocols, code)
+	}
+	require.Eventually(t, func() bool {
+		_, held := e.preAuth.Held(throttle.KeyOfString("192.0.2.1"))
+		return held == 2
+	}, 5*time.Second, 10*time.Millisecond)
+	_, code := e.rawUpgrade(t, testDomain, "X-Forwarded-For: 192.0.2.1")
+	require.Equal(t, http.StatusServiceUnavailable, code, "192.0.2.1 is over its cap")
+	_, code = e.rawUpgrade(t, testDomain, "X-Forwarded-For: 192.0.2.2")
+	require.Equal(t, http.StatusSwitchingProtocols, code, "another client behind the same proxy is not")
+	sess, err := e.dialWS(t)
+	require.NoError(t, err, "nor is a connector without forwarding headers (the proxy's own address)")
+	require.True(t, sess.Connected())
 }
 
 // The path is the edge's only on its own domain: a tenant's tunnel serving the same path
