@@ -733,6 +733,7 @@ func (t *memberTransport) attempt(pc exchange, m *group.Member, req *http.Reques
 		}
 		if ri.watch != nil {
 			ri.watch.expect(windowOf(pc), resp.ContentLength)
+			ri.watch.wrap(resp)
 		}
 	}
 	if f := t.cfg.Outcome; f != nil {
