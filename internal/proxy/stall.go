@@ -253,11 +253,8 @@ type stallWatch struct {
 
 	// body is the member's body of unknown length, which a stalled write may read ahead
 	// (stall_ahead.go); its body is nil otherwise.
-	body      aheadBody
-	probing   bool      // the check of the write being watched waits for the read-ahead
-	probeUsed bool      // the read-ahead was started (once per response)
-	probeFor  uint64    // the write it was started for
-	probeAt   time.Time // when
+	body    aheadBody
+	probing bool // the check of the write being watched waits for the read-ahead
 }
 
 // start makes w watch rw, a response to a client at remote.
@@ -402,10 +399,10 @@ func (w *stallWatch) checkLocked() (probe bool) {
 		// The read-ahead answered, or did not within probeWait: the write is charged on
 		// what is known now.
 		w.probing = false
-		w.body.late.Store(true)
-	case w.canProbe() && w.body.probe():
+		w.body.ra.late.Store(true)
+	case w.canProbe() && w.body.probe(w.watching):
 		// The member's body is read ahead before the write is charged a window.
-		w.probing, w.probeUsed, w.probeFor, w.probeAt, w.wasStall = true, true, w.watching, time.Now(), true
+		w.probing, w.wasStall = true, true
 		w.timer.Reset(probeWait)
 		return true
 	}
@@ -420,11 +417,7 @@ func (w *stallWatch) checkLocked() (probe bool) {
 		w.charged = n
 	}
 	if t := w.h.cfg.ResponseStallTimeout; t > 0 {
-		blocked := w.grace()
-		if w.probeFor == w.watching && w.probeUsed {
-			blocked += time.Since(w.probeAt)
-		}
-		w.timer.Reset(max(t-blocked, 0))
+		w.timer.Reset(max(t-w.blockedFor(), 0))
 		return false
 	}
 	w.armed = false

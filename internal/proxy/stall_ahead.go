@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // A response of unknown length whose write has been blocked for stallGrace may be one its
@@ -50,15 +51,23 @@ const (
 // which the response's stall watch may read ahead (probe). Only the reverse proxy's
 // goroutine calls Read and Close; probe is called by the watch while that goroutine is
 // blocked in a write of the response (were it in Read, as when another goroutine flushes,
-// the read-ahead would not start).
+// the read-ahead would not start). It is part of the watch, itself part of the request's
+// context: what only a read-ahead needs is allocated when one starts.
 type aheadBody struct {
 	body  io.ReadCloser
 	w     *stallWatch
 	state atomic.Int32
-	read  int64 // bytes read from body before the read-ahead started
+	read  int64      // bytes read from body before the read-ahead started
+	ra    *readAhead // the read-ahead, once started
+}
+
+// readAhead is the state of a body's read-ahead.
+type readAhead struct {
 	// late: the watch charged the response without the read-ahead's answer; the read-ahead
 	// ends at its next bytes.
-	late atomic.Bool
+	late  atomic.Bool
+	write uint64    // the write of the response that stalled
+	at    time.Time // when it started
 
 	mu     sync.Mutex
 	cond   sync.Cond // signalled when the read-ahead buffers bytes or ends
@@ -68,12 +77,6 @@ type aheadBody struct {
 	done   bool  // the read-ahead ended
 	err    error // the body's error (io.EOF: its end) met by the read-ahead
 	closed bool
-}
-
-// wrap makes b the reader of body for the watch w.
-func (b *aheadBody) wrap(body io.ReadCloser, w *stallWatch) {
-	b.body, b.w = body, w
-	b.cond.L = &b.mu
 }
 
 func (b *aheadBody) Read(p []byte) (int, error) {
@@ -89,19 +92,20 @@ func (b *aheadBody) Read(p []byte) (int, error) {
 // readBuffered reads what the read-ahead took, waiting for it while it reads; once it has
 // ended and its buffer is drained, reads go to the body again.
 func (b *aheadBody) readBuffered(p []byte) (int, error) {
-	b.mu.Lock()
-	for b.off == b.filled && !b.done {
-		b.cond.Wait()
+	ra := b.ra
+	ra.mu.Lock()
+	for ra.off == ra.filled && !ra.done {
+		ra.cond.Wait()
 	}
-	if b.off < b.filled {
-		n := copy(p, b.buf[b.off:b.filled])
-		b.off += n
-		b.mu.Unlock()
+	if ra.off < ra.filled {
+		n := copy(p, ra.buf[ra.off:ra.filled])
+		ra.off += n
+		ra.mu.Unlock()
 		return n, nil
 	}
-	err := b.err
-	b.releaseBuf()
-	b.mu.Unlock()
+	err := ra.err
+	ra.releaseBuf()
+	ra.mu.Unlock()
 	if err != nil {
 		return 0, err
 	}
@@ -109,11 +113,11 @@ func (b *aheadBody) readBuffered(p []byte) (int, error) {
 	return b.Read(p)
 }
 
-// releaseBuf gives the read-ahead's buffer back. b.mu is held.
-func (b *aheadBody) releaseBuf() {
-	if b.buf != nil {
-		probeBufs.Put(b.buf)
-		b.buf = nil
+// releaseBuf gives the read-ahead's buffer back. ra.mu is held.
+func (ra *readAhead) releaseBuf() {
+	if ra.buf != nil {
+		probeBufs.Put(ra.buf)
+		ra.buf = nil
 	}
 }
 
@@ -124,48 +128,59 @@ func (b *aheadBody) Close() error {
 		return b.body.Close()
 	}
 	err := b.body.Close()
-	b.mu.Lock()
-	b.closed = true
-	for !b.done {
-		b.cond.Wait()
+	ra := b.ra
+	ra.mu.Lock()
+	ra.closed = true
+	for !ra.done {
+		ra.cond.Wait()
 	}
-	b.releaseBuf()
-	b.mu.Unlock()
+	ra.releaseBuf()
+	ra.mu.Unlock()
 	return err
 }
 
-// probe readies the read-ahead, unless the body is being read, and reports whether it did;
-// readAhead is then to be called.
-func (b *aheadBody) probe() bool {
-	if b.body == nil || !b.state.CompareAndSwap(bodyIdle, bodyAhead) {
+// probe readies a read-ahead for the stalled write number write, unless the body is being
+// read or was read ahead already, and reports whether it did; readAhead is then to be
+// called.
+func (b *aheadBody) probe(write uint64) bool {
+	if b.body == nil || b.ra != nil {
 		return false
 	}
-	b.buf = probeBufs.Get().(*[probeChunk]byte)
+	// Set before the state says so: Read and Close find it by the state.
+	b.ra = &readAhead{write: write, at: time.Now(), buf: probeBufs.Get().(*[probeChunk]byte)}
+	b.ra.cond.L = &b.ra.mu
+	if !b.state.CompareAndSwap(bodyIdle, bodyAhead) {
+		probeBufs.Put(b.ra.buf)
+		b.ra = nil
+		return false
+	}
 	return true
 }
 
-// readAhead reads the body into b.buf until its end, an error, a full buffer or Close, or
-// (once the watch charged the response without its answer) bytes without its end, then
-// tells the watch what it learnt. It is called once, after probe, by the watch's check.
+// readAhead reads the body into the read-ahead's buffer until its end, an error, a full
+// buffer or Close, or (once the watch charged the response without its answer) bytes
+// without its end, then tells the watch what it learnt. It is called once, after probe, by
+// the watch's check.
 func (b *aheadBody) readAhead() {
-	b.mu.Lock()
+	ra := b.ra
+	ra.mu.Lock()
 	for {
-		dst := b.buf[b.filled:probeChunk]
-		b.mu.Unlock()
+		dst := ra.buf[ra.filled:probeChunk]
+		ra.mu.Unlock()
 		n, err := b.body.Read(dst)
-		b.mu.Lock()
-		b.filled += n
-		b.err = err
-		if err != nil || b.filled == probeChunk || b.closed || n > 0 && b.late.Load() {
+		ra.mu.Lock()
+		ra.filled += n
+		ra.err = err
+		if err != nil || ra.filled == probeChunk || ra.closed || n > 0 && ra.late.Load() {
 			break
 		}
-		b.cond.Broadcast()
+		ra.cond.Broadcast()
 	}
-	b.done = true
-	ended := b.err != nil
-	total := b.read + int64(b.filled)
-	b.cond.Broadcast()
-	b.mu.Unlock()
+	ra.done = true
+	ended := ra.err != nil
+	total := b.read + int64(ra.filled)
+	ra.cond.Broadcast()
+	ra.mu.Unlock()
 	b.w.probed(ended, total)
 }
 
@@ -174,21 +189,34 @@ func (b *aheadBody) readAhead() {
 // read ahead and the stall timeout (if any) leaves room for the wait. w.mu is held.
 func (w *stallWatch) canProbe() bool {
 	t := w.h.cfg.ResponseStallTimeout
-	return w.length < 0 && w.body.body != nil && !w.probeUsed && (t <= 0 || t-w.grace() > probeWait)
+	return w.length < 0 && w.body.body != nil && w.body.ra == nil && (t <= 0 || t-w.grace() > probeWait)
 }
 
-// wrap makes the watch read resp's body, when its length is unknown, for a read-ahead
-// when a write of it stalls. A switch of protocols keeps its body: the reverse proxy
-// carries the connection on it.
-func (w *stallWatch) wrap(resp *http.Response) {
-	if resp.ContentLength >= 0 || resp.Body == nil || resp.Body == http.NoBody ||
-		resp.StatusCode == http.StatusSwitchingProtocols {
-		return
-	}
+// expectResponse is expect for resp, whose body, when its length is unknown, the watch
+// then reads (for a read-ahead should a write of it stall). A switch of protocols keeps its
+// body: the reverse proxy carries the connection on it.
+func (w *stallWatch) expectResponse(window int64, resp *http.Response) {
+	wrap := resp.ContentLength < 0 && resp.Body != nil && resp.Body != http.NoBody &&
+		resp.StatusCode != http.StatusSwitchingProtocols
 	w.mu.Lock()
-	w.body.wrap(resp.Body, w)
+	w.window, w.length = window, resp.ContentLength
+	if wrap {
+		w.body.body, w.body.w = resp.Body, w
+	}
 	w.mu.Unlock()
-	resp.Body = &w.body
+	if wrap {
+		resp.Body = &w.body
+	}
+}
+
+// blockedFor is how long the stalled write being watched has been blocked, past its grace
+// (the wait for its read-ahead). w.mu is held.
+func (w *stallWatch) blockedFor() time.Duration {
+	d := w.grace()
+	if ra := w.body.ra; ra != nil && ra.write == w.watching {
+		d += time.Since(ra.at)
+	}
+	return d
 }
 
 // probed takes the read-ahead's answer: ended, the body's end was reached, and it has total

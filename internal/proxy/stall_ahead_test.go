@@ -72,8 +72,7 @@ func (w *heldWriter) release() {
 // body wrapped by the watch, and returns the copy's error and what the body's Close said.
 func copyThrough(sw *stallWatch, body io.ReadCloser) (error, error) {
 	resp := &http.Response{StatusCode: http.StatusOK, ContentLength: -1, Body: body}
-	sw.expect(mux.StreamWindow, -1)
-	sw.wrap(resp)
+	sw.expectResponse(mux.StreamWindow, resp)
 	buf := make([]byte, 4<<10)
 	var err error
 	for {
