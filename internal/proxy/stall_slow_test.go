@@ -147,3 +147,54 @@ func TestSmallResponsesHeldUpTogetherAreNotCut(t *testing.T) {
 		})
 	}
 }
+
+// TestQuietResponseCutDuringItsReadAhead: a stalled response whose member sends nothing
+// more is charged its window once its read-ahead has waited probeWait, and cut over its
+// connection's budget while the read-ahead still waits for the member: the client's stream
+// is reset, which ends the request and with it the member's exchange (the backend's
+// request ends) and the read-ahead's wait, before the blocked flush even returns; no
+// goroutine is left (goleak).
+func TestQuietResponseCutDuringItsReadAhead(t *testing.T) {
+	backendDone := make(chan struct{}, 2)
+	be := h2cBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "first event")
+		http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+		backendDone <- struct{}{}
+	}))
+	for _, proto := range []string{wire.BackendH2C, wire.BackendHTTP1} {
+		t.Run(proto, func(t *testing.T) {
+			stats := newStats()
+			stats.ResponsesCut = new(CutCounts)
+			reg := group.NewRegistry(group.Config{LoadBalancing: true})
+			h := NewHTTP(Config{Registry: reg, Domain: testDomain, OpenTimeout: 2 * time.Second, Stats: stats,
+				ResponseStallTimeout: time.Minute, StalledBytesPerConn: 512 << 10})
+			c := startConnector(t, wire.AckOK, pipeTo(be.Listener.Addr().String()))
+			tun := NewTunnel(context.Background(), "m", group.ProtoHTTP, c.edge, &c.key)
+			tun.SetBackendProtocol(proto)
+			t.Cleanup(tun.Close)
+			_, err := reg.Join(group.JoinRequest{ID: "m", Proto: group.ProtoHTTP, Label: "pool", Group: "pool", Value: tun})
+			require.NoError(t, err)
+
+			gate := newFlushGate(1, stallGrace+probeWait+300*time.Millisecond)
+			pub := h2cBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				h.ServeHTTP(&gatedWriter{ResponseWriter: w, gate: gate}, r)
+			}))
+			start := time.Now()
+			resp, err := h2cClient(t, pub.Listener.Addr().String()).Get("http://pool." + testDomain + "/events")
+			if err == nil { // the head may come before the reset, or not
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			require.ErrorContains(t, err, "INTERNAL_ERROR")
+			require.GreaterOrEqual(t, time.Since(start), stallGrace+probeWait, "cut before its read-ahead had its time")
+			require.Equal(t, uint64(1), stats.ResponsesCut.ConnBudget.Load())
+			select {
+			case <-backendDone:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the backend's request did not end")
+			}
+			require.Zero(t, h.StalledBytes())
+		})
+	}
+}
