@@ -122,8 +122,8 @@ func TestStalledResponseReadAhead(t *testing.T) {
 		body := &closeTracker{Reader: bytes.NewReader(bytes.Repeat([]byte("x"), 3<<10)), closed: make(chan struct{})}
 		done := make(chan [2]error, 1)
 		go func() { e1, e2 := copyThrough(&sw, body); done <- [2]error{e1, e2} }()
-		time.Sleep(stallGrace + probeWait + 50*time.Millisecond)
-		require.Equal(t, int64(3<<10), h.StalledBytes(), "a finished response is charged its rest: the blocked write")
+		require.Eventually(t, func() bool { return h.StalledBytes() == 3<<10 }, 5*time.Second, time.Millisecond,
+			"a finished response is charged its rest: the blocked write")
 		sw.mu.Lock()
 		require.True(t, sw.wasStall)
 		require.Equal(t, int64(3<<10), sw.length, "the read-ahead found the body's end")
