@@ -73,5 +73,7 @@
 //
 // An in-process backend uses Session.Listen instead, which returns a net.Listener to pass to
 // http.Serve. Tests can run a whole edge with no sockets: Server.Handler serves public HTTP and
-// Server.DialContext attaches connectors (tunnel.WithDialer(srv.DialContext)).
+// Server.DialContext attaches connectors (tunnel.WithDialer(srv.DialContext)). Behind a
+// corporate proxy, Dial goes through the one HTTPS_PROXY or ALL_PROXY names (NO_PROXY
+// respected, as net/http does), or through tunnel.WithProxy's (HTTP CONNECT or SOCKS5).
 package warren
