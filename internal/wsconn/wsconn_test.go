@@ -1,6 +1,7 @@
 package wsconn
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"io"
@@ -146,4 +147,26 @@ func TestMaskBytesMatchesTheDefinition(t *testing.T) {
 			require.Equal(t, want, b)
 		}
 	}
+}
+
+// discardConn is a net.Conn whose writes go nowhere (the pongs of FuzzRead).
+type discardConn struct{ net.Conn }
+
+func (discardConn) Write(p []byte) (int, error) { return len(p), nil }
+
+// FuzzRead: whatever a peer sends, reading it ends in data or an error, never a panic or an
+// allocation the input's lengths ask for.
+func FuzzRead(f *testing.F) {
+	f.Add([]byte{0x82, 0x82, 1, 2, 3, 4, 'h' ^ 1, 'i' ^ 2}, false)
+	f.Add([]byte{0x82, 2, 'h', 'i', 0x89, 1, 'p', 0x88, 0}, true)
+	f.Add([]byte{0x82, 0xff, 0x7f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1, 2, 3, 4}, false)
+	f.Fuzz(func(t *testing.T, in []byte, client bool) {
+		c := &Conn{Conn: discardConn{}, br: bufio.NewReader(bytes.NewReader(in)), client: client}
+		buf := make([]byte, 64)
+		for range len(in) + 2 {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+		}
+	})
 }
