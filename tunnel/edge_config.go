@@ -292,7 +292,9 @@ type Timeouts struct {
 type PreAuthLimits struct {
 	// HelloTimeout bounds how long a new control connection may take, from its accept, to
 	// finish its TLS handshake, open its control stream and send its Hello; the connection is
-	// closed then. Default 5 s.
+	// closed then. Over WebSocket (Public.WebSocketPath) it runs from the upgrade: the TLS
+	// handshake and the request before it are the public listener's (ReadHeaderTimeout).
+	// Default 5 s.
 	HelloTimeout time.Duration
 	// MaxConns and MaxConnsPerIP cap the control connections whose Hello has not been
 	// accepted yet (TLS handshake, control stream, Hello, token check), in all and per
