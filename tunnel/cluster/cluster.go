@@ -82,6 +82,10 @@ type Cluster struct {
 	// (unix nanoseconds): a watch that stopped delivering (its consumer was on a NATS node
 	// that went away) shows as renewals written but not seen (edge_cluster_remote.go).
 	selfSeen atomic.Int64
+	// watchesRestarted is when viewFresh last restarted the watches for missing this edge's
+	// own renewals (unix nanoseconds): until the restarted leases watch delivers a renewal
+	// (selfSeen after it), the view is not fresh.
+	watchesRestarted atomic.Int64
 	// membersRev is the last revision the members watch delivered; membersPrev is the
 	// members stream's last sequence at the previous heartbeat, and membersBorn its creation
 	// time then (both heartbeat's own).
