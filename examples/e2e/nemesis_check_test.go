@@ -28,6 +28,11 @@ const (
 	// quietPeriod is how long the workload runs after the last window closed: every request
 	// then must succeed.
 	quietPeriod = 3 * time.Second
+	// noticeBound is how long after a connector was killed its edge may still dispatch to
+	// it: the edge learns of the death from the closed connection (51 ms seen under load),
+	// another edge from the first. A request dispatched meanwhile was in flight on the
+	// killed member as far as the cluster could know.
+	noticeBound = 250 * time.Millisecond
 	// nemLease is nemLeaseSecs as a duration.
 	nemLease = nemLeaseSecs * time.Second
 )
@@ -80,15 +85,24 @@ type window struct {
 	cause string
 	// routes are the routes it may fail; nil for every route.
 	routes []string
+	// inFlightOnly allows only what was in flight when the fault began.
+	inFlightOnly bool
 	// edge is the edge a fault hit; failures through it are counted apart.
 	edge string
 }
 
 // windows are the spans after each fault where failures are allowed (RELIABILITY.md,
-// "Cluster under a nemesis"): from the fault (less workTimeout, for what was in flight) to
-// lease + settleBound after it healed. A killed connector's window covers only its routes;
-// an edge or NATS fault covers every route (an edge stopped or cut off from NATS loses its
-// members on the other edges after the lease).
+// "Cluster under a nemesis"), from the fault (less workTimeout, for what was in flight) to
+// lease + settleBound after it healed:
+//   - an edge killed or stopped: every route, through every edge (its connectors move, and
+//     a route whose only member was there is unavailable until its connector registered
+//     again; a stopped edge answers nothing and its lease lapses on the others);
+//   - a NATS node stopped: every route (an edge whose connection was to that node is cut
+//     off from NATS: its lease lapses and the others drop its members);
+//   - a NATS node killed: none (replicas = 3: "nothing visible");
+//   - a connector of a pool of two killed: only what was in flight on it, or dispatched to
+//     it within noticeBound after the kill (the pool's other member serves); a connector
+//     that is its routes' only member: its routes.
 func (c *nemCluster) windows(recs []record) []window {
 	routesOf := map[string][]string{
 		"alpha-1":    {"http/" + hostPool, "tcp/" + c.portOf("alpha/db")},
@@ -109,12 +123,51 @@ func (c *nemCluster) windows(recs []record) []window {
 		switch faultKind(r.Kind) {
 		case faultConnectorKill:
 			w.routes = routesOf[r.Edge]
+			w.inFlightOnly = r.Edge == "alpha-1" || r.Edge == "alpha-2"
 		case faultEdgeKill, faultEdgeStop:
 			w.edge = r.Edge
+		case faultNATSKill:
+			continue
 		}
 		ws = append(ws, w)
 	}
 	return ws
+}
+
+// explain returns the cause of failed record r: the window of the latest fault that began
+// before r ended and allows r; "" if none does.
+func explain(ws []window, r record) string {
+	var best *window
+	for i, w := range ws {
+		if r.End.Before(w.from) || r.Start.After(w.to) {
+			continue
+		}
+		if w.routes != nil && !slices.Contains(w.routes, r.Route) {
+			continue
+		}
+		inFlight := !r.Start.After(w.at.Add(noticeBound)) && !r.End.Before(w.at)
+		if w.inFlightOnly && !inFlight {
+			continue
+		}
+		if best == nil || (!w.at.After(r.End) && w.at.After(best.at)) {
+			best = &ws[i]
+		}
+	}
+	if best == nil {
+		return ""
+	}
+	cause := best.cause
+	if !r.Start.After(best.at.Add(noticeBound)) && !r.End.Before(best.at) {
+		cause += ", in flight"
+	}
+	if best.edge != "" {
+		if best.edge == r.Edge {
+			cause += " (through it)"
+		} else {
+			cause += " (through another edge)"
+		}
+	}
+	return cause
 }
 
 func (c *nemCluster) portOf(pool string) string {
@@ -192,27 +245,7 @@ func (c *nemCluster) checkHistory(recs []record) (vs []violation, causes map[str
 		if c.expected(r.Route) == nil {
 			continue // a port no pool holds: refusing is its job
 		}
-		cause := ""
-		for _, w := range ws {
-			if r.End.Before(w.from) || r.Start.After(w.to) {
-				continue
-			}
-			if w.routes != nil && !slices.Contains(w.routes, r.Route) {
-				continue
-			}
-			cause = w.cause
-			if !r.Start.After(w.at) && !r.End.Before(w.at) {
-				cause += ", in flight"
-			}
-			if w.edge != "" {
-				if w.edge == r.Edge {
-					cause += " (through it)"
-				} else {
-					cause += " (through another edge)"
-				}
-			}
-			break
-		}
+		cause := explain(ws, r)
 		if cause == "" {
 			unexplained = append(unexplained, r)
 			continue

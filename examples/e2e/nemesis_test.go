@@ -313,3 +313,57 @@ func runNemesis(t *testing.T, seed uint64, d time.Duration) {
 		t.Error(b.String())
 	}
 }
+
+// The checker catches what it is there for, on a made-up history: an answer from another
+// tenant's member, a port leading to two pools at once, an admitted attack, and failures
+// outside every fault's window; failures inside one are counted under its cause.
+func TestNemesisCheckerCatchesViolations(t *testing.T) {
+	c := &nemCluster{tcpLo: 1000, tcpHi: 1002, portPool: map[int]string{1000: "alpha/db", 1001: "beta/bdb", 1002: ""}}
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ok := func(route, edge, id string, from, to int) record {
+		typ := recHTTP
+		if strings.HasPrefix(route, "tcp/") {
+			typ = recTCP
+		}
+		r := record{Type: typ, Route: route, Edge: edge, Start: at(from), End: at(to), Answer: id}
+		if typ == recHTTP {
+			r.Status = 200
+		}
+		return r
+	}
+	failed := func(route, edge string, from, to int) record {
+		r := ok(route, edge, "", from, to)
+		r.Status, r.Err = 0, "connection refused"
+		return r
+	}
+	recs := []record{
+		ok("http/"+hostPool, "edge-1", idAlphaWeb1, 0, 10),
+		ok("http/"+hostPool, "edge-2", idBetaWeb, 20, 30), // (a)
+		ok("tcp/1000", "edge-1", idAlphaDB2, 100, 200),
+		ok("tcp/1000", "edge-3", idBetaDB, 150, 160), // (a) and (b)
+		ok("tcp/1002", "edge-1", "", 0, 1),           // refused on the free port: fine
+		{Type: recAttack, Route: "http/" + hostSolo, Edge: "edge-2", Start: at(0), End: at(50), Answer: "registered: tunnel solo: ..."},
+		{Type: recAttack, Route: "http/" + hostPool, Edge: "edge-2", Start: at(0), End: at(50), Answer: "refused: ..."},
+		{Type: recFault, Kind: string(faultEdgeKill), Edge: "edge-2", Start: at(60_000), End: at(61_000), Ready: at(61_500)},
+		failed("http/"+hostSolo, "edge-2", 60_100, 60_101),                                         // in the window
+		failed("http/"+hostSolo, "edge-1", 61_600+int((nemLease+settleBound)/time.Millisecond), 0), // just past it
+		{Type: recFault, Kind: string(faultConnectorKill), Edge: "alpha-1", Start: at(90_000), End: at(91_000), Ready: at(91_100)},
+		failed("http/"+hostPool, "edge-1", 89_900, 90_050), // in flight on the killed member
+		failed("http/"+hostPool, "edge-1", 92_000, 92_001), // the pool's other member should have answered
+		failed("tcp/1001", "edge-1", 92_000, 92_001),       // not alpha-1's route
+	}
+	recs[9].End = recs[9].Start
+	vs, causes := c.checkHistory(recs)
+	got := map[string]int{}
+	for _, v := range vs {
+		got[v.rule+": "+v.what] = len(v.recs)
+	}
+	require.Equal(t, map[string]int{
+		"a: answered by a member of another tenant, pool or key":                                       2,
+		"a: another tenant's connector registered a route of tenant alpha":                             1,
+		"b: port 1000 led to two pools at one moment":                                                  2,
+		"d: failed outside every fault's window (fault - workTimeout .. healed + lease + settleBound)": 3,
+	}, got)
+	require.Equal(t, map[string]int{"edge-kill edge-2, in flight (through it)": 1, "connector-kill alpha-1, in flight": 1}, causes)
+}
