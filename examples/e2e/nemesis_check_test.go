@@ -100,6 +100,8 @@ type window struct {
 //   - a NATS node stopped: every route (an edge whose connection was to that node is cut
 //     off from NATS: its lease lapses and the others drop its members);
 //   - a NATS node killed: none (replicas = 3: "nothing visible");
+//   - every NATS node killed at once: none (every edge is cut off from NATS and keeps
+//     serving what it knows; none takes another for lapsed, its own view being stale);
 //   - a connector of a pool of two killed: only what was in flight on it, or dispatched to
 //     it within noticeBound after the kill (the pool's other member serves); a connector
 //     that is its routes' only member: its routes.
@@ -126,7 +128,7 @@ func (c *nemCluster) windows(recs []record) []window {
 			w.inFlightOnly = r.Edge == "alpha-1" || r.Edge == "alpha-2"
 		case faultEdgeKill, faultEdgeStop:
 			w.edge = r.Edge
-		case faultNATSKill:
+		case faultNATSKill, faultNATSKillAll:
 			continue
 		}
 		ws = append(ws, w)

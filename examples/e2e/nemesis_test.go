@@ -51,18 +51,27 @@ var (
 // after the last fault, a seed takes about a minute.
 const nemesisDuration = 40 * time.Second
 
-// nemesisDefaultSeeds run with every go test (CI).
-var nemesisDefaultSeeds = []uint64{1, 2, 3}
+// nemesisDefaultSeeds run with every go test (CI), drawn with the current schedule version.
+var nemesisDefaultSeeds = []uint64{2, 3, 4}
 
-// nemesisSeed is a seed that found a bug: what it found, and where it is fixed or reported.
+// nemesisSeed is one run: a seed, the schedule version it is drawn with, its duration, and
+// for a seed that found a bug, what it found.
 type nemesisSeed struct {
 	seed     uint64
+	version  int
 	duration time.Duration
 	found    string
 }
 
-// nemesisRegressions are the seeds that found a bug since fixed: they run by default.
-var nemesisRegressions = []nemesisSeed{}
+// nemesisRegressions are the seeds that found a bug since fixed: they run by default, with
+// the schedule version and duration they found it with (TestNemesisScheduleIsSeeded pins
+// their schedules).
+var nemesisRegressions = []nemesisSeed{
+	{seed: 1, version: 1, duration: 40 * time.Second, found: "nats-kill nats-2 (one NATS node of three): every edge whose leases " +
+		"watch had stalled restarted it and took the other edges for lapsed a tenth of a lease later, dropping their members for " +
+		"~2 s (hosts answered 404); fixed in tunnel/cluster (a restarted watch is no evidence; " +
+		"cluster.TestRestartedLeasesWatchIsNoEvidence). Found it in 2 runs of 3 without the fix"},
+}
 
 // nemesisKnownBugs are the seeds that find a bug not fixed yet (RELIABILITY.md, "Cluster
 // under a nemesis"): not run by default, so that CI stays green, but listed so that nobody
@@ -93,11 +102,20 @@ func nemesisRuns(t *testing.T) []nemesisSeed {
 	}
 	switch {
 	case seed != 0:
-		return []nemesisSeed{{seed: seed, duration: d}}
+		// A regression or known bug replays with its own version (and duration, unless given).
+		for _, s := range slices.Concat(nemesisRegressions, nemesisKnownBugs) {
+			if s.seed == seed {
+				if *flagNemesisDuration != 0 || os.Getenv("WARREN_NEMESIS_DURATION") != "" {
+					s.duration = d
+				}
+				return []nemesisSeed{s}
+			}
+		}
+		return []nemesisSeed{{seed: seed, version: scheduleVersion, duration: d}}
 	case seeds > 0:
 		var runs []nemesisSeed
 		for range seeds {
-			runs = append(runs, nemesisSeed{seed: rand.Uint64() % 1_000_000, duration: d})
+			runs = append(runs, nemesisSeed{seed: rand.Uint64() % 1_000_000, version: scheduleVersion, duration: d})
 		}
 		return runs
 	}
@@ -107,15 +125,9 @@ func nemesisRuns(t *testing.T) []nemesisSeed {
 			t.Logf("seed %d left out: it finds a known bug: %s", s, nemesisKnownBugs[i].found)
 			continue
 		}
-		runs = append(runs, nemesisSeed{seed: s, duration: d})
+		runs = append(runs, nemesisSeed{seed: s, version: scheduleVersion, duration: d})
 	}
-	for _, s := range nemesisRegressions {
-		if s.duration == 0 {
-			s.duration = d
-		}
-		runs = append(runs, s)
-	}
-	return runs
+	return append(runs, nemesisRegressions...)
 }
 
 func TestNemesis(t *testing.T) {
@@ -127,37 +139,50 @@ func TestNemesis(t *testing.T) {
 			if s.found != "" {
 				t.Logf("regression: %s", s.found)
 			}
-			runNemesis(t, s.seed, s.duration)
+			runNemesis(t, newSchedule(s.seed, s.version, s.duration))
 		})
 	}
 }
 
 // The seed alone replays a schedule: drawn twice it is the same; another seed draws
-// another; over a few seeds every kind of fault and every target comes up.
+// another; over a few seeds every kind of fault and every target comes up. A regression
+// seed's schedule is pinned: a change of the generator that would change it fails here.
 func TestNemesisScheduleIsSeeded(t *testing.T) {
-	a, b := newSchedule(7, nemesisDuration), newSchedule(7, nemesisDuration)
+	a, b := newSchedule(7, scheduleVersion, nemesisDuration), newSchedule(7, scheduleVersion, nemesisDuration)
 	require.Equal(t, a, b)
 	require.Equal(t, a.String(), b.String())
 	t.Logf("%v", a)
-	require.NotEqual(t, a.Faults, newSchedule(8, nemesisDuration).Faults)
+	require.NotEqual(t, a.Faults, newSchedule(8, scheduleVersion, nemesisDuration).Faults)
 	require.GreaterOrEqual(t, len(a.Faults), 4, "%v", a)
 	seen := map[string]bool{}
-	for seed := range uint64(20) {
-		for _, f := range newSchedule(seed, nemesisDuration).Faults {
+	for seed := range uint64(40) {
+		for _, f := range newSchedule(seed, scheduleVersion, nemesisDuration).Faults {
 			seen[string(f.Kind)+" "+f.target()] = true
 		}
 	}
 	for _, k := range faultKinds {
 		for i := range k.targets() {
 			f := fault{Kind: k, Target: i}
-			require.True(t, seen[string(k)+" "+f.target()], "%s %s in no schedule of seeds 0-19", k, f.target())
+			require.True(t, seen[string(k)+" "+f.target()], "%s %s in no schedule of seeds 0-39", k, f.target())
 		}
+	}
+
+	ms := time.Millisecond
+	require.Equal(t, schedule{Seed: 1, Version: 1, Duration: 40 * time.Second, Faults: []fault{
+		{Pause: 3201 * ms, Kind: faultNATSKill, Target: 1, Hold: 3219 * ms},
+		{Pause: 4824 * ms, Kind: faultConnectorKill, Target: 0, Hold: 2443 * ms},
+		{Pause: 4593 * ms, Kind: faultEdgeKill, Target: 0, Hold: 1245 * ms},
+		{Pause: 3239 * ms, Kind: faultEdgeStop, Target: 0, Hold: 2235 * ms},
+		{Pause: 1148 * ms, Kind: faultConnectorKill, Target: 0, Hold: 4816 * ms},
+	}}, newSchedule(1, 1, 40*time.Second), "the regression seed 1 no longer draws the schedule that found its bug")
+	for _, s := range nemesisRegressions {
+		require.NotEmpty(t, newSchedule(s.seed, s.version, s.duration).Faults)
 	}
 }
 
 // runNemesis runs one schedule against a cluster of its own and checks the history.
-func runNemesis(t *testing.T, seed uint64, d time.Duration) {
-	sched := newSchedule(seed, d)
+func runNemesis(t *testing.T, sched schedule) {
+	seed := sched.Seed
 	t.Logf("%v", sched)
 	dir, err := os.MkdirTemp("", fmt.Sprintf("warren-nemesis-%d-", seed))
 	require.NoError(t, err)
