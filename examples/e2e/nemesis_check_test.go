@@ -52,6 +52,8 @@ func (c *nemCluster) expected(route string) []string {
 		return []string{idAlphaWeb1, idAlphaWeb2}
 	case "http/" + hostSolo:
 		return []string{idAlphaSolo}
+	case "http/" + hostResv:
+		return []string{idAlphaResv}
 	case "http/" + hostBetaPool:
 		return []string{idBetaWeb}
 	}
@@ -109,7 +111,7 @@ func (c *nemCluster) windows(recs []record) []window {
 	routesOf := map[string][]string{
 		"alpha-1":    {"http/" + hostPool, "tcp/" + c.portOf("alpha/db")},
 		"alpha-2":    {"http/" + hostPool, "tcp/" + c.portOf("alpha/db")},
-		"alpha-solo": {"http/" + hostSolo},
+		"alpha-solo": {"http/" + hostSolo, "http/" + hostResv},
 		"beta-1":     {"http/" + hostBetaPool, "tcp/" + c.portOf("beta/bdb")},
 	}
 	var ws []window
@@ -286,7 +288,7 @@ type apiGroupFull struct {
 }
 
 // wantMembers is how many healthy members each group has once every connector is back.
-var wantMembers = map[string]int{"http/pool": 2, "tcp/db": 2, "http/bpool": 1, "tcp/bdb": 1}
+var wantMembers = map[string]int{"http/pool": 2, "tcp/db": 2, "http/resv": 1, "http/bpool": 1, "tcp/bdb": 1}
 
 // agreement reports why the edges' /api/groups do not agree or miss members; "" if they
 // agree and every group has its members, all healthy.
@@ -342,7 +344,10 @@ func (c *nemCluster) reachability(ctx context.Context) string {
 			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
 		}}
 		client := &http.Client{Timeout: 2 * time.Second, Transport: tr}
-		routes := []string{"http/" + hostPool, "http/" + hostSolo, "http/" + hostBetaPool}
+		var routes []string
+		for _, h := range nemHTTPHosts {
+			routes = append(routes, "http/"+h)
+		}
 		for p := c.tcpLo; p <= c.tcpHi; p++ {
 			routes = append(routes, fmt.Sprintf("tcp/%d", p))
 		}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -43,15 +45,19 @@ const (
 	idAlphaDB1   = "alpha/db/1/kd"
 	idAlphaDB2   = "alpha/db/2/kd"
 	idAlphaSolo  = "alpha/solo/1/-"
+	idAlphaResv  = "alpha/resv/1/kr"
 	idBetaWeb    = "beta/bweb/1/kb"
 	idBetaDB     = "beta/bdb/1/kc"
 	keyAlphaWeb  = "nemesis-alpha-web-key"
 	keyAlphaDB   = "nemesis-alpha-db-key"
 	keyBetaWeb   = "nemesis-beta-web-key"
 	keyBetaDB    = "nemesis-beta-db-key"
+	keyAlphaResv = "nemesis-alpha-reserved-key"
 	hostPool     = "pool.localhost"
 	hostSolo     = "solo.localhost"
 	hostBetaPool = "bpool.localhost"
+	// hostResv is a reserved endpoint ([[endpoints]]) of tenant alpha, pool resv.
+	hostResv = "resv.localhost"
 )
 
 // nemHosts are the edges' addresses: a TCP pool has the same public port on every edge, so
@@ -249,8 +255,15 @@ token = %q
 lease_secs = %d
 timeout_secs = %d
 replicas = 3
+
+[[endpoints]]
+subdomain = "resv"
+tenant = "alpha"
+group = "resv"
+key_sha256 = "%x"
 `, host, e.http, e.control, e.admin, adminToken, alphaToken, betaToken, c.tcpLo, c.tcpHi,
-			strings.Join(urls, ", "), e.id, host, peer, peer, edgesToken, nemLeaseSecs, nemNATSTimeoutSecs), 0o600))
+			strings.Join(urls, ", "), e.id, host, peer, peer, edgesToken, nemLeaseSecs, nemNATSTimeoutSecs,
+			sha256.Sum256([]byte(keyAlphaResv))), 0o600))
 		c.edges = append(c.edges, e)
 	}
 	for _, e := range c.edges {
@@ -259,7 +272,7 @@ replicas = 3
 
 	// Backends, then connectors: each lists the edges starting with its own first choice,
 	// so that the pools span edges.
-	for _, id := range []string{idAlphaWeb1, idAlphaWeb2, idAlphaSolo, idBetaWeb} {
+	for _, id := range []string{idAlphaWeb1, idAlphaWeb2, idAlphaSolo, idAlphaResv, idBetaWeb} {
 		c.backends[id] = identityHTTPBackend(t, id)
 	}
 	for _, id := range []string{idAlphaDB1, idAlphaDB2, idBetaDB} {
@@ -274,7 +287,9 @@ replicas = 3
 	c.addConnector("alpha-1", 0, alphaToken, web("web", idAlphaWeb1)+db("db", idAlphaDB1), "tunnel web: ", "tunnel db: ")
 	c.addConnector("alpha-2", 1, alphaToken, web("web", idAlphaWeb2)+db("db", idAlphaDB2), "tunnel web: ", "tunnel db: ")
 	c.addConnector("alpha-solo", 2, alphaToken,
-		fmt.Sprintf("  solo:\n    proto: http\n    local_port: %d\n    subdomain: solo\n", c.backends[idAlphaSolo]), "tunnel solo: ")
+		fmt.Sprintf("  solo:\n    proto: http\n    local_port: %d\n    subdomain: solo\n", c.backends[idAlphaSolo])+
+			fmt.Sprintf("  resv:\n    proto: http\n    local_port: %d\n    subdomain: resv\n    group: resv\n    group_key: %q\n", c.backends[idAlphaResv], keyAlphaResv),
+		"tunnel solo: ", "tunnel resv: ")
 	c.addConnector("beta-1", 2, betaToken,
 		fmt.Sprintf("  bweb:\n    proto: http\n    local_port: %d\n    subdomain: bpool\n    group: bweb\n    group_key: %q\n", c.backends[idBetaWeb], keyBetaWeb)+
 			fmt.Sprintf("  bdb:\n    proto: tcp\n    local_port: %d\n    group: bdb\n    group_key: %q\n", c.backends[idBetaDB], keyBetaDB),
@@ -426,8 +441,79 @@ func tcpExchange(ctx context.Context, addr string, timeout time.Duration) (strin
 	return id, nil
 }
 
-// fdCount is the number of open files of process pid.
-func fdCount(pid int) (int, error) {
+// fdCount is the number of open files of process pid, but for its pipes and its TCP
+// connections on local port skip. Go's net package keeps pipes for splice(2) (io.Copy
+// between sockets) in a pool the collector empties, so their number follows the heap, not
+// a leak; an edge's connections on its control port are its connectors' sessions and their
+// pools of data connections (4 per session with a TCP tunnel), which come and go with the
+// connectors as they move between edges.
+func fdCount(pid, skip int) (int, error) {
 	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	return len(ents), err
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range ents {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())); err == nil && !strings.HasPrefix(l, "pipe:") {
+			n++
+		}
+	}
+	for _, s := range fdSockets(pid) {
+		if strings.HasPrefix(s, "127.") && strings.Contains(s, fmt.Sprintf(":%d -> ", skip)) {
+			n--
+		}
+	}
+	return n, nil
+}
+
+// fdSockets describes process pid's open TCP sockets ("local -> remote STATE", from
+// /proc/net/tcp), and counts its other open files by kind, for a report of open files.
+func fdSockets(pid int) []string {
+	inodes := map[string]bool{}
+	other := map[string]int{}
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, e := range ents {
+		l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name()))
+		if err != nil {
+			continue
+		}
+		if ino, ok := strings.CutPrefix(l, "socket:["); ok {
+			inodes[strings.TrimSuffix(ino, "]")] = true
+			continue
+		}
+		kind := l
+		if i := strings.IndexAny(l, ":["); i > 0 {
+			kind = l[:i]
+		}
+		other[kind]++
+	}
+	states := map[string]string{"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN", "04": "FIN_WAIT1", "05": "FIN_WAIT2", "09": "LAST_ACK", "07": "CLOSE"}
+	addr := func(hex string) string {
+		h, p, _ := strings.Cut(hex, ":")
+		b, _ := strconv.ParseUint(h, 16, 32)
+		port, _ := strconv.ParseUint(p, 16, 16)
+		return fmt.Sprintf("%d.%d.%d.%d:%d", b&0xff, b>>8&0xff, b>>16&0xff, b>>24, port)
+	}
+	var out []string
+	data, _ := os.ReadFile(fmt.Sprintf("/proc/%d/net/tcp", pid))
+	for i, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if i == 0 || len(f) < 10 || !inodes[f[9]] {
+			continue
+		}
+		delete(inodes, f[9])
+		st := states[f[3]]
+		if st == "" {
+			st = f[3]
+		}
+		out = append(out, fmt.Sprintf("%s -> %s %s", addr(f[1]), addr(f[2]), st))
+	}
+	sort.Strings(out)
+	if len(inodes) > 0 {
+		out = append(out, fmt.Sprintf("%d other sockets", len(inodes)))
+	}
+	for k, n := range other {
+		out = append(out, fmt.Sprintf("%d × %s", n, k))
+	}
+	return out
 }

@@ -97,12 +97,15 @@ func (h *history) close() error {
 }
 
 const (
-	// workInterval is each client's pause between two requests or connections: 18 clients
-	// (3 HTTP hosts and 3 TCP ports through each of 3 edges) make about 60 a second.
+	// workInterval is each client's pause between two requests or connections: 21 clients
+	// (4 HTTP hosts and 3 TCP ports through each of 3 edges) make about 70 a second.
 	workInterval = 300 * time.Millisecond
 	// workTimeout bounds one request or connection (a stopped edge answers nothing).
 	workTimeout = 3 * time.Second
 )
+
+// nemHTTPHosts are the HTTP routes the workload asks for.
+var nemHTTPHosts = []string{hostPool, hostSolo, hostResv, hostBetaPool}
 
 // workload runs one client per edge and route until stopped.
 type workload struct {
@@ -117,7 +120,7 @@ func startWorkload(c *nemCluster, h *history, seed uint64) *workload {
 	w := &workload{cancel: cancel}
 	n := 0
 	for _, e := range c.edges {
-		for _, host := range []string{hostPool, hostSolo, hostBetaPool} {
+		for _, host := range nemHTTPHosts {
 			addr := e.httpAddr()
 			tr := &http.Transport{MaxIdleConnsPerHost: 1, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				return (&net.Dialer{Timeout: workTimeout}).DialContext(ctx, "tcp", addr)

@@ -259,11 +259,13 @@ type attack struct {
 }
 
 // attacks are the tries: alpha's pool with alpha's key and pool name, alpha's solo
-// subdomain, alpha's TCP pool with its key. Each must be refused as another tenant's.
+// subdomain, alpha's TCP pool with its key, alpha's reserved endpoint with its key. Each must
+// be refused as another tenant's.
 func attacks(httpBackend, tcpBackend int) []attack {
 	return []attack{
 		{"http/" + hostPool, fmt.Sprintf("  web:\n    proto: http\n    local_port: %d\n    subdomain: pool\n    group: web\n    group_key: %q\n", httpBackend, keyAlphaWeb)},
 		{"http/" + hostSolo, fmt.Sprintf("  solo:\n    proto: http\n    local_port: %d\n    subdomain: solo\n", httpBackend)},
+		{"http/" + hostResv, fmt.Sprintf("  resv:\n    proto: http\n    local_port: %d\n    subdomain: resv\n    group: resv\n    group_key: %q\n", httpBackend, keyAlphaResv)},
 		{"tcp/db", fmt.Sprintf("  db:\n    proto: tcp\n    local_port: %d\n    group: db\n    group_key: %q\n", tcpBackend, keyAlphaDB)},
 	}
 }
