@@ -195,6 +195,15 @@ func (c *Cluster) Join(edge tunnel.ClusterEdge) (store.Store, error) {
 			nats.MaxReconnects(-1),
 			nats.ReconnectWait(250 * time.Millisecond),
 			nats.Timeout(c.cfg.Timeout),
+			// A NATS server that hangs (a frozen host, a process stopped) keeps its TCP
+			// connection: the client would leave it only after two unanswered pings, by
+			// default two minutes apart, while this edge's lease lapsed on the others and it
+			// refused every registration, the cluster's other nodes serving all along. With a
+			// ping every sixth of a lease (at least 250 ms apart, so that a short lease on a
+			// busy machine does not make it leave live servers), it moves to another node
+			// within half a lease.
+			nats.PingInterval(max(c.cfg.LeaseTTL/6, 250*time.Millisecond)),
+			nats.MaxPingsOutstanding(2),
 		}, c.cfg.NATSOptions...)
 		nc, err := nats.Connect(strings.Join(c.cfg.NATSURLs, ","), opts...)
 		if err != nil {
