@@ -33,8 +33,6 @@ const (
 	// another edge from the first. A request dispatched meanwhile was in flight on the
 	// killed member as far as the cluster could know.
 	noticeBound = 250 * time.Millisecond
-	// nemLease is nemLeaseSecs as a duration.
-	nemLease = nemLeaseSecs * time.Second
 )
 
 // violation is one broken rule with the history lines that break it.
@@ -99,9 +97,8 @@ type window struct {
 //   - an edge killed or stopped: every route, through every edge (its connectors move, and
 //     a route whose only member was there is unavailable until its connector registered
 //     again; a stopped edge answers nothing and its lease lapses on the others);
-//   - a NATS node stopped: every route (an edge whose connection was to that node is cut
-//     off from NATS: its lease lapses and the others drop its members);
-//   - a NATS node killed: none (replicas = 3: "nothing visible");
+//   - a NATS node killed or stopped: none (replicas = 3: "nothing visible"; an edge whose
+//     node hangs moves to another within half a lease);
 //   - every NATS node killed at once: none (every edge is cut off from NATS and keeps
 //     serving what it knows; none takes another for lapsed, its own view being stale);
 //   - a connector of a pool of two killed: only what was in flight on it, or dispatched to
@@ -123,14 +120,14 @@ func (c *nemCluster) windows(recs []record) []window {
 		if end.IsZero() {
 			end = r.End
 		}
-		w := window{at: r.Start, from: r.Start.Add(-workTimeout), to: end.Add(nemLease + settleBound), cause: r.Kind + " " + r.Edge}
+		w := window{at: r.Start, from: r.Start.Add(-workTimeout), to: end.Add(c.lease + settleBound), cause: r.Kind + " " + r.Edge}
 		switch faultKind(r.Kind) {
 		case faultConnectorKill:
 			w.routes = routesOf[r.Edge]
 			w.inFlightOnly = r.Edge == "alpha-1" || r.Edge == "alpha-2"
 		case faultEdgeKill, faultEdgeStop:
 			w.edge = r.Edge
-		case faultNATSKill, faultNATSKillAll:
+		case faultNATSKill, faultNATSKillAll, faultNATSStop:
 			continue
 		}
 		ws = append(ws, w)

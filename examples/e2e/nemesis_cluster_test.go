@@ -27,9 +27,11 @@ import (
 // same ports, files and store. Its topology is fixed; a schedule names its parts by index.
 
 const (
-	// nemLeaseSecs is the edges' lease_secs: an edge whose renewal is not seen for this long
-	// is gone, and its members leave the other edges' pools.
-	nemLeaseSecs = 2
+	// nemLeaseSecs is the edges' lease_secs unless a run says otherwise (a regression seed
+	// runs with the lease it found its bug with): an edge whose renewal is not seen for this
+	// long is gone, and its members leave the other edges' pools. An edge whose NATS node
+	// hangs keeps its lease when lease_secs exceeds 4 s and timeout_secs + 2 s (CHANGELOG).
+	nemLeaseSecs = 5
 	// nemNATSTimeoutSecs is the edges' timeout_secs, the bound of each request to NATS.
 	nemNATSTimeoutSecs = 2
 
@@ -153,6 +155,7 @@ type nemConnector struct {
 type nemCluster struct {
 	t          *testing.T
 	dir        string
+	lease      time.Duration // the edges' lease_secs
 	logs       *nemLogs
 	nats       []*nemNATS
 	edges      []*nemEdge
@@ -167,9 +170,9 @@ type nemCluster struct {
 
 // startNemesisCluster starts the whole cluster in dir and waits until each connector
 // printed its tunnels.
-func startNemesisCluster(t *testing.T, dir string) *nemCluster {
+func startNemesisCluster(t *testing.T, dir string, lease time.Duration) *nemCluster {
 	t.Helper()
-	c := &nemCluster{t: t, dir: dir, logs: &nemLogs{dir: dir, n: map[string]int{}}, backends: map[string]int{}}
+	c := &nemCluster{t: t, dir: dir, lease: lease, logs: &nemLogs{dir: dir, n: map[string]int{}}, backends: map[string]int{}}
 	natsServerBinary(t)
 
 	// NATS: three nodes, each with its client and cluster (route) port.
@@ -252,7 +255,7 @@ edge_id = %q
 advertise = "%s:%d"
 peer_port = %d
 token = %q
-lease_secs = %d
+lease_secs = %g
 timeout_secs = %d
 replicas = 3
 
@@ -262,7 +265,7 @@ tenant = "alpha"
 group = "resv"
 key_sha256 = "%x"
 `, host, e.http, e.control, e.admin, adminToken, alphaToken, betaToken, c.tcpLo, c.tcpHi,
-			strings.Join(urls, ", "), e.id, host, peer, peer, edgesToken, nemLeaseSecs, nemNATSTimeoutSecs,
+			strings.Join(urls, ", "), e.id, host, peer, peer, edgesToken, lease.Seconds(), nemNATSTimeoutSecs,
 			sha256.Sum256([]byte(keyAlphaResv))), 0o600))
 		c.edges = append(c.edges, e)
 	}

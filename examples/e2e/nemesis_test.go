@@ -61,14 +61,16 @@ type nemesisSeed struct {
 	seed     uint64
 	version  int
 	duration time.Duration
-	found    string
+	// lease is the edges' lease_secs; 0 for nemLeaseSecs.
+	lease time.Duration
+	found string
 }
 
 // nemesisRegressions are the seeds that found a bug since fixed: they run by default, with
 // the schedule version and duration they found it with (TestNemesisScheduleIsSeeded pins
 // their schedules).
 var nemesisRegressions = []nemesisSeed{
-	{seed: 1, version: 1, duration: 40 * time.Second, found: "nats-kill nats-2 (one NATS node of three): every edge whose leases " +
+	{seed: 1, version: 1, duration: 40 * time.Second, lease: 2 * time.Second, found: "nats-kill nats-2 (one NATS node of three): every edge whose leases " +
 		"watch had stalled restarted it and took the other edges for lapsed a tenth of a lease later, dropping their members for " +
 		"~2 s (hosts answered 404); fixed in tunnel/cluster (a restarted watch is no evidence; " +
 		"cluster.TestRestartedLeasesWatchIsNoEvidence). Found it in 2 runs of 3 without the fix"},
@@ -140,7 +142,11 @@ func TestNemesis(t *testing.T) {
 			if s.found != "" {
 				t.Logf("regression: %s", s.found)
 			}
-			runNemesis(t, newSchedule(s.seed, s.version, s.duration))
+			lease := s.lease
+			if lease == 0 {
+				lease = nemLeaseSecs * time.Second
+			}
+			runNemesis(t, newSchedule(s.seed, s.version, s.duration), lease)
 		})
 	}
 }
@@ -182,7 +188,7 @@ func TestNemesisScheduleIsSeeded(t *testing.T) {
 }
 
 // runNemesis runs one schedule against a cluster of its own and checks the history.
-func runNemesis(t *testing.T, sched schedule) {
+func runNemesis(t *testing.T, sched schedule, lease time.Duration) {
 	seed := sched.Seed
 	t.Logf("%v", sched)
 	dir, err := os.MkdirTemp("", fmt.Sprintf("warren-nemesis-%d-", seed))
@@ -201,7 +207,7 @@ func runNemesis(t *testing.T, sched schedule) {
 	}
 
 	setup := time.Now()
-	c := startNemesisCluster(t, dir)
+	c := startNemesisCluster(t, dir, lease)
 	if _, err := c.converge(time.Now().Add(30 * time.Second)); err != nil {
 		fail("the cluster did not come up: %v", err)
 	}
@@ -212,7 +218,7 @@ func runNemesis(t *testing.T, sched schedule) {
 		baseline[e.id] = n
 		baseFiles[e.id] = fdSockets(e.p.cmd.Process.Pid)
 	}
-	t.Logf("cluster up in %v; TCP ports %v; edges' open files %v", time.Since(setup).Round(time.Millisecond), c.portPool, baseline)
+	t.Logf("cluster up in %v (lease %v); TCP ports %v; edges' open files %v", time.Since(setup).Round(time.Millisecond), c.lease, c.portPool, baseline)
 
 	h, err := newHistory(filepath.Join(dir, "history.jsonl"))
 	require.NoError(t, err)
@@ -245,7 +251,7 @@ func runNemesis(t *testing.T, sched schedule) {
 	faultsTook := time.Since(start)
 
 	// (c) the healed cluster converges within lease + settleBound.
-	deadline := lastReady.Add(nemLease + settleBound)
+	deadline := lastReady.Add(c.lease + settleBound)
 	converged, convErr := c.converge(deadline)
 	// The workload goes on until the last window closed and then quietPeriod more.
 	if rest := time.Until(deadline.Add(quietPeriod)); rest > 0 {
@@ -294,7 +300,7 @@ func runNemesis(t *testing.T, sched schedule) {
 	recs := h.records()
 	vs, causes := c.checkHistory(recs)
 	if convErr != nil {
-		vs = append(vs, violation{rule: "c", what: fmt.Sprintf("%v after the last fault healed: %v", nemLease+settleBound, convErr)})
+		vs = append(vs, violation{rule: "c", what: fmt.Sprintf("%v after the last fault healed: %v", c.lease+settleBound, convErr)})
 	}
 	for _, e := range fdErrs {
 		vs = append(vs, violation{rule: "e", what: e})
@@ -353,7 +359,7 @@ func runNemesis(t *testing.T, sched schedule) {
 // tenant's member, a port leading to two pools at once, an admitted attack, and failures
 // outside every fault's window; failures inside one are counted under its cause.
 func TestNemesisCheckerCatchesViolations(t *testing.T) {
-	c := &nemCluster{tcpLo: 1000, tcpHi: 1002, portPool: map[int]string{1000: "alpha/db", 1001: "beta/bdb", 1002: ""}}
+	c := &nemCluster{lease: 2 * time.Second, tcpLo: 1000, tcpHi: 1002, portPool: map[int]string{1000: "alpha/db", 1001: "beta/bdb", 1002: ""}}
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	ok := func(route, edge, id string, from, to int) record {
@@ -381,8 +387,8 @@ func TestNemesisCheckerCatchesViolations(t *testing.T) {
 		{Type: recAttack, Route: "http/" + hostSolo, Edge: "edge-2", Start: at(0), End: at(50), Answer: "registered: tunnel solo: ..."},
 		{Type: recAttack, Route: "http/" + hostPool, Edge: "edge-2", Start: at(0), End: at(50), Answer: "refused: ..."},
 		{Type: recFault, Kind: string(faultEdgeKill), Edge: "edge-2", Start: at(60_000), End: at(61_000), Ready: at(61_500)},
-		failed("http/"+hostSolo, "edge-2", 60_100, 60_101),                                         // in the window
-		failed("http/"+hostSolo, "edge-1", 61_600+int((nemLease+settleBound)/time.Millisecond), 0), // just past it
+		failed("http/"+hostSolo, "edge-2", 60_100, 60_101),                                        // in the window
+		failed("http/"+hostSolo, "edge-1", 61_600+int((c.lease+settleBound)/time.Millisecond), 0), // just past it
 		{Type: recFault, Kind: string(faultConnectorKill), Edge: "alpha-1", Start: at(90_000), End: at(91_000), Ready: at(91_100)},
 		failed("http/"+hostPool, "edge-1", 89_900, 90_050), // in flight on the killed member
 		failed("http/"+hostPool, "edge-1", 92_000, 92_001), // the pool's other member should have answered
