@@ -45,6 +45,9 @@ type record struct {
 	// Kind is a fault's kind; Ready is when what it killed was serving again.
 	Kind  string    `json:"kind,omitempty"`
 	Ready time.Time `json:"ready,omitzero"`
+	// Starts is how many starts a killed edge took to serve again (an edge that cannot reach
+	// NATS exits at start, and its supervisor starts it again).
+	Starts int `json:"starts,omitempty"`
 }
 
 func (r record) failed() bool {

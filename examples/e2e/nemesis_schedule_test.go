@@ -173,7 +173,7 @@ func (c *nemCluster) apply(f fault, stop <-chan struct{}) (record, error) {
 		kill9(e.p)
 		hold()
 		rec.End = time.Now()
-		err = c.startEdge(e)
+		rec.Starts, err = c.superviseEdge(e)
 	case faultEdgeStop:
 		p := c.edges[f.Target].p
 		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
@@ -224,6 +224,26 @@ func (c *nemCluster) apply(f fault, stop <-chan struct{}) (record, error) {
 		rec.Err = err.Error()
 	}
 	return rec, err
+}
+
+// superviseEdge starts e as a supervisor would (systemd's Restart=on-failure): an edge
+// that cannot reach NATS exits 2 at start (examples/edge), e.g. while a NATS node that
+// just restarted catches up; it is started again a second later, until readyTimeout. It
+// returns how many starts it took.
+func (c *nemCluster) superviseEdge(e *nemEdge) (int, error) {
+	deadline := time.Now().Add(readyTimeout)
+	for starts := 1; ; starts++ {
+		err := c.startEdge(e)
+		if err == nil || time.Now().After(deadline) {
+			return starts, err
+		}
+		select {
+		case <-e.p.done:
+		default:
+			return starts, err // up but not answering: not a start to retry
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // waitLines waits until k's current process printed each of its lines.

@@ -310,6 +310,7 @@ func runNemesis(t *testing.T, sched schedule, lease time.Duration) {
 	var total, failed int
 	attacksBy := map[string]int{}
 	faultsBy := map[string]int{}
+	restarts := 0 // edge starts refused for want of NATS
 	for _, r := range recs {
 		switch r.Type {
 		case recHTTP, recTCP:
@@ -324,14 +325,17 @@ func runNemesis(t *testing.T, sched schedule, lease time.Duration) {
 			attacksBy[strings.SplitN(r.Answer, ":", 2)[0]]++
 		case recFault:
 			faultsBy[r.Kind]++
+			if r.Starts > 1 {
+				restarts += r.Starts - 1
+			}
 		}
 	}
 	convergedIn := "never"
 	if convErr == nil {
 		convergedIn = converged.Sub(lastReady).Round(time.Millisecond).String()
 	}
-	t.Logf("seed %d: %d faults in %v %v; %d requests and connections, %d failed, by cause %v; attacks %v; converged %s after the last heal; edges' open files %v (baseline %v)",
-		seed, len(sched.Faults), faultsTook.Round(time.Second), faultsBy, total, failed, causes, attacksBy, convergedIn, fds, baseline)
+	t.Logf("seed %d: %d faults in %v %v; %d requests and connections, %d failed, by cause %v; attacks %v; converged %s after the last heal; edges' open files %v (baseline %v); edge starts that exited for want of NATS %d",
+		seed, len(sched.Faults), faultsTook.Round(time.Second), faultsBy, total, failed, causes, attacksBy, convergedIn, fds, baseline, restarts)
 
 	if len(vs) > 0 {
 		var b strings.Builder
