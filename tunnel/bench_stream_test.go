@@ -73,6 +73,12 @@ func streamOnce(b *testing.B, addr string, down bool) {
 	_, err = io.ReadFull(c, req[:1])
 	require.NoError(b, err)
 	b.SetBytes(streamChunk)
+	cpu0 := processCPU()
+	defer func() {
+		// CPU of the whole process (edge, connector, client, backend) per GiB carried: less
+		// sensitive than MB/s to other work on a shared machine.
+		b.ReportMetric((processCPU()-cpu0).Seconds()/(float64(b.N)*streamChunk/(1<<30)), "cpu-s/GiB")
+	}()
 	b.ResetTimer()
 	if down {
 		buf := make([]byte, 256<<10)
