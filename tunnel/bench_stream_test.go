@@ -137,8 +137,8 @@ func streamBackend(c net.Conn) {
 	_, _ = c.Write([]byte{1})
 }
 
-// startTLSControlEdge starts an edge whose control listener speaks TLS, on loopback, with a
-// throwaway certificate; it returns the control address and the roots that verify it.
+// startTLSControlEdge starts an edge whose control listener speaks TLS as ListenAndServe's
+// does, on loopback, with a throwaway certificate; it returns the control address and the roots that verify it.
 func startTLSControlEdge(b *testing.B, cfg ServerConfig) (string, *x509.CertPool) {
 	pki := newTestPKI(b)
 	if cfg.Domain == "" {
@@ -149,7 +149,7 @@ func startTLSControlEdge(b *testing.B, cfg ServerConfig) (string, *x509.CertPool
 	require.NoError(b, err)
 	l := listenLoopback(b)
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(tls.NewListener(l, srv.cfg.TLSConfig)) }()
+	go func() { served <- srv.Serve(tlsListener{l, srv.cfg.TLSConfig}) }() // as ListenAndServe
 	b.Cleanup(func() {
 		require.NoError(b, srv.Close())
 		if err := <-served; !errors.Is(err, ErrServerClosed) {

@@ -363,7 +363,7 @@ func (s *Server) ListenAndServe() error {
 	}
 	svcs := []svc{{name: "control", addr: s.cfg.ControlAddr, serve: s.Serve}}
 	if s.cfg.TLSConfig != nil {
-		svcs[0].wrap = func(l net.Listener) net.Listener { return tls.NewListener(l, s.cfg.TLSConfig) }
+		svcs[0].wrap = func(l net.Listener) net.Listener { return tlsListener{l, s.cfg.TLSConfig} }
 		if s.cfg.Public.HTTPSAddr != "" {
 			svcs = append(svcs, svc{name: "https", addr: s.cfg.Public.HTTPSAddr, serve: s.ServePublicTLS})
 		}
@@ -507,4 +507,19 @@ func (s *Server) activeStreams() int64 {
 		}
 	}
 	return n
+}
+
+// tlsListener is tls.NewListener's listener with proxy.TLSBase under each connection, so
+// that busy TLS data connections are copied in large system calls.
+type tlsListener struct {
+	net.Listener
+	cfg *tls.Config
+}
+
+func (l tlsListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return tls.Server(proxy.TLSBase(c), l.cfg), nil
 }

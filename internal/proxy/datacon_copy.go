@@ -40,11 +40,16 @@ func copyData(dst, src net.Conn) error {
 		_, err := io.Copy(dst, src)
 		return err
 	}
+	dstTLS, _ := dst.(*tls.Conn)
+	wb, rb := baseOf(dstTLS), baseOf(srcTLS) // nil unless made by TLSBase
 	small := make([]byte, dataIdleCopyBufSize)
 	var big *[dataCopyBufSize]byte
 	defer func() {
 		if big != nil {
 			dataCopyBufs.Put(big)
+		}
+		if rb != nil {
+			rb.readIdle()
 		}
 	}()
 	for {
@@ -59,7 +64,7 @@ func copyData(dst, src net.Conn) error {
 			n += more
 		}
 		if n > 0 {
-			if _, err := dst.Write(buf[:n]); err != nil {
+			if err := writeData(dst, wb, buf[:n]); err != nil {
 				return err
 			}
 		}
@@ -72,11 +77,32 @@ func copyData(dst, src net.Conn) error {
 		switch {
 		case big == nil && n > len(small)/dataBusyReadFraction:
 			big = dataCopyBufs.Get().(*[dataCopyBufSize]byte) // more is coming
+			if rb != nil {
+				rb.readBusy()
+			}
 		case big != nil && n < dataCopyBufSize/16:
 			dataCopyBufs.Put(big) // drained: wait with the small buffer
 			big = nil
+			if rb != nil {
+				rb.readIdle()
+			}
 		}
 	}
+}
+
+// writeData writes p to dst; through wb, dst's TLSBase if it has one, the records of p go
+// out in one system call.
+func writeData(dst net.Conn, wb *tlsBase, p []byte) error {
+	if wb == nil || len(p) <= 16<<10 {
+		_, err := dst.Write(p)
+		return err
+	}
+	wb.startBatch()
+	_, err := dst.Write(p)
+	if ferr := wb.endBatch(); err == nil {
+		err = ferr
+	}
+	return err
 }
 
 // readBuffered reads into p what tc can give without reading its socket: the rest of the

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"net"
 	"sync/atomic"
 )
@@ -67,11 +66,8 @@ func JoinData(ctx context.Context, local, data net.Conn, peerAlive func() bool) 
 // reset makes c's Close send a reset (RST) instead of a FIN, for TCP connections and TLS
 // connections over TCP.
 func reset(c net.Conn) {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	if r, ok := c.(interface{ SetLinger(int) error }); ok {
-		_ = r.SetLinger(0)
+	if tc := tcpOf(c); tc != nil {
+		_ = tc.SetLinger(0)
 	}
 }
 
@@ -98,11 +94,8 @@ func SetDataReadBuffer(c net.Conn, n int) int {
 	if n <= 0 {
 		return 0
 	}
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	tc, ok := c.(*net.TCPConn)
-	if !ok || tc.SetReadBuffer(n) != nil {
+	tc := tcpOf(c)
+	if tc == nil || tc.SetReadBuffer(n) != nil {
 		return 0
 	}
 	return clampWindow(tc, n)
