@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -157,4 +158,39 @@ func startTLSControlEdge(b *testing.B, cfg ServerConfig) (string, *x509.CertPool
 		}
 	})
 	return l.Addr().String(), pki.pool
+}
+
+// BenchmarkIdleTLSTCPConnMemory is BenchmarkIdleTCPConnMemory with TLS control (and so
+// TLS data connections): the memory that idle TCP connections through a tunnel hold, edge
+// and connector together, per connection. Run it with -benchtime 1x in a fresh process.
+func BenchmarkIdleTLSTCPConnMemory(b *testing.B) {
+	ctl, roots := startTLSControlEdge(b, ServerConfig{Logger: zap.NewNop(), TCP: TCPTunnels{Ports: tcpRange(45300), BindHost: "127.0.0.1"}})
+	sess, err := Dial(ctxT(b), ctl, WithLogger(zap.NewNop()), WithTLS(&tls.Config{RootCAs: roots}))
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = sess.Close() })
+	echo := tcpBackend(b, func(c net.Conn) { _, _ = io.Copy(c, c) })
+	tun, err := sess.Forward(ctxT(b), TunnelSpec{Proto: ProtoTCP}, echo)
+	require.NoError(b, err)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tun.Port()))
+	const conns = 200
+	for range b.N {
+		before := heapInUse()
+		var cs []net.Conn
+		for range conns {
+			c, err := net.Dial("tcp", addr)
+			require.NoError(b, err)
+			// One round trip so that the connection is fully set up and has carried data.
+			_, err = c.Write(make([]byte, 32<<10))
+			require.NoError(b, err)
+			_, err = io.ReadFull(c, make([]byte, 32<<10))
+			require.NoError(b, err)
+			cs = append(cs, c)
+		}
+		time.Sleep(2 * time.Second) // idle, as BenchmarkIdleTCPConnMemory
+		after := heapInUse()
+		b.ReportMetric(float64(after-before)/conns, "B/idle-conn")
+		for _, c := range cs {
+			c.Close()
+		}
+	}
 }

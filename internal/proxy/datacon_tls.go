@@ -14,12 +14,12 @@ import (
 //     own; while copyData writes one buffer of up to 256 KiB, the records are gathered
 //     here and go out in one Write;
 //   - crypto/tls reads the socket through a buffer about two records large; while copyData
-//     reads a busy connection, the socket is read here in pieces of up to 256 KiB and the
-//     records taken from that.
+//     reads the connection, the socket is read here in pieces of up to 256 KiB and the
+//     records taken from that (on Unix).
 //
-// Both buffers are pooled and held only during a busy copy; at any other time (the
-// handshake, an idle connection, a yamux session over the same kind of connection) every
-// Read and Write goes straight to c. Connections not wrapped (an embedder's own
+// Both buffers are pooled and held only while bytes are there to move, never while the
+// connection waits; outside copyData (the handshake, the envelope, a yamux session over
+// the same kind of connection) every Read and Write goes straight to c. Connections not wrapped (an embedder's own
 // tls.Listener given to Server.Serve) are copied correctly, in more system calls.
 func TLSBase(c net.Conn) net.Conn { return &tlsBase{Conn: c} }
 
@@ -28,10 +28,12 @@ type tlsBase struct {
 	net.Conn
 
 	// Reads: only the goroutine reading the TLS connection (under crypto/tls's input
-	// lock) touches these.
-	rbuf *[dataCopyBufSize]byte // nil: read c directly
-	r, w int                    // rbuf[r:w] is read from c and not yet given to TLS
-	rerr error                  // an error c returned with bytes, for the Read after them
+	// lock) touches these. While copying (set by copyData, which reads), a read waits for
+	// the socket with no buffer, then takes up to 256 KiB into a pooled one, held until
+	// TLS took all of it.
+	copying bool
+	rbuf    *[dataCopyBufSize]byte
+	r, w    int // rbuf[r:w] is read from c and not yet given to TLS
 
 	// Writes: crypto/tls writes under its output lock, but a read may answer (an alert, a
 	// key update) between a batch's Write and its flush.
@@ -55,34 +57,25 @@ func (b *tlsBase) Read(p []byte) (int, error) {
 	if b.r < b.w {
 		n := copy(p, b.rbuf[b.r:b.w])
 		b.r += n
+		b.release()
 		return n, nil
 	}
-	if err := b.rerr; err != nil {
-		b.rerr = nil
-		return 0, err
-	}
-	if b.rbuf == nil || len(p) >= len(b.rbuf)/2 {
+	tc, ok := b.Conn.(*net.TCPConn)
+	if !b.copying || !ok || !pooledReads || len(p) >= dataCopyBufSize/2 {
 		return b.Conn.Read(p)
 	}
-	n, err := b.Conn.Read(b.rbuf[:])
-	m := copy(p, b.rbuf[:n])
-	b.r, b.w = m, n
-	if m > 0 && err != nil {
-		b.rerr = err // returned once the bytes before it are
-		err = nil
+	buf, n, err := readPooled(tc)
+	if buf == nil {
+		return 0, err
 	}
-	return m, err
+	m := copy(p, buf[:n])
+	b.rbuf, b.r, b.w = buf, m, n
+	b.release()
+	return m, nil
 }
 
-// readBusy gives the reads a large buffer (the copy from this connection is busy).
-func (b *tlsBase) readBusy() {
-	if b.rbuf == nil {
-		b.rbuf = dataCopyBufs.Get().(*[dataCopyBufSize]byte)
-	}
-}
-
-// readIdle lets the read buffer go once it holds nothing.
-func (b *tlsBase) readIdle() {
+// release puts the read buffer back once TLS took all of it.
+func (b *tlsBase) release() {
 	if b.rbuf != nil && b.r == b.w {
 		dataCopyBufs.Put(b.rbuf)
 		b.rbuf, b.r, b.w = nil, 0, 0
