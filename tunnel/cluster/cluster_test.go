@@ -104,6 +104,19 @@ func TestClusterTiesRotateOverThePool(t *testing.T) {
 			require.NoError(t, err)
 			for _, e := range []*clusterEdge{a, b} {
 				e.waitMembers(t, "pool", map[string]int{"a": 1, "b": 1})
+				// The requests through the other edge carried streams of its own member: until
+				// their end reaches this edge in the other's published load, that member looks
+				// busy and no pick is a tie. On a loaded machine that takes a moment.
+				require.Eventually(t, func() bool {
+					for _, g := range e.Registry().Groups() {
+						for _, m := range g.Members {
+							if g.Label == "pool" && m.Edge != "" && m.Active != 0 {
+								return false
+							}
+						}
+					}
+					return true
+				}, 10*time.Second, 10*time.Millisecond, "edge %s: the other edge's member idle: %+v", e.id, e.Registry().Groups())
 				var seen counter
 				for range 40 {
 					code, body := e.get("pool", "/")
