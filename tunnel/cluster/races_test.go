@@ -29,7 +29,7 @@ import (
 )
 
 // A NATS whose store was wiped loses the routes bucket; a live route is then still its
-// tenant's, protected by its members (RELIABILITY.md: "a registration another edge's members
+// tenant's, protected by its members (docs/reliability.md: "a registration another edge's members
 // would refuse is refused"). The test deletes the bucket under acme's live pool and has
 // globex register a solo tunnel on it: it is refused, leaves no route record naming globex,
 // and acme's next member is admitted. (Once, the refused claim wrote a fresh record naming
@@ -164,7 +164,7 @@ func TestClusterTwoKeysRaceOnAReservedEndpoint(t *testing.T) {
 // b; b killed, it moves to c) comes back by itself, at the latest once the first dead edge's
 // lease lapses: c's pass for a resumed session covers the session the connector resumed
 // (b's), not a's before it, so until a's lease lapses c still counts a's record and refuses
-// it "already in use". A known limit (RELIABILITY.md): one lease of downtime, not a lost
+// it "already in use". A known limit (docs/reliability.md): one lease of downtime, not a lost
 // tunnel. The connector dials a, b and c in turn; the test kills a, then b once the tunnel is
 // on b, and requires it on c within three leases, serving requests there.
 func TestClusterSoloTunnelMovedTwiceWithinALeaseComesBack(t *testing.T) {
