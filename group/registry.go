@@ -330,19 +330,9 @@ func (r *Registry) Lookup(id string) *Member {
 // values wrapping ErrKeyMismatch, ErrInUse, ErrProtoMismatch, ErrNoPorts or ErrInvalid, whose
 // messages a connector shows verbatim (e.g. "group key does not match for subdomain 'pool'").
 func (r *Registry) Join(req JoinRequest) (*Member, error) {
-	if req.ID == "" {
-		return nil, reject(ErrInvalid, "tunnel id is empty")
-	}
-	kind := KindHTTP
-	switch req.Proto {
-	case ProtoHTTP, ProtoHTTPS, ProtoTLS:
-		if req.Label == "" {
-			return nil, reject(ErrInvalid, "subdomain is empty")
-		}
-	case ProtoTCP:
-		kind = KindTCP
-	default:
-		return nil, reject(ErrInvalid, fmt.Sprintf("unknown protocol %q", req.Proto))
+	kind, err := joinKind(&req)
+	if err != nil {
+		return nil, err
 	}
 	if err := validatePolicy(&req); err != nil {
 		return nil, err
@@ -355,18 +345,7 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 		req.Label = req.Group
 	}
 
-	var key, lock string
-	var routes *sync.Map
-	switch {
-	case kind == KindHTTP:
-		key, lock, routes = req.Label, req.Label, &r.http
-	case grouped:
-		key, lock, routes = tcpKey(req.Group, req.KeyHash), "\x00tcp\x00"+req.Group, &r.tcp
-	default:
-		key, routes = "\x00solo\x00"+req.ID, &r.tcp
-		lock = key
-	}
-
+	key, lock, routes := r.routeOf(kind, &req, grouped)
 	sh := r.shardFor(lock)
 	sh.mu.Lock()
 	unlocked := false
@@ -393,7 +372,6 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 			return nil, err
 		}
 	} else {
-		var err error
 		if g, err = r.create(kind, lock, req, grouped); err != nil {
 			return nil, err
 		}
@@ -450,6 +428,39 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 	unlocked = true
 	r.deliver(g)
 	return m, nil
+}
+
+// joinKind returns the kind of route req joins, or why it cannot join any: no tunnel id, an
+// unknown protocol, or no subdomain for one routed by subdomain.
+func joinKind(req *JoinRequest) (Kind, error) {
+	if req.ID == "" {
+		return 0, reject(ErrInvalid, "tunnel id is empty")
+	}
+	switch req.Proto {
+	case ProtoHTTP, ProtoHTTPS, ProtoTLS:
+		if req.Label == "" {
+			return 0, reject(ErrInvalid, "subdomain is empty")
+		}
+		return KindHTTP, nil
+	case ProtoTCP:
+		return KindTCP, nil
+	}
+	return 0, reject(ErrInvalid, fmt.Sprintf("unknown protocol %q", req.Proto))
+}
+
+// routeOf returns where the group req joins is stored, its key in routes, and the name of
+// the route's lock (Registry.shardFor). A subdomain is its own key and lock; a TCP pool is
+// keyed by its name and key hash and locked by its name; a solo TCP tunnel is keyed and
+// locked by its id.
+func (r *Registry) routeOf(kind Kind, req *JoinRequest, grouped bool) (key, lock string, routes *sync.Map) {
+	switch {
+	case kind == KindHTTP:
+		return req.Label, req.Label, &r.http
+	case grouped:
+		return tcpKey(req.Group, req.KeyHash), "\x00tcp\x00" + req.Group, &r.tcp
+	}
+	key = "\x00solo\x00" + req.ID
+	return key, key, &r.tcp
 }
 
 // admit decides whether req may join the existing group g; the caller holds the route lock.

@@ -109,17 +109,17 @@ type SessionProof struct {
 // Session returns what connector session id says of itself; false when no such session
 // lives on this edge.
 func (e ClusterEdge) Session(id string) (SessionProof, bool) {
-	h, resumed, proof, ok := e.s.sessionResume(id)
+	h, resumed, proof, ok := e.s.sessions.resumeOf(id)
 	return SessionProof{ResumeHash: h, Resumed: resumed, ResumedProof: proof}, ok
 }
 
 // EndSession ends connector session id on this edge, logging why.
-func (e ClusterEdge) EndSession(id, why string) { e.s.endSession(id, why) }
+func (e ClusterEdge) EndSession(id, why string) { e.s.sessions.end(id, why) }
 
 // EndMovedSession ends session id, of tenant, when proof is the SHA-256 of its resume
 // token: its connector proved on edge to that it held it, and registered there.
 func (e ClusterEdge) EndMovedSession(id, tenant string, proof [32]byte, to string) {
-	e.s.endMovedSession(id, tenant, proof, to)
+	e.s.sessions.endMoved(id, tenant, proof, to)
 }
 
 // LeftPool is called after a member of another edge left pool g here.
@@ -133,4 +133,4 @@ func (e ClusterEdge) SettleRoutes(routes [][2]string) { e.s.shared.settleRoutes(
 // ReclaimSoloPorts reserves again the ports of this edge's solo TCP tunnels after it was cut
 // off from the cluster, and ends the sessions of those whose port went to another tunnel
 // meanwhile.
-func (e ClusterEdge) ReclaimSoloPorts() { e.s.shared.reclaimSoloPorts(e.s.registry, e.s.endSession) }
+func (e ClusterEdge) ReclaimSoloPorts() { e.s.shared.reclaimSoloPorts(e.s.registry, e.s.sessions.end) }

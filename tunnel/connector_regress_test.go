@@ -319,9 +319,9 @@ func TestSoloTunnelSurvivesClientSideCut(t *testing.T) {
 	require.Equal(t, http.StatusOK, e.getCode("app"))
 	require.Equal(t, 2, cd.dials())
 	require.Eventually(t, func() bool {
-		e.Server.mu.Lock()
-		defer e.Server.mu.Unlock()
-		return len(e.Server.sessions) == 1
+		e.sessions.mu.Lock()
+		defer e.sessions.mu.Unlock()
+		return len(e.sessions.all) == 1
 	}, 2*time.Second, 5*time.Millisecond, "the edge kept the connector's old session")
 }
 

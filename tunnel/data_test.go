@@ -23,10 +23,10 @@ import (
 
 // dataIdle is how many idle data connections the edge's sessions hold.
 func dataIdle(s *Server) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.sessions.mu.Lock()
+	defer s.sessions.mu.Unlock()
 	n := 0
-	for e := range s.sessions {
+	for e := range s.sessions.all {
 		n += e.data.pool.Idle()
 	}
 	return n
@@ -289,12 +289,12 @@ func TestDataConnForgedPreambles(t *testing.T) {
 	tun, err := sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, tcpBackend(t, digestBackend))
 	require.NoError(t, err)
 	waitDataIdle(t, e.Server, dataPoolSize)
-	e.mu.Lock()
+	e.sessions.mu.Lock()
 	var victim string
-	for s := range e.sessions {
+	for s := range e.sessions.all {
 		victim = s.id
 	}
-	e.mu.Unlock()
+	e.sessions.mu.Unlock()
 
 	var random wire.DataToken
 	_, _ = rand.Read(random[:])

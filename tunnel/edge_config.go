@@ -381,75 +381,12 @@ func (c ServerConfig) WithDefaults() ServerConfig {
 	if c.ControlAddr == "" {
 		c.ControlAddr = ":" + strconv.Itoa(DefaultControlPort)
 	}
-	if c.PreAuth.HelloTimeout <= 0 {
-		c.PreAuth.HelloTimeout = 5 * time.Second
-	}
-	if c.PreAuth.MaxConns <= 0 {
-		c.PreAuth.MaxConns = throttle.DefaultMaxConns
-	}
-	if c.PreAuth.MaxConnsPerIP <= 0 {
-		c.PreAuth.MaxConnsPerIP = throttle.DefaultMaxConnsPerKey
-	}
-	if c.PreAuth.MaxAuthFailuresPerIP <= 0 {
-		c.PreAuth.MaxAuthFailuresPerIP = throttle.DefaultMaxFailures
-	}
-	if c.PreAuth.AuthFailureWindow <= 0 {
-		c.PreAuth.AuthFailureWindow = throttle.DefaultFailureWindow
-	}
-	if c.PreAuth.AuthBlockDuration <= 0 {
-		c.PreAuth.AuthBlockDuration = throttle.DefaultBlock
-	}
-	if c.PreAuth.AuthFailureDelay == 0 {
-		c.PreAuth.AuthFailureDelay = throttle.DefaultFailureDelay
-	}
-	if c.Timeouts.Open <= 0 {
-		c.Timeouts.Open = 10 * time.Second
-	}
-	if c.Timeouts.Drain <= 0 {
-		c.Timeouts.Drain = DefaultDrainTimeout
-	}
-	if c.Timeouts.IdleStream <= 0 {
-		c.Timeouts.IdleStream = 4 * time.Second
-	}
-	if c.Limits.MaxTunnelsPerSession <= 0 {
-		c.Limits.MaxTunnelsPerSession = 16
-	}
-	if c.Limits.RegisterRate <= 0 {
-		c.Limits.RegisterRate = 5
-	}
-	if c.Limits.RegisterBurst <= 0 {
-		c.Limits.RegisterBurst = c.Limits.MaxTunnelsPerSession
-	}
-	if c.Public.ReadHeaderTimeout <= 0 {
-		c.Public.ReadHeaderTimeout = 10 * time.Second
-	}
-	if c.Public.IdleTimeout <= 0 {
-		c.Public.IdleTimeout = 120 * time.Second
-	}
-	if c.Public.MaxHeaderBytes <= 0 {
-		c.Public.MaxHeaderBytes = 32 << 10
-	}
-	if c.RequestBody.Timeout == 0 {
-		c.RequestBody.Timeout = 60 * time.Second
-	}
-	if c.RequestBody.MinRate == 0 {
-		c.RequestBody.MinRate = 1024
-	}
-	if c.RequestBody.MinRateGrace <= 0 {
-		c.RequestBody.MinRateGrace = 10 * time.Second
-	}
-	if c.StalledResponses.Timeout == 0 {
-		c.StalledResponses.Timeout = DefaultResponseStallTimeout
-	}
-	if c.StalledResponses.MaxBytesPerConn == 0 {
-		c.StalledResponses.MaxBytesPerConn = DefaultMaxStalledResponseBytesPerConn
-	}
-	if c.StalledResponses.MaxBytesPerIP == 0 {
-		c.StalledResponses.MaxBytesPerIP = DefaultMaxStalledResponseBytesPerIP
-	}
-	if c.StalledResponses.MaxBytes == 0 {
-		c.StalledResponses.MaxBytes = DefaultMaxStalledResponseBytes
-	}
+	c.PreAuth = c.PreAuth.withDefaults()
+	c.Timeouts = c.Timeouts.withDefaults()
+	c.Limits = c.Limits.withDefaults()
+	c.Public = c.Public.withDefaults()
+	c.RequestBody = c.RequestBody.withDefaults()
+	c.StalledResponses = c.StalledResponses.withDefaults()
 	if c.Alerts.Timeout <= 0 {
 		c.Alerts.Timeout = webhook.DefaultTimeout
 	}
@@ -463,6 +400,70 @@ func (c ServerConfig) WithDefaults() ServerConfig {
 		c.RouteTTL = defaultRouteTTL
 	}
 	return c
+}
+
+// positiveOr returns v, or def when v is 0 or less (the "unset" of a setting that has no
+// meaning at 0).
+func positiveOr[T int | int64 | float64 | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// nonZeroOr returns v, or def when v is 0: the settings whose negative values mean "off".
+func nonZeroOr[T int | int64 | float64 | time.Duration](v, def T) T {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+func (p PreAuthLimits) withDefaults() PreAuthLimits {
+	p.HelloTimeout = positiveOr(p.HelloTimeout, 5*time.Second)
+	p.MaxConns = positiveOr(p.MaxConns, throttle.DefaultMaxConns)
+	p.MaxConnsPerIP = positiveOr(p.MaxConnsPerIP, throttle.DefaultMaxConnsPerKey)
+	p.MaxAuthFailuresPerIP = positiveOr(p.MaxAuthFailuresPerIP, throttle.DefaultMaxFailures)
+	p.AuthFailureWindow = positiveOr(p.AuthFailureWindow, throttle.DefaultFailureWindow)
+	p.AuthBlockDuration = positiveOr(p.AuthBlockDuration, throttle.DefaultBlock)
+	p.AuthFailureDelay = nonZeroOr(p.AuthFailureDelay, throttle.DefaultFailureDelay)
+	return p
+}
+
+func (t Timeouts) withDefaults() Timeouts {
+	t.Open = positiveOr(t.Open, 10*time.Second)
+	t.Drain = positiveOr(t.Drain, DefaultDrainTimeout)
+	t.IdleStream = positiveOr(t.IdleStream, 4*time.Second)
+	return t
+}
+
+func (l Limits) withDefaults() Limits {
+	l.MaxTunnelsPerSession = positiveOr(l.MaxTunnelsPerSession, 16)
+	l.RegisterRate = positiveOr(l.RegisterRate, 5)
+	l.RegisterBurst = positiveOr(l.RegisterBurst, l.MaxTunnelsPerSession)
+	return l
+}
+
+func (p PublicHTTP) withDefaults() PublicHTTP {
+	p.ReadHeaderTimeout = positiveOr(p.ReadHeaderTimeout, 10*time.Second)
+	p.IdleTimeout = positiveOr(p.IdleTimeout, 120*time.Second)
+	p.MaxHeaderBytes = positiveOr(p.MaxHeaderBytes, 32<<10)
+	return p
+}
+
+func (r RequestBodyLimits) withDefaults() RequestBodyLimits {
+	r.Timeout = nonZeroOr(r.Timeout, 60*time.Second)
+	r.MinRate = nonZeroOr(r.MinRate, 1024)
+	r.MinRateGrace = positiveOr(r.MinRateGrace, 10*time.Second)
+	return r
+}
+
+func (s StalledResponseLimits) withDefaults() StalledResponseLimits {
+	s.Timeout = nonZeroOr(s.Timeout, DefaultResponseStallTimeout)
+	s.MaxBytesPerConn = nonZeroOr(s.MaxBytesPerConn, DefaultMaxStalledResponseBytesPerConn)
+	s.MaxBytesPerIP = nonZeroOr(s.MaxBytesPerIP, DefaultMaxStalledResponseBytesPerIP)
+	s.MaxBytes = nonZeroOr(s.MaxBytes, DefaultMaxStalledResponseBytes)
+	return s
 }
 
 // Validate reports the settings of c that NewServer refuses, each a *FieldError (joined when

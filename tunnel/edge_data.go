@@ -174,9 +174,7 @@ func (s *Server) serveData(c net.Conn, slot *throttle.Slot, deadline time.Time) 
 	if r, ok := c.(*replayConn); ok {
 		c = r.Conn // the replayed byte was read: the bare connection (TCP, TLS) from here on
 	}
-	s.mu.Lock()
-	e := s.sessionByID[p.SessionID]
-	s.mu.Unlock()
+	e := s.sessions.get(p.SessionID)
 	var want *wire.DataToken
 	if e != nil {
 		want = e.data.token.Load()

@@ -114,7 +114,7 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 	s.httpsPort.CompareAndSwap(0, int32(portOf(l.Addr())))
 	var p http.Protocols
 	p.SetHTTP1(true)
-	cfg := s.refusePassthroughNames(s.cfg.TLSConfig)
+	cfg := refusePassthroughNames(s.cfg.TLSConfig, s.ingress.PassthroughName)
 	if !s.cfg.Public.DisableHTTP2 {
 		p.SetHTTP2(true)
 		cfg = withALPN(cfg, "h2", "http/1.1")
@@ -131,11 +131,11 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 // client's plaintext after it, terminated at the edge with the edge's certificate. As
 // withALPN, it keeps cfg itself for the handshakes: what cfg's GetConfigForClient returns,
 // or cfg as it is then.
-func (s *Server) refusePassthroughNames(cfg *tls.Config) *tls.Config {
+func refusePassthroughNames(cfg *tls.Config, passthrough func(serverName string) bool) *tls.Config {
 	pick := cfg.GetConfigForClient
 	w := cfg.Clone()
 	w.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
-		if s.ingress.PassthroughName(hello.ServerName) {
+		if passthrough(hello.ServerName) {
 			return nil, fmt.Errorf("%s is a TLS passthrough tunnel: its TLS is never terminated at the edge", hello.ServerName)
 		}
 		if pick != nil {

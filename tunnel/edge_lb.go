@@ -25,9 +25,3 @@ func applyLB(req *group.JoinRequest, lb *wire.LBInfo) {
 		}
 	}
 }
-
-// retryIdempotent reports whether the idempotent retry applies to g's requests: the pool
-// asked for it, or the edge turns it on for every pool.
-func (s *Server) retryIdempotent(g *group.Group) bool {
-	return s.cfg.LoadBalancing.RetryIdempotent || g.RetryIdempotent
-}

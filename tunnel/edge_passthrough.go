@@ -9,8 +9,8 @@ import (
 // checkRoute checks a registration's route before it is claimed: a subdomain for http,
 // https and tls tunnels, and for tls an edge that has a TLS configuration, without which
 // ServePublicTLS, the only way to a TLS passthrough tunnel, cannot serve.
-func (s *Server) checkRoute(proto group.Proto, label string) error {
-	if proto == group.ProtoTLS && s.cfg.TLSConfig == nil {
+func checkRoute(proto group.Proto, label string, servesHTTPS bool) error {
+	if proto == group.ProtoTLS && !servesHTTPS {
 		return &group.Error{Err: ErrInvalid, Msg: "this edge serves no HTTPS (it has no TLS configuration): " +
 			"a tls passthrough tunnel could not be reached"}
 	}

@@ -31,19 +31,19 @@ func (c *ServerConfig) throttles() (*throttle.Auth, *throttle.Conns) {
 	return auth, conns
 }
 
-// logThrottled writes the throttles' aggregate log lines every interval until the edge stops,
+// logThrottled writes the throttles' aggregate log lines every interval until done closes,
 // then the counts still unlogged.
-func (s *Server) logThrottled() {
-	t := time.NewTicker(s.authLimit.LogInterval())
+func logThrottled(authLimit *throttle.Auth, preAuth *throttle.Conns, done <-chan struct{}) {
+	t := time.NewTicker(authLimit.LogInterval())
 	defer t.Stop()
 	for {
 		select {
 		case <-t.C:
-			s.authLimit.Flush(false)
-			s.preAuth.Flush(false)
-		case <-s.done:
-			s.authLimit.Flush(true)
-			s.preAuth.Flush(true)
+			authLimit.Flush(false)
+			preAuth.Flush(false)
+		case <-done:
+			authLimit.Flush(true)
+			preAuth.Flush(true)
 			return
 		}
 	}

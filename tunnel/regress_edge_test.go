@@ -415,10 +415,10 @@ func TestExtraStreamsBeforeHelloAreNotKept(t *testing.T) {
 	case *wire.Welcome:
 		// The edge handled the extra streams before the hello that follows them: they were
 		// refused, and the session holds its control stream only.
-		e.Server.mu.Lock()
-		defer e.Server.mu.Unlock()
-		require.Len(t, e.Server.sessions, 1)
-		for s := range e.Server.sessions {
+		e.sessions.mu.Lock()
+		defer e.sessions.mu.Unlock()
+		require.Len(t, e.sessions.all, 1)
+		for s := range e.sessions.all {
 			require.Equal(t, 1, s.mux.NumStreams(), "the edge keeps streams the connector opened besides its control stream")
 		}
 	default:

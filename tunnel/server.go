@@ -27,8 +27,10 @@ import (
 // operator handler, package tunnel/admin); in a cluster the other edges' links are served by
 // the cluster's ServePeers (ListenAndServe does it). Stop it with Shutdown or Close.
 type Server struct {
-	cfg      ServerConfig
-	log      *zap.Logger
+	cfg ServerConfig
+	log *zap.Logger
+	// sessions are the connector sessions (edge_session_set.go; each one edge_session.go).
+	sessions *sessionSet
 	ctx      context.Context // cancelled by Close: aborts every stream still open
 	cancel   context.CancelFunc
 	registry *group.Registry
@@ -63,19 +65,18 @@ type Server struct {
 	//     the shard lock; OnRemove only queues the route's store write (routeWrites).
 	//   - a cluster's remote view lock (package tunnel/cluster), then the registry's: it
 	//     joins and removes other edges' members, which takes no store call any more.
-	//   - routeBook.mu, routeWrites.mu, edgeSession.mu, s.mu and the throttles' locks are
-	//     leaves: nothing else is locked, and nothing blocks, while one is held.
+	//   - routeBook.mu, routeWrites.mu, edgeSession.mu, sessionSet.mu, s.mu and the
+	//     throttles' locks are leaves: nothing else is locked, and nothing blocks, while one
+	//     is held.
 	//   - edgeSession.wmu serialises one session's control frames: it is held across that
 	//     session's control-stream write (bounded by controlWriteTimeout), which no other
 	//     session or request waits for.
-	mu          sync.Mutex
-	closing     bool
-	listeners   map[net.Listener]struct{}
-	sessions    map[*edgeSession]struct{}
-	sessionByID map[string]*edgeSession // for resuming: a reconnect ends its previous session
-	httpSrvs    map[*http.Server]struct{}
-	done        chan struct{} // closed when Shutdown or Close starts
-	closeOnce   sync.Once
+	mu        sync.Mutex
+	closing   bool
+	listeners map[net.Listener]struct{}
+	httpSrvs  map[*http.Server]struct{}
+	done      chan struct{} // closed when Shutdown or Close starts
+	closeOnce sync.Once
 	// closeOnceStore closes the route store once every session is gone.
 	closeOnceStore sync.Once
 
@@ -104,14 +105,13 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{
-		cfg:         cfg,
-		log:         cfg.Logger,
-		listeners:   map[net.Listener]struct{}{},
-		sessions:    map[*edgeSession]struct{}{},
-		sessionByID: map[string]*edgeSession{},
-		httpSrvs:    map[*http.Server]struct{}{},
-		done:        make(chan struct{}),
+		cfg:       cfg,
+		log:       cfg.Logger,
+		listeners: map[net.Listener]struct{}{},
+		httpSrvs:  map[*http.Server]struct{}{},
+		done:      make(chan struct{}),
 	}
+	s.sessions = newSessionSet(&s.wg)
 	s.limits.Store(newLiveLimits(&cfg))
 	s.authLimit, s.preAuth = cfg.throttles()
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -121,7 +121,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	pc.Stats = proxy.Stats{HTTPRequests: &s.requests.http, TCPConnections: &s.requests.tcp,
 		RetriesOpenFailed: &s.retries.open, RetriesResetUnread: &s.retries.unread, RetriesIdempotent: &s.retries.idempotent,
 		ResponsesCut: &s.cuts}
-	pc.RetryIdempotent = s.retryIdempotent
+	// The idempotent retry applies to a pool's requests when the pool asked for it, or when
+	// the edge turns it on for every pool.
+	pc.RetryIdempotent = func(g *group.Group) bool { return s.cfg.LoadBalancing.RetryIdempotent || g.RetryIdempotent }
 	if cfg.LoadBalancing.OutlierEjection != nil {
 		pc.Outcome = func(m *group.Member, failed bool, reason string) { s.registry.ReportOutcome(m, failed, reason) }
 	}
@@ -180,7 +182,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.routes = routes
 	routes.spawn = s.spawn
 	if c := s.cluster; c != nil {
-		s.shared = &sharedRules{b: routes, c: c, lease: c.Lease(), edgeID: c.EdgeID(), resumeOf: s.sessionResume, stop: s.done}
+		s.shared = &sharedRules{b: routes, c: c, lease: c.Lease(), edgeID: c.EdgeID(), resumeOf: s.sessions.resumeOf, stop: s.done}
 		routes.rules = s.shared
 	}
 	pc.Registry = s.registry
@@ -188,7 +190,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	s.alerts = newAlerter(s)
 	s.wg.Go(func() { s.ingress.Janitor(idleSweepInterval, s.done) })
 	s.wg.Go(func() { s.routes.sweeper(s.done) })
-	s.wg.Go(s.logThrottled)
+	s.wg.Go(func() { logThrottled(s.authLimit, s.preAuth, s.done) })
 	if s.cluster != nil {
 		if err := s.cluster.Start(); err != nil {
 			_ = s.Close()
@@ -314,7 +316,7 @@ func (s *Server) ServeConn(c net.Conn) error {
 		_ = c.Close()
 		return err
 	}
-	sess, err := s.newSession(c, slot)
+	sess, err := newEdgeSession(s, c, slot)
 	if err != nil {
 		slot.Release()
 		_ = c.Close()
@@ -437,7 +439,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	}
 	s.alerts.stop()
-	s.closeSessions("edge shutting down", true)
+	s.sessions.closeAll("edge shutting down", true)
 	s.stopCluster(true)
 	waited := make(chan struct{})
 	go func() { s.wg.Wait(); s.tcp.Wait(); close(waited) }()
@@ -471,7 +473,7 @@ func (s *Server) Close() error {
 	}
 	s.tcp.Close()
 	s.alerts.stop() // groups vanishing because the edge stops is not an outage to page about
-	s.closeSessions("edge closed", false)
+	s.sessions.closeAll("edge closed", false)
 	s.stopCluster(true)
 	s.cancel()
 	s.wg.Wait()

@@ -123,26 +123,14 @@ func demo(ctx context.Context, out io.Writer, hold <-chan struct{}) error {
 	}
 
 	say("\n2. Two connectors register their backend in pool %q; each lists both edges", pool)
-	var sessions []*tunnel.Session
+	sessions, err := startConnectors(pctx, say, backends, edgeA, edgeB)
 	defer func() {
 		for _, s := range sessions {
 			_ = s.Close()
 		}
 	}()
-	for _, c := range []struct {
-		backend string
-		edges   []*edge
-	}{{"app-1", []*edge{edgeA, edgeB}}, {"app-2", []*edge{edgeB, edgeA}}} {
-		addrs := []string{c.edges[0].control, c.edges[1].control}
-		sess, err := tunnel.DialServers(pctx, addrs, tunnel.WithToken(demoToken), tunnel.WithBackoff(50*time.Millisecond, 500*time.Millisecond))
-		if err != nil {
-			return fmt.Errorf("connector of %s: %w", c.backend, err)
-		}
-		sessions = append(sessions, sess)
-		if _, err := sess.Forward(pctx, tunnel.TunnelSpec{Subdomain: pool, Group: pool, GroupKey: "demo-group-key"}, backends[c.backend].addr); err != nil {
-			return fmt.Errorf("connector of %s: %w", c.backend, err)
-		}
-		say("   connector of %s: servers [%s], attached to %s", c.backend, edgeNames(c.edges), edgeByControl(sess.Server(), edgeA, edgeB).id)
+	if err != nil {
+		return err
 	}
 
 	say("\n3. The pool as each edge's admin API lists it (GET /api/groups)")
@@ -153,17 +141,13 @@ func demo(ctx context.Context, out io.Writer, hold <-chan struct{}) error {
 			return err
 		}
 		say("   %s sees pool %q with %d members:", e.id, pool, len(members))
-		for _, m := range members {
-			say("     member %s on %s, healthy=%t", m.ID, m.EdgeID, m.Healthy)
-		}
+		printMembers(say, members)
 	}
 
 	say("\n4. Requests through each edge reach both backends (%s each, 4 at a time)", backendDelay)
 	for _, e := range []*edge{edgeA, edgeB} {
-		tally, failed := e.send(pctx, 24, 4)
-		say("   24 requests through %s: app-1: %d, app-2: %d, failed: %d", e.id, tally["app-1"], tally["app-2"], failed)
-		if failed > 0 || tally["app-1"] == 0 || tally["app-2"] == 0 {
-			return fmt.Errorf("through %s: expected both backends to answer and no failure, got %v and %d failed", e.id, tally, failed)
+		if err := sendThrough(pctx, say, e); err != nil {
+			return err
 		}
 	}
 
@@ -175,15 +159,7 @@ func demo(ctx context.Context, out io.Writer, hold <-chan struct{}) error {
 	printCluster(say, info)
 
 	if hold != nil {
-		say("\nHolding (Ctrl-C goes on with the failover and exits). Try:")
-		for _, e := range []*edge{edgeA, edgeB} {
-			say("   curl -H 'Host: demo.localhost' http://%s/", e.public)
-		}
-		for _, e := range []*edge{edgeA, edgeB} {
-			say("   curl -H 'Authorization: Bearer %s' http://%s/api/groups", adminToken, e.admin)
-		}
-		say("   curl -H 'Authorization: Bearer %s' http://%s/api/cluster", adminToken, edgeB.admin)
-		say("   status page: http://%s/ (token %s)", edgeB.admin, adminToken)
+		printTryURLs(say, edgeA, edgeB)
 		select {
 		case <-hold:
 		case <-pctx.Done():
@@ -198,32 +174,9 @@ func demo(ctx context.Context, out io.Writer, hold <-chan struct{}) error {
 	say("\n6. Edge A stops (Close, which leaves the cluster at once; the members of an edge that")
 	say("   crashed would leave the others' view within its lease, 3 s here); connector of app-1 moves to edge B")
 	edgeA.close()
-	tally, failed := edgeB.send(pctx, 12, 4)
-	say("   12 requests through edge-b right after: app-1: %d, app-2: %d, failed: %d", tally["app-1"], tally["app-2"], failed)
-	if failed > 0 || tally["app-2"] == 0 {
-		return fmt.Errorf("edge B after edge A stopped: %v and %d failed", tally, failed)
-	}
-	members, err := edgeB.waitPool(pctx, map[string]int{"edge-b": 2})
-	if err != nil {
+	if err := failover(pctx, say, edgeB, sessions[0]); err != nil {
 		return err
 	}
-	if srv := sessions[0].Server(); srv != edgeB.control {
-		return fmt.Errorf("connector of app-1 is attached to %s, not edge B", srv)
-	}
-	say("   connector of app-1 is attached to edge-b now; edge-b sees pool %q with %d members:", pool, len(members))
-	for _, m := range members {
-		say("     member %s on %s, healthy=%t", m.ID, m.EdgeID, m.Healthy)
-	}
-	tally, failed = edgeB.send(pctx, 24, 4)
-	say("   24 requests through edge-b: app-1: %d, app-2: %d, failed: %d", tally["app-1"], tally["app-2"], failed)
-	if failed > 0 || tally["app-1"] == 0 || tally["app-2"] == 0 {
-		return fmt.Errorf("through edge B after the failover: expected both backends, got %v and %d failed", tally, failed)
-	}
-	if info, err = edgeB.cluster(pctx); err != nil {
-		return err
-	}
-	say("   GET /api/cluster on edge-b:")
-	printCluster(say, info)
 
 	say("\n7. Shutting down: connectors, edge B, backends, NATS")
 	for _, s := range sessions {
@@ -239,6 +192,90 @@ func demo(ctx context.Context, out io.Writer, hold <-chan struct{}) error {
 	edgeB.close()
 	say("   done in %s", time.Since(start).Round(10*time.Millisecond))
 	return nil
+}
+
+// startConnectors starts the two connectors, each registering its backend in the pool:
+// app-1's lists the edges as [a, b], app-2's as [b, a]. It returns the sessions it
+// started, also those of a failed start, for the caller to close.
+func startConnectors(ctx context.Context, say func(string, ...any), backends map[string]*backend, a, b *edge) ([]*tunnel.Session, error) {
+	var sessions []*tunnel.Session
+	for _, c := range []struct {
+		backend string
+		edges   []*edge
+	}{{"app-1", []*edge{a, b}}, {"app-2", []*edge{b, a}}} {
+		addrs := []string{c.edges[0].control, c.edges[1].control}
+		sess, err := tunnel.DialServers(ctx, addrs, tunnel.WithToken(demoToken), tunnel.WithBackoff(50*time.Millisecond, 500*time.Millisecond))
+		if err != nil {
+			return sessions, fmt.Errorf("connector of %s: %w", c.backend, err)
+		}
+		sessions = append(sessions, sess)
+		if _, err := sess.Forward(ctx, tunnel.TunnelSpec{Subdomain: pool, Group: pool, GroupKey: "demo-group-key"}, backends[c.backend].addr); err != nil {
+			return sessions, fmt.Errorf("connector of %s: %w", c.backend, err)
+		}
+		say("   connector of %s: servers [%s], attached to %s", c.backend, edgeNames(c.edges), edgeByControl(sess.Server(), a, b).id)
+	}
+	return sessions, nil
+}
+
+// sendThrough sends 24 requests through e, 4 at a time, and checks that both backends
+// answered and none failed.
+func sendThrough(ctx context.Context, say func(string, ...any), e *edge) error {
+	tally, failed := e.send(ctx, 24, 4)
+	say("   24 requests through %s: app-1: %d, app-2: %d, failed: %d", e.id, tally["app-1"], tally["app-2"], failed)
+	if failed > 0 || tally["app-1"] == 0 || tally["app-2"] == 0 {
+		return fmt.Errorf("through %s: expected both backends to answer and no failure, got %v and %d failed", e.id, tally, failed)
+	}
+	return nil
+}
+
+// failover is step 6 after edge A stopped: edge B keeps serving, connector 1 attaches to
+// it (sess1 is its session) and registers again, and both backends answer through it.
+func failover(ctx context.Context, say func(string, ...any), edgeB *edge, sess1 *tunnel.Session) error {
+	tally, failed := edgeB.send(ctx, 12, 4)
+	say("   12 requests through edge-b right after: app-1: %d, app-2: %d, failed: %d", tally["app-1"], tally["app-2"], failed)
+	if failed > 0 || tally["app-2"] == 0 {
+		return fmt.Errorf("edge B after edge A stopped: %v and %d failed", tally, failed)
+	}
+	members, err := edgeB.waitPool(ctx, map[string]int{"edge-b": 2})
+	if err != nil {
+		return err
+	}
+	if srv := sess1.Server(); srv != edgeB.control {
+		return fmt.Errorf("connector of app-1 is attached to %s, not edge B", srv)
+	}
+	say("   connector of app-1 is attached to edge-b now; edge-b sees pool %q with %d members:", pool, len(members))
+	printMembers(say, members)
+	tally, failed = edgeB.send(ctx, 24, 4)
+	say("   24 requests through edge-b: app-1: %d, app-2: %d, failed: %d", tally["app-1"], tally["app-2"], failed)
+	if failed > 0 || tally["app-1"] == 0 || tally["app-2"] == 0 {
+		return fmt.Errorf("through edge B after the failover: expected both backends, got %v and %d failed", tally, failed)
+	}
+	info, err := edgeB.cluster(ctx)
+	if err != nil {
+		return err
+	}
+	say("   GET /api/cluster on edge-b:")
+	printCluster(say, info)
+	return nil
+}
+
+// printTryURLs prints what to try against the running cluster while it holds.
+func printTryURLs(say func(string, ...any), a, b *edge) {
+	say("\nHolding (Ctrl-C goes on with the failover and exits). Try:")
+	for _, e := range []*edge{a, b} {
+		say("   curl -H 'Host: demo.localhost' http://%s/", e.public)
+	}
+	for _, e := range []*edge{a, b} {
+		say("   curl -H 'Authorization: Bearer %s' http://%s/api/groups", adminToken, e.admin)
+	}
+	say("   curl -H 'Authorization: Bearer %s' http://%s/api/cluster", adminToken, b.admin)
+	say("   status page: http://%s/ (token %s)", b.admin, adminToken)
+}
+
+func printMembers(say func(string, ...any), members []admin.GroupMember) {
+	for _, m := range members {
+		say("     member %s on %s, healthy=%t", m.ID, m.EdgeID, m.Healthy)
+	}
 }
 
 // startNATS starts an embedded NATS server with JetStream on a free port of 127.0.0.1.

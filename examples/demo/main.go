@@ -147,45 +147,18 @@ func run(ctx context.Context, out io.Writer) error {
 		},
 	}}
 	defer client.CloseIdleConnections()
-	// send sends 20 requests and checks that both backends served them (shared) or only A.
-	send := func(shared bool) error {
-		tally, failed := map[string]int{}, 0
-		for range 20 {
-			if who, err := get(client, url); err != nil {
-				failed++
-			} else {
-				tally[who]++
-			}
-		}
-		say("   20 requests to %s: backend A: %d, backend B: %d, failed: %d", url, tally["A"], tally["B"], failed)
-		switch {
-		case failed > 0:
-			return fmt.Errorf("%d requests failed", failed)
-		case shared && (tally["A"] < 5 || tally["B"] < 5):
-			return errors.New("expected both backends to share the requests")
-		case !shared && tally["A"] != 20:
-			return errors.New("expected every request on backend A")
-		}
-		return nil
-	}
-	healthEvent := func(name string, healthy bool) func(group.Event) bool {
-		return func(ev group.Event) bool {
-			who, _ := names.Load(ev.Member.ID)
-			return ev.Kind == group.EventHealth && who == name && ev.Healthy == healthy
-		}
-	}
 
 	say("\n2. Requests are shared between the two backends")
-	if err := send(true); err != nil {
+	if err := sendRequests(say, client, url, true); err != nil {
 		return err
 	}
 
 	say("\n3. Stopping backend B (its connector stays); its health check takes it out of rotation")
 	b.stop()
-	if err := waitFor(ctx, events, "backend B unhealthy", healthEvent("B", false)); err != nil {
+	if err := waitFor(ctx, events, "backend B unhealthy", healthEvent(&names, "B", false)); err != nil {
 		return err
 	}
-	if err := send(false); err != nil {
+	if err := sendRequests(say, client, url, false); err != nil {
 		return err
 	}
 
@@ -193,27 +166,67 @@ func run(ctx context.Context, out io.Writer) error {
 	if err := b.start(b.addr); err != nil {
 		return err
 	}
-	if err := waitFor(ctx, events, "backend B healthy", healthEvent("B", true)); err != nil {
+	if err := waitFor(ctx, events, "backend B healthy", healthEvent(&names, "B", true)); err != nil {
 		return err
 	}
-	if err := send(true); err != nil {
+	if err := sendRequests(say, client, url, true); err != nil {
 		return err
 	}
 
 	say("\n5. Shutting down: the connectors drain their tunnels, then the edge and the backends stop")
+	if err := shutdown(ctx, connectors, edge); err != nil {
+		return err
+	}
+	a.stop()
+	b.stop()
+	say("   done in %s", time.Since(start).Round(10*time.Millisecond))
+	return nil
+}
+
+// sendRequests sends 20 requests to url and checks that both backends served them (shared)
+// or only A.
+func sendRequests(say func(string, ...any), client *http.Client, url string, shared bool) error {
+	tally, failed := map[string]int{}, 0
+	for range 20 {
+		if who, err := get(client, url); err != nil {
+			failed++
+		} else {
+			tally[who]++
+		}
+	}
+	say("   20 requests to %s: backend A: %d, backend B: %d, failed: %d", url, tally["A"], tally["B"], failed)
+	switch {
+	case failed > 0:
+		return fmt.Errorf("%d requests failed", failed)
+	case shared && (tally["A"] < 5 || tally["B"] < 5):
+		return errors.New("expected both backends to share the requests")
+	case !shared && tally["A"] != 20:
+		return errors.New("expected every request on backend A")
+	}
+	return nil
+}
+
+// healthEvent matches the edge's event of the member of backend name (names: tunnel id →
+// backend name) turning healthy or unhealthy.
+func healthEvent(names *sync.Map, name string, healthy bool) func(group.Event) bool {
+	return func(ev group.Event) bool {
+		who, _ := names.Load(ev.Member.ID)
+		return ev.Kind == group.EventHealth && who == name && ev.Healthy == healthy
+	}
+}
+
+// shutdown closes the connectors, whose tunnels drain, then shuts the edge down.
+func shutdown(ctx context.Context, connectors []*tunnel.Session, edge *tunnel.Server) error {
 	for _, sess := range connectors {
 		if err := sess.Close(); err != nil {
 			return fmt.Errorf("closing a connector: %w", err)
 		}
 	}
-	sctx, scancel := context.WithTimeout(ctx, 5*time.Second)
-	defer scancel()
-	if err := edge.Shutdown(sctx); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := edge.Shutdown(ctx); err != nil {
 		return fmt.Errorf("edge shutdown: %w", err)
 	}
-	a.stop()
-	b.stop()
-	say("   done in %s", time.Since(start).Round(10*time.Millisecond))
 	return nil
 }
 

@@ -188,25 +188,7 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		return
 	}
 	h.cfg.Stats.HTTPRequests.Add(1)
-	if r.ProtoMajor == 2 && h.cfg.MaxHeaderBytes > 0 && h2HeaderListSize(r) > h.cfg.MaxHeaderBytes+h2HeaderSlack {
-		h.fail(w, r, fmt.Sprintf("request header fields over the limit of %d bytes", h.cfg.MaxHeaderBytes), http.StatusRequestHeaderFieldsTooLarge)
-		return
-	}
-	if r.Method == http.MethodConnect {
-		h.refuseConnect(w, r)
-		return
-	}
-	if r.ProtoMajor == 2 && strings.IndexByte(r.RequestURI, ' ') >= 0 {
-		// An HTTP/2 :path may hold a space, which net/http's HTTP/2 server lets through
-		// (its query is kept raw): written into the request line to an HTTP/1.1 member
-		// ("GET /x?a=1 HTTP/1.0 HTTP/1.1"), it would end the target there and make the
-		// rest the backend's protocol version. Refused as net/http refuses such a request
-		// line over HTTP/1.1.
-		h.fail(w, r, "bad request: a space in the request target", http.StatusBadRequest)
-		return
-	}
-	if !validHostPort(r.Host) {
-		h.fail(w, r, fmt.Sprintf("invalid port in host %q", r.Host), http.StatusBadRequest)
+	if h.refuseBeforeRouting(w, r) {
 		return
 	}
 	var sub string
@@ -220,18 +202,12 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		h.fail(w, r, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
 		return
 	}
-	if h.cfg.HTTPGate != nil {
-		if gate := h.cfg.HTTPGate(sub); gate != nil {
-			done, refused := gate.Admit(clientAddr(r.RemoteAddr))
-			if refused != nil {
-				if refused.RetryAfter > 0 {
-					w.Header().Set("Retry-After", strconv.Itoa(int(refused.RetryAfter.Seconds())))
-				}
-				h.fail(w, r, refused.Reason, refused.Status)
-				return
-			}
-			defer done()
-		}
+	done, admitted := h.admit(w, r, sub)
+	if !admitted {
+		return
+	}
+	if done != nil {
+		defer done()
 	}
 	var g *group.Group
 	if rt != nil {
@@ -240,45 +216,20 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		g = h.cfg.Registry.LookupHTTP(sub)
 	}
 	if g == nil {
-		if h.cfg.Reserved != nil && h.cfg.Reserved(sub) {
-			h.fail(w, r, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
-			return
-		}
-		h.fail(w, r, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
+		h.failNoGroup(w, r, sub)
 		return
 	}
-	if g.Proto == group.ProtoHTTPS && r.TLS == nil {
-		if host := h.cfg.HTTPSHost(sub); host != "" {
-			u := *r.URL
-			u.Scheme, u.Host = "https", host
-			if isGRPC(r) {
-				// A gRPC client follows no redirect: it is told where the service is.
-				h.fail(w, r, fmt.Sprintf("%s is served over HTTPS only: %s", r.Host, u.String()), http.StatusPermanentRedirect)
-				return
-			}
-			http.Redirect(w, r, u.String(), http.StatusPermanentRedirect)
-			return
-		}
+	if g.Proto == group.ProtoHTTPS && r.TLS == nil && h.redirectToHTTPS(w, r, sub) {
+		return
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		// The body is wrapped below, on a copy of the request: the server judges the
 		// connection by the body it handed out (an Expect: 100-continue body not read to
 		// its end, a body it closed early: the connection is not reused).
 		r = r.WithContext(r.Context())
-		if r.ProtoMajor == 2 && h2ExpectsContinue(r.Body) {
-			// net/http's HTTP/2 server takes Expect: 100-continue off the request (and
-			// answers it on the body's first read): it is put back for the member, whose
-			// exchange then waits for its backend's 100 before it reads the body.
-			r.Header = r.Header.Clone()
-			r.Header.Set("Expect", "100-continue")
-		}
-	}
-	if max := h.cfg.RequestBodyMaxBytes; max > 0 && r.Body != nil && r.Body != http.NoBody {
-		if r.ContentLength > max {
-			h.fail(w, r, fmt.Sprintf("request body over the limit of %d bytes", max), http.StatusRequestEntityTooLarge)
+		if !h.prepareBody(w, r) {
 			return
 		}
-		r.Body = http.MaxBytesReader(w, r.Body, max)
 	}
 	rc := &reqCtx{Context: r.Context(), ri: reqInfo{g: g}}
 	ri := &rc.ri
@@ -327,6 +278,107 @@ func (h *HTTP) serve(w http.ResponseWriter, r *http.Request, rt *routed) {
 		out = watch
 	}
 	h.proxy.ServeHTTP(out, r.WithContext(ctx))
+}
+
+// refuseBeforeRouting answers r, and reports true, when it is refused whatever its route:
+// an HTTP/2 header list over the limit, CONNECT, a space in an HTTP/2 request target, a
+// Host with a bad port.
+func (h *HTTP) refuseBeforeRouting(w http.ResponseWriter, r *http.Request) bool {
+	if r.ProtoMajor == 2 && h.cfg.MaxHeaderBytes > 0 && h2HeaderListSize(r) > h.cfg.MaxHeaderBytes+h2HeaderSlack {
+		h.fail(w, r, fmt.Sprintf("request header fields over the limit of %d bytes", h.cfg.MaxHeaderBytes), http.StatusRequestHeaderFieldsTooLarge)
+		return true
+	}
+	if r.Method == http.MethodConnect {
+		h.refuseConnect(w, r)
+		return true
+	}
+	if r.ProtoMajor == 2 && strings.IndexByte(r.RequestURI, ' ') >= 0 {
+		// An HTTP/2 :path may hold a space, which net/http's HTTP/2 server lets through
+		// (its query is kept raw): written into the request line to an HTTP/1.1 member
+		// ("GET /x?a=1 HTTP/1.0 HTTP/1.1"), it would end the target there and make the
+		// rest the backend's protocol version. Refused as net/http refuses such a request
+		// line over HTTP/1.1.
+		h.fail(w, r, "bad request: a space in the request target", http.StatusBadRequest)
+		return true
+	}
+	if !validHostPort(r.Host) {
+		h.fail(w, r, fmt.Sprintf("invalid port in host %q", r.Host), http.StatusBadRequest)
+		return true
+	}
+	return false
+}
+
+// admit applies the admission policy of subdomain sub (Config.HTTPGate), if it has one, to
+// r. admitted is false when r is refused: it has been answered. done, when not nil, is
+// called at the end of r.
+func (h *HTTP) admit(w http.ResponseWriter, r *http.Request, sub string) (done func(), admitted bool) {
+	if h.cfg.HTTPGate == nil {
+		return nil, true
+	}
+	gate := h.cfg.HTTPGate(sub)
+	if gate == nil {
+		return nil, true
+	}
+	done, refused := gate.Admit(clientAddr(r.RemoteAddr))
+	if refused != nil {
+		if refused.RetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(refused.RetryAfter.Seconds())))
+		}
+		h.fail(w, r, refused.Reason, refused.Status)
+		return nil, false
+	}
+	return done, true
+}
+
+// failNoGroup answers a request for subdomain sub, which no group serves: 503 when sub is a
+// reserved endpoint (Config.Reserved), 404 otherwise.
+func (h *HTTP) failNoGroup(w http.ResponseWriter, r *http.Request, sub string) {
+	if h.cfg.Reserved != nil && h.cfg.Reserved(sub) {
+		h.fail(w, r, fmt.Sprintf("no healthy backend for %s", r.Host), http.StatusServiceUnavailable)
+		return
+	}
+	h.fail(w, r, fmt.Sprintf("no tunnel for host %q", r.Host), http.StatusNotFound)
+}
+
+// redirectToHTTPS answers r, a plain-HTTP request for subdomain sub of an https group, with
+// a permanent redirect to the group's HTTPS host, and reports whether it did (it does not
+// when the group has no HTTPS host here).
+func (h *HTTP) redirectToHTTPS(w http.ResponseWriter, r *http.Request, sub string) bool {
+	host := h.cfg.HTTPSHost(sub)
+	if host == "" {
+		return false
+	}
+	u := *r.URL
+	u.Scheme, u.Host = "https", host
+	if isGRPC(r) {
+		// A gRPC client follows no redirect: it is told where the service is.
+		h.fail(w, r, fmt.Sprintf("%s is served over HTTPS only: %s", r.Host, u.String()), http.StatusPermanentRedirect)
+		return true
+	}
+	http.Redirect(w, r, u.String(), http.StatusPermanentRedirect)
+	return true
+}
+
+// prepareBody readies the body of r, a request with one, for forwarding: on HTTP/2, the
+// Expect: 100-continue its server took off is put back, and the body is capped at
+// Config.RequestBodyMaxBytes. It reports false when r announced a body over that limit:
+// it has been answered 413.
+func (h *HTTP) prepareBody(w http.ResponseWriter, r *http.Request) bool {
+	if r.ProtoMajor == 2 && h2ExpectsContinue(r.Body) {
+		// net/http's HTTP/2 server takes Expect: 100-continue off the request (and answers
+		// it on the body's first read): it is put back for the member, whose exchange then
+		// waits for its backend's 100 before it reads the body.
+		r.Header = r.Header.Clone()
+		r.Header.Set("Expect", "100-continue")
+	}
+	if max := h.cfg.RequestBodyMaxBytes; max > 0 {
+		if r.ContentLength > max {
+			h.fail(w, r, fmt.Sprintf("request body over the limit of %d bytes", max), http.StatusRequestEntityTooLarge)
+			return false
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, max)
+	}
+	return true
 }
 
 // watchesStalls reports whether responses are watched for clients that do not keep up: a
@@ -553,21 +605,9 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	// rp holds the body of a replayable request, for one more attempt.
-	var rp *replay
-	// A body of unknown length whose client waits for 100 Continue is not read ahead for a
-	// replay: it may be long, and the member's backend may refuse it before it asks for it.
-	// (One announced over maxReplayBody is not read ahead anyway; a shorter one is.)
-	heldBack := req.ContentLength < 0 && expectsContinue(req.Header)
-	if t.cfg.RetryIdempotent != nil && replayableMethod(req) && !heldBack && t.cfg.RetryIdempotent(g) {
-		var err error
-		if rp, err = bufferBody(req); err != nil {
-			return nil, err
-		}
-		if rp != nil && rp.hasBody && req.Header.Get("Expect") != "" {
-			// The edge holds the whole body (its client was told to send it): the member
-			// has nothing to decide, and waiting for its 100 Continue would only delay it.
-			req.Header.Del("Expect")
-		}
+	rp, err := t.replayOf(req, g)
+	if err != nil {
+		return nil, err
 	}
 	p := &picker{g: g, retries: t.cfg.Stats.RetriesOpenFailed, outcome: t.cfg.Outcome, aff: ri.aff, ctx: req.Context()}
 	pc, m, err := t.conn(p, req)
@@ -630,6 +670,29 @@ func (t *memberTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	retries.Add(1)
 	rp.rewind(req)
 	return t.attempt(pc2, m2, req, ri)
+}
+
+// replayOf reads ahead and returns what it takes to send req, to g, again to another member,
+// or nil when the edge holds none: g does not retry idempotent requests
+// (Config.RetryIdempotent), req is not one, or its body is too long to hold (bufferBody).
+func (t *memberTransport) replayOf(req *http.Request, g *group.Group) (*replay, error) {
+	// A body of unknown length whose client waits for 100 Continue is not read ahead for a
+	// replay: it may be long, and the member's backend may refuse it before it asks for it.
+	// (One announced over maxReplayBody is not read ahead anyway; a shorter one is.)
+	heldBack := req.ContentLength < 0 && expectsContinue(req.Header)
+	if t.cfg.RetryIdempotent == nil || !replayableMethod(req) || heldBack || !t.cfg.RetryIdempotent(g) {
+		return nil, nil
+	}
+	rp, err := bufferBody(req)
+	if err != nil {
+		return nil, err
+	}
+	if rp != nil && rp.hasBody && req.Header.Get("Expect") != "" {
+		// The edge holds the whole body (its client was told to send it): the member has
+		// nothing to decide, and waiting for its 100 Continue would only delay it.
+		req.Header.Del("Expect")
+	}
+	return rp, nil
 }
 
 // resendBody returns the body of req's next attempt after its stream on pc was refused:

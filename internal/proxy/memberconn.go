@@ -321,22 +321,15 @@ func reqHeadExcluded(k string) bool {
 // fmt and allocates a transfer writer and a header sorter each time, about 3 µs a request
 // (BenchmarkEdgeHTTP).
 func writeBodylessHead(w *bufio.Writer, req *http.Request) bool {
-	if req.Body != nil && req.Body != http.NoBody || req.ContentLength != 0 || req.Close ||
-		req.Trailer != nil || req.TransferEncoding != nil || req.Method == http.MethodConnect ||
-		req.URL == nil || req.URL.Opaque != "" {
+	if !plainBodyless(req) {
 		return false
 	}
 	host := req.Host
 	if host == "" {
 		host = req.URL.Host
 	}
-	for i := 0; i < len(host); i++ {
-		if host[i] >= utf8.RuneSelf {
-			return false // Request.Write would punycode it
-		}
-	}
-	if !httpguts.ValidHostHeader(host) || strings.HasPrefix(host, "[") {
-		return false // Request.Write would drop it, or take its zone off
+	if !plainHost(host) {
+		return false
 	}
 	ua, ok := req.Header["User-Agent"]
 	if !ok {
@@ -355,14 +348,6 @@ func writeBodylessHead(w *bufio.Writer, req *http.Request) bool {
 	if !validRequestTarget(path) || !validRequestTarget(query) {
 		return false // Request.Write fails it
 	}
-	var keysArr [32]string
-	keys := keysArr[:0]
-	for k := range req.Header {
-		if !reqHeadExcluded(k) {
-			keys = append(keys, k)
-		}
-	}
-	slices.Sort(keys)
 
 	_, _ = w.WriteString(method)
 	_ = w.WriteByte(' ')
@@ -383,19 +368,55 @@ func writeBodylessHead(w *bufio.Writer, req *http.Request) bool {
 	case http.MethodPost, http.MethodPut, http.MethodPatch:
 		_, _ = w.WriteString("Content-Length: 0\r\n")
 	}
+	writeHeaderFields(w, req.Header)
+	_, _ = w.WriteString("\r\n")
+	return true
+}
+
+// plainBodyless reports whether req is one whose head writeBodylessHead writes as
+// Request.Write would: no body, no trailers, no Connection: close, no CONNECT, a URL that
+// is not opaque.
+func plainBodyless(req *http.Request) bool {
+	return (req.Body == nil || req.Body == http.NoBody) && req.ContentLength == 0 && !req.Close &&
+		req.Trailer == nil && req.TransferEncoding == nil && req.Method != http.MethodConnect &&
+		req.URL != nil && req.URL.Opaque == ""
+}
+
+// plainHost reports whether Request.Write would send host as it is: plain ASCII (it would
+// punycode anything else), a valid Host header (it would drop it) and no IPv6 literal (it
+// would take its zone off).
+func plainHost(host string) bool {
+	for i := 0; i < len(host); i++ {
+		if host[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return httpguts.ValidHostHeader(host) && !strings.HasPrefix(host, "[")
+}
+
+// writeHeaderFields writes the fields of h as Request.Write does, sorted by name, but for
+// those it writes itself (reqHeadExcluded) and those with an invalid name (it drops them).
+func writeHeaderFields(w *bufio.Writer, h http.Header) {
+	// Sorted on the stack: most requests have fewer fields than this.
+	var keysArr [32]string
+	keys := keysArr[:0]
+	for k := range h {
+		if !reqHeadExcluded(k) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
 	for _, k := range keys {
 		if !httpguts.ValidHeaderFieldName(k) {
-			continue // as Request.Write: dropped
+			continue
 		}
-		for _, v := range req.Header[k] {
+		for _, v := range h[k] {
 			_, _ = w.WriteString(k)
 			_, _ = w.WriteString(": ")
 			_, _ = w.WriteString(headValue(v))
 			_, _ = w.WriteString("\r\n")
 		}
 	}
-	_, _ = w.WriteString("\r\n")
-	return true
 }
 
 // validRequestTarget reports whether s, a part of a request target, has no control byte
@@ -524,53 +545,19 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 	}
 	pc.lim.got = false
 	hasBody := req.Body != nil && req.Body != http.NoBody
-	var hold *ackHold
-	if _, inMemory := req.Body.(*heldBody); hasBody && pc.ackPending && !inMemory {
-		// Sent before the acknowledgement: kept for another member until it comes.
-		hold = newAckHold(req.Body)
-		req.Body = hold
-	}
-	pc.hold.Store(hold)
-	var gate *continueGate
-	switch {
-	case hasBody && expectsContinue(req.Header):
-		gate = newContinueGate()
-		req.Header.Set("Expect", "100-continue")
-	case req.Header.Get("Expect") != "":
-		req.Header.Del("Expect")
-	}
-	pc.gate.Store(gate)
+	gate := pc.prepareBody(req, hasBody)
 	// A client that goes away aborts the exchange, wherever it is blocked.
 	stop := context.AfterFunc(req.Context(), pc.closeFn)
 	var wdone chan error
 	var body *bodyReader
 	if hasBody {
-		wdone = make(chan error, 1)
 		body = &bodyReader{ReadCloser: req.Body, length: req.ContentLength}
 		req.Body = body
 		if gate != nil {
 			req.Body = &gatedBody{ReadCloser: body, gate: gate}
 		}
-		go func() {
-			err := pc.writeRequest(req)
-			switch {
-			case gate.withheld():
-				// The backend answered before it asked for the body, or the exchange
-				// ended: no byte of the body was read or sent. The head was, so the
-				// stream is not reused; whoever ends the exchange closes it.
-				err = errBodyWithheld
-			case body.err != nil:
-				// Request.Write hides the cause (e.g. *http.MaxBytesError), and the public
-				// client's body failed, not the backend.
-				err = &requestBodyError{body.err}
-			}
-			if err != nil && err != errBodyWithheld {
-				// The body broke off (client gone, over the limit): the backend would
-				// wait for the rest forever, so end the exchange.
-				pc.close()
-			}
-			wdone <- err
-		}()
+		wdone = make(chan error, 1)
+		go func() { wdone <- pc.writeRequestWithBody(req, gate, body) }()
 	} else if err := pc.writeRequest(req); err != nil {
 		if pc.ackPending {
 			// Whether the connector took the stream, its acknowledgement tells (within
@@ -600,68 +587,130 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 		stop()
 		pc.close()
 		if wdone != nil {
-			var oe *openError
-			refused := errors.As(err, &oe)
-			switch werr := <-wdone; {
-			case werr == errBodyWithheld && refused:
-				// The stream was refused before the backend could ask for the body: the
-				// body goes to the next member, if any, which may ask for it.
-			case werr == errBodyWithheld:
-				// The client still waits to be asked for its body: nothing will read it.
-				bodyAborter(req)()
-			case refused && !clientFault(werr):
-				// The writer failed because the stream was refused: the refusal is the
-				// cause, and the body is kept for the next member.
-			case werr != nil && !errors.Is(werr, yamux.ErrTimeout):
-				// The upload failed first (e.g. over the body limit); that is the cause.
-				err = werr
-			}
+			err = failureWithUpload(req, err, <-wdone)
 		}
 		m.Release()
 		return nil, err
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		if want := req.Header.Get("Upgrade"); want == "" || !strings.EqualFold(want, resp.Header.Get("Upgrade")) {
-			// A switch nobody asked for: the proxy would refuse it without closing the
-			// body, and the member's stream slot would never be released.
-			stop()
-			pc.close()
-			if wdone != nil {
-				<-wdone
-			}
-			m.Release()
-			return nil, fmt.Errorf("backend switched to protocol %q, the request asked for %q", resp.Header.Get("Upgrade"), want)
-		}
-		if wdone != nil {
-			select {
-			case werr := <-wdone:
-				if werr == errBodyWithheld {
-					werr = errors.New("backend switched protocols before it asked for the request body")
-				}
-				if werr != nil {
-					stop()
-					pc.close()
-					m.Release()
-					return nil, werr
-				}
-			default:
-				stop()
-				pc.close()
-				<-wdone
-				m.Release()
-				return nil, errors.New("backend switched protocols before reading the request body")
-			}
-		}
-		u := &upgradedConn{pc: pc, m: m}
-		stop()
-		// Whatever the proxy does with the switch, the end of the request releases it
-		// (ReverseProxy closes it itself when it carried the connection; Close is idempotent).
-		context.AfterFunc(req.Context(), func() { _ = u.Close() })
-		resp.Body = u
-		return resp, nil
+		return pc.switchProtocols(req, resp, m, wdone, stop)
 	}
 	resp.Body = &memberBody{pc: pc, m: m, body: resp.Body, wdone: wdone, stop: stop, upload: body,
 		abortUpload: bodyAborter(req), reusable: !resp.Close && !req.Close}
+	return resp, nil
+}
+
+// prepareBody readies req's body and Expect header for the exchange, and returns the gate
+// that holds the body back until the backend asks for it (nil when the request does not
+// wait for 100 Continue). On a new stream, a body that is not already held in memory is
+// wrapped to be kept for another member until the connector acknowledges the stream.
+func (pc *memberConn) prepareBody(req *http.Request, hasBody bool) *continueGate {
+	var hold *ackHold
+	if _, inMemory := req.Body.(*heldBody); hasBody && pc.ackPending && !inMemory {
+		hold = newAckHold(req.Body)
+		req.Body = hold
+	}
+	pc.hold.Store(hold)
+	var gate *continueGate
+	switch {
+	case hasBody && expectsContinue(req.Header):
+		gate = newContinueGate()
+		req.Header.Set("Expect", "100-continue")
+	case req.Header.Get("Expect") != "":
+		req.Header.Del("Expect")
+	}
+	pc.gate.Store(gate)
+	return gate
+}
+
+// writeRequestWithBody writes req, whose body is body (behind gate, when not nil), while
+// the response is being read. A body that broke off ends the exchange: the backend would
+// wait for the rest for ever.
+func (pc *memberConn) writeRequestWithBody(req *http.Request, gate *continueGate, body *bodyReader) error {
+	err := pc.writeRequest(req)
+	switch {
+	case gate.withheld():
+		// The backend answered before it asked for the body, or the exchange ended: no
+		// byte of the body was read or sent. The head was, so the stream is not reused;
+		// whoever ends the exchange closes it.
+		return errBodyWithheld
+	case body.err != nil:
+		// Request.Write hides the cause (e.g. *http.MaxBytesError), and the public
+		// client's body failed, not the backend.
+		err = &requestBodyError{body.err}
+	}
+	if err != nil {
+		pc.close()
+	}
+	return err
+}
+
+// failureWithUpload is the error of an exchange of req that failed with err while its body
+// was being written, the writer having ended with werr: the upload's failure when it came
+// first, the refusal of the stream when the writer failed because of it. A public body the
+// backend never asked for is no longer waited on.
+func failureWithUpload(req *http.Request, err, werr error) error {
+	var oe *openError
+	refused := errors.As(err, &oe)
+	switch {
+	case werr == errBodyWithheld && refused:
+		// The stream was refused before the backend could ask for the body: the body
+		// goes to the next member, if any, which may ask for it.
+	case werr == errBodyWithheld:
+		// The client still waits to be asked for its body: nothing will read it.
+		bodyAborter(req)()
+	case refused && !clientFault(werr):
+		// The writer failed because the stream was refused: the refusal is the cause, and
+		// the body is kept for the next member.
+	case werr != nil && !errors.Is(werr, yamux.ErrTimeout):
+		// The upload failed first (e.g. over the body limit); that is the cause.
+		return werr
+	}
+	return err
+}
+
+// switchProtocols returns resp, the backend's 101 Switching Protocols to req, with the
+// stream as its body, or fails the exchange: a switch to another protocol than req asked
+// for, or before the backend read the whole request body. wdone is the body writer's
+// outcome (nil without a body); stop undoes the exchange's abort on the client's leaving.
+func (pc *memberConn) switchProtocols(req *http.Request, resp *http.Response, m *group.Member, wdone chan error, stop func() bool) (*http.Response, error) {
+	if want := req.Header.Get("Upgrade"); want == "" || !strings.EqualFold(want, resp.Header.Get("Upgrade")) {
+		// A switch nobody asked for: the proxy would refuse it without closing the body,
+		// and the member's stream slot would never be released.
+		stop()
+		pc.close()
+		if wdone != nil {
+			<-wdone
+		}
+		m.Release()
+		return nil, fmt.Errorf("backend switched to protocol %q, the request asked for %q", resp.Header.Get("Upgrade"), want)
+	}
+	if wdone != nil {
+		select {
+		case werr := <-wdone:
+			if werr == errBodyWithheld {
+				werr = errors.New("backend switched protocols before it asked for the request body")
+			}
+			if werr != nil {
+				stop()
+				pc.close()
+				m.Release()
+				return nil, werr
+			}
+		default:
+			stop()
+			pc.close()
+			<-wdone
+			m.Release()
+			return nil, errors.New("backend switched protocols before reading the request body")
+		}
+	}
+	u := &upgradedConn{pc: pc, m: m}
+	stop()
+	// Whatever the proxy does with the switch, the end of the request releases it
+	// (ReverseProxy closes it itself when it carried the connection; Close is idempotent).
+	context.AfterFunc(req.Context(), func() { _ = u.Close() })
+	resp.Body = u
 	return resp, nil
 }
 

@@ -378,32 +378,8 @@ func readClientHello(r io.Reader) ([]byte, string, error) {
 // ClientHello at the start of a handshake record's payload, lower-cased and without a
 // trailing dot. It fails (errNotTLS) on anything malformed or cut short.
 func serverName(b []byte) (string, error) {
-	p := helloParser(b)
-	typ, ok := p.uint(1)
-	if !ok || typ != tlsHandshakeHello {
-		return "", errNotTLS
-	}
-	body, ok := p.vector(3)
+	exts, ok := helloExtensions(b)
 	if !ok {
-		return "", errNotTLS // split over records, or longer than its record
-	}
-	var sessionID, suites, compression, exts helloParser
-	if _, ok := body.bytes(2 + 32); !ok { // legacy_version, random
-		return "", errNotTLS
-	}
-	if sessionID, ok = body.vector(1); !ok || len(sessionID) > 32 {
-		return "", errNotTLS
-	}
-	if suites, ok = body.vector(2); !ok || len(suites) < 2 || len(suites)%2 != 0 {
-		return "", errNotTLS
-	}
-	if compression, ok = body.vector(1); !ok || len(compression) < 1 {
-		return "", errNotTLS
-	}
-	if len(body) == 0 {
-		return "", nil // no extensions (TLS 1.0-1.2 allow it): no name
-	}
-	if exts, ok = body.vector(2); !ok || len(body) != 0 {
 		return "", errNotTLS
 	}
 	for len(exts) > 0 {
@@ -412,27 +388,68 @@ func serverName(b []byte) (string, error) {
 		if !ok1 || !ok2 {
 			return "", errNotTLS
 		}
-		if typ != tlsExtServerName {
-			continue
+		if typ == tlsExtServerName {
+			return sniHostName(data)
 		}
-		list, ok := data.vector(2)
-		if !ok || len(data) != 0 {
+	}
+	return "", nil
+}
+
+// helloExtensions returns the extensions of the ClientHello at the start of b, the payload
+// of a handshake record (none when it has none, as TLS 1.0-1.2 allow); ok is false when
+// the ClientHello is malformed or cut short.
+func helloExtensions(b []byte) (exts helloParser, ok bool) {
+	p := helloParser(b)
+	typ, ok := p.uint(1)
+	if !ok || typ != tlsHandshakeHello {
+		return nil, false
+	}
+	body, ok := p.vector(3)
+	if !ok {
+		return nil, false // split over records, or longer than its record
+	}
+	var sessionID, suites, compression helloParser
+	if _, ok := body.bytes(2 + 32); !ok { // legacy_version, random
+		return nil, false
+	}
+	if sessionID, ok = body.vector(1); !ok || len(sessionID) > 32 {
+		return nil, false
+	}
+	if suites, ok = body.vector(2); !ok || len(suites) < 2 || len(suites)%2 != 0 {
+		return nil, false
+	}
+	if compression, ok = body.vector(1); !ok || len(compression) < 1 {
+		return nil, false
+	}
+	if len(body) == 0 {
+		return nil, true
+	}
+	if exts, ok = body.vector(2); !ok || len(body) != 0 {
+		return nil, false
+	}
+	return exts, true
+}
+
+// sniHostName returns the host name in data, the payload of a server_name extension: the
+// first name of type host_name, lower-cased and without a trailing dot, or "" when the list
+// has none. It fails (errNotTLS) on a malformed list.
+func sniHostName(data helloParser) (string, error) {
+	list, ok := data.vector(2)
+	if !ok || len(data) != 0 {
+		return "", errNotTLS
+	}
+	for len(list) > 0 {
+		nameType, ok1 := list.uint(1)
+		name, ok2 := list.vector(2)
+		if !ok1 || !ok2 {
 			return "", errNotTLS
 		}
-		for len(list) > 0 {
-			nameType, ok1 := list.uint(1)
-			name, ok2 := list.vector(2)
-			if !ok1 || !ok2 {
+		if nameType == tlsServerNameHostName {
+			if len(name) == 0 || len(name) > 255 {
 				return "", errNotTLS
 			}
-			if nameType == tlsServerNameHostName {
-				if len(name) == 0 || len(name) > 255 {
-					return "", errNotTLS
-				}
-				return strings.ToLower(strings.TrimSuffix(string(name), ".")), nil
-			}
+			return strings.ToLower(strings.TrimSuffix(string(name), ".")), nil
 		}
-		return "", nil
 	}
 	return "", nil
 }

@@ -351,35 +351,47 @@ func (c *Cluster) reconcileLocked(e *remoteEdge) {
 		return
 	}
 	for id, rec := range e.records {
-		if e.moved[id] {
-			continue
-		}
-		m := e.joined[id]
-		if m == nil {
-			var err error
-			if m, err = c.joinRemote(e, rec); err != nil {
-				if e.refused[id] != err.Error() {
-					e.refused[id] = err.Error()
-					c.log.Warn("a remote member cannot join this edge's pool", zap.String("edge", e.id),
-						zap.String("tunnel", id), zap.String("label", rec.Label), zap.Error(err))
-				}
-				continue
-			}
-			delete(e.refused, id)
-			e.joined[id] = m
-		}
-		if m.HealthKind != "none" && m.Healthy() != rec.Healthy {
-			c.edge.Registry().SetHealth(m, rec.Healthy, remoteReason(e.id, rec.Healthy))
-		}
-		if rec.Draining && !m.Draining() {
-			c.edge.Registry().Drain(m)
-			if t, ok := m.Value().(*proxy.Tunnel); ok {
-				// Its edge waits for the streams this edge has open to it; closing them
-				// writes to the link: not under the remote view's lock.
-				c.spawn(t.CloseIdle)
-			}
+		if !e.moved[id] {
+			c.applyRecordLocked(e, id, rec)
 		}
 	}
+	e.forgetDeletedRecords()
+}
+
+// applyRecordLocked makes the registry's member for e's record rec (of tunnel id) match it:
+// joined, unless the registry refuses it (logged once per reason), as healthy as rec says,
+// and draining once rec is.
+func (c *Cluster) applyRecordLocked(e *remoteEdge, id string, rec memberRecord) {
+	m := e.joined[id]
+	if m == nil {
+		var err error
+		if m, err = c.joinRemote(e, rec); err != nil {
+			if e.refused[id] != err.Error() {
+				e.refused[id] = err.Error()
+				c.log.Warn("a remote member cannot join this edge's pool", zap.String("edge", e.id),
+					zap.String("tunnel", id), zap.String("label", rec.Label), zap.Error(err))
+			}
+			return
+		}
+		delete(e.refused, id)
+		e.joined[id] = m
+	}
+	if m.HealthKind != "none" && m.Healthy() != rec.Healthy {
+		c.edge.Registry().SetHealth(m, rec.Healthy, remoteReason(e.id, rec.Healthy))
+	}
+	if rec.Draining && !m.Draining() {
+		c.edge.Registry().Drain(m)
+		if t, ok := m.Value().(*proxy.Tunnel); ok {
+			// Its edge waits for the streams this edge has open to it; closing them writes
+			// to the link: not under the remote view's lock.
+			c.spawn(t.CloseIdle)
+		}
+	}
+}
+
+// forgetDeletedRecords drops what e keeps of records it no longer has: why the registry
+// refused them, and that their connector moved here.
+func (e *remoteEdge) forgetDeletedRecords() {
 	for id := range e.refused {
 		if _, ok := e.records[id]; !ok {
 			delete(e.refused, id)

@@ -465,9 +465,10 @@ func (s *Store) do(ctx context.Context, op func(ctx context.Context) error) erro
 }
 
 // maxRecreates bounds the times one request creates its vanished bucket again and retries,
-// waiting a little longer each time (0.75 s in all): right after a bucket is deleted,
-// JetStream may still answer that it exists, and one just created may not answer at once.
-const maxRecreates = 6
+// waiting a little longer each time (1.4 s in all): right after a bucket is deleted,
+// JetStream may still answer that it exists or refuse to create it again, and one just
+// created may not answer at once.
+const maxRecreates = 8
 
 // recreate creates the bucket again, empty, as Open would, when err says it does not
 // exist (its NATS store was wiped, or it was deleted): the routes it held are lost either
@@ -487,8 +488,13 @@ func (s *Store) recreate(ctx context.Context, try int, err error) bool {
 	}
 	s.remu.Lock()
 	defer s.remu.Unlock()
-	_, _, err = OpenOrCreateKV(ctx, s.js, s.create)
-	return err == nil
+	if _, _, err = OpenOrCreateKV(ctx, s.js, s.create); err != nil {
+		// Right after a deletion JetStream may refuse the new stream while it still removes
+		// the old one from disk ("error creating store for stream", 10049): that passes, so
+		// the request goes on trying, waiting longer each time, within maxRecreates.
+		return ctx.Err() == nil
+	}
+	return true
 }
 
 // OpenOrCreateKV opens the JetStream key-value bucket of cfg, creating it when it does not
