@@ -26,6 +26,8 @@ type Member struct {
 	ID string
 	// Tenant is the identity the member's connector authenticated as ("" for none).
 	Tenant string
+	// Name and Host are the member's tunnel name and its connector's host (JoinRequest).
+	Name, Host string
 	// HealthKind is the probe type reporting on the member: "tcp", "http", "func" or "none".
 	HealthKind string
 	// AlertWebhook is the tenant URL to alert when the group reaches zero healthy members.

@@ -203,6 +203,10 @@ type JoinRequest struct {
 	AlertWebhook string
 	// Tenant is the identity the member's connector authenticated as.
 	Tenant string
+	// Name and Host tell the members of a pool apart where they are shown: the name the
+	// member's tunnel has in its connector and the machine that connector runs on. Display
+	// only, kept as given ("" when unknown); the caller bounds them (wire.CleanDisplay).
+	Name, Host string
 	// Port is the public port a grouped TCP registration wants when it creates its pool:
 	// the pool's port from before (held with HoldPorts). 0, or a port that is not
 	// available, takes the next free one.
@@ -382,6 +386,8 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 	m := &Member{
 		ID:           req.ID,
 		Tenant:       req.Tenant,
+		Name:         req.Name,
+		Host:         req.Host,
 		HealthKind:   req.HealthKind,
 		AlertWebhook: req.AlertWebhook,
 		Edge:         req.Edge,

@@ -49,6 +49,9 @@ type MemberInfo struct {
 	ID string
 	// Tenant is the identity the member's connector authenticated as ("" for none).
 	Tenant string
+	// Name and Host are the member's tunnel name and its connector's host, "" when unknown
+	// (JoinRequest).
+	Name, Host string
 	// HealthKind is the probe type reporting on the member: "tcp", "http", "func" or "none".
 	HealthKind string
 	// HasAlertWebhook says whether the member registered a tenant alert URL.
@@ -76,6 +79,8 @@ func (m *Member) info() MemberInfo {
 	return MemberInfo{
 		ID:              m.ID,
 		Tenant:          m.Tenant,
+		Name:            m.Name,
+		Host:            m.Host,
 		HealthKind:      m.HealthKind,
 		HasAlertWebhook: m.AlertWebhook != "",
 		Healthy:         m.Healthy(),

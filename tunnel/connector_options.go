@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"os"
 	"time"
 
 	"go.uber.org/zap"
@@ -25,6 +26,8 @@ type dialOptions struct {
 	acceptTimeout time.Duration
 	drainTimeout  time.Duration
 	client        string
+	// hostname is sent with each registration (Register.Host); "" sends none.
+	hostname string
 	// lookup resolves an edge's host name into addresses to try (see DialServers); nil:
 	// names go to the dialer as they are. DialServers sets net.DefaultResolver's unless the
 	// dialer was replaced (WithDialer), which then resolves names itself.
@@ -47,6 +50,7 @@ func defaultDialOptions() dialOptions {
 		acceptTimeout:  5 * time.Second,
 		drainTimeout:   DefaultDrainTimeout,
 		client:         "warren",
+		hostname:       defaultHostname(),
 		attemptTimeout: 30 * time.Second,
 		dial:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 	}
@@ -86,6 +90,23 @@ func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, 
 // edge's side of the same connections, which receives downloads, has
 // ServerConfig.TCP.DataReadBuffer.
 func WithDataReadBuffer(n int) Option { return func(o *dialOptions) { o.dataReadBuffer = n } }
+
+// WithHostname sets the host name the session sends with each tunnel it registers: the
+// edge's status page and admin API show it beside the member's id, with the tunnel's name
+// (TunnelSpec.Name), so that the members of a pool can be told apart. The default is the
+// machine's name (os.Hostname); "" sends none. It is shown only, never checked: the edge
+// keeps letters, digits, '.', '-' and '_', replaces any other character with '_', and cuts it
+// to 253 bytes (the session sends it so already).
+func WithHostname(host string) Option { return func(o *dialOptions) { o.hostname = host } }
+
+// defaultHostname is the machine's name, or "" when the system does not say.
+func defaultHostname() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return ""
+	}
+	return h
+}
 
 // WithLogger sets the session's logger (default: none).
 func WithLogger(l *zap.Logger) Option {

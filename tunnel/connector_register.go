@@ -116,7 +116,7 @@ func (s *Session) registerOn(ctx context.Context, c *clientConn, t *clientTunnel
 	case closing:
 		return ErrTunnelClosed
 	}
-	req := t.spec.register(s.reqs.Add(1))
+	req := t.spec.register(s.reqs.Add(1), s.opts.hostname)
 	ch := make(chan wire.Message, 1)
 	c.mu.Lock()
 	c.pending[req.Req] = ch

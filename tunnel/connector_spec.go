@@ -39,7 +39,11 @@ type TunnelSpec struct {
 	// Subdomain is the HTTP route: the tunnel serves <Subdomain>.<edge domain>. Required
 	// for http, https and tls.
 	Subdomain string
-	// Name is a display label for a solo TCP tunnel (optional).
+	// Name is the tunnel's own name (optional, at most 63 bytes): the edge's status page and
+	// admin API show it beside the member's id, with the connector's host (WithHostname),
+	// so that the members of a pool can be told apart. For a solo TCP tunnel it is also the
+	// route's display label. The edge shows letters, digits, '.', '-' and '_' of it, any
+	// other character as '_'.
 	Name string
 	// Group and GroupKey make the tunnel a member of a pool: connectors presenting the same
 	// route, group and key share it. The key is hashed (SHA-256) here; only the hash is sent.
@@ -223,8 +227,10 @@ func (sp *TunnelSpec) normalize(listen bool) error {
 	return nil
 }
 
-func (sp TunnelSpec) register(req uint32) *wire.Register {
-	m := &wire.Register{Req: req, Proto: sp.Proto, Label: sp.Subdomain, Group: sp.Group}
+// register is the Register of the tunnel, with the session's host name.
+func (sp TunnelSpec) register(req uint32, host string) *wire.Register {
+	m := &wire.Register{Req: req, Proto: sp.Proto, Label: sp.Subdomain, Group: sp.Group,
+		Name: wire.CleanDisplay(sp.Name, wire.MaxNameLen), Host: wire.CleanDisplay(host, wire.MaxHostLen)}
 	if sp.Proto == ProtoTCP {
 		m.Label = sp.Name
 	}

@@ -134,6 +134,9 @@ func (e *edgeSession) addTunnel(m *wire.Register) (*edgeTunnel, error) {
 		Group:   m.Group,
 		Tenant:  e.tenant,
 		Session: e.id,
+		// Shown beside the member's id; bounded and made plain text here, never refused.
+		Name: wire.CleanDisplay(m.Name, wire.MaxNameLen),
+		Host: wire.CleanDisplay(m.Host, wire.MaxHostLen),
 	}
 	if err := checkRoute(m.Proto, req.Label, s.cfg.TLSConfig != nil); err != nil {
 		return nil, err
@@ -206,7 +209,8 @@ func (e *edgeSession) addTunnel(m *wire.Register) (*edgeTunnel, error) {
 	e.tunnels[t.id] = t
 	e.mu.Unlock()
 	e.log.Info("tunnel registered", zap.String("tunnel", t.id), zap.String("url", t.url),
-		zap.String("group", g.Name), zap.String("key", g.KeyHash().Short()))
+		zap.String("group", g.Name), zap.String("key", g.KeyHash().Short()),
+		zap.String("name", req.Name), zap.String("host", req.Host))
 	return t, nil
 }
 

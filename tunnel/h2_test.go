@@ -270,7 +270,7 @@ func TestBackendProtocolChecked(t *testing.T) {
 	for _, p := range []string{"", "http1", "h2c"} {
 		sp := TunnelSpec{Subdomain: "ok" + p, BackendProtocol: p}
 		require.NoError(t, sp.normalize(false))
-		m := sp.register(1)
+		m := sp.register(1, "")
 		require.NoError(t, m.Validate())
 		if p == "h2c" {
 			require.Equal(t, "h2c", m.BackendProtocol)
@@ -278,7 +278,7 @@ func TestBackendProtocolChecked(t *testing.T) {
 			require.Empty(t, m.BackendProtocol, "the default is not sent")
 		}
 	}
-	m := (&TunnelSpec{Subdomain: "x"}).register(1)
+	m := (&TunnelSpec{Subdomain: "x"}).register(1, "")
 	m.BackendProtocol = "spdy"
 	require.Error(t, m.Validate())
 	m.Proto, m.BackendProtocol = ProtoTCP, "h2c"

@@ -118,6 +118,21 @@ type pageState struct {
 	Groups []pageGroup `json:"groups"`
 	Pwned  bool        `json:"pwned"`
 	Token  string      `json:"token"`
+	// Held is the section of routes held with no member: shown or not, its note, its rows.
+	Held pageHeld `json:"held"`
+}
+
+type pageHeld struct {
+	Shown  bool            `json:"shown"`
+	Text   string          `json:"text"`
+	Routes []pageHeldRoute `json:"routes"`
+}
+
+type pageHeldRoute struct {
+	Key     string `json:"key"` // kind/label
+	Tenant  string `json:"tenant"`
+	Group   string `json:"group"`
+	Expires string `json:"expires"`
 }
 
 type pageGroup struct {
@@ -135,6 +150,10 @@ type pageMember struct {
 	Ticks  int    `json:"ticks"`
 	Tenant string `json:"tenant"`
 	Edge   string `json:"edge"`
+	// Name and Host are the member's tunnel name and connector host as the page shows them
+	// beside its id ("" when not shown).
+	Name string `json:"name"`
+	Host string `json:"host"`
 }
 
 // readPage is the script that reads a pageState.
@@ -155,8 +174,23 @@ const readPage = `(() => ({
       ticks: r.querySelectorAll('.tick').length,
       tenant: r.querySelector('td[data-label=Tenant]').textContent,
       edge: r.querySelector('td[data-label=Edge]').textContent,
+      name: r.querySelector('td[data-label=Member] .member-name')?.textContent || '',
+      host: r.querySelector('td[data-label=Member] .member-host')?.textContent || '',
     })),
   })),
+  held: (() => {
+    const h = document.getElementById('held-routes');
+    return {
+      shown: !h.hidden,
+      text: h.textContent,
+      routes: [...h.querySelectorAll('tr[data-route]')].map((r) => ({
+        key: r.dataset.route,
+        tenant: r.querySelector('td[data-label=Tenant]').textContent,
+        group: r.querySelector('td[data-label=Group]').textContent,
+        expires: r.querySelector('td[data-label=Expires]').textContent,
+      })),
+    };
+  })(),
 }))()`
 
 func (s pageState) group(prefix string) (pageGroup, bool) {
@@ -314,6 +348,13 @@ type pageAPIGroup struct {
 	} `json:"members"`
 }
 
+// pageAPIRoute is the part of a GET /api/routes entry the tests read.
+type pageAPIRoute struct {
+	Kind  string `json:"kind"`
+	Label string `json:"label"`
+	Live  bool   `json:"live"`
+}
+
 // lastTransition returns when the edge recorded the member's latest health transition, and
 // the bit it set.
 func lastTransition(t *testing.T, e *statusEdge, id string) (time.Time, bool) {
@@ -327,13 +368,15 @@ func lastTransition(t *testing.T, e *statusEdge, id string) (time.Time, bool) {
 	return last.At, last.Healthy
 }
 
-// poolConnector starts a connector with one HTTP tunnel on subdomain in the named group,
-// probed over TCP every 200 ms (unhealthy after two failures).
+// poolConnector starts a connector with one HTTP tunnel, named web, on subdomain in the
+// named group, probed over TCP every 200 ms (unhealthy after two failures). The connector
+// gives its name as its host name (hostname), which the edge shows beside its member.
 func poolConnector(t *testing.T, name string, e *statusEdge, token, subdomain, groupName string, port int) *proc {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), name+".yml")
 	require.NoError(t, os.WriteFile(path, fmt.Appendf(nil, `server: 127.0.0.1:%d
 auth_token: %q
+hostname: %s
 drain_timeout_secs: 1
 tunnels:
   web:
@@ -347,7 +390,7 @@ tunnels:
       interval_secs: 0.2
       timeout_secs: 0.5
       max_failed: 2
-`, e.control, token, port, subdomain, groupName, subdomain+"-key"), 0o600))
+`, e.control, token, name, port, subdomain, groupName, subdomain+"-key"), 0o600))
 	// Each connector its own runtime directory, hence its own control socket.
 	t.Setenv("XDG_RUNTIME_DIR", t.TempDir())
 	p := start(t, name, "connector", "start", "--config", path)

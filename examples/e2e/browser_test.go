@@ -55,12 +55,14 @@ func newPageSetup(t *testing.T, region string) *pageSetup {
 //
 //   - without a token the page says one is needed and lists nothing;
 //   - with the admin token it lists the demo-like pool with both members healthy (tenant,
-//     edge region), the other tenant's pools, and a group whose name is markup as plain text
-//     (nothing of it runs);
+//     edge region), each told apart from the other by its tunnel's name and its connector's
+//     host shown beside its id, the other tenant's pools, a group whose name is markup as
+//     plain text (nothing of it runs), and the route acme holds with no member (its
+//     connector left) in the section of held routes;
 //   - when backend B is stopped, B's row turns unhealthy without a reload, through the live
 //     event stream, within liveBound of the transition the edge recorded;
-//   - a tenant's token shows that tenant's groups only, for each of the two tenants, and the
-//     token survives a reload (sessionStorage);
+//   - a tenant's token shows that tenant's groups and held routes only, for each of the two
+//     tenants, and the token survives a reload (sessionStorage);
 //   - after the edge is killed and restarted, the page reconnects by itself: its event
 //     streams come back and show a new transition live;
 //   - a wrong token gets a clear 401 message.
@@ -71,21 +73,36 @@ func TestBrowserStatusPage(t *testing.T) {
 	ctx := startBrowser(t, 1200, 900)
 	s := newPageSetup(t, "e2e-region")
 	e := s.edge
-	t.Logf("edge, 4 connectors and the browser up in %s", time.Since(began).Round(time.Millisecond))
+	// A connector of acme's that goes away: its route stays acme's, with no member.
+	gone := poolConnector(t, "connector-gone", e, pageAcmeToken, "gone", "gone-web", s.a.port())
+	require.NoError(t, gone.cmd.Process.Kill())
+	<-gone.done
+	require.Eventually(t, func() bool {
+		for _, r := range pageAPIGet[[]pageAPIRoute](t, e, "/api/routes") {
+			if r.Kind == "http" && r.Label == "gone" {
+				return !r.Live
+			}
+		}
+		return false
+	}, waitTimeout, 50*time.Millisecond, "the route of the connector that left is held with no member")
+	t.Logf("edge, 5 connectors (one gone) and the browser up in %s", time.Since(began).Round(time.Millisecond))
 
 	// Without a token.
 	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(e.url("/"))))
-	waitPage(t, ctx, waitTimeout, "that a token is needed", func(p pageState) bool {
+	p, _ := waitPage(t, ctx, waitTimeout, "that a token is needed", func(p pageState) bool {
 		// The script's words, not the ones of the page as served.
 		return strings.Contains(p.Status, "needs a token") && strings.Contains(p.Status, "token above") && len(p.Groups) == 0
 	})
+	require.False(t, p.Held.Shown, "no held route without a token")
+	require.Empty(t, p.Held.Routes)
 
 	// The admin token: every group.
 	enterToken(t, ctx, pageAdminToken)
-	p, _ := waitPage(t, ctx, waitTimeout, "every group, the pool healthy and live", func(p pageState) bool {
+	p, _ = waitPage(t, ctx, waitTimeout, "every group, the pool healthy and live, the held route", func(p pageState) bool {
 		g, ok := p.group(s.poolKeyPrefix)
 		return ok && len(p.Groups) == 3 && g.Live == "true" && len(g.Members) == 2 &&
-			g.Members[0].Health == "healthy" && g.Members[1].Health == "healthy" && g.Members[1].Ticks >= 2
+			g.Members[0].Health == "healthy" && g.Members[1].Health == "healthy" && g.Members[1].Ticks >= 2 &&
+			p.Held.Shown && len(p.Held.Routes) == 1
 	})
 	pool, _ := p.group(s.poolKeyPrefix)
 	require.Equal(t, "web", pool.Name)
@@ -93,7 +110,15 @@ func TestBrowserStatusPage(t *testing.T) {
 	for _, m := range pool.Members {
 		require.Equal(t, "acme", m.Tenant)
 		require.Equal(t, "e2e-region", m.Edge)
+		require.Equal(t, "web", m.Name, "the tunnel's name in its connector's file")
 	}
+	// The two members of one pool, both tunnels named web, told apart by their hosts.
+	require.Equal(t, []string{"connector-a", "connector-b"}, []string{pool.Members[0].Host, pool.Members[1].Host})
+	held := p.Held.Routes[0]
+	require.Equal(t, "http/gone", held.Key)
+	require.Equal(t, "acme", held.Tenant)
+	require.Equal(t, "gone-web", held.Group)
+	require.NotEqual(t, "—", held.Expires, "when the claim lapses")
 	evil, ok := p.group("http/evil~")
 	require.True(t, ok, "the hostile group is listed: %v", p.keys())
 	require.Equal(t, hostileGroup, evil.Name, "its name is shown as text")
@@ -130,17 +155,22 @@ func TestBrowserStatusPage(t *testing.T) {
 
 	// Tenant tokens: each tenant sees only its own groups.
 	enterToken(t, ctx, pageAcmeToken)
-	p, _ = waitPage(t, ctx, waitTimeout, "acme's groups only", func(p pageState) bool {
-		return len(p.Groups) == 1 && strings.HasPrefix(p.Groups[0].Key, s.poolKeyPrefix) && p.Token == pageAcmeToken
+	p, _ = waitPage(t, ctx, waitTimeout, "acme's groups and held route only", func(p pageState) bool {
+		return len(p.Groups) == 1 && strings.HasPrefix(p.Groups[0].Key, s.poolKeyPrefix) && p.Token == pageAcmeToken &&
+			p.Held.Shown && len(p.Held.Routes) == 1
 	})
 	require.Contains(t, p.Status, "this token may see")
+	require.Equal(t, "http/gone", p.Held.Routes[0].Key, "acme's own held route")
 	enterToken(t, ctx, pageGlobexToken)
 	globexView := func(p pageState) bool {
 		keys := p.keys()
 		slices.Sort(keys)
 		return len(keys) == 2 && strings.HasPrefix(keys[0], "http/evil~") && strings.HasPrefix(keys[1], "http/other~")
 	}
-	waitPage(t, ctx, waitTimeout, "globex's groups only", globexView)
+	p, _ = waitPage(t, ctx, waitTimeout, "globex's groups only, and none of acme's held routes", func(p pageState) bool {
+		return globexView(p) && p.Held.Shown && len(p.Held.Routes) == 0
+	})
+	require.Contains(t, p.Held.Text, "No route is held without a member.")
 	require.NoError(t, chromedp.Do(ctx, chromedp.Reload()))
 	p, _ = waitPage(t, ctx, waitTimeout, "globex's groups after a reload", func(p pageState) bool {
 		other, _ := p.group("http/other~")
@@ -178,7 +208,7 @@ func TestBrowserStatusPage(t *testing.T) {
 	// A wrong token (last: a failure slows this address's next token checks).
 	enterToken(t, ctx, "not-a-token-0123456789")
 	waitPage(t, ctx, waitTimeout, "the refused token's message", func(p pageState) bool {
-		return strings.Contains(p.Status, "token was refused (401") && len(p.Groups) == 0
+		return strings.Contains(p.Status, "token was refused (401") && len(p.Groups) == 0 && !p.Held.Shown
 	})
 	t.Logf("browser test took %s", time.Since(began).Round(time.Millisecond))
 }

@@ -23,4 +23,7 @@
 //	go -C examples/e2e test .
 //
 // Under -race the binaries are built with the race detector too.
+//
+// The documentation's code blocks run in the package doctest beside it, by the conventions of
+// its package comment and docs/contributing-docs.md.
 package e2e

@@ -61,3 +61,28 @@ func FuzzReadEnvelope(f *testing.F) {
 		}
 	})
 }
+
+// FuzzCleanDisplay: whatever a connector sends as its name or host, what the edge keeps is
+// at most the limit and only letters, digits, '.', '-' and '_'.
+func FuzzCleanDisplay(f *testing.F) {
+	f.Add("web-1")
+	f.Add("<img src=x onerror=alert(1)>")
+	f.Add("h\xffé\u202e")
+	f.Fuzz(func(t *testing.T, s string) {
+		for _, n := range []int{0, 1, MaxNameLen, MaxHostLen} {
+			out := CleanDisplay(s, n)
+			if len(out) > n {
+				t.Fatalf("CleanDisplay(%q, %d) is %d bytes", s, n, len(out))
+			}
+			for i := range len(out) {
+				c := out[i]
+				if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_') {
+					t.Fatalf("CleanDisplay(%q, %d) = %q keeps %q", s, n, out, c)
+				}
+			}
+			if CleanDisplay(out, n) != out {
+				t.Fatalf("CleanDisplay is not idempotent on %q", out)
+			}
+		}
+	})
+}

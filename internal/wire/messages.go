@@ -114,6 +114,44 @@ type Register struct {
 	// BackendHTTP1 (the default, also "") or BackendH2C. It is the member's own: the
 	// members of a pool need not agree.
 	BackendProtocol string `json:"backend_protocol,omitempty"`
+	// Name is the tunnel's own name (the key of its entry in the connector's file, or
+	// TunnelSpec.Name) and Host the name of the machine the connector runs on: the edge
+	// shows them beside the member's id, so that the members of a pool can be told apart.
+	// Both are optional (a connector that predates them sends neither) and shown only: the
+	// edge keeps them as CleanDisplay makes them, never refuses a registration for them.
+	Name string `json:"name,omitempty"`
+	Host string `json:"host,omitempty"`
+}
+
+// Limits of Register.Name and Register.Host as the edge keeps them (CleanDisplay): a
+// DNS label's length for a name, a DNS name's for a host.
+const (
+	MaxNameLen = 63
+	MaxHostLen = 253
+)
+
+// CleanDisplay is s as an edge keeps a connector's display string (Register.Name and
+// Register.Host): each character other than an ASCII letter, digit, '.', '-' or '_' —
+// markup, spaces, control and non-ASCII characters, invalid UTF-8 — becomes one '_', and
+// the result is cut to its first n bytes. What is left is plain text in any page, log or
+// header: a connector can neither inject markup nor make the edge keep more than n bytes.
+func CleanDisplay(s string, n int) string {
+	if len(s) > 4*n {
+		s = s[:4*n] // a character is at most 4 bytes: the rest would be cut anyway
+	}
+	b := make([]byte, 0, min(len(s), n))
+	for _, r := range s {
+		if len(b) == n {
+			break
+		}
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-', r == '_':
+			b = append(b, byte(r))
+		default:
+			b = append(b, '_')
+		}
+	}
+	return string(b)
 }
 
 // Backend protocols of an HTTP tunnel (Register.BackendProtocol).

@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"github.com/warren-tunnel/warren/group"
 	"io"
 	"strings"
@@ -22,6 +23,7 @@ func allMessages() []Message {
 		&Register{Req: 7, Proto: group.ProtoHTTP, Label: "pool", Group: "web", KeyHash: hash,
 			Health: &HealthInfo{Kind: "tcp", IntervalMS: 10000, TimeoutMS: 3000, MaxFailed: 3, AlertWebhook: "https://hooks.example/x"}},
 		&Register{Req: 8, Proto: group.ProtoTCP, Label: "db"},
+		&Register{Req: 9, Proto: group.ProtoHTTP, Label: "pool", Group: "web", KeyHash: hash, Name: "web", Host: "host-a.example"},
 		&Registered{Req: 7, TunnelID: "t1", URL: "http://pool.example.com", Group: "web"},
 		&Registered{Req: 8, TunnelID: "t2", URL: "tcp://example.com:20000", Port: 20000},
 		&Rejected{Req: 7, Code: CodeKeyMismatch, Message: "group key does not match"},
@@ -204,4 +206,55 @@ func TestUnreadNotice(t *testing.T) {
 	require.False(t, IsUnreadNotice(n[:UnreadNoticeLen-1], &key, 7), "short")
 	require.False(t, IsUnreadNotice([]byte{0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 0}, &key, 7), "a backend's guess")
 	require.False(t, MaybeUnreadNotice([]byte("HTTP/1.1 200 OK\r\n")), "a response head")
+}
+
+// A Register without name and host (an older connector's) is valid and decodes with both
+// empty; one with them carries them. An older edge's decoder ignores fields it does not
+// know, so either side may be older than the other.
+func TestRegisterNameAndHostAreOptional(t *testing.T) {
+	m, err := ReadFrame(bytes.NewReader(frame(TypeRegister, `{"req":1,"proto":"http","label":"pool"}`)))
+	require.NoError(t, err)
+	require.Equal(t, &Register{Req: 1, Proto: group.ProtoHTTP, Label: "pool"}, m)
+
+	m, err = ReadFrame(bytes.NewReader(frame(TypeRegister, `{"req":1,"proto":"http","label":"pool","name":"web","host":"box-1"}`)))
+	require.NoError(t, err)
+	require.Equal(t, "web", m.(*Register).Name)
+	require.Equal(t, "box-1", m.(*Register).Host)
+
+	b, err := AppendFrame(nil, &Register{Req: 1, Proto: group.ProtoHTTP, Label: "pool"})
+	require.NoError(t, err)
+	require.NotContains(t, string(b), `"name"`, "absent when empty: an old edge sees the frame it knew")
+	require.NotContains(t, string(b), `"host"`)
+
+	type oldRegister struct { // the message as an edge built before the fields decodes it
+		Req   uint32      `json:"req"`
+		Proto group.Proto `json:"proto"`
+		Label string      `json:"label"`
+	}
+	b, err = AppendFrame(nil, &Register{Req: 2, Proto: group.ProtoHTTP, Label: "pool", Name: "web", Host: "box-1"})
+	require.NoError(t, err)
+	var old oldRegister
+	require.NoError(t, json.Unmarshal(b[headerSize:], &old))
+	require.Equal(t, oldRegister{Req: 2, Proto: group.ProtoHTTP, Label: "pool"}, old)
+}
+
+func TestCleanDisplay(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"web-1", "web-1"},
+		{"Host_A.example.com", "Host_A.example.com"},
+		{"<script>alert(1)</script>", "_script_alert_1___script_"},
+		{`a"b'c&d`, "a_b_c_d"},
+		{"billing api", "billing_api"},
+		{"line\nbreak\x00", "line_break_"},
+		{"héllo", "h_llo"},     // one '_' per character, not per byte
+		{"\xff\xfeab", "__ab"}, // invalid UTF-8
+		{"a\u202eb", "a_b"},    // a bidi override
+		{strings.Repeat("x", 100), strings.Repeat("x", 63)},
+		{strings.Repeat("é", 100), strings.Repeat("_", 63)},
+	} {
+		require.Equal(t, tc.want, CleanDisplay(tc.in, MaxNameLen), "%q", tc.in)
+	}
+	big := strings.Repeat("<", 10<<20)
+	require.Equal(t, strings.Repeat("_", MaxHostLen), CleanDisplay(big, MaxHostLen), "megabytes in, the limit out")
 }

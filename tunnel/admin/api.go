@@ -27,6 +27,13 @@ type TunnelInfo struct {
 	KeyHashShort string `json:"key_hash_short,omitempty"`
 	// Tenant is the identity the tunnel's connector authenticated as ("" for none).
 	Tenant string `json:"tenant"`
+	// Name is the tunnel's own name in its connector (the key of its entry in the
+	// connector's file, tunnel.TunnelSpec.Name) and Host the name of the machine its
+	// connector runs on (tunnel.WithHostname): with the id they tell the members of a pool
+	// apart. "" when the connector did not say (an older one). Only letters, digits, '.',
+	// '-' and '_'; at most 63 and 253 bytes.
+	Name string `json:"name"`
+	Host string `json:"host"`
 	// Healthy is the tunnel's health bit.
 	Healthy bool `json:"healthy"`
 	// Draining is set once the tunnel takes no new requests.
@@ -92,6 +99,10 @@ type GroupMember struct {
 	ID string `json:"id"`
 	// Tenant is the identity the member's connector authenticated as ("" for none).
 	Tenant string `json:"tenant"`
+	// Name and Host are the member's tunnel name and its connector's host, as in
+	// TunnelInfo ("" when the connector did not say).
+	Name string `json:"name"`
+	Host string `json:"host"`
 	// Healthy is the member's health bit.
 	Healthy bool `json:"healthy"`
 	// Draining is set once the member takes no new requests.
@@ -201,6 +212,8 @@ func (p *Plane) tunnelInfo(g group.Info, m group.MemberInfo) TunnelInfo {
 		Label:         g.Label,
 		Group:         g.Name,
 		Tenant:        m.Tenant,
+		Name:          m.Name,
+		Host:          m.Host,
 		Healthy:       m.Healthy,
 		Draining:      m.Draining,
 		ActiveStreams: m.Active,
@@ -299,6 +312,8 @@ func (p *Plane) apiGroups(w http.ResponseWriter, r *http.Request) {
 			gm := GroupMember{
 				ID:              m.ID,
 				Tenant:          m.Tenant,
+				Name:            m.Name,
+				Host:            m.Host,
 				Healthy:         m.Healthy,
 				Draining:        m.Draining,
 				ActiveStreams:   m.Active,

@@ -24,6 +24,13 @@ var staticFiles embed.FS
 // statusTemplate renders GET / (html/template escapes every value it prints).
 var statusTemplate = template.Must(template.New("status.html").Funcs(template.FuncMap{
 	"clock": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	// clockp is clock of an optional time: "—" for none.
+	"clockp": func(t *time.Time) string {
+		if t == nil {
+			return "—"
+		}
+		return t.UTC().Format("2006-01-02 15:04:05Z")
+	},
 }).ParseFS(staticFiles, "static/status.html"))
 
 // statusCSP is the Content-Security-Policy of the status page and its assets: scripts,
@@ -88,6 +95,10 @@ type statusPage struct {
 	Groups []statusGroup
 	// More is set when the groups did not fit on one page of the API.
 	More bool
+	// Held are the routes held with no member (only when Open); HeldErr is set when they
+	// could not be read.
+	Held    []RouteInfo
+	HeldErr bool
 	// Rendered is when the page was rendered.
 	Rendered time.Time
 }
@@ -113,6 +124,8 @@ type statusGroup struct {
 type statusMember struct {
 	ID            string `json:"id"`
 	Tenant        string `json:"tenant"`
+	Name          string `json:"name"`
+	Host          string `json:"host"`
 	Healthy       bool   `json:"healthy"`
 	Draining      bool   `json:"draining"`
 	ActiveStreams int64  `json:"active_streams"`
@@ -149,6 +162,7 @@ func (p *Plane) serveStatusPage(w http.ResponseWriter, r *http.Request) {
 	}
 	if data.Open {
 		data.Groups, data.More = p.statusGroups(r.Context())
+		data.Held, data.HeldErr = p.statusHeld(r.Context())
 	}
 	var buf bytes.Buffer
 	if err := statusTemplate.Execute(&buf, data); err != nil {
@@ -199,6 +213,35 @@ func (p *Plane) statusGroups(ctx context.Context) ([]statusGroup, bool) {
 		}
 	}
 	return groups, rec.header.Get("X-Next-Cursor") != ""
+}
+
+// statusHeld returns the routes of the first page of GET /api/routes, as the admin sees it,
+// that are held with no member (neither live nor a reserved endpoint's, which the groups
+// list already shows), and whether they could not be read.
+func (p *Plane) statusHeld(ctx context.Context) ([]RouteInfo, bool) {
+	req, err := http.NewRequestWithContext(context.WithValue(ctx, scopeKey{}, scope{admin: true}),
+		http.MethodGet, "/api/routes?limit="+strconv.Itoa(MaxPageSize), nil)
+	if err != nil {
+		return nil, true
+	}
+	rec := &bufferWriter{header: http.Header{}}
+	p.apiRoutes(rec, req)
+	var routes []RouteInfo
+	if rec.status != http.StatusOK || json.Unmarshal(rec.body.Bytes(), &routes) != nil {
+		return nil, true
+	}
+	return heldRoutes(routes), false
+}
+
+// heldRoutes are the routes of list that are held with no member: not live, not reserved.
+func heldRoutes(list []RouteInfo) []RouteInfo {
+	var out []RouteInfo
+	for _, r := range list {
+		if !r.Live && !r.Reserved {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // bufferWriter is an http.ResponseWriter that keeps the answer in memory.

@@ -21,17 +21,20 @@ import (
 const hostileName = `<script>window.pwned=1</script>`
 
 // statusPlane is a Plane over a registry holding one HTTP pool "web" on subdomain pool with
-// two members (m1 of tenant acme, m2 of tenant hostile), m2 turned unhealthy. The pool's
-// display name is hostileName, the second tenant's name and the health reason are markup too.
+// two members (m1 of tenant acme, named web-a on host-a; m2 of tenant hostile, on host-b),
+// m2 turned unhealthy. The pool's display name is hostileName; the second tenant's name, m2's
+// tunnel name (which an edge cleans before it joins: this is the page's own escaping) and the
+// health reason are markup too.
 func statusPlane(t *testing.T, cfg config) (*Plane, *group.Registry) {
 	t.Helper()
 	reg := group.NewRegistry(group.Config{LoadBalancing: true})
 	var key group.KeyHash
 	key[0] = 0xab
-	_, err := reg.Join(group.JoinRequest{ID: "m1", Proto: group.ProtoHTTP, Label: "pool", Group: hostileName, KeyHash: key, Tenant: "acme"})
+	_, err := reg.Join(group.JoinRequest{ID: "m1", Proto: group.ProtoHTTP, Label: "pool", Group: hostileName, KeyHash: key, Tenant: "acme",
+		Name: "web-a", Host: "host-a"})
 	require.NoError(t, err)
 	m2, err := reg.Join(group.JoinRequest{ID: "m2", Proto: group.ProtoHTTP, Label: "pool", Group: hostileName, KeyHash: key,
-		Tenant: `<img src=x onerror="window.pwned=2">`, HealthKind: "tcp"})
+		Tenant: `<img src=x onerror="window.pwned=2">`, HealthKind: "tcp", Name: `<svg onload="window.pwned=5">`, Host: "host-b"})
 	require.NoError(t, err)
 	reg.SetHealth(m2, false, `refused <b onmouseover="window.pwned=3">`)
 	cfg.View = reg.View()
@@ -110,12 +113,15 @@ func TestStatusPageEscapesEverything(t *testing.T) {
 	p, _ := statusPlane(t, config{})
 	body := serve(p, http.MethodGet, "/", "").Body.String()
 
-	for _, raw := range []string{hostileName, `<img src=x`, `<b onmouseover`, `"><script>`} {
+	for _, raw := range []string{hostileName, `<img src=x`, `<b onmouseover`, `"><script>`, `<svg`} {
 		require.NotContains(t, body, raw)
 	}
 	require.Contains(t, body, "&lt;script&gt;window.pwned=1&lt;/script&gt;", "the group's name, shown as text")
 	require.Contains(t, body, `data-member="m1" data-health="healthy"`)
 	require.Contains(t, body, `data-member="m2" data-health="unhealthy"`)
+	require.Contains(t, body, `<span class="member-name">web-a</span> on <span class="member-host">host-a</span>`,
+		"a member's name and host beside its id")
+	require.Contains(t, body, `<span class="member-name">&lt;svg onload=&#34;window.pwned=5&#34;&gt;</span> on <span class="member-host">host-b</span>`)
 	require.Contains(t, body, `data-group="http/pool~ab000000"`)
 	require.Contains(t, body, "1/2 healthy")
 	require.Contains(t, body, "0 dispatched")

@@ -110,6 +110,10 @@ type Cluster struct {
 
 // memberRecord is a member as the other edges learn it.
 //
+// Name and Host are the member's tunnel name and its connector's host, shown beside its id:
+// absent from the records of older edges (the member is then shown without them), ignored
+// by older edges. The edge that reads them cleans them again (wire.CleanDisplay).
+//
 // KeyHash is the group key hash the member presented and PrevKeyHashes the ones it declared
 // it held before (key rotation): the other edges join it with both, so that a pool in the
 // middle of a rolling rotation admits on every edge what it admits on the member's own.
@@ -134,6 +138,8 @@ type memberRecord struct {
 	Resumes         string          `json:"resumes,omitempty"`
 	ResumesProof    string          `json:"resumes_proof,omitempty"`
 	Tenant          string          `json:"tenant,omitempty"`
+	Name            string          `json:"name,omitempty"`
+	Host            string          `json:"host,omitempty"`
 	HealthKind      string          `json:"health_kind"`
 	Healthy         bool            `json:"healthy"`
 	Draining        bool            `json:"draining,omitempty"`
@@ -552,7 +558,7 @@ func (c *Cluster) publish(id string) error {
 func (c *Cluster) recordOf(m *group.Member) memberRecord {
 	g := m.Group()
 	rec := memberRecord{Edge: c.cfg.EdgeID, Tunnel: m.ID, Proto: g.Proto, Label: g.Label, Group: g.Name,
-		KeyHash: g.KeyHash(), Tenant: m.Tenant, HealthKind: m.HealthKind, Healthy: m.Healthy(),
+		KeyHash: g.KeyHash(), Tenant: m.Tenant, Name: m.Name, Host: m.Host, HealthKind: m.HealthKind, Healthy: m.Healthy(),
 		Draining: m.Draining(), Weight: m.Weight, Priority: m.Priority, SlowStart: m.SlowStart,
 		Affinity: g.Affinity, RetryIdempotent: g.RetryIdempotent, AlertWebhook: m.AlertWebhook}
 	if !g.Solo() {

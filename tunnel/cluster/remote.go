@@ -18,6 +18,7 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/proxy"
+	"github.com/warren-tunnel/warren/internal/wire"
 	"github.com/warren-tunnel/warren/tunnel"
 )
 
@@ -429,6 +430,7 @@ func (c *Cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, er
 	}
 	req := group.JoinRequest{ID: rec.Tunnel, Proto: rec.Proto, Label: rec.Label, Group: rec.Group,
 		KeyHash: rec.KeyHash, PrevKeyHashes: rec.PrevKeyHashes, HealthKind: rec.HealthKind, AlertWebhook: rec.AlertWebhook, Tenant: rec.Tenant,
+		Name: wire.CleanDisplay(rec.Name, wire.MaxNameLen), Host: wire.CleanDisplay(rec.Host, wire.MaxHostLen),
 		Port: rec.Port, Weight: rec.Weight, Priority: rec.Priority, SlowStart: rec.SlowStart,
 		Affinity: rec.Affinity, RetryIdempotent: rec.RetryIdempotent, Edge: e.id, Value: t}
 	m, err := c.edge.Registry().Join(req)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/health"
+	"github.com/warren-tunnel/warren/internal/wire"
 	"github.com/warren-tunnel/warren/tunnel"
 )
 
@@ -62,6 +63,11 @@ type Connector struct {
 	// (data_read_buffer, bytes; they carry the public connections of TCP tunnels): 0 (the
 	// default) leaves it to the kernel. For long links; see tunnel.WithDataReadBuffer.
 	DataReadBuffer int `yaml:"data_read_buffer"`
+	// Hostname is the host name sent with each tunnel (hostname): the edge's status page
+	// and admin API show it, with the tunnel's name, beside the member's id. Empty (the
+	// default) sends the machine's name (see tunnel.WithHostname). At most 253 letters,
+	// digits, '.', '-' or '_'.
+	Hostname string `yaml:"hostname"`
 	// Tunnels are the tunnels to register, in the order of the file.
 	// There is at least one.
 	Tunnels []Tunnel `yaml:"tunnels"`
@@ -155,9 +161,7 @@ func (t Tunnel) Spec() tunnel.TunnelSpec {
 		PreviousGroupKeys: t.PreviousGroupKeys,
 		BackendProtocol:   t.BackendProtocol,
 	}
-	if t.Proto == tunnel.ProtoTCP {
-		spec.Name = t.Name
-	}
+	spec.Name = t.Name // shown beside the member's id on the edge; a solo TCP tunnel's label
 	if h := t.HealthCheck; h != nil {
 		spec.Health = &health.Spec{
 			Type:      health.Type(h.Type),
@@ -292,12 +296,15 @@ func (c *Connector) Edges() []string {
 }
 
 // DialOptions are the options of a session with the edges the file names (Edges): its token,
-// drain timeout, data connections' receive buffer and, with TLS, the TLS settings (the CA
+// drain timeout, data connections' receive buffer, host name (when given) and, with TLS, the TLS settings (the CA
 // bundle of tls.ca_path loaded). Add the program's own (tunnel.WithLogger). Its error names
 // the file.
 func (c *Connector) DialOptions() ([]tunnel.Option, error) {
 	opts := []tunnel.Option{tunnel.WithToken(c.AuthToken), tunnel.WithDrainTimeout(c.DrainTimeout),
 		tunnel.WithDataReadBuffer(c.DataReadBuffer)}
+	if c.Hostname != "" {
+		opts = append(opts, tunnel.WithHostname(c.Hostname))
+	}
 	if c.TLS.Enabled {
 		tc, err := c.TLS.Config()
 		if err != nil {
@@ -360,6 +367,10 @@ func (c *Connector) validate(r *reporter) {
 		r.add("data_read_buffer", ErrInvalid, "must be 0 (the kernel's autotuning) to %d bytes, got %d", MaxDataReadBuffer, c.DataReadBuffer)
 	}
 
+	if c.Hostname != "" && c.Hostname != wire.CleanDisplay(c.Hostname, wire.MaxHostLen) {
+		r.add("hostname", ErrInvalid, "%q: use at most %d letters, digits, '.', '-' or '_' (the edge shows it beside the tunnels' members)",
+			c.Hostname, wire.MaxHostLen)
+	}
 	if len(c.Tunnels) == 0 {
 		r.add("tunnels", ErrRequired, "required: at least one tunnel, e.g. \"tunnels: {web: {proto: http, local_port: 3000, subdomain: web}}\"")
 	}

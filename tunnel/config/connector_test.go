@@ -349,7 +349,7 @@ func TestClientUnknownKeys(t *testing.T) {
 		want want
 	}{
 		{"root", "serverAddr: x\n" + tunnelDoc("proto: tcp", "local_port: 1"),
-			want{1, "serverAddr", config.ErrUnknownKey, "unknown key; expected one of: auth_token, control_socket, data_read_buffer, drain_timeout_secs, server, servers, tls, tunnels"}},
+			want{1, "serverAddr", config.ErrUnknownKey, "unknown key; expected one of: auth_token, control_socket, data_read_buffer, drain_timeout_secs, hostname, server, servers, tls, tunnels"}},
 		{"root typo", "auth_tokn: x\n" + tunnelDoc("proto: tcp", "local_port: 1"),
 			want{1, "auth_tokn", config.ErrUnknownKey, `did you mean "auth_token"?`}},
 		{"tls", "tls:\n  verify: false\n" + tunnelDoc("proto: tcp", "local_port: 1"),

@@ -10,6 +10,7 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,14 +47,14 @@ tunnels:
 
 	web := c.Tunnels[0].Spec()
 	require.Equal(t, tunnel.TunnelSpec{
-		Proto: tunnel.ProtoHTTP, Subdomain: "pool", Group: "web", GroupKey: "k",
+		Proto: tunnel.ProtoHTTP, Subdomain: "pool", Name: "web", Group: "web", GroupKey: "k",
 		Health: &health.Spec{Type: health.TypeHTTP, Path: "/healthz", Interval: 500 * time.Millisecond,
 			Timeout: 250 * time.Millisecond, MaxFailed: 2, AnyStatus: true},
 		AlertWebhook: "https://hooks.example.com/a",
 	}, web)
 
 	db := c.Tunnels[1].Spec()
-	require.Equal(t, tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Name: "db"}, db, "a tcp tunnel is named after its key")
+	require.Equal(t, tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Name: "db"}, db, "a tunnel is named after its key")
 	require.Equal(t, "127.0.0.1:5432", c.Tunnels[1].LocalAddr())
 }
 
@@ -128,4 +129,32 @@ func TestDialOptions(t *testing.T) {
 	c.TLS = config.ConnectorTLS{Enabled: true, CAPath: bad}
 	_, err = c.DialOptions()
 	require.ErrorContains(t, err, "config.yml: tls.ca_path")
+}
+
+// hostname: the host name sent with each tunnel (tunnel.WithHostname) when given, refused
+// when it holds what the edge would not show as it is; each tunnel's name goes with it,
+// whatever its protocol.
+func TestConnectorHostnameAndTunnelNames(t *testing.T) {
+	const base = "server: localhost:4040\ntunnels:\n  web-a: {proto: http, local_port: 3000, subdomain: pool}\n  db: {proto: tcp, local_port: 5432}\n"
+	c, err := config.ParseConnector("config.yml", []byte(base))
+	require.NoError(t, err)
+	require.Empty(t, c.Hostname)
+	opts, err := c.DialOptions()
+	require.NoError(t, err)
+	require.Len(t, opts, 3, "no host name option: the session's default, the machine's name")
+	require.Equal(t, "web-a", c.Tunnels[0].Spec().Name, "an HTTP tunnel's name is sent too")
+	require.Equal(t, "db", c.Tunnels[1].Spec().Name)
+
+	c, err = config.ParseConnector("config.yml", []byte("hostname: box-1.example\n"+base))
+	require.NoError(t, err)
+	require.Equal(t, "box-1.example", c.Hostname)
+	opts, err = c.DialOptions()
+	require.NoError(t, err)
+	require.Len(t, opts, 4)
+
+	for _, bad := range []string{`"<b>box</b>"`, `"my box"`, strings.Repeat("h", 254)} {
+		_, err = config.ParseConnector("config.yml", []byte("hostname: "+bad+"\n"+base))
+		require.ErrorContains(t, err, "config.yml:1: hostname", bad)
+		require.ErrorIs(t, err, config.ErrInvalid)
+	}
 }

@@ -5,7 +5,9 @@
 // per group is derived from), GET api/tunnels/{id}/health-events once per member (its last
 // 50 health transitions), and GET api/groups/{protocol}/{label}~{key}/events per group,
 // read with fetch() and a streaming body reader (EventSource cannot send the
-// Authorization header). Everything is drawn with textContent: no HTML is built from data.
+// Authorization header). GET api/routes every REFRESH_MS too: the routes held with no member
+// (the API shows the admin every one, a tenant its own). Everything is drawn with
+// textContent: no HTML is built from data.
 'use strict';
 
 (() => {
@@ -26,6 +28,7 @@
     status: byId('status'),
     groups: byId('groups'),
     updated: byId('updated'),
+    held: byId('held-routes'),
   };
   const region = document.querySelector('meta[name="warren-region"]').content;
 
@@ -43,6 +46,8 @@
       loading: new Set(), // member ids whose history is being fetched
       changed: new Map(), // member id → {t: ms, healthy}: its last live event
       streams: new Map(), // group key → stream state
+      held: null, // routes held with no member, once read
+      heldError: '', // why they could not be read the last time
       loaded: false,
       stopped: false,
       timer: 0,
@@ -98,6 +103,8 @@
     try {
       const asked = performance.now();
       const list = await getJSON(s, 'api/groups?limit=1000');
+      if (!live(s)) return;
+      await loadHeld(s); // drawn with the groups
       if (!live(s)) return;
       apply(s, list, asked);
       setStatus(s.token ? 'Showing the groups this token may see.'
@@ -178,6 +185,25 @@
     } else if (now - prev.t >= MIN_RATE_MS) {
       s.rates.set(key, ((n - prev.n) * 1000) / (now - prev.t));
       s.samples.set(key, { n, t: now });
+    }
+  }
+
+  // loadHeld reads the routes the token may see and keeps those held with no member: not
+  // live, and not a reserved endpoint's (the groups list shows those). A failure is shown in
+  // the section; the groups are drawn all the same.
+  async function loadHeld(s) {
+    try {
+      const routes = await getJSON(s, 'api/routes?limit=1000');
+      if (!live(s)) return;
+      s.held = routes.filter((r) => !r.live && !r.reserved);
+      s.heldError = '';
+    } catch (err) {
+      if (!live(s)) return;
+      if (err.status === 401) {
+        unauthorized(s);
+        return;
+      }
+      s.heldError = describe(err);
     }
   }
 
@@ -387,6 +413,41 @@
     const out = keys.map((k) => renderGroup(s, k, s.groups.get(k)));
     if (s.loaded && !out.length && !s.stopped) out.push(el('p', { class: 'note' }, 'No load-balancing group is visible.'));
     ui.groups.replaceChildren(...out);
+    renderHeld(s);
+  }
+
+  function renderHeld(s) {
+    const shown = !s.stopped && (s.held !== null || s.heldError !== '');
+    ui.held.hidden = !shown;
+    if (!shown) {
+      ui.held.replaceChildren();
+      return;
+    }
+    const out = [el('h2', null, 'Held routes with no member'),
+      el('p', { class: 'note' }, 'Each is kept for its tenant, whose connectors may come back to it, until its claim expires.')];
+    if (s.heldError) {
+      out.push(el('p', { class: 'note bad' }, 'Cannot read the held routes: ' + s.heldError + '. Retrying.'));
+    }
+    const held = s.held || [];
+    if (held.length) {
+      const cols = ['Kind', 'Route', 'Tenant', 'Group', 'Port', 'Claimed', 'Empty since', 'Expires'];
+      const when = (at) => (at ? new Date(at).toLocaleString() : '—');
+      const rows = held.map((r) => el('tr', { 'data-route': r.kind + '/' + r.label },
+        el('td', { 'data-label': 'Kind' }, el('span', { class: 'badge' }, r.kind)),
+        el('td', { 'data-label': 'Route' }, el('code', null, r.label)),
+        el('td', { 'data-label': 'Tenant' }, r.tenant || '—'),
+        el('td', { 'data-label': 'Group' }, r.group || '—'),
+        el('td', { 'data-label': 'Port', class: 'num' }, r.port || '—'),
+        el('td', { 'data-label': 'Claimed', class: 'nowrap' }, when(r.claimed_at)),
+        el('td', { 'data-label': 'Empty since', class: 'nowrap' }, when(r.empty_since)),
+        el('td', { 'data-label': 'Expires', class: 'nowrap' }, when(r.expires_at))));
+      out.push(el('div', { class: 'table-wrap' }, el('table', { class: 'routes' },
+        el('thead', null, el('tr', null, cols.map((c) => el('th', null, c)))),
+        el('tbody', null, rows))));
+    } else if (s.held) {
+      out.push(el('p', { class: 'note' }, 'No route is held without a member.'));
+    }
+    ui.held.replaceChildren(...out);
   }
 
   const has = (v) => v !== undefined && v !== null;
@@ -419,7 +480,7 @@
     cols.push('Timeline');
     const rows = g.members.map((m) => {
       const cells = [
-        el('td', { 'data-label': 'Member' }, el('code', null, m.id)),
+        el('td', { 'data-label': 'Member' }, el('code', null, m.id), renderWho(m)),
         el('td', { 'data-label': 'Health' },
           el('span', { class: 'pill ' + (m.healthy ? 'ok' : 'bad') }, m.healthy ? 'healthy' : 'unhealthy'),
           m.ejected && [' ', el('span', { class: 'pill bad' }, 'ejected')],
@@ -438,6 +499,15 @@
       el('thead', null, el('tr', null, cols.map((c) => el('th', null, c)))),
       el('tbody', null, rows))));
     return section;
+  }
+
+  // renderWho is the member's tunnel name and host, which tell the members of a pool apart.
+  function renderWho(m) {
+    if (!m.name && !m.host) return null;
+    return el('small', { class: 'who' },
+      m.name && el('span', { class: 'member-name' }, m.name),
+      m.name && m.host && ' on ',
+      m.host && el('span', { class: 'member-host' }, m.host));
   }
 
   function renderTimeline(hist) {

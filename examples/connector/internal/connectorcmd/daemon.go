@@ -611,6 +611,9 @@ func notAppliedSettings(prev, next *config.Connector) []string {
 	if prev.DataReadBuffer != next.DataReadBuffer {
 		out = append(out, fmt.Sprintf("data_read_buffer (%d -> %d): restart the connector to change it", prev.DataReadBuffer, next.DataReadBuffer))
 	}
+	if prev.Hostname != next.Hostname {
+		out = append(out, fmt.Sprintf("hostname (%q -> %q): the session sends the host name it started with; restart the connector to change it", prev.Hostname, next.Hostname))
+	}
 	if prev.ControlSocket != next.ControlSocket {
 		out = append(out, "control_socket: the connector keeps listening where it started; restart it to move the socket")
 	}
