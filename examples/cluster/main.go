@@ -16,7 +16,7 @@
 // as a smoke test.
 //
 // The production form (a NATS cluster of its own, each edge's server.toml with a
-// [cluster] table, connectors with servers: [...]) is in the README's "Cluster" section.
+// [cluster] table, connectors with servers: [...]) is in docs/cluster.md.
 package main
 
 import (

@@ -64,7 +64,7 @@ func TestClusterWipedRoutesBucketKeepsALiveRouteItsTenants(t *testing.T) {
 // A solo tunnel's claim is held, within the lease, by its connector session
 // (store.Route.Holder, with the SHA-256 of its resume token in HolderHash): only that
 // connector, resuming its session with its token, takes the subdomain on another edge.
-// README: "Another connector, or one presenting a wrong token, is still refused." The test
+// docs/cluster.md: "Another connector, or one presenting a wrong token, is still refused." The test
 // stops the holder's edge gracefully (so no member record is left for remoteConflict to
 // check the proof against) and, within the claim's lease, registers on another edge first a
 // connector naming the holder's session with a wrong token, then the real one: the first is
@@ -100,9 +100,9 @@ func TestClusterSoloClaimNotTakenWithAWrongResumeToken(t *testing.T) {
 }
 
 // A TCP pool's key is part of its route: after a rotation, a connector presenting only the
-// old key makes another pool on another port (README "Rotating a group key"), and in a
+// old key makes another pool on another port (docs/load-balancing.md, "Rotating a group key"), and in a
 // cluster a TCP pool has the same port on every edge. Here pool db is at k2 with a member
-// that still lists k1 as a previous key (the README's step 3: it is removed "at your next
+// that still lists k1 as a previous key (docs/load-balancing.md's step 3: it is removed "at your next
 // change"), and a connector with k1 alone makes pool db/k1 on its own port on edge a: edge b
 // serves both pools, each on its own port. (Once, edge b adopted the k1 member into the k2
 // pool, as a member whose key the pool rotated from, then dropped it because the ports
