@@ -84,7 +84,9 @@
 // An in-process backend uses Session.Listen instead, which returns a net.Listener to pass to
 // http.Serve. Tests can run a whole edge with package tunnel/tunneltest, or with no sockets:
 // Server.Handler serves public HTTP and Server.DialContext attaches connectors
-// (tunnel.WithDialer(srv.DialContext)).
+// (tunnel.WithDialer(srv.DialContext)). Behind a corporate proxy, Dial goes through the one
+// HTTPS_PROXY or ALL_PROXY names (NO_PROXY respected, as net/http does), or through
+// tunnel.WithProxy's (HTTP CONNECT or SOCKS5).
 //
 // The guide is in the repository's docs/ directory: embedding, running the example programs,
 // configuration, load balancing, tenants, cluster, protocols, admin API, behaviour, security,

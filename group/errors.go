@@ -9,29 +9,29 @@ import (
 // message is the user-facing sentence; test with errors.Is.
 var (
 	// ErrKeyMismatch: the route belongs to a pool with another key, or to a solo tunnel.
-	ErrKeyMismatch = errors.New("group key does not match")
+	ErrKeyMismatch = errors.New("group: group key does not match")
 	// ErrInUse: the subdomain is owned by another identity.
-	ErrInUse = errors.New("already in use")
+	ErrInUse = errors.New("group: already in use")
 	// ErrProtoMismatch: the pool's members speak another protocol (http vs https).
-	ErrProtoMismatch = errors.New("protocol mismatch")
+	ErrProtoMismatch = errors.New("group: protocol mismatch")
 	// ErrNoPorts: the TCP port range has no free port.
-	ErrNoPorts = errors.New("no TCP ports available")
+	ErrNoPorts = errors.New("group: no TCP ports available")
 	// ErrInvalid: the join request itself is malformed (empty label, unknown protocol).
-	ErrInvalid = errors.New("invalid registration")
+	ErrInvalid = errors.New("group: invalid registration")
 	// ErrPortUnavailable is returned by a Config.OnCreate hook when the port it was given cannot
 	// be used (bound by another process); Join then tries the next port.
-	ErrPortUnavailable = errors.New("port unavailable")
+	ErrPortUnavailable = errors.New("group: port unavailable")
 )
 
 // Error is a rejection: Msg is the sentence shown to the user, Err the sentinel it is an
-// instance of.
+// instance of. Msg carries no "group: " prefix: an edge sends it to the connector as it is.
 type Error struct {
 	Err error
 	Msg string
 }
 
-// Error returns the user-facing message.
-func (e *Error) Error() string { return e.Msg }
+// Error returns "group: " and the user-facing message.
+func (e *Error) Error() string { return "group: " + e.Msg }
 
 // Unwrap returns the sentinel.
 func (e *Error) Unwrap() error { return e.Err }

@@ -45,10 +45,10 @@ func HashKey(key string) KeyHash { return sha256.Sum256([]byte(key)) }
 func ParseKeyHash(s string) (KeyHash, error) {
 	var h KeyHash
 	if len(s) != hex.EncodedLen(len(h)) {
-		return h, fmt.Errorf("a key hash is %d hex digits, got %d characters", hex.EncodedLen(len(h)), len(s))
+		return h, fmt.Errorf("group: a key hash is %d hex digits, got %d characters", hex.EncodedLen(len(h)), len(s))
 	}
 	if _, err := hex.Decode(h[:], []byte(s)); err != nil {
-		return KeyHash{}, fmt.Errorf("a key hash is hex digits: %w", err)
+		return KeyHash{}, fmt.Errorf("group: a key hash is hex digits: %w", err)
 	}
 	return h, nil
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/textproto"
 	"slices"
@@ -35,18 +36,28 @@ const (
 // ParseAffinity checks an affinity setting and returns it in canonical form: "" (none),
 // "cookie", "client_ip" or "header:<Canonical-Name>".
 func ParseAffinity(s string) (string, error) {
+	a, problem := parseAffinity(s)
+	if problem != "" {
+		return "", errors.New("group: " + problem)
+	}
+	return a, nil
+}
+
+// parseAffinity is ParseAffinity with the problem as words that a rejection's message
+// holds as they are ("affinity \"x\": want cookie, ...").
+func parseAffinity(s string) (string, string) {
 	switch s {
 	case "", AffinityCookie, AffinityClientIP:
-		return s, nil
+		return s, ""
 	}
 	name, ok := strings.CutPrefix(s, AffinityHeaderPrefix)
 	if !ok {
-		return "", fmt.Errorf("affinity %q: want cookie, client_ip or header:<Name>", s)
+		return "", fmt.Sprintf("affinity %q: want cookie, client_ip or header:<Name>", s)
 	}
 	if name == "" || len(name) > 128 || strings.IndexFunc(name, func(r rune) bool { return !isTokenChar(r) }) >= 0 {
-		return "", fmt.Errorf("affinity %q: %q is not a header name", s, name)
+		return "", fmt.Sprintf("affinity %q: %q is not a header name", s, name)
 	}
-	return AffinityHeaderPrefix + textproto.CanonicalMIMEHeaderKey(name), nil
+	return AffinityHeaderPrefix + textproto.CanonicalMIMEHeaderKey(name), ""
 }
 
 // isTokenChar reports whether r may appear in an HTTP header name (RFC 9110 token).

@@ -104,7 +104,7 @@ func TestPoolSettingsMustMatch(t *testing.T) {
 
 	_, err := r.Join(httpReq("pool", "web", "k"))
 	require.ErrorIs(t, err, ErrProtoMismatch)
-	require.EqualError(t, err, "affinity mismatch: the pool on subdomain 'pool' uses affinity cookie, this tunnel declares none")
+	require.EqualError(t, err, "group: affinity mismatch: the pool on subdomain 'pool' uses affinity cookie, this tunnel declares none")
 
 	same := httpReq("pool", "web", "k")
 	same.Affinity = "cookie"

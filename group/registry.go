@@ -65,26 +65,37 @@ func (p Proto) PerConnection() bool { return p == ProtoTCP || p == ProtoTLS }
 
 // ValidateSubdomain returns an error saying why s cannot be an HTTP route's subdomain: it
 // must be one DNS label of 1 to 63 characters from a-z, 0-9 and '-', not starting or ending
-// with '-'. The edge and the config files use this one rule.
+// with '-'. The edge and the config files use this one rule. The error reads "group:
+// subdomain " and SubdomainProblem's words.
 func ValidateSubdomain(s string) error {
+	if p := SubdomainProblem(s); p != "" {
+		return errors.New("group: subdomain " + p)
+	}
+	return nil
+}
+
+// SubdomainProblem is ValidateSubdomain's rule as words that follow the name of what is
+// checked ("must not be empty", "\"Web\" must be lowercase"), for a message that names it in
+// its own way; "" when s is a valid subdomain.
+func SubdomainProblem(s string) string {
 	switch {
 	case s == "":
-		return errors.New("must not be empty")
+		return "must not be empty"
 	case len(s) > 63:
-		return fmt.Errorf("is %d characters long; at most 63 are allowed", len(s))
+		return fmt.Sprintf("is %d characters long; at most 63 are allowed", len(s))
 	case s[0] == '-' || s[len(s)-1] == '-':
-		return fmt.Errorf("%q must not start or end with \"-\"", s)
+		return fmt.Sprintf("%q must not start or end with \"-\"", s)
 	}
 	for _, r := range s {
 		switch {
 		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
 		case r >= 'A' && r <= 'Z':
-			return fmt.Errorf("%q must be lowercase", s)
+			return fmt.Sprintf("%q must be lowercase", s)
 		default:
-			return fmt.Errorf("%q may only hold a-z, 0-9 and \"-\" (found %q)", s, r)
+			return fmt.Sprintf("%q may only hold a-z, 0-9 and \"-\" (found %q)", s, r)
 		}
 	}
-	return nil
+	return ""
 }
 
 // PortRange is an inclusive range of TCP ports.
@@ -523,9 +534,9 @@ func validatePolicy(req *JoinRequest) error {
 	case req.SlowStart < 0 || req.SlowStart > MaxSlowStart:
 		return reject(ErrInvalid, fmt.Sprintf("slow start %s is out of range (0 to %s)", req.SlowStart, MaxSlowStart))
 	}
-	a, err := ParseAffinity(req.Affinity)
-	if err != nil {
-		return reject(ErrInvalid, err.Error())
+	a, problem := parseAffinity(req.Affinity)
+	if problem != "" {
+		return reject(ErrInvalid, problem)
 	}
 	if req.Proto.PerConnection() && a != "" && a != AffinityClientIP {
 		what := "a TCP pool"

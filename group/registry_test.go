@@ -46,11 +46,11 @@ func TestHTTPGroupRules(t *testing.T) {
 
 	_, err = r.Join(httpReq("pool", "web", "wrong"))
 	require.ErrorIs(t, err, ErrKeyMismatch)
-	require.EqualError(t, err, "group key does not match for subdomain 'pool'")
+	require.EqualError(t, err, "group: group key does not match for subdomain 'pool'")
 
 	_, err = r.Join(httpReq("pool", "", ""))
 	require.ErrorIs(t, err, ErrInUse)
-	require.EqualError(t, err, "subdomain 'pool' is already in use")
+	require.EqualError(t, err, "group: subdomain 'pool' is already in use")
 
 	req := httpReq("pool", "web", "secret")
 	req.Proto = ProtoHTTPS
@@ -65,7 +65,7 @@ func TestHTTPGroupRules(t *testing.T) {
 	_, err = r.Join(httpReq("solo", "web", "secret"))
 	require.ErrorIs(t, err, ErrKeyMismatch)
 	_, err = r.Join(httpReq("solo", "", ""))
-	require.EqualError(t, err, "subdomain 'solo' is already in use")
+	require.EqualError(t, err, "group: subdomain 'solo' is already in use")
 
 	// The last member leaving frees the route for a fresh group with another key.
 	r.Leave(a)
@@ -115,7 +115,7 @@ func TestTCPRangeFull(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.Join(tcpReq("", ""))
 	require.ErrorIs(t, err, ErrNoPorts)
-	require.EqualError(t, err, "no TCP ports available")
+	require.EqualError(t, err, "group: no TCP ports available")
 	r.Leave(m)
 	_, err = r.Join(tcpReq("", ""))
 	require.NoError(t, err)
@@ -151,7 +151,7 @@ func TestKillSwitchMakesEverythingSolo(t *testing.T) {
 	require.True(t, a.Group().Solo(), "group fields are ignored")
 	_, err = r.Join(httpReq("pool", "web", "secret"))
 	require.ErrorIs(t, err, ErrInUse)
-	require.EqualError(t, err, "subdomain 'pool' is already in use")
+	require.EqualError(t, err, "group: subdomain 'pool' is already in use")
 
 	x, err := r.Join(tcpReq("db", "k"))
 	require.NoError(t, err)

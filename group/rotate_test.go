@@ -43,7 +43,7 @@ func TestHTTPKeyRotation(t *testing.T) {
 	r.Leave(b)
 	_, err = r.Join(httpReq("pool", "web", "old"))
 	require.ErrorIs(t, err, ErrKeyMismatch)
-	require.EqualError(t, err, "group key does not match for subdomain 'pool'")
+	require.EqualError(t, err, "group: group key does not match for subdomain 'pool'")
 	join(t, r, httpReq("pool", "web", "new"))
 	require.Len(t, g.Members(), 3)
 	_ = b2

@@ -40,14 +40,14 @@ func TestTLSPassthroughGroups(t *testing.T) {
 		req.Proto = p
 		_, err := r.Join(req)
 		require.ErrorIs(t, err, ErrProtoMismatch)
-		require.EqualError(t, err, "protocol mismatch: group 'web' on subdomain 'pool' serves tls, this tunnel is "+string(p))
+		require.EqualError(t, err, "group: protocol mismatch: group 'web' on subdomain 'pool' serves tls, this tunnel is "+string(p))
 	}
 	join(t, r, httpReq("site", "web", "k"))
 	_, err := r.Join(tlsReq("site", "web", "k"))
 	require.ErrorIs(t, err, ErrProtoMismatch)
 	join(t, r, tlsReq("solo", "", ""))
 	_, err = r.Join(httpReq("solo", "", ""))
-	require.EqualError(t, err, "subdomain 'solo' is already in use")
+	require.EqualError(t, err, "group: subdomain 'solo' is already in use")
 
 	_, err = r.Join(tlsReq("", "", ""))
 	require.ErrorIs(t, err, ErrInvalid, "a tls tunnel needs a subdomain")

@@ -20,22 +20,22 @@ var (
 	// ErrHTTPStatus is wrapped by the error of an HTTP probe whose status
 	// code is outside [200, 300) when the spec expects 2xx. Its message reads
 	// "http status 500".
-	ErrHTTPStatus = errors.New("http status")
+	ErrHTTPStatus = errors.New("health: http status")
 
 	// ErrMalformedStatusLine is wrapped by the error of an HTTP probe whose
 	// peer answered with something that is not an HTTP status line, or with a
 	// line longer than [MaxStatusLine] bytes.
-	ErrMalformedStatusLine = errors.New("malformed status line")
+	ErrMalformedStatusLine = errors.New("health: malformed status line")
 
 	// ErrNoStatusLine is wrapped by the error of an HTTP probe whose peer
 	// closed the connection, or did not answer within the timeout, before
 	// sending a status line.
-	ErrNoStatusLine = errors.New("no status line")
+	ErrNoStatusLine = errors.New("health: no status line")
 
 	// ErrCheckStillRunning is the failure recorded by a [Prober] when the
 	// previous call of a [TypeFunc] check has not returned yet (it ignored
 	// its context). The Prober never runs two calls of one check at once.
-	ErrCheckStillRunning = errors.New("previous check has not returned")
+	ErrCheckStillRunning = errors.New("health: previous check has not returned")
 
 	// ErrRunning is returned by [Prober.Run] when another call of Run on the
 	// same Prober is still in progress.

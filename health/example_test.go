@@ -65,6 +65,6 @@ func ExampleSpec_Probe() {
 	spec.AnyStatus = true
 	fmt.Println(spec.Probe(context.Background(), backend.Listener.Addr().String()))
 	// Output:
-	// http status 503 true
+	// health: http status 503 true
 	// <nil>
 }

@@ -106,7 +106,7 @@ func (s Spec) probeHTTP(ctx context.Context, target string) error {
 		"User-Agent: warren-health\r\n" +
 		"Connection: close\r\n\r\n"
 	if _, err := io.WriteString(conn, req); err != nil {
-		return fmt.Errorf("writing request: %w", err)
+		return fmt.Errorf("health: writing request: %w", err)
 	}
 
 	code, err := readStatusLine(conn)
@@ -235,7 +235,7 @@ func (s Spec) probeFunc(ctx context.Context) (<-chan struct{}, error) {
 	default:
 	}
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return done, fmt.Errorf("check did not return within %v: %w", s.Timeout, context.DeadlineExceeded)
+		return done, fmt.Errorf("health: check did not return within %v: %w", s.Timeout, context.DeadlineExceeded)
 	}
 	return done, ctx.Err()
 }
@@ -245,7 +245,7 @@ func (s Spec) probeFunc(ctx context.Context) (<-chan struct{}, error) {
 func callCheck(ctx context.Context, check func(context.Context) error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("check panicked: %v", v)
+			err = fmt.Errorf("health: check panicked: %v", v)
 		}
 	}()
 	return check(ctx)

@@ -112,9 +112,9 @@ func TestHTTPProbeStatus(t *testing.T) {
 		{200, false, ""},
 		{204, false, ""},
 		{299, false, ""},
-		{300, false, "http status 300"},
-		{404, false, "http status 404"},
-		{500, false, "http status 500"},
+		{300, false, "health: http status 300"},
+		{404, false, "health: http status 404"},
+		{500, false, "health: http status 500"},
 		{500, true, ""},
 		{404, true, ""},
 	} {
@@ -148,9 +148,9 @@ func TestHTTPProbeRawAnswers(t *testing.T) {
 		{name: "no reason phrase", answer: "HTTP/1.0 204\r\n", hold: true},
 		{name: "bare LF", answer: "HTTP/1.1 200 OK\n", hold: true},
 		{name: "line cut by close", answer: "HTTP/1.1 200 OK"},
-		{name: "bad status", answer: "HTTP/1.1 503 Busy\r\n\r\n", wantIs: ErrHTTPStatus, wantMsg: "http status 503"},
-		{name: "ssh banner", answer: "SSH-2.0-OpenSSH_9.6\r\n", hold: true, wantIs: ErrMalformedStatusLine, wantMsg: `malformed status line "SSH-2.0-OpenSSH_9.6"`},
-		{name: "garbage without newline", answer: "garbage", hold: true, wantIs: ErrMalformedStatusLine, wantMsg: `malformed status line "garbage"`},
+		{name: "bad status", answer: "HTTP/1.1 503 Busy\r\n\r\n", wantIs: ErrHTTPStatus, wantMsg: "health: http status 503"},
+		{name: "ssh banner", answer: "SSH-2.0-OpenSSH_9.6\r\n", hold: true, wantIs: ErrMalformedStatusLine, wantMsg: `health: malformed status line "SSH-2.0-OpenSSH_9.6"`},
+		{name: "garbage without newline", answer: "garbage", hold: true, wantIs: ErrMalformedStatusLine, wantMsg: `health: malformed status line "garbage"`},
 		{name: "binary", answer: "\x00\x01\x02\x03\x04\x05", hold: true, wantIs: ErrMalformedStatusLine},
 		{name: "two-digit code", answer: "HTTP/1.1 20 OK\r\n", hold: true, wantIs: ErrMalformedStatusLine},
 		{name: "code with letters", answer: "HTTP/1.1 2x0 OK\r\n", hold: true, wantIs: ErrMalformedStatusLine},
@@ -158,7 +158,7 @@ func TestHTTPProbeRawAnswers(t *testing.T) {
 		{name: "no space after code", answer: "HTTP/1.1 200OK\r\n", hold: true, wantIs: ErrMalformedStatusLine},
 		{name: "bad version", answer: "HTTP/x 200 OK\r\n", hold: true, wantIs: ErrMalformedStatusLine},
 		{name: "wrong protocol", answer: "HTTPS/1.1 200 OK\r\n", hold: true, wantIs: ErrMalformedStatusLine},
-		{name: "closed without answer", answer: "", wantIs: ErrNoStatusLine, wantMsg: "no status line: connection closed by peer"},
+		{name: "closed without answer", answer: "", wantIs: ErrNoStatusLine, wantMsg: "health: no status line: connection closed by peer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			addr := rawServer(t, func(c net.Conn) {
@@ -237,7 +237,7 @@ func TestHTTPProbeEndlessLine(t *testing.T) {
 	defer cancel()
 	err := spec.Probe(ctx, addr)
 	require.ErrorIs(t, err, ErrMalformedStatusLine)
-	require.EqualError(t, err, "malformed status line: no end of line within 1024 bytes")
+	require.EqualError(t, err, "health: malformed status line: no end of line within 1024 bytes")
 }
 
 func TestHTTPProbeTricklingLineHitsTimeout(t *testing.T) {
@@ -292,7 +292,7 @@ func TestFuncProbe(t *testing.T) {
 	require.Equal(t, boom, Spec{Type: TypeFunc, Check: func(context.Context) error { return boom }}.Probe(ctx, ""))
 
 	err := Spec{Type: TypeFunc, Check: func(context.Context) error { panic("kaboom") }}.Probe(ctx, "")
-	require.EqualError(t, err, "check panicked: kaboom")
+	require.EqualError(t, err, "health: check panicked: kaboom")
 }
 
 func TestFuncProbeGivesCheckItsDeadline(t *testing.T) {
@@ -320,7 +320,7 @@ func TestFuncProbeDoesNotWaitForStuckCheck(t *testing.T) {
 	}}
 	err := spec.Probe(context.Background(), "")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
-	require.EqualError(t, err, "check did not return within 50ms: context deadline exceeded")
+	require.EqualError(t, err, "health: check did not return within 50ms: context deadline exceeded")
 	close(release)
 	<-returned
 }

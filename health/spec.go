@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -119,27 +120,37 @@ func validatePath(p string) error {
 	if p == "" {
 		return fmt.Errorf("%w: Path is required for Type %q", ErrInvalidSpec, TypeHTTP)
 	}
-	if err := ValidatePath(p); err != nil {
-		return fmt.Errorf("%w: Path %w", ErrInvalidSpec, err)
+	if problem := PathProblem(p); problem != "" {
+		return fmt.Errorf("%w: Path %s", ErrInvalidSpec, problem)
 	}
 	return nil
 }
 
-// ValidatePath reports why p cannot be the Path of a TypeHTTP probe, in words that follow
-// the path's name (`"healthz" must start with "/"`), or returns nil: a path starts with "/"
-// and holds no space or control character. Spec.Validate applies it.
+// ValidatePath reports why p cannot be the Path of a TypeHTTP probe (`health: path
+// "healthz" must start with "/"`), or returns nil: a path starts with "/" and holds no
+// space or control character. Spec.Validate applies it.
 func ValidatePath(p string) error {
+	if problem := PathProblem(p); problem != "" {
+		return errors.New("health: path " + problem)
+	}
+	return nil
+}
+
+// PathProblem is ValidatePath's rule as words that follow the path's name (`"healthz" must
+// start with "/"`), for a message that names the path in its own way; "" when p is a valid
+// path.
+func PathProblem(p string) string {
 	if !strings.HasPrefix(p, "/") {
-		return fmt.Errorf("%q must start with \"/\"", p)
+		return fmt.Sprintf("%q must start with \"/\"", p)
 	}
 	for i := 0; i < len(p); i++ {
 		// A space would end the request target and CR/LF would inject
 		// headers; neither belongs in a path.
 		if c := p[i]; c <= ' ' || c == 0x7f {
-			return fmt.Errorf("%q contains a space or control character (escape it, e.g. %%20)", p)
+			return fmt.Sprintf("%q contains a space or control character (escape it, e.g. %%20)", p)
 		}
 	}
-	return nil
+	return ""
 }
 
 // TCPReadiness returns a quick readiness check: a TCP

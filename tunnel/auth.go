@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -16,21 +17,31 @@ import (
 // random token of this length hopeless; a short one could still be found.
 const MinTokenLength = 16
 
-// ValidateToken reports why token cannot authenticate anyone, in words that follow the
-// token's name ("is 7 characters long; a token needs at least 16"), or returns nil. Its
-// only rule is MinTokenLength. The error never holds the token.
+// ValidateToken reports why token cannot authenticate anyone ("tunnel: token is 7
+// characters long; a token needs at least 16"), or returns nil. Its only rule is
+// MinTokenLength. The error never holds the token.
 func ValidateToken(token string) error {
-	if n := utf8.RuneCountInString(token); n < MinTokenLength {
-		return fmt.Errorf("is %d characters long; a token needs at least %d", n, MinTokenLength)
+	if p := TokenProblem(token); p != "" {
+		return errors.New("tunnel: token " + p)
 	}
 	return nil
+}
+
+// TokenProblem is ValidateToken's rule as words that follow the token's name ("is 7
+// characters long; a token needs at least 16"), for a message that names the token in its
+// own way; "" when token is long enough. The words never hold the token.
+func TokenProblem(token string) string {
+	if n := utf8.RuneCountInString(token); n < MinTokenLength {
+		return fmt.Sprintf("is %d characters long; a token needs at least %d", n, MinTokenLength)
+	}
+	return ""
 }
 
 // checkTokenLength refuses a token shorter than MinTokenLength; what names it in the error
 // (the token itself never appears).
 func checkTokenLength(what, token string) error {
-	if err := ValidateToken(token); err != nil {
-		return fmt.Errorf("tunnel: %s %w", what, err)
+	if p := TokenProblem(token); p != "" {
+		return errors.New("tunnel: " + what + " " + p)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,6 +67,9 @@ func dial(ctx context.Context, servers []string, retry bool, opts []Option) (*Se
 	if retry && o.lookup == nil && !o.customDialer {
 		o.lookup = net.DefaultResolver.LookupHost
 	}
+	if err := o.setupProxy(os.Getenv); err != nil {
+		return nil, err
+	}
 	log := o.log.With(zap.String("edge", servers[0]))
 	if len(servers) > 1 {
 		log = o.log.With(zap.Strings("edges", servers))
@@ -92,7 +96,7 @@ func dial(ctx context.Context, servers []string, retry bool, opts []Option) (*Se
 
 // connect dials the edge cand, runs yamux and the hello exchange.
 func (s *Session) connect(ctx context.Context, cand candidate) (*clientConn, error) {
-	raw, err := s.opts.dial(ctx, "tcp", cand.addr)
+	raw, err := s.dialEdge(ctx, cand.addr, cand.proxy)
 	if err != nil {
 		return nil, fmt.Errorf("tunnel: dial %s: %w", cand, err)
 	}
@@ -148,7 +152,8 @@ func (s *Session) connect(ctx context.Context, cand candidate) (*clientConn, err
 	switch m := msg.(type) {
 	case *wire.Welcome:
 		_ = ctrl.SetDeadline(time.Time{})
-		s.log.Info("connected to edge", zap.String("server", cand.String()), zap.String("session", m.SessionID), zap.String("region", m.RegionID))
+		s.log.Info("connected to edge", zap.String("server", cand.String()), zap.String("session", m.SessionID), zap.String("region", m.RegionID),
+			zap.String("proxy", proxyName(cand.proxy)))
 		s.mu.Lock()
 		s.resumeID, s.resumeToken = m.SessionID, m.ResumeToken
 		s.mu.Unlock()
@@ -165,9 +170,9 @@ func (s *Session) connect(ctx context.Context, cand candidate) (*clientConn, err
 			byID: map[string]*clientTunnel{}, noticeKey: key,
 		}, nil
 	case *wire.Error:
-		return fail(fmt.Errorf("tunnel: edge refused the connection: %w", &sessionError{code: m.Code, msg: m.Message}))
+		return fail(&sessionError{code: m.Code, msg: m.Message})
 	default:
-		return fail(fmt.Errorf("tunnel: %w: expected welcome, got %s", ErrProtocol, msg.Type()))
+		return fail(fmt.Errorf("%w: expected welcome, got %s", ErrProtocol, msg.Type()))
 	}
 }
 
@@ -203,7 +208,7 @@ func (s *Session) supervise(c *clientConn) {
 		s.detach(c)
 		lost := s.currentEdge()
 		if err := c.fatalErr(); err != nil && permanent(err) {
-			s.fail(fmt.Errorf("tunnel: edge ended the session: %w", err))
+			s.fail(err) // a *sessionError: "tunnel: the edge ended the session: ..."
 			return
 		}
 		if !s.opts.reconnect {

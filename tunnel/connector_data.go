@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,9 +29,10 @@ import (
 //
 // Data connections are opened only when the control connection is a TCP (or TLS over TCP)
 // connection and the edge offered them (wire.DataTokenOf of its resume token): not over
-// in-memory pipes, not to old edges. They use the session's dialer and, when the control
-// connection is TLS, TLS with the same configuration (and a session cache, so that each new
-// one resumes a TLS session instead of a full handshake).
+// in-memory pipes, not to old edges. They use the session's dialer and proxy (the one the
+// control connection went through, if any) and, when the control connection is TLS, TLS with
+// the same configuration (and a session cache, so that each new one resumes a TLS session
+// instead of a full handshake).
 
 // dataPoolSize is how many idle data connections a connector keeps per connection
 // generation while it has a TCP tunnel. A used connection is replaced about one round trip
@@ -57,6 +59,7 @@ const (
 type connData struct {
 	c        *clientConn
 	addr     string      // the edge's address, as the control connection dialled it
+	proxy    *url.URL    // the proxy the control connection went through (nil: none)
 	tls      *tls.Config // nil: plain TCP
 	preamble []byte
 	kick     chan struct{} // wakes run: a connection was used or lost
@@ -89,7 +92,7 @@ func (s *Session) startData(c *clientConn) {
 		return
 	}
 	edge := s.currentEdge()
-	d := &connData{c: c, addr: edge.addr, preamble: pre, kick: make(chan struct{}, 1), idle: map[net.Conn]struct{}{}}
+	d := &connData{c: c, addr: edge.addr, proxy: edge.proxy, preamble: pre, kick: make(chan struct{}, 1), idle: map[net.Conn]struct{}{}}
 	if cfg := s.opts.tlsConfig; cfg != nil {
 		cfg = cfg.Clone()
 		if cfg.ServerName == "" {
@@ -208,9 +211,9 @@ func (d *connData) open() error {
 	s := d.c.s
 	ctx, cancel := context.WithTimeout(d.c.ctx, dataDialTimeout)
 	defer cancel()
-	dc, err := s.opts.dial(ctx, "tcp", d.addr)
+	dc, err := s.dialEdge(ctx, d.addr, d.proxy)
 	if err != nil {
-		return fmt.Errorf("dialling: %w", err)
+		return fmt.Errorf("tunnel: data connection: dialling: %w", err)
 	}
 	if n := s.opts.dataReadBuffer; n > 0 {
 		if got := proxy.SetDataReadBuffer(dc, n); got < n && !d.capped.Swap(true) {
@@ -222,7 +225,7 @@ func (d *connData) open() error {
 		tc := tls.Client(dc, d.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = dc.Close()
-			return fmt.Errorf("TLS handshake: %w", err)
+			return fmt.Errorf("tunnel: data connection: TLS handshake: %w", err)
 		}
 		dc = tc
 	}
@@ -233,11 +236,12 @@ func (d *connData) open() error {
 		_, err = io.ReadFull(dc, answer[:])
 	}
 	if err == nil && answer[0] != wire.DataAccepted {
-		err = fmt.Errorf("unexpected answer %#x", answer[0])
+		_ = dc.Close()
+		return fmt.Errorf("tunnel: data connection: the edge refused it: unexpected answer %#x", answer[0])
 	}
 	if err != nil {
 		_ = dc.Close()
-		return fmt.Errorf("the edge refused it: %w", err)
+		return fmt.Errorf("tunnel: data connection: the edge refused it: %w", err)
 	}
 	_ = dc.SetDeadline(time.Time{})
 	d.mu.Lock()

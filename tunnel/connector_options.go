@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net"
+	"net/url"
 	"os"
 	"time"
 
@@ -37,6 +38,13 @@ type dialOptions struct {
 	attemptTimeout time.Duration
 	// dataReadBuffer fixes the receive buffer of each data connection (0: the kernel's).
 	dataReadBuffer int
+	// proxy is WithProxy's (proxySet: it was given, nil included); proxyFor, set up by
+	// Dial (connector_proxy.go), returns the proxy of an edge address (nil: direct), and is
+	// nil itself when no edge is reached through a proxy.
+	proxy    *url.URL
+	proxySet bool
+	proxyFor func(addr string) *url.URL
+	proxyTLS *tls.Config // of the connection to an https:// proxy; nil: system roots
 }
 
 func defaultDialOptions() dialOptions {
@@ -70,7 +78,8 @@ func WithTLS(cfg *tls.Config) Option { return func(o *dialOptions) { o.tlsConfig
 // the session for good (Err wraps it) instead of being retried: the in-memory edge answers
 // it once it was closed; with several edge addresses (DialServers), only when every one of
 // them answers it. The dialer receives the edge addresses as given: host names are not
-// resolved by the session then.
+// resolved by the session then, and no proxy is used: neither the environment's nor
+// WithProxy's (see WithProxy).
 func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
 	return func(o *dialOptions) { o.dial, o.customDialer = dial, true }
 }

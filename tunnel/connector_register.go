@@ -176,7 +176,7 @@ func (s *Session) registerOn(ctx context.Context, c *clientConn, t *clientTunnel
 		t.startProbe(c, r.TunnelID, gen)
 		return nil
 	}
-	return fmt.Errorf("tunnel: %w: unexpected answer to register", ErrProtocol)
+	return fmt.Errorf("%w: unexpected answer to register", ErrProtocol)
 }
 
 // startProbe runs the tunnel's health prober for one registration; its reports go to the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"strings"
 	"time"
 
@@ -60,11 +61,21 @@ func (s *Session) Server() string {
 
 // ServerAddr returns the network address of the edge the session is attached to (or was
 // last): the address the host name of Server resolved to, or Server itself when it was not
-// resolved (an IP address, a lookup that failed, or a dialer set with WithDialer).
+// resolved (an IP address, a lookup that failed, a dialer set with WithDialer, or an edge
+// reached through a proxy, which resolves it).
 func (s *Session) ServerAddr() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.edge.addr
+}
+
+// Proxy names the proxy through which the session reaches the edge it is attached to (or
+// was last), as scheme://host:port without credentials, or returns "" for a direct
+// connection (see WithProxy).
+func (s *Session) Proxy() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return proxyName(s.edge.proxy)
 }
 
 // candidate is one address a session may connect to: an edge address as given, or one of
@@ -74,6 +85,9 @@ type candidate struct {
 	addr   string // the address dialled: server, or a resolved "ip:port"
 	host   string // the host of server: the TLS server name
 	index  int    // the position of server in Session.servers
+	// proxy is the proxy the edge is reached through (nil: directly); addr is then server,
+	// for the proxy to resolve.
+	proxy *url.URL
 }
 
 // String names the candidate in logs and errors: "a.example:4040 (192.0.2.1:4040)".
@@ -114,13 +128,17 @@ func (s *Session) candidates(ctx context.Context) []candidate {
 		}
 	}
 	for i, server := range s.servers {
+		var proxy *url.URL
+		if s.opts.proxyFor != nil {
+			proxy = s.opts.proxyFor(server)
+		}
 		host, port, err := net.SplitHostPort(server)
 		if err != nil {
-			add(candidate{server: server, addr: server, index: i}) // the dialer says what is wrong
+			add(candidate{server: server, addr: server, index: i, proxy: proxy}) // the dialer says what is wrong
 			continue
 		}
-		base := candidate{server: server, addr: server, host: host, index: i}
-		if _, err := netip.ParseAddr(host); err == nil || s.opts.lookup == nil {
+		base := candidate{server: server, addr: server, host: host, index: i, proxy: proxy}
+		if _, err := netip.ParseAddr(host); err == nil || s.opts.lookup == nil || proxy != nil {
 			add(base)
 			continue
 		}

@@ -147,7 +147,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 
 func (l *Listener) closedErr() error {
 	if err := l.Err(); err != nil {
-		return fmt.Errorf("%w: %w", net.ErrClosed, err)
+		return fmt.Errorf("tunnel: %w: %w", net.ErrClosed, err)
 	}
 	return fmt.Errorf("%w: %w", ErrTunnelClosed, net.ErrClosed)
 }

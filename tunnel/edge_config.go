@@ -532,7 +532,7 @@ func (c ServerConfig) Validate() error {
 func (c *ServerConfig) setDefaults() error {
 	*c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
-		return fmt.Errorf("tunnel: %w", err)
+		return err // each a *FieldError: "tunnel: Field: ..."
 	}
 	if c.LoadBalancing.NewStrategy == nil {
 		name := c.LoadBalancing.Strategy

@@ -117,8 +117,8 @@ func (ep *Endpoint) validate(ports group.PortRange) error {
 	add := func(field, format string, args ...any) { errs = append(errs, fieldErr(field, format, args...)) }
 	switch ep.Proto {
 	case "", ProtoHTTP, ProtoHTTPS, ProtoTLS:
-		if err := group.ValidateSubdomain(ep.Subdomain); err != nil {
-			errs = append(errs, &FieldError{Field: "Subdomain", Err: err})
+		if p := group.SubdomainProblem(ep.Subdomain); p != "" {
+			add("Subdomain", "%s", p)
 		}
 		if ep.Port != 0 {
 			add("Port", "a port is for TCP endpoints (Proto %q)", ProtoTCP)

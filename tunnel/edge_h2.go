@@ -104,7 +104,7 @@ func setupHTTP2(hs *http.Server, h2MaxHeaderBytes int) {
 }
 
 // errNoAccept is noAccept's Accept error.
-var errNoAccept = errors.New("nothing to accept")
+var errNoAccept = errors.New("tunnel: nothing to accept")
 
 // noAccept is a listener with nothing to accept: Serve on it returns at once, once it set
 // up the server.

@@ -136,7 +136,7 @@ func refusePassthroughNames(cfg *tls.Config, passthrough func(serverName string)
 	w := cfg.Clone()
 	w.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
 		if passthrough(hello.ServerName) {
-			return nil, fmt.Errorf("%s is a TLS passthrough tunnel: its TLS is never terminated at the edge", hello.ServerName)
+			return nil, fmt.Errorf("tunnel: %s is a TLS passthrough tunnel: its TLS is never terminated at the edge", hello.ServerName)
 		}
 		if pick != nil {
 			if c, err := pick(hello); err != nil || c != nil {

@@ -106,7 +106,7 @@ func (s *Server) Reload(cfg ServerConfig) ([]ReloadChange, error) {
 	// The endpoints are checked against the TCP port range the edge runs with.
 	check := ServerConfig{TCP: s.cfg.TCP, Endpoints: cfg.Endpoints}
 	if err := check.Validate(); err != nil {
-		return nil, fmt.Errorf("tunnel: %w", err)
+		return nil, err // each a *FieldError: "tunnel: Field: ..."
 	}
 	want := map[string]*Endpoint{}
 	for i := range cfg.Endpoints {

@@ -15,7 +15,7 @@ import (
 )
 
 // errUnchanged makes a store update write nothing.
-var errUnchanged = errors.New("unchanged")
+var errUnchanged = errors.New("tunnel: unchanged")
 
 // routeBook keeps route ownership: which tenant may register a route, the public ports of
 // TCP pools, and the reserved endpoints. A route belongs to the tenant that first claimed it

@@ -125,7 +125,7 @@ func (e *edgeSession) run() error {
 	ctrl, err := e.mux.AcceptStreamWithContext(ctx)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("waiting for the control stream: %w", err)
+		return fmt.Errorf("tunnel: waiting for the control stream: %w", err)
 	}
 	e.wmu.Lock()
 	e.ctrl = ctrl
@@ -231,7 +231,7 @@ func (e *edgeSession) authenticate(a Authenticator, token string) error {
 	attempt, err := e.srv.authLimit.Begin(e.remote)
 	if err != nil {
 		// Not a verdict on the token: the connector retries after its backoff.
-		return e.fail(wire.CodeUnavailable, err.Error())
+		return e.fail(wire.CodeUnavailable, wireText(err))
 	}
 	if d := attempt.Delay(); d > 0 {
 		t := time.NewTimer(d)
@@ -253,7 +253,7 @@ func (e *edgeSession) authenticate(a Authenticator, token string) error {
 	switch {
 	case errors.Is(err, ErrUnauthorized):
 		attempt.Fail()
-		return e.fail(wire.CodeUnauthorized, ErrUnauthorized.Error())
+		return e.fail(wire.CodeUnauthorized, wireText(ErrUnauthorized))
 	case err != nil:
 		attempt.Done()
 		// Not a verdict on the token: the connector retries later.

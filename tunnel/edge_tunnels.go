@@ -56,7 +56,7 @@ func (e *edgeSession) register(m *wire.Register) {
 	t, err := e.addTunnel(m)
 	if err != nil {
 		e.log.Info("registration rejected", zap.String("proto", string(m.Proto)), zap.String("label", m.Label), zap.Error(err))
-		_ = e.send(&wire.Rejected{Req: m.Req, Code: codeFor(err), Message: err.Error()})
+		_ = e.send(&wire.Rejected{Req: m.Req, Code: codeFor(err), Message: wireText(err)})
 		return
 	}
 	g := t.member.Group()

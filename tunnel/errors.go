@@ -3,6 +3,7 @@ package tunnel
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/wire"
@@ -18,15 +19,15 @@ var (
 	// ErrTunnelClosed is returned by a tunnel's Accept after Close.
 	ErrTunnelClosed = errors.New("tunnel: tunnel closed")
 	// ErrUnauthorized: the edge refused the connector's token. Permanent: not retried.
-	ErrUnauthorized = errors.New("invalid auth token")
+	ErrUnauthorized = errors.New("tunnel: invalid auth token")
 	// ErrUnsupportedVersion: the two sides speak different protocol versions. Permanent.
-	ErrUnsupportedVersion = errors.New("unsupported protocol version")
+	ErrUnsupportedVersion = errors.New("tunnel: unsupported protocol version")
 	// ErrProtocol: a peer broke the protocol (malformed or out-of-order frames).
-	ErrProtocol = errors.New("protocol error")
+	ErrProtocol = errors.New("tunnel: protocol error")
 	// ErrRejected is the generic registration rejection; the specific ones below wrap it.
-	ErrRejected = errors.New("tunnel rejected")
+	ErrRejected = errors.New("tunnel: tunnel rejected")
 	// ErrLimit: the session reached max_tunnels_per_session, or registered too fast.
-	ErrLimit = errors.New("tunnel limit reached")
+	ErrLimit = errors.New("tunnel: tunnel limit reached")
 
 	// ErrKeyMismatch: the route belongs to a pool with another group key (or to a solo tunnel).
 	ErrKeyMismatch = group.ErrKeyMismatch
@@ -40,13 +41,14 @@ var (
 	ErrInvalid = group.ErrInvalid
 	// ErrOwned: the route belongs to another tenant ("subdomain 'pool' belongs to another
 	// tenant"), by its first claim or a reserved endpoint, until its claim lapses.
-	ErrOwned = errors.New("route belongs to another tenant")
+	ErrOwned = errors.New("tunnel: route belongs to another tenant")
 	// ErrUnavailable: the edge cannot serve the request now (e.g. it cannot write its route
 	// store); retried.
-	ErrUnavailable = errors.New("edge unavailable")
+	ErrUnavailable = errors.New("tunnel: edge unavailable")
 )
 
-// RejectedError is a registration the edge refused. Error returns the edge's message verbatim.
+// RejectedError is a registration the edge refused. Message is the edge's sentence verbatim;
+// Error returns "tunnel: " and it.
 type RejectedError struct {
 	// Code is the wire code, e.g. "group_key_mismatch".
 	Code string
@@ -54,8 +56,8 @@ type RejectedError struct {
 	Message string
 }
 
-// Error returns the edge's message verbatim.
-func (e *RejectedError) Error() string { return e.Message }
+// Error returns "tunnel: " and the edge's message verbatim.
+func (e *RejectedError) Error() string { return "tunnel: " + e.Message }
 
 // Unwrap returns the sentinel for Code and ErrRejected, so that both errors.Is(err,
 // ErrKeyMismatch) and errors.Is(err, ErrRejected) hold.
@@ -108,14 +110,29 @@ func codeFor(err error) string {
 	return wire.CodeInternal
 }
 
-// sessionError is a fatal error the edge sent (wire.Error).
+// sessionError is a fatal error the edge sent (wire.Error): msg is its sentence, with no
+// prefix.
 type sessionError struct {
 	code, msg string
 }
 
-func (e *sessionError) Error() string { return e.msg }
+func (e *sessionError) Error() string { return "tunnel: the edge ended the session: " + e.msg }
 
 func (e *sessionError) Unwrap() error { return sentinelFor(e.code) }
+
+// wireText is the message of an edge's error as it is sent to a connector (wire.Rejected,
+// wire.Error): without the prefix of the package that made it ("tunnel: ", "group: ",
+// "throttle: "), since the connector's error puts its own in front (RejectedError: "tunnel:
+// " and this text verbatim). A group.Error's text is its Msg.
+func wireText(err error) string {
+	msg := err.Error()
+	for _, p := range []string{"tunnel: ", "group: ", "throttle: "} {
+		if rest, ok := strings.CutPrefix(msg, p); ok {
+			return rest
+		}
+	}
+	return msg
+}
 
 // permanent reports whether a connect error must not be retried: the edge refused the token
 // or the protocol version, or the dialer answered that the edge is gone for good
@@ -141,8 +158,8 @@ type FieldError struct {
 	Err error
 }
 
-// Error returns "Field: what is wrong".
-func (e *FieldError) Error() string { return e.Field + ": " + e.Err.Error() }
+// Error returns "tunnel: Field: what is wrong".
+func (e *FieldError) Error() string { return "tunnel: " + e.Field + ": " + e.Err.Error() }
 
 // Unwrap returns Err.
 func (e *FieldError) Unwrap() error { return e.Err }

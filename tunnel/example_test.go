@@ -87,5 +87,5 @@ func ExampleSession_Forward() {
 	fmt.Println(err)
 	// Output:
 	// [A B A B]
-	// group key does not match for subdomain 'pool'
+	// tunnel: group key does not match for subdomain 'pool'
 }

@@ -108,11 +108,16 @@ func TestRegistrationRejectionsReachTheConnector(t *testing.T) {
 	require.ErrorIs(t, err, ErrKeyMismatch)
 	require.ErrorIs(t, err, ErrRejected)
 	require.ErrorAs(t, err, &rej)
-	require.Equal(t, "group key does not match for subdomain 'pool'", err.Error())
+	// The edge's sentence verbatim in Message, as the product document requires it shown;
+	// Error puts the package's prefix in front of it, once (the edge sends no prefix).
+	require.Equal(t, "group key does not match for subdomain 'pool'", rej.Message)
+	require.Equal(t, "tunnel: group key does not match for subdomain 'pool'", err.Error())
 
 	_, err = sess.Forward(ctxT(t), TunnelSpec{Subdomain: "pool"}, "127.0.0.1:9")
 	require.ErrorIs(t, err, ErrInUse)
-	require.EqualError(t, err, "subdomain 'pool' is already in use")
+	require.ErrorAs(t, err, &rej)
+	require.Equal(t, "subdomain 'pool' is already in use", rej.Message)
+	require.EqualError(t, err, "tunnel: subdomain 'pool' is already in use")
 
 	_, err = sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoHTTPS, Subdomain: "pool", Group: "web", GroupKey: "shared-secret"}, "127.0.0.1:9")
 	require.ErrorIs(t, err, ErrProtoMismatch)
@@ -125,7 +130,7 @@ func TestRegistrationRejectionsReachTheConnector(t *testing.T) {
 	require.NoError(t, err, "the one port of the range")
 	_, err = sess.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, "127.0.0.1:9")
 	require.ErrorIs(t, err, ErrNoPorts)
-	require.EqualError(t, err, "no TCP ports available")
+	require.EqualError(t, err, "tunnel: no TCP ports available")
 }
 
 // freePort returns a loopback port that was free a moment ago.

@@ -47,7 +47,7 @@ func TestRouteBelongsToItsFirstTenant(t *testing.T) {
 	globex := e.connect(WithToken(globexToken))
 	_, err = globex.Forward(ctxT(t), TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "globex-key"}, hostPort(thief.URL))
 	require.ErrorIs(t, err, ErrOwned)
-	require.EqualError(t, err, "subdomain 'pool' belongs to another tenant")
+	require.EqualError(t, err, "tunnel: subdomain 'pool' belongs to another tenant")
 	_, err = globex.Forward(ctxT(t), TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "acme-key"}, hostPort(thief.URL))
 	require.ErrorIs(t, err, ErrOwned, "knowing the key does not make another tenant a member")
 	_, err = globex.Forward(ctxT(t), TunnelSpec{Subdomain: "pool"}, hostPort(thief.URL))
@@ -110,7 +110,7 @@ func TestTCPGroupBelongsToItsTenantAndKeepsItsPort(t *testing.T) {
 	globex := e.connect(WithToken(globexToken))
 	_, err = globex.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP, Name: "db", Group: "db", GroupKey: "other"}, echo)
 	require.ErrorIs(t, err, ErrOwned)
-	require.EqualError(t, err, "group 'db' belongs to another tenant")
+	require.EqualError(t, err, "tunnel: group 'db' belongs to another tenant")
 
 	require.NoError(t, db.Shutdown(ctxT(t)))
 	require.Eventually(t, func() bool { return len(e.registry.Groups()) == 0 }, 5*time.Second, 5*time.Millisecond)

@@ -20,7 +20,7 @@ import (
 const kindPort = "port"
 
 // errPortTaken is a port another route reserved.
-var errPortTaken = errors.New("port reserved by another route")
+var errPortTaken = errors.New("tunnel: port reserved by another route")
 
 // clusterPort picks the port of a new TCP pool of tk's route and reserves it for every edge;
 // when another edge set the pool's port first, that one is returned.

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warren-tunnel/warren/examples/internal/cli"
 	"github.com/warren-tunnel/warren/tunnel"
 )
 
@@ -24,9 +25,17 @@ func main() {
 	server := flag.String("server", "127.0.0.1:4040", "the edge's control `address`")
 	token := flag.String("token", os.Getenv("WARREN_TOKEN"), "the connector `token` (default $WARREN_TOKEN)")
 	subdomain := flag.String("subdomain", "app", "the tunnel's `subdomain`")
+	version := cli.VersionFlag(flag.CommandLine)
 	flag.Parse()
+	if *version {
+		fmt.Println(cli.Version("backend"))
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal shuts the server down and drains the tunnel (requests in flight
+	// finish, up to 10 s); a second one ends the process at once.
+	go func() { <-ctx.Done(); stop() }()
 	if err := run(ctx, *server, *token, *subdomain); err != nil {
 		fmt.Fprintln(os.Stderr, "backend:", err)
 		os.Exit(1)

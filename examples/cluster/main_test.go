@@ -5,6 +5,8 @@ import (
 	"context"
 	"regexp"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,4 +57,52 @@ func TestDemo(t *testing.T) {
 	require.Regexp(t, `connector of app-1 is attached to edge-b now; edge-b sees pool "demo" with 2 members:\n\s+member \S+ on edge-b, healthy=true\n\s+member \S+ on edge-b, healthy=true`, text)
 	require.Regexp(t, `edge edge-a at \S+: lease expired, 0 members`, text)
 	require.Contains(t, text, "done in")
+}
+
+// TestDemoHold: with hold the demo stops after step 5 with the pool served through both
+// edges; the end of its context (Ctrl-C) skips the failover, shuts down (step 7) and
+// returns nil with the NATS store removed.
+func TestDemoHold(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- demo(ctx, out, true) }()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "press Ctrl-C to stop") }, 60*time.Second, 10*time.Millisecond, out.String())
+	text := out.String()
+	require.Contains(t, text, "5. The cluster as edge B sees it")
+	require.NotContains(t, text, "6. Edge A stops")
+	store := regexp.MustCompile(`\(store (\S+)\)`).FindStringSubmatch(text)
+	require.NotNil(t, store, text)
+	require.DirExists(t, store[1])
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the hold did not end")
+	}
+	text = out.String()
+	require.Contains(t, text, "Ctrl-C: skipping step 6 (the failover; run without -hold to see it)")
+	require.Contains(t, text, "7. Shutting down: connectors, both edges, backends, NATS (its temporary directory removed)")
+	require.NotContains(t, text, "6. Edge A stops")
+	require.NoDirExists(t, store[1])
+}
+
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -51,7 +52,9 @@ func TestRunUsageAndConfigErrors(t *testing.T) {
 	require.Empty(t, stdout.String())
 }
 
-func TestRunEdgeDown(t *testing.T) {
+// TestRunEdgeDownFailFast: with --fail-fast, an edge that does not answer ends the start at
+// the first failed dial: exit 1, the dial's error, no tunnel line, no socket left behind.
+func TestRunEdgeDownFailFast(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
@@ -62,12 +65,92 @@ func TestRunEdgeDown(t *testing.T) {
 	path := filepath.Join(dir, "config.yml")
 	require.NoError(t, os.WriteFile(path, []byte("server: "+addr+"\ntunnels:\n  a: {proto: http, local_port: 3000, subdomain: a}\n"), 0o600))
 	var stdout, stderr bytes.Buffer
-	require.Equal(t, 1, run(context.Background(), []string{"start", "--config", path}, &stdout, &stderr))
+	require.Equal(t, 1, run(context.Background(), []string{"start", "--fail-fast", "--config", path}, &stdout, &stderr))
 	require.Contains(t, stderr.String(), "connector: tunnel: dial "+addr)
+	require.Contains(t, stderr.String(), "connection refused")
 	require.Empty(t, stdout.String())
 	sock, err := connectorcmd.DefaultControlSocket(path)
 	require.NoError(t, err)
 	require.NoFileExists(t, sock, "the control socket is removed when the connector exits")
+
+	// With servers, each edge is tried once.
+	l2, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr2 := l2.Addr().String()
+	require.NoError(t, l2.Close())
+	require.NoError(t, os.WriteFile(path, []byte("servers: ["+addr+", "+addr2+"]\ntunnels:\n  a: {proto: http, local_port: 3000, subdomain: a}\n"), 0o600))
+	stderr.Reset()
+	require.Equal(t, 1, run(context.Background(), []string{"start", "--fail-fast", "--config", path}, &stdout, &stderr))
+	require.Contains(t, stderr.String(), "dial "+addr2)
+	require.Contains(t, stderr.String(), "connect failed", "the first edge's failure is logged too")
+}
+
+// TestStartBeforeTheEdge: a connector started while its edge is not up yet logs each failed
+// dial, keeps retrying with the reconnect backoff, and serves once the edge comes up.
+func TestStartBeforeTheEdge(t *testing.T) {
+	lc, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	control := lc.Addr().String()
+	require.NoError(t, lc.Close())
+	b := startBackend(t, "early")
+
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yml")
+	require.NoError(t, os.WriteFile(path, []byte("server: "+control+"\ndrain_timeout_secs: 5\ntunnels:\n"+tunnelYAML("a", b.port, "    subdomain: early\n")), 0o600))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"start", "--config", path, "--socket", filepath.Join(dir, "c.sock")}, &stdout, &stderr)
+	}()
+	require.Eventually(t, func() bool { return strings.Count(stderr.String(), `"msg":"connect failed"`) >= 2 }, 10*time.Second, 10*time.Millisecond,
+		"each failed dial is logged: %s", stderr.String())
+	require.Contains(t, stderr.String(), "connection refused")
+	require.Empty(t, stdout.String())
+
+	lc, err = net.Listen("tcp", control)
+	require.NoError(t, err)
+	e := startEdgeOn(t, lc, nil)
+	require.Eventually(t, func() bool { return strings.Contains(stdout.String(), "tunnel a: http://early.localhost:") }, 15*time.Second, 20*time.Millisecond,
+		"registered once the edge is up: %s", stderr.String())
+	status, body, err := e.get("early.localhost", "/")
+	require.NoError(t, err)
+	require.Equal(t, 200, status)
+	require.Equal(t, "early", body)
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the connector did not stop")
+	}
+}
+
+// TestStartInterruptedWhileWaiting: Ctrl-C while the edge is not up yet exits 0 at once.
+func TestStartInterruptedWhileWaiting(t *testing.T) {
+	lc, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	control := lc.Addr().String()
+	require.NoError(t, lc.Close())
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yml")
+	require.NoError(t, os.WriteFile(path, []byte("server: "+control+"\ntunnels:\n  a: {proto: http, local_port: 1, subdomain: a}\n"), 0o600))
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"start", "--config", path, "--socket", filepath.Join(dir, "c.sock")}, io.Discard, &stderr)
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(stderr.String(), "connect failed") }, 10*time.Second, 10*time.Millisecond)
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the connector did not stop")
+	}
+	require.NoFileExists(t, filepath.Join(dir, "c.sock"))
 }
 
 // TestStatusShowsLiveTunnel: status lists a registered tunnel with its URL, group, local

@@ -9,21 +9,31 @@
 // and shuts everything down. It exits non-zero if any step does not behave as described,
 // so it doubles as a smoke test. While it runs, the edge's admin listener serves the live
 // status page; the demo prints its URL and the tenant token to enter there.
+//
+//	go run ./examples/demo -hold      # after step 4, keep everything up until Ctrl-C
+//	go run ./examples/demo -version
+//
+// With -hold the edge, both backends, both connectors and the status page stay up after
+// the requests of step 4: the demo prints the URLs to try and "press Ctrl-C to stop", and
+// the first Ctrl-C runs step 5 (the shutdown) and exits 0. Without -hold a Ctrl-C ends the
+// demo at once (exit 1: it did not run to the end).
 package main
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/warren-tunnel/warren/examples/internal/cli"
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/health"
 	"github.com/warren-tunnel/warren/tunnel"
@@ -31,8 +41,30 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	err := run(ctx, os.Stdout)
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	hold := fs.Bool("hold", false, "after step 4 keep the edge, backends, connectors and status page up until Ctrl-C, then shut down")
+	version := cli.VersionFlag(fs)
+	fs.SetOutput(os.Stdout) // -h: the usage is the answer asked for
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: demo [-hold] [-version]\n\nRuns Warren's load-balancing demo on 127.0.0.1 and exits 0 when every step behaved.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Exit(0)
+		}
+		os.Exit(2) // the flag package printed the error and the usage
+	}
+	if fs.NArg() != 0 {
+		fs.Usage()
+		os.Exit(2)
+	}
+	if *version {
+		fmt.Println(cli.Version("demo"))
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := runHold(ctx, os.Stdout, *hold)
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo failed:", err)
@@ -40,9 +72,14 @@ func main() {
 	}
 }
 
-// run is the whole demo; it returns an error when a step misbehaves.
-func run(ctx context.Context, out io.Writer) error {
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+// run is the whole demo without a hold; it returns an error when a step misbehaves.
+func run(ctx context.Context, out io.Writer) error { return runHold(ctx, out, false) }
+
+// runHold is the whole demo; with hold it waits for ctx to end after step 4, then shuts
+// down.
+func runHold(ctx context.Context, out io.Writer, hold bool) error {
+	held := ctx                                             // its end (Ctrl-C) ends the hold
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second) // the steps are bounded, the hold is not
 	defer cancel()
 	start := time.Now()
 	var mu sync.Mutex // the edge's event hook prints from the edge's goroutines
@@ -172,6 +209,15 @@ func run(ctx context.Context, out io.Writer) error {
 	if err := sendRequests(say, client, url, true); err != nil {
 		return err
 	}
+	if hold {
+		say("\nHolding: the edge, both backends, both connectors and the status page stay up. Try:")
+		say("   curl -H 'Host: pool.localhost' http://%s/", publicLn.Addr())
+		say("   status page: %s (token demo-token-0123456789)", statusURL)
+		say("press Ctrl-C to stop")
+		<-held.Done()
+		ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+	}
 
 	say("\n5. Shutting down: the connectors drain their tunnels, then the edge and the backends stop")
 	if err := shutdown(ctx, connectors, edge); err != nil {
@@ -228,104 +274,4 @@ func shutdown(ctx context.Context, connectors []*tunnel.Session, edge *tunnel.Se
 		return fmt.Errorf("edge shutdown: %w", err)
 	}
 	return nil
-}
-
-// describe turns an edge event into a sentence.
-func describe(ev group.Event, names *sync.Map) string {
-	who := "a new member"
-	if name, ok := names.Load(ev.Member.ID); ok {
-		who = "backend " + name.(string)
-	}
-	switch {
-	case ev.Kind == group.EventJoined:
-		return fmt.Sprintf("%s joined group %q (%d of %d healthy): %s", who, ev.Group.Name, ev.HealthyCount, ev.MemberCount, ev.Reason)
-	case ev.Kind == group.EventHealth:
-		state := map[bool]string{true: "healthy", false: "UNHEALTHY"}[ev.Healthy]
-		return fmt.Sprintf("%s is %s (%d of %d healthy): %s", who, state, ev.HealthyCount, ev.MemberCount, ev.Reason)
-	case ev.Kind == group.EventDraining:
-		return fmt.Sprintf("%s is draining: no new requests (%d of %d members take traffic)", who, ev.SelectableCount, ev.MemberCount)
-	case ev.GroupRemoved:
-		return fmt.Sprintf("%s left; group %q is gone", who, ev.Group.Name)
-	default:
-		return fmt.Sprintf("%s %s (%d remaining)", who, ev.Kind, ev.MemberCount)
-	}
-}
-
-// waitFor waits until the edge reports an event matching ok.
-func waitFor(ctx context.Context, events <-chan group.Event, what string, ok func(group.Event) bool) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	for {
-		select {
-		case ev := <-events:
-			if ok(ev) {
-				return nil
-			}
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
-		}
-	}
-}
-
-// checkStatusPage checks that the edge's admin listener serves its status page.
-func checkStatusPage(ctx context.Context, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	c := &http.Client{Timeout: 5 * time.Second}
-	defer c.CloseIdleConnections()
-	resp, err := c.Do(req)
-	if err != nil {
-		return fmt.Errorf("status page: %w", err)
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
-		return fmt.Errorf("status page: %s, %s", resp.Status, resp.Header.Get("Content-Type"))
-	}
-	return nil
-}
-
-// get sends one request and returns the name of the backend that answered.
-func get(c *http.Client, url string) (string, error) {
-	resp, err := c.Get(url)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("status %s", resp.Status)
-	}
-	return strings.TrimPrefix(strings.TrimSpace(string(body)), "hello from backend "), err
-}
-
-// backend is a plain net/http server that says which one it is.
-type backend struct {
-	name, addr string
-	srv        *http.Server
-	done       chan struct{} // closed when srv's Serve has returned
-}
-
-func (b *backend) start(addr string) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("backend %s: %w", b.name, err)
-	}
-	b.addr, b.done = ln.Addr().String(), make(chan struct{})
-	b.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintf(w, "hello from backend %s\n", b.name)
-	})}
-	go func() { defer close(b.done); _ = b.srv.Serve(ln) }()
-	return nil
-}
-
-// stop closes the server and waits for it; it is idempotent.
-func (b *backend) stop() {
-	if b.srv != nil {
-		_ = b.srv.Close()
-		<-b.done
-		b.srv = nil
-	}
 }

@@ -3,6 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -43,4 +48,56 @@ func TestDemoCancelled(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not return after its context was cancelled")
 	}
+}
+
+// TestDemoHold: with hold, the demo keeps everything up after step 4 (the pool answers
+// through the edge) until its context ends, then shuts down and returns nil.
+func TestDemoHold(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- runHold(ctx, out, true) }()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "press Ctrl-C to stop") }, 20*time.Second, 10*time.Millisecond, out.String())
+	m := regexp.MustCompile(`curl -H 'Host: pool.localhost' http://(\S+)/`).FindStringSubmatch(out.String())
+	require.NotNil(t, m, out.String())
+	req, err := http.NewRequest(http.MethodGet, "http://"+m[1]+"/", nil)
+	require.NoError(t, err)
+	req.Host = "pool.localhost"
+	c := &http.Client{Timeout: 5 * time.Second}
+	defer c.CloseIdleConnections()
+	resp, err := c.Do(req)
+	require.NoError(t, err, "the pool is served while the demo holds")
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Contains(t, string(body), "hello from backend")
+	require.NotContains(t, out.String(), "5. Shutting down")
+
+	cancel() // Ctrl-C
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the hold did not end")
+	}
+	require.Contains(t, out.String(), "5. Shutting down")
+	require.Contains(t, out.String(), "done in")
+}
+
+// syncBuffer is a bytes.Buffer the demo writes while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

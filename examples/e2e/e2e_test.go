@@ -26,7 +26,7 @@ import (
 // buildFlags are the flags the binaries are built with (race_test.go adds -race).
 var buildFlags []string
 
-// binDir holds the edge and connector binaries built by TestMain.
+// binDir holds the edge, connector, demo and cluster binaries built by TestMain.
 var binDir string
 
 const (
@@ -72,7 +72,7 @@ func buildAndRun(m *testing.M) (int, error) {
 		return 1, fmt.Errorf("go list -m github.com/warren-tunnel/warren: %w", err)
 	}
 	root := strings.TrimSpace(string(out))
-	for _, name := range []string{"edge", "connector"} {
+	for _, name := range []string{"edge", "connector", "demo", "cluster"} {
 		args := append([]string{"build", "-o", filepath.Join(dir, name)}, buildFlags...)
 		args = append(args, "./examples/"+name)
 		cmd := exec.CommandContext(ctx, goBin, args...)
@@ -119,12 +119,18 @@ type proc struct {
 
 func start(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, nil, name, bin, args...)
+}
+
+// startEnv is start with env added to the process's environment.
+func startEnv(t *testing.T, env []string, name, bin string, args ...string) *proc {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	p := &proc{name: name, done: make(chan struct{})}
 	p.cmd = exec.CommandContext(ctx, filepath.Join(binDir, bin), args...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 	// A race-enabled binary sleeps 1 s at exit by default, to let late reports arrive.
-	p.cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=100")
+	p.cmd.Env = append(append(os.Environ(), "GORACE=atexit_sleep_ms=100"), env...)
 	p.cmd.WaitDelay = 5 * time.Second
 	require.NoError(t, p.cmd.Start())
 	go func() {
@@ -214,13 +220,19 @@ func startEdge(t *testing.T, httpOff bool, lbExtra ...string) *edge {
 
 // edgeExtra are more lines of the [server], [limits] and [load_balancing] tables of the
 // server.toml startEdgeWith writes.
-type edgeExtra struct{ server, limits, lb []string }
+type edgeExtra struct {
+	server, limits, lb []string
+	control            int // the control port; 0: a free one
+}
 
 // startEdgeWith is startEdge with more lines in three of the file's tables.
 func startEdgeWith(t *testing.T, httpOff bool, extra edgeExtra) *edge {
 	t.Helper()
 	ports := freePorts(t, 4)
 	e := &edge{control: ports[0], http: ports[1], admin: ports[2], tcp: ports[3]}
+	if extra.control != 0 {
+		e.control = extra.control
+	}
 	if httpOff {
 		e.http = 0
 	}
@@ -292,6 +304,12 @@ type tunnelConf struct {
 // startConnector writes a connector YAML file for tunnel tc and starts the connector.
 func startConnector(t *testing.T, name string, e *edge, authToken string, tc tunnelConf) *proc {
 	t.Helper()
+	return start(t, name, "connector", "start", "--config", writeConnectorFile(t, name, e, authToken, tc))
+}
+
+// writeConnectorFile writes a connector YAML file for tunnel tc on edge e and returns its path.
+func writeConnectorFile(t *testing.T, name string, e *edge, authToken string, tc tunnelConf) string {
+	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "server: 127.0.0.1:%d\nauth_token: %q\ndrain_timeout_secs: 5\ntunnels:\n", e.control, authToken)
 	fmt.Fprintf(&b, "  %s:\n    proto: %s\n    local_port: %d\n", tc.name, tc.proto, tc.localPort)
@@ -306,7 +324,7 @@ func startConnector(t *testing.T, name string, e *edge, authToken string, tc tun
 	}
 	path := filepath.Join(t.TempDir(), name+".yml")
 	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))
-	return start(t, name, "connector", "start", "--config", path)
+	return path
 }
 
 // httpBackend is an HTTP server in the test process that answers with its name.
@@ -365,7 +383,8 @@ func TestHTTPGroupSharesRequests(t *testing.T) {
 	// A third connector with another key for the same subdomain is turned away.
 	c3 := startConnector(t, "connector-c", e, token, tunnelConf{name: "c", proto: "http", subdomain: "pool", group: "web", key: "another-key", localPort: portB})
 	require.Equal(t, 1, c3.wait(t), "connector c's exit code")
-	require.Contains(t, c3.stderr.String(), "tunnel c rejected: group key does not match for subdomain 'pool'\n")
+	// The edge's message verbatim, as the message of one line of the connector's log.
+	require.Contains(t, c3.stderr.String(), `"msg":"tunnel c rejected: group key does not match for subdomain 'pool'"`)
 	require.Empty(t, c3.stdout.String())
 
 	// SIGTERM drains connector b and exits 0; the pool keeps serving through a alone.
@@ -471,11 +490,30 @@ func TestConnectorCannotStart(t *testing.T) {
 		require.Contains(t, c.stderr.String(), "invalid auth token")
 		require.Empty(t, c.stdout.String())
 	})
-	t.Run("edge down", func(t *testing.T) {
+	t.Run("edge down, --fail-fast", func(t *testing.T) {
 		down := &edge{control: freePorts(t, 1)[0]}
-		c := startConnector(t, "connector", down, token, tunnelConf{name: "a", proto: "http", subdomain: "pool", localPort: 1})
+		path := writeConnectorFile(t, "connector", down, token, tunnelConf{name: "a", proto: "http", subdomain: "pool", localPort: 1})
+		c := start(t, "connector", "connector", "start", "--fail-fast", "--config", path)
 		require.Equal(t, 1, c.wait(t), "exit code")
 		require.Contains(t, c.stderr.String(), "connection refused")
 		require.Empty(t, c.stdout.String())
 	})
+}
+
+// TestConnectorBeforeEdge: a connector started before its edge (as systemd may start them)
+// logs each failed dial, keeps retrying, and registers and serves once the edge is up.
+func TestConnectorBeforeEdge(t *testing.T) {
+	control := freePorts(t, 1)[0]
+	port := httpBackend(t, "early-backend")
+	c := startConnector(t, "connector", &edge{control: control}, token, tunnelConf{name: "a", proto: "http", subdomain: "pool", localPort: port})
+	require.Eventually(t, func() bool { return strings.Count(c.stderr.String(), `"msg":"connect failed"`) >= 2 }, waitTimeout, 20*time.Millisecond,
+		"each failed dial is logged: %s", c.stderr.String())
+	require.Empty(t, c.stdout.String())
+
+	e := startEdgeWith(t, false, edgeExtra{control: control})
+	c.line(t, "tunnel a: http://pool.localhost:")
+	counts := tally(t, publicClient(t, e), 3)
+	require.Equal(t, 3, counts["early-backend"], "%v", counts)
+	c.signal(t, syscall.SIGTERM)
+	require.Equal(t, 0, c.wait(t))
 }

@@ -8,6 +8,7 @@ require (
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/stretchr/testify v1.12.1
+	github.com/things-go/go-socks5 v0.1.0
 	github.com/warren-tunnel/warren v0.0.0-00010101000000-000000000000
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.28.0

@@ -21,6 +21,12 @@
 // "edge -check -config FILE" validates a file: "ok" and exit 0, or its line-numbered errors
 // and exit 1.
 //
+// -pid-file PATH writes the edge's process id to PATH once every listener is bound, and
+// removes it when the edge exits; a PATH naming a live edge process is refused (exit 1).
+// "edge reload -pid-file PATH [-config FILE]" sends that edge SIGHUP, without pgrep: it
+// first checks FILE as -check does (errors: printed, exit 1, nothing sent), and makes sure
+// (on Linux, by /proc/PID/cmdline) that the process is an edge.
+//
 // With a [cluster] table the edge joins a cluster: it connects to NATS before it listens
 // (when it cannot reach NATS it does not start, and exits 2), listens for the other edges on
 // cluster.peer_addr (or peer_port) as well, and leaves the cluster gracefully when it shuts
@@ -29,7 +35,9 @@
 // Exit codes: 0 after a signal, 1 when a listener fails, 2 for bad flags or a bad
 // configuration file (the message names the file, the line and the key).
 //
-// Logs go to stderr as JSON at info level; -v switches to a human-readable debug log.
+// Logs go to stderr through one zap logger: --log-level debug|info|warn|error (default
+// info) and --log-format console|json (default console when stderr is a terminal, JSON
+// otherwise); -v is --log-level debug --log-format console. -version prints the version.
 package main
 
 import (
@@ -38,25 +46,23 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"sync"
 	"syscall"
-	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
+	"github.com/warren-tunnel/warren/examples/edge/internal/edgecmd"
+	"github.com/warren-tunnel/warren/examples/internal/cli"
 	"github.com/warren-tunnel/warren/tunnel"
-	"github.com/warren-tunnel/warren/tunnel/admin"
 	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/tunnel/store/boltstore"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, stop, os.Args[1:], os.Stderr)
+	code := runWith(ctx, stop, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -67,17 +73,28 @@ func run(ctx context.Context, stop func(), args []string, stderr io.Writer) int 
 	return runWith(ctx, stop, args, os.Stdout, stderr)
 }
 
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: edge [-config server.toml] [-pid-file PATH] [--log-level LEVEL] [--log-format console|json] [-v]")
+	fmt.Fprintln(w, "       edge -check [-config server.toml]")
+	fmt.Fprintln(w, "       edge reload -pid-file PATH [-config server.toml]")
+	fmt.Fprintln(w, "       edge -version")
+}
+
 // runWith is run with stdout (where -check says "ok") given.
 func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "reload" {
+		return edgecmd.Reload(args[1:], stdout, stderr, checkFile)
+	}
 	fs := flag.NewFlagSet("edge", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "server.toml", "the edge's configuration `file`")
-	verbose := fs.Bool("v", false, "human-readable debug logging instead of JSON at info level")
+	verbose := fs.Bool("v", false, "human-readable debug logging: --log-level debug --log-format console")
 	check := fs.Bool("check", false, "validate the configuration file, print \"ok\" or its errors, and exit (0 or 1)")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "usage: edge [-v] [-config server.toml]\n       edge -check [-config server.toml]\n")
-		fs.PrintDefaults()
-	}
+	pidPath := fs.String("pid-file", "", "write the process id to this `file` once listening (removed on exit), for \"edge reload\"")
+	version := cli.VersionFlag(fs)
+	var lf cli.LogFlags
+	lf.Register(fs)
+	fs.Usage = func() { usage(stderr); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -88,22 +105,36 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 		fs.Usage()
 		return 2
 	}
-	if *check {
+	switch {
+	case *version:
+		fmt.Fprintln(stdout, cli.Version("edge"))
+		return 0
+	case *check:
 		return runCheck(*path, stdout, stderr)
+	case *verbose:
+		lf.Verbose()
 	}
-
-	log := newLogger(stderr, *verbose)
-	defer func() { _ = log.Sync() }()
-	edge, err := config.LoadEdge(*path, log)
+	log, err := lf.Logger(stderr, cli.IsTerminal(stderr))
 	if err != nil {
-		fmt.Fprintln(stderr, err)
+		fmt.Fprintln(stderr, "edge:", err)
+		return 2
+	}
+	defer func() { _ = log.Sync() }()
+	return serve(ctx, stop, *path, *pidPath, log)
+}
+
+// serve runs the edge of the file at path until ctx ends.
+func serve(ctx context.Context, stop func(), path, pidPath string, log *zap.Logger) int {
+	edge, err := config.LoadEdge(path, log)
+	if err != nil {
+		cli.LogLines(log, err)
 		return 2
 	}
 	// The route store is opened once, for the edge that runs: not by -check, not on SIGHUP
 	// (a second Open of the directory would find it locked by the first).
 	if edge.StateDir != "" {
 		if edge.Config.Store, err = boltstore.Open(edge.StateDir); err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", edge.File, err)
+			log.Error(fmt.Sprintf("%s: %v", edge.File, err))
 			return 2
 		}
 	}
@@ -112,11 +143,11 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 		if edge.Config.Store != nil {
 			_ = edge.Config.Store.Close()
 		}
-		fmt.Fprintf(stderr, "%s: %v\n", edge.File, err)
+		log.Error(fmt.Sprintf("%s: %v", edge.File, err))
 		return 2
 	}
 	sc := edge.Config
-	log.Info("edge starting",
+	log.Info("edge starting", zap.String("version", cli.Version("edge")),
 		zap.String("control", sc.ControlAddr), zap.String("http", orOff(sc.Public.HTTPAddr)),
 		zap.String("https", orOff(sc.Public.HTTPSAddr)), zap.String("admin", orOff(edge.AdminAddr)),
 		zap.String("tcp_ports", fmt.Sprintf("%d-%d", sc.TCP.Ports.Lo, sc.TCP.Ports.Hi)),
@@ -135,18 +166,29 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	served, serving := make(chan error, 2), 1
-	if edge.AdminAddr != "" {
-		plane, err := serveAdmin(srv, edge, log, served)
+	ls, err := edgecmd.Listen(srv, edge, log)
+	if err != nil {
+		_ = srv.Close()
+		log.Error("edge stopped", zap.Error(err))
+		return 1
+	}
+	defer ls.Close()
+	if pidPath != "" {
+		pf, stale, err := edgecmd.CreatePIDFile(pidPath)
 		if err != nil {
+			ls.Close()
 			_ = srv.Close()
 			log.Error("edge stopped", zap.Error(err))
 			return 1
 		}
-		defer plane.Close()
-		serving++
+		if stale != "" {
+			log.Warn(stale)
+		}
+		defer pf.Remove()
+		log.Info("pid file written", zap.String("pid_file", pidPath), zap.Int("pid", os.Getpid()))
 	}
-	go func() { served <- srv.ListenAndServe() }()
+	served := make(chan error, 8)
+	serving := ls.Serve(served)
 
 	var reloading sync.Mutex
 	var reloads sync.WaitGroup
@@ -160,7 +202,7 @@ wait:
 			return 1
 		case <-hup: // off this loop, so that a SIGTERM is heard whatever the file does
 			if reloading.TryLock() {
-				reloads.Go(func() { defer reloading.Unlock(); reload(edge, srv, *path, log) })
+				reloads.Go(func() { defer reloading.Unlock(); edgecmd.ApplyReload(edge, srv, path, log) })
 			} else {
 				log.Warn("SIGHUP: the previous reload is still running; this one is skipped")
 			}
@@ -172,7 +214,7 @@ wait:
 	log.Info("shutting down", zap.Duration("drain_timeout", sc.Timeouts.Drain))
 	sctx, cancel := context.WithTimeout(context.Background(), sc.Timeouts.Drain)
 	defer cancel()
-	if err := shutdownCounting(sctx, srv, log); err != nil {
+	if err := edgecmd.ShutdownCounting(sctx, srv, log); err != nil {
 		log.Warn("drain did not finish in time; connections were closed", zap.Error(err))
 	}
 	for range serving {
@@ -184,57 +226,16 @@ wait:
 	return 0
 }
 
-// serveAdmin serves the edge's operator plane (package tunnel/admin: /healthz, /metrics,
-// /api, the status page) on the edge's admin address, sending the end of its serving to
-// served.
-func serveAdmin(srv *tunnel.Server, edge *config.Edge, log *zap.Logger, served chan<- error) (*admin.Plane, error) {
-	plane, err := admin.New(srv, admin.Options{Token: edge.AdminToken, Hosts: edge.AdminHosts, Logger: log.Named("admin")})
-	if err != nil {
-		return nil, err
-	}
-	l, err := net.Listen("tcp", edge.AdminAddr)
-	if err != nil {
-		plane.Close()
-		return nil, fmt.Errorf("listen %s (admin): %w", edge.AdminAddr, err)
-	}
-	log.Info("listening", zap.String("listener", "admin"), zap.Stringer("addr", l.Addr()), zap.Bool("tls", false))
-	go func() { served <- srv.ServeAdmin(l, plane.Handler()) }()
-	return plane, nil
+// checkFile loads the file at path as the edge would (the TLS key pairs and the tokens
+// included) without listening, opening the state directory or connecting to NATS.
+func checkFile(path string) error {
+	_, err := config.LoadEdge(path, zap.NewNop())
+	return err
 }
 
-// reload is SIGHUP: it reads the file at path again and applies it to srv, logging what it
-// applied and what it did not. A file that does not load, or that the edge refuses, changes
-// nothing.
-func reload(edge *config.Edge, srv *tunnel.Server, path string, log *zap.Logger) {
-	log.Info("SIGHUP: reloading the configuration", zap.String("file", path))
-	next, err := config.LoadServer(path)
-	var changes []config.Change
-	if err == nil {
-		changes, err = edge.Reload(srv, next)
-	}
-	applied := 0
-	for _, c := range changes {
-		if c.Applied {
-			log.Info("applied: " + c.String())
-			applied++
-		}
-	}
-	for _, c := range changes {
-		if !c.Applied {
-			log.Warn("not applied: " + c.String())
-		}
-	}
-	if err != nil {
-		log.Error("reload failed; the running configuration is kept", zap.String("errors", err.Error()))
-		return
-	}
-	log.Info("configuration reloaded", zap.Int("applied", applied), zap.Int("not_applied", len(changes)-applied))
-}
-
-// runCheck is "edge -check": it loads the file as the edge would (the TLS key pairs and the
-// tokens included) without listening, opening the state directory or connecting to NATS.
+// runCheck is "edge -check": checkFile, printing "ok" or the file's errors.
 func runCheck(path string, stdout, stderr io.Writer) int {
-	if _, err := config.LoadEdge(path, zap.NewNop()); err != nil {
+	if err := checkFile(path); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
@@ -242,57 +243,9 @@ func runCheck(path string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// shutdownCounting is srv.Shutdown(ctx), logging the streams still open as they finish.
-func shutdownCounting(ctx context.Context, srv *tunnel.Server, log *zap.Logger) error {
-	done := make(chan error, 1)
-	go func() { done <- srv.Shutdown(ctx) }()
-	count := func() int64 {
-		var n int64
-		for _, g := range srv.Registry().Groups() {
-			for _, m := range g.Members {
-				n += m.Active
-			}
-		}
-		return n
-	}
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	last := int64(-1)
-	for {
-		if n := count(); n != last {
-			last = n
-			streams := "streams"
-			if n == 1 {
-				streams = "stream"
-			}
-			log.Info(fmt.Sprintf("draining: %d %s left", n, streams), zap.Int64("streams_left", n))
-		}
-		select {
-		case err := <-done:
-			if err == nil && last != 0 {
-				log.Info("draining: 0 streams left", zap.Int64("streams_left", 0))
-			}
-			return err
-		case <-tick.C:
-		}
-	}
-}
-
 func orOff(addr string) string {
 	if addr == "" {
 		return "off"
 	}
 	return addr
-}
-
-// newLogger returns a JSON logger at info level, or with verbose a human-readable one at
-// debug level, writing to w.
-func newLogger(w io.Writer, verbose bool) *zap.Logger {
-	ec := zap.NewProductionEncoderConfig()
-	ec.EncodeTime = zapcore.ISO8601TimeEncoder
-	enc, level := zapcore.NewJSONEncoder(ec), zapcore.InfoLevel
-	if verbose {
-		enc, level = zapcore.NewConsoleEncoder(zap.NewDevelopmentEncoderConfig()), zapcore.DebugLevel
-	}
-	return zap.New(zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), level))
 }

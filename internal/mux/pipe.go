@@ -43,7 +43,7 @@ func (BufferPool) Put(b []byte) {
 // whose session ended before the peer closed the stream: yamux ends every stream of a dead
 // session with a plain io.EOF, which would make a cut stream look like one that ended. It
 // wraps io.ErrUnexpectedEOF.
-var ErrSessionEnded = fmt.Errorf("the session ended before the stream did: %w", io.ErrUnexpectedEOF)
+var ErrSessionEnded = fmt.Errorf("mux: the session ended before the stream did: %w", io.ErrUnexpectedEOF)
 
 // StreamEOF returns err as read from st, except that io.EOF read after st's session ended
 // becomes ErrSessionEnded. A stream whose close arrived and whose session died before the

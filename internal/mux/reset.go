@@ -8,7 +8,7 @@ import (
 
 // ErrStreamReset is the cause of a stream context that Resets ended: the peer that opened the
 // stream abandoned it.
-var ErrStreamReset = errors.New("the peer reset the stream")
+var ErrStreamReset = errors.New("mux: the peer reset the stream")
 
 // maxEarlyResets bounds the resets a Resets table keeps for streams it has not seen accepted
 // yet. A reset overtakes its stream's accept only by the time between yamux queueing the stream

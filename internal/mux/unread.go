@@ -11,7 +11,7 @@ import (
 )
 
 // errExchangeEnded ends the backend-to-edge copy once the notice was sent.
-var errExchangeEnded = errors.New("exchange ended with an unread notice")
+var errExchangeEnded = errors.New("mux: exchange ended with an unread notice")
 
 // maxTrackedHead bounds the request head unreadConn gathers to find its end; a longer head
 // turns the notice off for the stream.

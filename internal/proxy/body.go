@@ -15,20 +15,20 @@ const maxRateCredit = 24 * time.Hour
 
 // errUploadAborted is what a read of a public request body returns once the edge aborted
 // it (the exchange ended before the body did).
-var errUploadAborted = errors.New("reading the request body was aborted: the exchange ended")
+var errUploadAborted = errors.New("proxy: reading the request body was aborted: the exchange ended")
 
 // bodyTimeoutError means a public request body did not arrive in time: the client gets
 // 408 Request Timeout if no response has started, and the exchange is aborted otherwise.
 type bodyTimeoutError struct{ reason string }
 
-func (e *bodyTimeoutError) Error() string { return "request body too slow: " + e.reason }
+func (e *bodyTimeoutError) Error() string { return "proxy: request body too slow: " + e.reason }
 
 // requestBodyError is a failure to read the public request body (a malformed chunked
 // encoding, a body over the limit, a client gone or too slow): the client's doing, not the
 // backend's. The exchange is abandoned and the member's stream closed.
 type requestBodyError struct{ err error }
 
-func (e *requestBodyError) Error() string { return "reading the request body: " + e.err.Error() }
+func (e *requestBodyError) Error() string { return "proxy: reading the request body: " + e.err.Error() }
 func (e *requestBodyError) Unwrap() error { return e.err }
 
 // publicBody is a public request body as the edge reads it. It bounds the time the edge

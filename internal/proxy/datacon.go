@@ -145,7 +145,7 @@ func (t *Tunnel) SetDataConns(p *DataConns) {
 }
 
 // errNoDataConn: the tunnel has no usable data connection now; use a yamux stream.
-var errNoDataConn = errors.New("no data connection")
+var errNoDataConn = errors.New("proxy: no data connection")
 
 // openData takes an idle data connection of the tunnel's session, writes the envelope and
 // waits for the connector's acknowledgement, as open does on a yamux stream. It returns

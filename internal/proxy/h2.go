@@ -503,7 +503,7 @@ func (x *h2Exchange) roundTrip(req *http.Request, m *group.Member) (*http.Respon
 	if err == nil && up != nil && up.failed.Load() {
 		// As for HTTP/1.1: an answer to a truncated upload is not relayed.
 		_ = resp.Body.Close()
-		resp, err = nil, errors.New("the request body failed before the response")
+		resp, err = nil, errors.New("proxy: the request body failed before the response")
 	}
 	if err != nil {
 		if up != nil {
@@ -663,7 +663,7 @@ type h2StreamError struct {
 	Cause    error
 }
 
-func (e h2StreamError) Error() string { return "http2 stream error" }
+func (e h2StreamError) Error() string { return "proxy: http2 stream error" }
 
 // h2RefusedStream is the RST_STREAM code of a stream refused before any processing.
 const h2RefusedStream = 0x7

@@ -430,7 +430,7 @@ func (h *HTTP) refuseConnect(w http.ResponseWriter, r *http.Request) {
 
 // errTooManyInterim fails a request whose backend sent maxInterimResponses 1xx responses
 // without a final one.
-var errTooManyInterim = fmt.Errorf("backend sent %d interim responses without a final one", maxInterimResponses)
+var errTooManyInterim = fmt.Errorf("proxy: backend sent %d interim responses without a final one", maxInterimResponses)
 
 // interimLimit returns a Got1xxResponse hook that fails the request at its backend's
 // maxInterimResponses-th 1xx response.
@@ -530,14 +530,15 @@ func (h *HTTP) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &bte):
 		// The rest of the body may still come: the connection cannot carry another request.
 		closeConn()
-		h.fail(w, r, bte.Error(), http.StatusRequestTimeout)
+		// The answer is a sentence for the public client: no package prefix.
+		h.fail(w, r, strings.TrimPrefix(bte.Error(), "proxy: "), http.StatusRequestTimeout)
 	case r.Context().Err() != nil:
 		// The client went away; nobody reads this answer.
 		h.fail(w, r, "", http.StatusBadGateway)
 	case errors.As(err, &rbe):
 		h.cfg.Logger.Debug("bad request body", zap.String("host", r.Host), zap.Error(err))
 		closeConn()
-		h.fail(w, r, "bad request: "+rbe.Error(), http.StatusBadRequest)
+		h.fail(w, r, "bad request: "+strings.TrimPrefix(rbe.Error(), "proxy: "), http.StatusBadRequest)
 	default:
 		h.cfg.Logger.Debug("proxy error", zap.String("host", r.Host), zap.Error(err))
 		h.fail(w, r, "bad gateway: the tunnel's backend failed", http.StatusBadGateway)

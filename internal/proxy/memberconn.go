@@ -34,7 +34,7 @@ const (
 	maxInterimResponses = 8
 )
 
-var errHeadersTooLarge = errors.New("backend response headers too large")
+var errHeadersTooLarge = errors.New("proxy: backend response headers too large")
 
 // memberConn is one HTTP/1.1 connection to a member, carried on a yamux stream. The edge
 // writes requests and reads responses on it itself (instead of using http.Transport) so that
@@ -165,11 +165,10 @@ func (pc *memberConn) readAck() error {
 	b, err := pc.br.ReadByte()
 	if err != nil {
 		pc.hold.Load().decide(false)
-		err = fmt.Errorf("waiting for the acknowledgement: %w", err)
 		if errors.Is(err, io.EOF) || errors.Is(err, yamux.ErrConnectionReset) {
-			return &openError{tunnel: pc.t.id, err: err}
+			return &openError{tunnel: pc.t.id, err: fmt.Errorf("waiting for the acknowledgement: %w", err)}
 		}
-		return err
+		return fmt.Errorf("proxy: waiting for the acknowledgement: %w", err)
 	}
 	if a := wire.Ack(b); a != wire.AckOK {
 		pc.hold.Load().decide(false)
@@ -190,7 +189,7 @@ const maxHeldBody = 64 << 10
 
 // errHoldRefused is what a held body's read returns once the stream it was sent on was
 // refused: the rest goes to another member, if any.
-var errHoldRefused = errors.New("the member refused the stream; the request body goes elsewhere")
+var errHoldRefused = errors.New("proxy: the member refused the stream; the request body goes elsewhere")
 
 // ackHold is a request body sent on a new stream before the connector's acknowledgement:
 // it passes the public body's bytes on, and keeps them, up to maxHeldBody; a read beyond
@@ -461,7 +460,7 @@ func (pc *memberConn) readResponse(req *http.Request, gate *continueGate) (*http
 					return nil, errUnread
 				}
 			}
-			return nil, errors.New("malformed response from the backend: it begins with a zero byte")
+			return nil, errors.New("proxy: malformed response from the backend: it begins with a zero byte")
 		}
 		resp, err := http.ReadResponse(pc.br, req)
 		if err != nil {
@@ -581,7 +580,7 @@ func (pc *memberConn) roundTrip(req *http.Request, m *group.Member) (*http.Respo
 		// before this answer was read: the answer may be the backend's reaction to the
 		// truncated body it was given, so it is not relayed; the client gets the edge's
 		// verdict on its upload instead (413, 400, 408).
-		err = errors.New("the request body failed before the response")
+		err = errors.New("proxy: the request body failed before the response")
 	}
 	if err != nil {
 		stop()
@@ -683,13 +682,13 @@ func (pc *memberConn) switchProtocols(req *http.Request, resp *http.Response, m 
 			<-wdone
 		}
 		m.Release()
-		return nil, fmt.Errorf("backend switched to protocol %q, the request asked for %q", resp.Header.Get("Upgrade"), want)
+		return nil, fmt.Errorf("proxy: backend switched to protocol %q, the request asked for %q", resp.Header.Get("Upgrade"), want)
 	}
 	if wdone != nil {
 		select {
 		case werr := <-wdone:
 			if werr == errBodyWithheld {
-				werr = errors.New("backend switched protocols before it asked for the request body")
+				werr = errors.New("proxy: backend switched protocols before it asked for the request body")
 			}
 			if werr != nil {
 				stop()
@@ -702,7 +701,7 @@ func (pc *memberConn) switchProtocols(req *http.Request, resp *http.Response, m 
 			pc.close()
 			<-wdone
 			m.Release()
-			return nil, errors.New("backend switched protocols before reading the request body")
+			return nil, errors.New("proxy: backend switched protocols before reading the request body")
 		}
 	}
 	u := &upgradedConn{pc: pc, m: m}
@@ -880,7 +879,7 @@ var expectContinueTimeout = time.Second
 
 // errBodyWithheld is a request body that was never sent: the backend gave its final answer
 // before it asked for it (Expect: 100-continue), or the exchange ended first.
-var errBodyWithheld = errors.New("the backend answered before it asked for the request body")
+var errBodyWithheld = errors.New("proxy: the backend answered before it asked for the request body")
 
 // expectsContinue reports whether h asks for 100 Continue before the body.
 func expectsContinue(h http.Header) bool { return hasToken(h, "Expect", "100-continue") }

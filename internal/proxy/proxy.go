@@ -247,14 +247,14 @@ func (c *Config) setDefaults() {
 
 // ErrNoMember means the group has no healthy, non-draining member (below its concurrency
 // cap) right now.
-var ErrNoMember = errors.New("no healthy member")
+var ErrNoMember = errors.New("proxy: no healthy member")
 
 // ErrClosed is returned by TCP.OnCreate once the TCP ingress is closed.
 var ErrClosed = errors.New("proxy: closed")
 
 // errUnread is the edge's reading of an unread notice: the member's backend reset its
 // connection with the request unread. A bodyless request may then go to one other member.
-var errUnread = errors.New("the backend reset its connection before reading the request")
+var errUnread = errors.New("proxy: the backend reset its connection before reading the request")
 
 // pastTime is a deadline that has always passed: setting it unblocks pending I/O at once.
 var pastTime = time.Unix(1, 0)
@@ -376,7 +376,7 @@ type openError struct {
 }
 
 func (e *openError) Error() string {
-	return fmt.Sprintf("opening a stream to tunnel %s: %v", e.tunnel, e.err)
+	return fmt.Sprintf("proxy: opening a stream to tunnel %s: %v", e.tunnel, e.err)
 }
 func (e *openError) Unwrap() error { return e.err }
 

@@ -50,7 +50,7 @@ func (t *TCP) listen(port int) (net.Listener, error) {
 	ln, err := net.Listen("tcp", net.JoinHostPort(t.cfg.TCPBindHost, fmt.Sprint(port)))
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EACCES) {
-			return nil, fmt.Errorf("%w: %v", group.ErrPortUnavailable, err)
+			return nil, fmt.Errorf("proxy: %w: %v", group.ErrPortUnavailable, err)
 		}
 		return nil, err
 	}

@@ -317,7 +317,7 @@ func (c *replayConn) Read(p []byte) (int, error) {
 }
 
 // errNotTLS is serverName's answer to bytes that are no ClientHello, or one cut short.
-var errNotTLS = errors.New("not a TLS handshake record")
+var errNotTLS = errors.New("proxy: not a TLS handshake record")
 
 // readClientHello reads the TLS records of r that carry its first handshake message, the
 // ClientHello, and returns every byte it read and the server name of that ClientHello. It
@@ -338,7 +338,7 @@ func readClientHello(r io.Reader) ([]byte, string, error) {
 			if start == 0 {
 				return nil, "", err
 			}
-			return nil, "", fmt.Errorf("reading the ClientHello: %w", err)
+			return nil, "", fmt.Errorf("proxy: reading the ClientHello: %w", err)
 		}
 		hdr := raw[start:]
 		n := int(binary.BigEndian.Uint16(hdr[3:]))
@@ -348,7 +348,7 @@ func readClientHello(r io.Reader) ([]byte, string, error) {
 		raw = slices.Grow(raw, n)[:len(raw)+n]
 		frag := raw[len(raw)-n:]
 		if _, err := io.ReadFull(r, frag); err != nil {
-			return nil, "", fmt.Errorf("reading the ClientHello: %w", err)
+			return nil, "", fmt.Errorf("proxy: reading the ClientHello: %w", err)
 		}
 		if msg == nil {
 			// Most ClientHellos come in one record: read in place, no copy. (Capped: a

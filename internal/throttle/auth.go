@@ -133,7 +133,7 @@ type RefusedError struct {
 }
 
 func (e *RefusedError) Error() string {
-	return fmt.Sprintf("too many failed authentications from %s; try again in %s", e.Key, RoundUp(e.RetryAfter))
+	return fmt.Sprintf("throttle: too many failed authentications from %s; try again in %s", e.Key, RoundUp(e.RetryAfter))
 }
 
 // Attempt is one token check, begun by Begin. Call Wait before checking the token, then

@@ -79,7 +79,7 @@ func Decode(t Type, payload []byte, m Message) error {
 		return fmt.Errorf("%w: %s: %v", ErrMalformed, t, err)
 	}
 	if err := m.Validate(); err != nil {
-		return fmt.Errorf("%s: %w", t, err)
+		return fmt.Errorf("wire: %s: %w", t, err)
 	}
 	return nil
 }

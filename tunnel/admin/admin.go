@@ -45,7 +45,7 @@ import (
 
 // ErrInvalidToken is what Config.Authenticate returns (wrapped or not) for a token it does
 // not know: the caller gets 401. Any other error is an outage of the authenticator: 503.
-var ErrInvalidToken = errors.New("invalid token")
+var ErrInvalidToken = errors.New("admin: invalid token")
 
 // Stats are the edge's counters that the registry does not hold, read at each scrape.
 type Stats = tunnel.Counters
@@ -84,8 +84,8 @@ type Options struct {
 // shuts down.
 func New(srv *tunnel.Server, o Options) (*Plane, error) {
 	if o.Token != "" {
-		if err := tunnel.ValidateToken(o.Token); err != nil {
-			return nil, fmt.Errorf("admin: the admin token %w", err)
+		if p := tunnel.TokenProblem(o.Token); p != "" {
+			return nil, errors.New("admin: the admin token " + p)
 		}
 	}
 	op := srv.Operator()
@@ -377,7 +377,8 @@ func (p *Plane) authenticate(w http.ResponseWriter, r *http.Request) (scope, boo
 	attempt, err := p.cfg.Throttle.Begin(throttle.KeyOfString(r.RemoteAddr))
 	if refused := (*throttle.RefusedError)(nil); errors.As(err, &refused) {
 		w.Header().Set("Retry-After", strconv.Itoa(int(throttle.RoundUp(refused.RetryAfter).Seconds())))
-		writeError(w, http.StatusTooManyRequests, refused.Error())
+		// The API's answers are sentences for its client, with no package prefix.
+		writeError(w, http.StatusTooManyRequests, strings.TrimPrefix(refused.Error(), "throttle: "))
 		return scope{}, false
 	}
 	if attempt.Delay() > 0 && !p.wait(w, r, attempt) {

@@ -230,7 +230,7 @@ func (c *Cluster) openBuckets() error {
 	for _, cfg := range c.bucketConfigs() {
 		kv, _, err := openKV(ctx, js, cfg)
 		if err != nil {
-			return fmt.Errorf("cluster: %w", err)
+			return err // "cluster: open NATS bucket ..."
 		}
 		kvs = append(kvs, kv)
 	}
@@ -728,7 +728,7 @@ func (c *Cluster) bucketConfigs() []jetstream.KeyValueConfig {
 func openKV(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (kv jetstream.KeyValue, created bool, err error) {
 	kv, created, err = natsstore.OpenOrCreateKV(ctx, js, cfg)
 	if err != nil {
-		return nil, false, fmt.Errorf("open NATS bucket %s: %w", cfg.Bucket, err)
+		return nil, false, fmt.Errorf("cluster: open NATS bucket %s: %w", cfg.Bucket, err)
 	}
 	return kv, created, nil
 }
@@ -755,7 +755,7 @@ func (c *Cluster) ensureBuckets() (bool, error) {
 	for _, cfg := range c.bucketConfigs() {
 		_, made, err := openKV(ctx, js, cfg)
 		if err != nil {
-			return len(created) > 0, fmt.Errorf("cluster: %w", err)
+			return len(created) > 0, err // "cluster: open NATS bucket ..."
 		}
 		if made {
 			created = append(created, cfg.Bucket)

@@ -39,5 +39,5 @@ func TestConfigValidate(t *testing.T) {
 	_, err = New(Config{Advertise: "127.0.0.1:7443", Token: "edges-secret"})
 	var fe *tunnel.FieldError
 	require.True(t, errors.As(err, &fe))
-	require.Equal(t, "cluster: NATSURLs: required: the NATS servers the edges share", err.Error())
+	require.Equal(t, "cluster: tunnel: NATSURLs: required: the NATS servers the edges share", err.Error())
 }

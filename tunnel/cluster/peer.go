@@ -48,7 +48,7 @@ const (
 	peerRefused          = 1
 )
 
-var errPeerRefused = errors.New("the edge refused the cluster token")
+var errPeerRefused = errors.New("cluster: the edge refused the cluster token")
 
 // Bounds on the streams one edge-to-edge link may cost the edge that accepted it. The other
 // edge holds the token, but a buggy or compromised one must not be able to exhaust this one:
@@ -176,7 +176,7 @@ func (c *Cluster) dialPeer(addr, id string) (*peerLink, error) {
 	}
 	if _, err := io.ReadFull(conn, ans[:]); err != nil {
 		_ = conn.Close()
-		return nil, fmt.Errorf("edge %s did not answer the link handshake: %w", id, err)
+		return nil, fmt.Errorf("cluster: edge %s did not answer the link handshake: %w", id, err)
 	}
 	if ans[0] != peerOK {
 		_ = conn.Close()
@@ -222,7 +222,7 @@ func (c *Cluster) openResetChannel(l *peerLink) error {
 	}
 	if a := wire.Ack(ack[0]); a != wire.AckOK {
 		_ = st.Close()
-		return errors.New(a.String())
+		return fmt.Errorf("cluster: the other edge refused the reset channel: %s", a)
 	}
 	_ = st.SetDeadline(time.Time{})
 	l.resets = &mux.ResetSender{

@@ -442,7 +442,7 @@ func (c *Cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, er
 		// The pool's port here is not the one it has on its edge: a TCP pool must have one
 		// port on every edge, so this edge does not serve it through that member.
 		c.leaveRemote(m)
-		return nil, errors.New("the pool has another public port on this edge")
+		return nil, errors.New("cluster: the pool has another public port on this edge")
 	}
 	return m, nil
 }

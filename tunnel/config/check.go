@@ -39,8 +39,8 @@ func domainProblem(s string) string {
 		if label == "" {
 			return fmt.Sprintf("%q is not a host name: it has an empty label", s)
 		}
-		if err := group.ValidateSubdomain(label); err != nil {
-			return fmt.Sprintf("%q is not a host name: label %v", s, err)
+		if p := group.SubdomainProblem(label); p != "" {
+			return fmt.Sprintf("%q is not a host name: label %s", s, p)
 		}
 	}
 	return ""
@@ -113,6 +113,41 @@ func natsURLProblem(s string) string {
 		if _, err := parsePort(u.Port()); err != nil {
 			return "port " + err.Error()
 		}
+	}
+	return ""
+}
+
+// proxyURLProblem says why s is not the URL of a proxy the connector can go through
+// (tunnel.WithProxy: http://, https://, socks5:// or socks5h://, optionally with
+// user:password@, a host, an optional port, nothing more), or returns "". The message leaves
+// the URL out: it may hold a password.
+func proxyURLProblem(s string) string {
+	const eg = ` (e.g. "http://proxy.example.com:3128" or "socks5://user:password@10.0.0.1:1080")`
+	if !strings.Contains(s, "://") {
+		return "has no scheme; start it with http://, https://, socks5:// or socks5h://" + eg
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "is not a URL" + eg
+	}
+	switch u.Scheme {
+	case "http", "https", "socks5", "socks5h":
+	default:
+		return fmt.Sprintf("scheme %q is not one of http://, https://, socks5:// or socks5h://", u.Scheme) + eg
+	}
+	if u.Hostname() == "" {
+		return "has no host" + eg
+	}
+	if p := hostProblem(u.Hostname()); p != "" {
+		return "host " + p
+	}
+	if u.Port() != "" {
+		if _, err := parsePort(u.Port()); err != nil {
+			return "port " + err.Error()
+		}
+	}
+	if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" {
+		return "must be scheme://[user:password@]host[:port], without a path or query" + eg
 	}
 	return ""
 }

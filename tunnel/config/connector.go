@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -68,6 +69,12 @@ type Connector struct {
 	// default) sends the machine's name (see tunnel.WithHostname). At most 253 letters,
 	// digits, '.', '-' or '_'.
 	Hostname string `yaml:"hostname"`
+	// ProxyURL is the proxy the connector reaches its edges through (proxy_url):
+	// "http://[user:password@]host[:port]" (CONNECT), https:// (CONNECT over TLS to the
+	// proxy), socks5:// or socks5h:// (SOCKS5; the proxy resolves the edge's name with
+	// either). Empty: the environment's HTTPS_PROXY, ALL_PROXY and NO_PROXY decide, as for
+	// tunnel.Dial (see tunnel.WithProxy).
+	ProxyURL string `yaml:"proxy_url"`
 	// Tunnels are the tunnels to register, in the order of the file.
 	// There is at least one.
 	Tunnels []Tunnel `yaml:"tunnels"`
@@ -296,14 +303,22 @@ func (c *Connector) Edges() []string {
 }
 
 // DialOptions are the options of a session with the edges the file names (Edges): its token,
-// drain timeout, data connections' receive buffer, host name (when given) and, with TLS, the TLS settings (the CA
-// bundle of tls.ca_path loaded). Add the program's own (tunnel.WithLogger). Its error names
-// the file.
+// drain timeout, data connections' receive buffer, host name (when given), its proxy
+// (proxy_url; none given: the environment's, tunnel.Dial's default) and, with TLS, the TLS
+// settings (the CA bundle of tls.ca_path loaded). Add the program's own (tunnel.WithLogger).
+// Its error names the file.
 func (c *Connector) DialOptions() ([]tunnel.Option, error) {
 	opts := []tunnel.Option{tunnel.WithToken(c.AuthToken), tunnel.WithDrainTimeout(c.DrainTimeout),
 		tunnel.WithDataReadBuffer(c.DataReadBuffer)}
 	if c.Hostname != "" {
 		opts = append(opts, tunnel.WithHostname(c.Hostname))
+	}
+	if c.ProxyURL != "" {
+		u, err := url.Parse(c.ProxyURL)
+		if err != nil {
+			return nil, fmt.Errorf("%s: proxy_url is not a URL", c.File) // the URL may hold a password
+		}
+		opts = append(opts, tunnel.WithProxy(u))
 	}
 	if c.TLS.Enabled {
 		tc, err := c.TLS.Config()
@@ -366,6 +381,9 @@ func (c *Connector) validate(r *reporter) {
 	if c.DataReadBuffer < 0 || c.DataReadBuffer > MaxDataReadBuffer {
 		r.add("data_read_buffer", ErrInvalid, "must be 0 (the kernel's autotuning) to %d bytes, got %d", MaxDataReadBuffer, c.DataReadBuffer)
 	}
+	if c.ProxyURL != "" {
+		r.invalid("proxy_url", proxyURLProblem(c.ProxyURL))
+	}
 
 	if c.Hostname != "" && c.Hostname != wire.CleanDisplay(c.Hostname, wire.MaxHostLen) {
 		r.add("hostname", ErrInvalid, "%q: use at most %d letters, digits, '.', '-' or '_' (the edge shows it beside the tunnels' members)",
@@ -411,8 +429,8 @@ func (c *Connector) validateServers(r *reporter) {
 }
 
 func (t *Tunnel) validate(r *reporter, base string) {
-	if err := group.ValidateSubdomain(t.Name); err != nil {
-		r.add(base, ErrInvalid, "tunnel name %v (names are DNS-label-like: a-z, 0-9 and \"-\")", err)
+	if p := group.SubdomainProblem(t.Name); p != "" {
+		r.add(base, ErrInvalid, "tunnel name %s (names are DNS-label-like: a-z, 0-9 and \"-\")", p)
 	}
 	key := func(name string) string { return joinKey(base, name) }
 
@@ -436,8 +454,8 @@ func (t *Tunnel) validate(r *reporter, base string) {
 	case t.Proto == group.ProtoTCP && t.Subdomain != "":
 		r.fail(key("subdomain"), ErrInvalid, "not allowed when proto is \"tcp\": TCP tunnels are reached by port, not by host name")
 	case t.Subdomain != "":
-		if err := group.ValidateSubdomain(t.Subdomain); err != nil {
-			r.fail(key("subdomain"), ErrInvalid, "%v (a subdomain is one DNS label: a-z, 0-9 and \"-\")", err)
+		if p := group.SubdomainProblem(t.Subdomain); p != "" {
+			r.fail(key("subdomain"), ErrInvalid, "%s (a subdomain is one DNS label: a-z, 0-9 and \"-\")", p)
 		}
 	}
 	if t.HealthCheck != nil {
@@ -454,7 +472,7 @@ func (t *Tunnel) validate(r *reporter, base string) {
 }
 
 // validate checks the health_check keys as the file writes them: a type of tcp or http, a
-// path where it needs one (health.ValidatePath), durations and counts greater than 0 (the
+// path where it needs one (health.PathProblem), durations and counts greater than 0 (the
 // library would take 0 as its default), an alert URL. Each problem fails its key, so that
 // the library's check of the same probe (health.Spec.Validate) says nothing more.
 func (h *HealthCheck) validate(r *reporter, base string) {
@@ -467,8 +485,8 @@ func (h *HealthCheck) validate(r *reporter, base string) {
 	case HealthHTTP:
 		if h.Path == "" {
 			r.fail(key("path"), ErrRequired, "required when type is \"http\"")
-		} else if err := health.ValidatePath(h.Path); err != nil {
-			r.fail(key("path"), ErrInvalid, "%v", err)
+		} else if p := health.PathProblem(h.Path); p != "" {
+			r.fail(key("path"), ErrInvalid, "%s", p)
 		}
 	case "":
 		if r.missing(key("type")) {

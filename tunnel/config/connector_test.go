@@ -103,6 +103,7 @@ tls:
   insecure_skip_verify: false
 drain_timeout_secs: 0.05
 data_read_buffer: 4194304
+proxy_url: "http://alice:p%%40ss@proxy.corp.example:3128"
 tunnels:
   web-1:
     proto: https
@@ -132,6 +133,7 @@ tunnels:
 		TLS:            config.ConnectorTLS{Enabled: true, CAPath: ca, ServerName: "edge.example.org"},
 		DrainTimeout:   50 * time.Millisecond,
 		DataReadBuffer: 4 << 20,
+		ProxyURL:       "http://alice:p%40ss@proxy.corp.example:3128",
 		Tunnels: []config.Tunnel{
 			{
 				Name: "web-1", Proto: "https", LocalHost: "backend.internal", LocalPort: 8443,
@@ -215,6 +217,24 @@ func TestConnectorErrors(t *testing.T) {
 			[]want{{1, "data_read_buffer", config.ErrInvalid, "must be 0 (the kernel's autotuning) to 268435456 bytes, got -1"}}},
 		{"data read buffer huge", "data_read_buffer: 268435457\n" + tunnelDoc("proto: tcp", "local_port: 1"),
 			[]want{{1, "data_read_buffer", config.ErrInvalid, "got 268435457"}}},
+
+		// proxy_url: the messages never quote the URL, which may hold a password
+		{"proxy scheme", "proxy_url: ftp://alice:s3cret@proxy:21\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "proxy_url", config.ErrInvalid, `scheme "ftp" is not one of http://, https://, socks5:// or socks5h://`}}},
+		{"proxy socks4", "proxy_url: socks4://proxy:1080\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "proxy_url", config.ErrInvalid, `scheme "socks4" is not one of`}}},
+		{"proxy without scheme", "proxy_url: proxy.corp:3128\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "proxy_url", config.ErrInvalid, "start it with http://"}}},
+		{"proxy without host", "proxy_url: \"socks5://alice:s3cret@:1080\"\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "proxy_url", config.ErrInvalid, "has no host"}}},
+		{"proxy bad port", "proxy_url: \"http://alice:s3cret@proxy:99999\"\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "proxy_url", config.ErrInvalid, "port 99999 is out of range 1-65535"}}},
+		{"proxy not a URL", "proxy_url: \"http://alice:s3cret@proxy:3128/%zz\"\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "proxy_url", config.ErrInvalid, "is not a URL"}}},
+		{"proxy with a path", "proxy_url: \"http://proxy:3128/path\"\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "proxy_url", config.ErrInvalid, "without a path or query"}}},
+		{"proxy not a string", "proxy_url: [a]\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			[]want{{1, "proxy_url", config.ErrType, ""}}},
 
 		// tunnels
 		{"tunnels missing", "server: localhost:4040\n",
@@ -349,7 +369,9 @@ func TestClientUnknownKeys(t *testing.T) {
 		want want
 	}{
 		{"root", "serverAddr: x\n" + tunnelDoc("proto: tcp", "local_port: 1"),
-			want{1, "serverAddr", config.ErrUnknownKey, "unknown key; expected one of: auth_token, control_socket, data_read_buffer, drain_timeout_secs, hostname, server, servers, tls, tunnels"}},
+			want{1, "serverAddr", config.ErrUnknownKey, "unknown key; expected one of: auth_token, control_socket, data_read_buffer, drain_timeout_secs, hostname, proxy_url, server, servers, tls, tunnels"}},
+		{"proxy typo", "proxy_ur: http://p:3128\n" + tunnelDoc("proto: tcp", "local_port: 1"),
+			want{1, "proxy_ur", config.ErrUnknownKey, `did you mean "proxy_url"?`}},
 		{"root typo", "auth_tokn: x\n" + tunnelDoc("proto: tcp", "local_port: 1"),
 			want{1, "auth_tokn", config.ErrUnknownKey, `did you mean "auth_token"?`}},
 		{"tls", "tls:\n  verify: false\n" + tunnelDoc("proto: tcp", "local_port: 1"),
@@ -632,4 +654,13 @@ func TestTCPGroupNameWithTwoKeysIsTwoPools(t *testing.T) {
 	cfg, err := config.ParseConnector("config.yml", []byte("server: localhost:4040\ntunnels:\n  a: {proto: tcp, local_port: 1, group: db, group_key: k1}\n  b: {proto: tcp, local_port: 2, group: db, group_key: k2}\n"))
 	require.NoError(t, err)
 	require.Len(t, cfg.Tunnels, 2)
+}
+
+func TestProxyURLErrorsHideTheCredentials(t *testing.T) {
+	for _, u := range []string{"ftp://alice:s3cret@proxy:21", "http://alice:s3cret@proxy:99999", "http://alice:s3cret@proxy:3128/%zz",
+		"socks5://alice:s3cret@:1080", "http://alice:s3cret@proxy:3128/x?y"} {
+		_, err := config.ParseConnector("c.yml", []byte("proxy_url: \""+u+"\"\n"+tunnelDoc("proto: tcp", "local_port: 1")))
+		require.ErrorContains(t, err, "proxy_url")
+		require.NotContains(t, err.Error(), "s3cret", u)
+	}
 }

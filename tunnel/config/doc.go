@@ -17,7 +17,7 @@
 // library gives its field (tunnel.ServerConfig.WithDefaults, cluster.DefaultLeaseTTL,
 // health.DefaultInterval, ...), and a value is checked by the library's own checks
 // (tunnel.ServerConfig.Validate, tunnel.TunnelSpec.Validate, cluster.Config.Validate,
-// tunnel.ValidateToken), whose errors, which name Go fields, are reported under the key
+// tunnel.TokenProblem), whose errors, which name Go fields, are reported under the key
 // that set the field. This package adds only what the file itself needs: keys that must be
 // written, a value of 0 where the library would read "the default", a few defaults of its
 // own where the library has none (the public ports, the TCP port range, the tenant quotas),

@@ -30,7 +30,7 @@ type Edge struct {
 	// is nil: the program opens the one StateDir names (tunnel/store/boltstore.Open), once,
 	// for the edge it runs.
 	Config tunnel.ServerConfig
-	// AdminAddr is where the admin plane listens (server.bind and server.admin_port), "" when
+	// AdminAddr is where the admin plane listens (server.admin_bind, by default loopback, and server.admin_port), "" when
 	// it is off; AdminToken is its bearer token (auth.admin_token), for admin.Options.Token.
 	AdminAddr, AdminToken string
 	// AdminHosts are the names the admin port is reached by (server.admin_hosts), for
@@ -54,7 +54,7 @@ type Edge struct {
 // connects nothing (cluster.New does not connect). Its error names the file.
 func (c *Server) Edge(log *zap.Logger) (*Edge, error) {
 	e := &Edge{File: c.File, start: c, last: c, AdminToken: c.Auth.AdminToken, StateDir: c.Server.StateDir,
-		AdminAddr: c.Server.Addr(c.Server.AdminPort), AdminHosts: c.Server.AdminHosts}
+		AdminAddr: c.Server.AdminAddr(), AdminHosts: c.Server.AdminHosts}
 	sc := c.serverConfig()
 	sc.Logger = log
 	if c.Auth.RequireAuth {

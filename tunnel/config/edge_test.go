@@ -85,7 +85,7 @@ strategy = "random"
 	require.NoError(t, srv.Close()) // NewServer starts a janitor goroutine
 
 	e = edgeOf(t, "[server]\ndomain = \"localhost\"\nadmin_port = 9191\n[auth]\nadmin_token = \"admin-token-0123456789\"\n")
-	require.Equal(t, "0.0.0.0:9191", e.AdminAddr)
+	require.Equal(t, "127.0.0.1:9191", e.AdminAddr, "the admin listener is on loopback unless admin_bind says otherwise")
 	require.Equal(t, "admin-token-0123456789", e.AdminToken)
 }
 

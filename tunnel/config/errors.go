@@ -16,17 +16,17 @@ import (
 // work on the [ErrorList] returned by the Parse and Load functions as well.
 var (
 	// ErrSyntax reports a file that is not well-formed TOML or YAML.
-	ErrSyntax = errors.New("syntax error")
+	ErrSyntax = errors.New("config: syntax error")
 	// ErrUnknownKey reports a key the format does not define (often a typo).
-	ErrUnknownKey = errors.New("unknown key")
+	ErrUnknownKey = errors.New("config: unknown key")
 	// ErrType reports a value of the wrong type, such as a string where a
 	// number belongs.
-	ErrType = errors.New("wrong type")
+	ErrType = errors.New("config: wrong type")
 	// ErrRequired reports a required key that is absent or empty.
-	ErrRequired = errors.New("required key missing")
+	ErrRequired = errors.New("config: required key missing")
 	// ErrInvalid reports a value of the right type that breaks a rule: out of
 	// range, malformed, or in conflict with another value.
-	ErrInvalid = errors.New("invalid value")
+	ErrInvalid = errors.New("config: invalid value")
 )
 
 // Error is one problem found in a configuration file. It names the file, the

@@ -48,7 +48,7 @@ func (r *reporter) library(err error, keyOf keyOf) {
 		} else {
 			hint = ""
 		}
-		msg := strings.TrimPrefix(fe.Err.Error(), "webhook: ")
+		msg := strings.TrimPrefix(strings.TrimPrefix(fe.Err.Error(), "webhook: "), "group: ")
 		msg = goEndpoint.ReplaceAllStringFunc(msg, func(s string) string {
 			key := "endpoints" + strings.TrimPrefix(s, "Endpoints")
 			return key + r.lineNote(key)

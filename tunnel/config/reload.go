@@ -164,6 +164,8 @@ func fileDiff(start, next *Server) []Change {
 		{"server.https_port", s.HTTPSPort, n.HTTPSPort, listener},
 		{"server.control_port", s.ControlPort, n.ControlPort, listener},
 		{"server.admin_port", s.AdminPort, n.AdminPort, listener},
+		{"server.admin_bind", s.AdminHost(), n.AdminHost(), listener},
+		{"server.allow_open_admin", s.AllowOpenAdmin, n.AllowOpenAdmin, "the admin listener keeps the rule it started with"},
 		{"server.region_id", s.RegionID, n.RegionID, "alerts and metrics name the edge with it"},
 		{"server.state_dir", s.StateDir, n.StateDir, "the route store stays open where it is"},
 		{"server.data_read_buffer", s.DataReadBuffer, n.DataReadBuffer, "data connections are accepted with the value the edge started with"},

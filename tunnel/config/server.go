@@ -136,6 +136,14 @@ type ServerSection struct {
 	// AdminPort serves /healthz, /metrics and /api; 0 turns it off.
 	// Default 9090.
 	AdminPort int `toml:"admin_port"`
+	// AdminBind is the address the admin listener binds to (key admin_bind, written as a
+	// string). The zero value (the key left out) is the default: 127.0.0.1, or Bind when
+	// that is a loopback address itself (see AdminHost). The admin plane answers on
+	// loopback unless an address is given here.
+	AdminBind netip.Addr `toml:"-"`
+	// AllowOpenAdmin lets the admin listener serve on an address that is not loopback
+	// without auth.admin_token; default false: such a file is refused.
+	AllowOpenAdmin bool `toml:"allow_open_admin"`
 	// AdminHosts are the host names the admin port is reached by, besides its IP
 	// addresses and localhost: with neither an admin token nor tenants the admin API is
 	// open, and answers no other name (admin.Options.Hosts). Default none.
@@ -170,6 +178,27 @@ func (s ServerSection) Addr(port int) string {
 		return ""
 	}
 	return net.JoinHostPort(s.Bind.String(), strconv.Itoa(port))
+}
+
+// AdminHost is the address the admin listener binds to: AdminBind when set, else Bind
+// when that is a loopback address, else 127.0.0.1.
+func (s ServerSection) AdminHost() netip.Addr {
+	switch {
+	case s.AdminBind.IsValid():
+		return s.AdminBind
+	case s.Bind.IsLoopback():
+		return s.Bind
+	}
+	return netip.AddrFrom4([4]byte{127, 0, 0, 1})
+}
+
+// AdminAddr returns the "host:port" of the admin listener (AdminHost and AdminPort), or ""
+// when AdminPort is 0 (off).
+func (s ServerSection) AdminAddr() string {
+	if s.AdminPort == 0 {
+		return ""
+	}
+	return net.JoinHostPort(s.AdminHost().String(), strconv.Itoa(s.AdminPort))
 }
 
 // ServerTLS is the [tls] table of server.toml: a certificate and its key,
@@ -420,36 +449,10 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	}
 	cfg.Server, cfg.TLS, cfg.Auth, cfg.Limits, cfg.LoadBalancing = f.Server.ServerSection, f.TLS, f.Auth, f.Limits.Limits, f.LoadBalancing.LoadBalancing
 	cfg.Endpoints = f.Endpoints
-	if cf := f.Cluster; cf != nil {
-		cl := cf.Cluster
-		cl.LeaseTTL, cl.Timeout = cluster.DefaultLeaseTTL, cluster.DefaultTimeout
-		if r.missing("cluster.bucket") {
-			cl.Bucket = cluster.DefaultBucket
-		}
-		if r.missing("cluster.replicas") {
-			cl.Replicas = cluster.DefaultReplicas
-		}
-		if d := cf.LeaseTTL; d != nil {
-			r.duration("cluster.lease_secs", float64(*d), &cl.LeaseTTL)
-		}
-		if d := cf.Timeout; d != nil {
-			r.duration("cluster.timeout_secs", float64(*d), &cl.Timeout)
-		}
-		if cl.PeerPort == 0 && !r.missing("cluster.peer_port") {
-			r.add("cluster.peer_port", ErrInvalid, "port 0 is out of range 1-65535")
-		}
-		if cl.PeerAddr == "" && cl.PeerPort == 0 {
-			cl.PeerAddr = cl.Advertise
-		} // with peer_port, on the bind address: set below, once bind is read
-		cl.TLS.CertPath = resolvePath(dir, cl.TLS.CertPath)
-		cl.TLS.KeyPath = resolvePath(dir, cl.TLS.KeyPath)
-		cl.TLS.CAPath = resolvePath(dir, cl.TLS.CAPath)
-		cfg.Cluster = &cl
+	if f.Cluster != nil {
+		cfg.Cluster = decodeCluster(r, f.Cluster, dir)
 	}
 	cfg.Server.StateDir = resolvePath(dir, cfg.Server.StateDir)
-	if d := f.Limits.RouteTTL; d != nil {
-		r.duration("limits.route_ttl_secs", float64(*d), &cfg.Limits.RouteTTL)
-	}
 	if f.Server.Bind != nil {
 		addr, err := netip.ParseAddr(*f.Server.Bind)
 		if err != nil {
@@ -457,6 +460,7 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 		}
 		cfg.Server.Bind = addr
 	}
+	cfg.Server.AdminBind = parseAdminBind(r, f.Server.AdminBind)
 	if cl := cfg.Cluster; cl != nil && cl.PeerAddr == "" && cl.PeerPort != 0 {
 		cl.PeerAddr = cfg.Server.Addr(cl.PeerPort) // like every other *_port, on [server] bind
 	}
@@ -468,6 +472,49 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 		r.fail("limits.tcp_port_range", ErrInvalid, "must be two ports [low, high], got %d values", len(pr))
 	default:
 		cfg.Limits.TCPPortRange = PortRange{Low: int(pr[0]), High: int(pr[1])}
+	}
+	readDurations(r, f, cfg)
+	cfg.validate(r)
+	if err := r.err(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// decodeCluster returns the [cluster] table read from cf, with the library's defaults for
+// what it leaves out and its paths taken relative to dir. A peer_port's address is set by
+// the caller, once [server] bind is read.
+func decodeCluster(r *reporter, cf *clusterFile, dir string) *Cluster {
+	cl := cf.Cluster
+	cl.LeaseTTL, cl.Timeout = cluster.DefaultLeaseTTL, cluster.DefaultTimeout
+	if r.missing("cluster.bucket") {
+		cl.Bucket = cluster.DefaultBucket
+	}
+	if r.missing("cluster.replicas") {
+		cl.Replicas = cluster.DefaultReplicas
+	}
+	if d := cf.LeaseTTL; d != nil {
+		r.duration("cluster.lease_secs", float64(*d), &cl.LeaseTTL)
+	}
+	if d := cf.Timeout; d != nil {
+		r.duration("cluster.timeout_secs", float64(*d), &cl.Timeout)
+	}
+	if cl.PeerPort == 0 && !r.missing("cluster.peer_port") {
+		r.add("cluster.peer_port", ErrInvalid, "port 0 is out of range 1-65535")
+	}
+	if cl.PeerAddr == "" && cl.PeerPort == 0 {
+		cl.PeerAddr = cl.Advertise
+	} // with peer_port, on the bind address: set below, once bind is read
+	cl.TLS.CertPath = resolvePath(dir, cl.TLS.CertPath)
+	cl.TLS.KeyPath = resolvePath(dir, cl.TLS.KeyPath)
+	cl.TLS.CAPath = resolvePath(dir, cl.TLS.CAPath)
+	return &cl
+}
+
+// readDurations sets the durations of [limits] and [load_balancing], given in seconds, on cfg.
+func readDurations(r *reporter, f *serverFile, cfg *Server) {
+	if d := f.Limits.RouteTTL; d != nil {
+		r.duration("limits.route_ttl_secs", float64(*d), &cfg.Limits.RouteTTL)
 	}
 	if d := f.Limits.DrainTimeout; d != nil {
 		r.duration("limits.drain_timeout_secs", float64(*d), &cfg.Limits.DrainTimeout)
@@ -493,11 +540,30 @@ func parseServer(file string, data []byte, dir string) (*Server, error) {
 	if d := f.Limits.AuthBlock; d != nil {
 		r.duration("limits.auth_block_secs", float64(*d), &cfg.Limits.AuthBlock)
 	}
-	cfg.validate(r)
-	if err := r.err(); err != nil {
-		return nil, err
+}
+
+// parseAdminBind reads admin_bind (nil: not set, the zero Addr: the default).
+func parseAdminBind(r *reporter, v *string) netip.Addr {
+	if v == nil {
+		return netip.Addr{}
 	}
-	return cfg, nil
+	addr, err := netip.ParseAddr(*v)
+	if err != nil {
+		r.fail("server.admin_bind", ErrInvalid, "%q is not an IP address; use e.g. \"127.0.0.1\" (this machine only, the default) or \"0.0.0.0\" (all interfaces)", *v)
+	}
+	return addr
+}
+
+// validateAdmin refuses an admin listener off loopback without an admin token, unless
+// allow_open_admin says it is meant.
+func (c *Server) validateAdmin(r *reporter) {
+	s := c.Server
+	if s.AdminPort == 0 || s.AllowOpenAdmin || c.Auth.AdminToken != "" || s.AdminHost().IsLoopback() {
+		return
+	}
+	r.add("server.admin_bind", ErrInvalid, "the admin listener would serve %s, which is not a loopback address, without an admin token: "+
+		"set auth.admin_token (at least 16 characters), or admin_bind = \"127.0.0.1\", or allow_open_admin = true to serve it there without one",
+		s.AdminAddr())
 }
 
 // Validate checks every rule of server.toml on c, for a Server built or
@@ -513,6 +579,18 @@ func (c *Server) Validate() error {
 }
 
 func (c *Server) validate(r *reporter) {
+	c.validateServerSection(r)
+	c.validatePorts(r)
+	c.validateTLS(r)
+	c.validateAuth(r)
+	c.validateCluster(r)
+	c.validateLimits(r)
+	c.validateEndpoints(r)
+	c.validateLoadBalancing(r)
+}
+
+// validateServerSection checks the [server] table but for its ports.
+func (c *Server) validateServerSection(r *reporter) {
 	s := c.Server
 	switch {
 	case s.Domain == "" && r.missing("server.domain"):
@@ -525,6 +603,7 @@ func (c *Server) validate(r *reporter) {
 	if !s.Bind.IsValid() {
 		r.add("server.bind", ErrInvalid, "must be an IP address, e.g. \"0.0.0.0\"")
 	}
+	c.validateAdmin(r)
 	for i, h := range s.AdminHosts {
 		if _, err := netip.ParseAddr(h); err == nil {
 			r.add(indexKey("server.admin_hosts", i), ErrInvalid, "%q is an IP address: addresses are always answered; list host names", h)
@@ -542,6 +621,12 @@ func (c *Server) validate(r *reporter) {
 		}
 	}
 
+}
+
+// validatePorts checks the listeners' ports: in range, distinct, outside the TCP tunnels'
+// range; and the [server] settings read with them.
+func (c *Server) validatePorts(r *reporter) {
+	s := c.Server
 	pr := c.Limits.TCPPortRange
 	rangeOK := pr.Low >= 1 && pr.High <= 65535 && pr.Low <= pr.High
 	ports := []struct {
@@ -582,10 +667,11 @@ func (c *Server) validate(r *reporter) {
 		r.add("server.data_read_buffer", ErrInvalid, "must be 0 (the kernel's autotuning) to %d bytes, got %d", MaxDataReadBuffer, s.DataReadBuffer)
 	}
 
-	c.validateTLS(r)
-	c.validateAuth(r)
-	c.validateCluster(r)
+}
 
+// validateLimits checks the [limits] table but for its endpoints.
+func (c *Server) validateLimits(r *reporter) {
+	pr := c.Limits.TCPPortRange
 	l := c.Limits
 	if pr == (PortRange{}) { // the library's "no TCP tunnels", which the file writes by leaving them out
 		r.add("limits.tcp_port_range", ErrInvalid, "low port 0 is out of range 1-65535")
@@ -650,8 +736,10 @@ func (c *Server) validate(r *reporter) {
 	if l.RouteTTL <= 0 {
 		r.add("limits.route_ttl_secs", ErrInvalid, "must be greater than 0 seconds, got %s", formatDuration(l.RouteTTL))
 	}
-	c.validateEndpoints(r)
+}
 
+// validateLoadBalancing checks the [load_balancing] table, then the library's own rules.
+func (c *Server) validateLoadBalancing(r *reporter) {
 	lb := c.LoadBalancing
 	if lb.PreferLocalStreams < 0 {
 		r.add("load_balancing.prefer_local_streams", ErrInvalid, "must be 0 (off) or more, got %d", lb.PreferLocalStreams)
@@ -770,8 +858,8 @@ func (c *Server) validateAuth(r *reporter) {
 	// Token values are secrets: messages name the keys, never the values.
 	owner := map[string]string{}
 	claim := func(key, token string) {
-		if err := tunnel.ValidateToken(token); err != nil {
-			r.add(key, ErrInvalid, "%v (e.g. the output of `openssl rand -hex 16`)", err)
+		if p := tunnel.TokenProblem(token); p != "" {
+			r.add(key, ErrInvalid, "%s (e.g. the output of `openssl rand -hex 16`)", p)
 			return
 		}
 		if prev, dup := owner[token]; dup {

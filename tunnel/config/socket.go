@@ -2,7 +2,12 @@ package config
 
 import (
 	"fmt"
+	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+
+	"go.yaml.in/yaml/v3"
 )
 
 // MaxSocketPathLen is the longest control socket path accepted: a Unix
@@ -23,4 +28,43 @@ func controlSocketProblem(p string) string {
 		return fmt.Sprintf("%q names a directory; give the socket's file path", p)
 	}
 	return ""
+}
+
+// controlSocketLine finds a top-level control_socket key in YAML text that does not parse.
+var controlSocketLine = regexp.MustCompile(`(?m)^control_socket:[ \t]*(.*?)[ \t]*(?:#.*)?$`)
+
+// ConnectorControlSocket returns the control_socket that the connector file at path sets
+// (a relative path resolved against the file's directory), or "" when it sets none. It
+// reads that key alone and nothing else, so that the commands that talk to a running
+// connector (status, reload) find its socket while the file has errors elsewhere: a
+// half-edited file, or one whose YAML does not parse (the key is then looked for as a
+// top-level line). Only a file that cannot be read is an error.
+func ConnectorControlSocket(path string) (string, error) {
+	data, err := readFile(path)
+	if err != nil {
+		return "", err
+	}
+	var socket string
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) == nil {
+		if len(doc.Content) > 0 && doc.Content[0].Kind == yaml.MappingNode {
+			m := doc.Content[0]
+			for i := 0; i+1 < len(m.Content); i += 2 {
+				if k, v := m.Content[i], m.Content[i+1]; k.Value == "control_socket" && v.Kind == yaml.ScalarNode {
+					socket = v.Value
+				}
+			}
+		}
+	} else if m := controlSocketLine.FindSubmatch(data); m != nil {
+		socket = string(m[1])
+		if uq, err := strconv.Unquote(socket); err == nil {
+			socket = uq
+		} else if len(socket) >= 2 && socket[0] == '\'' && socket[len(socket)-1] == '\'' {
+			socket = strings.ReplaceAll(socket[1:len(socket)-1], "''", "'")
+		}
+	}
+	if controlSocketProblem(socket) != "" {
+		return "", nil // not a usable path: the default socket is the best guess
+	}
+	return resolvePath(filepath.Dir(path), socket), nil
 }

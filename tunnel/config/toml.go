@@ -27,7 +27,8 @@ import (
 type serverFile struct {
 	Server struct {
 		ServerSection
-		Bind *string `toml:"bind"`
+		Bind      *string `toml:"bind"`
+		AdminBind *string `toml:"admin_bind"`
 	} `toml:"server"`
 	TLS    ServerTLS `toml:"tls"`
 	Auth   Auth      `toml:"auth"`

@@ -71,22 +71,22 @@ var ErrCorrupt = errors.New("store: state file is corrupt")
 // ErrCorrupt) while its text says which directory or file and why.
 type fileError struct {
 	kind error
-	msg  string
-	err  error // the cause, if any
+	msg  string // what follows "store: "
+	err  error  // the cause, if any
 }
 
-func (e *fileError) Error() string        { return e.msg }
+func (e *fileError) Error() string        { return "store: " + e.msg }
 func (e *fileError) Is(target error) bool { return target == e.kind }
 func (e *fileError) Unwrap() error        { return e.err }
 
 func lockedError(dir string) error {
 	return &fileError{kind: ErrLocked, err: berrors.ErrTimeout,
-		msg: fmt.Sprintf("store: state directory %s is in use by another edge (%s is locked)", dir, FileName)}
+		msg: fmt.Sprintf("state directory %s is in use by another edge (%s is locked)", dir, FileName)}
 }
 
 func corruptError(path string, cause error) error {
 	return &fileError{kind: ErrCorrupt, err: cause,
-		msg: fmt.Sprintf("store: %s is corrupt: %v (move it aside to start with no routes, or restore it from a backup)", path, cause)}
+		msg: fmt.Sprintf("%s is corrupt: %v (move it aside to start with no routes, or restore it from a backup)", path, cause)}
 }
 
 // Option configures Open.

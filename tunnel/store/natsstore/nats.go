@@ -50,11 +50,11 @@ var ErrCorrupt = errors.New("store: route bucket is corrupt")
 
 // corruptError is an ErrCorrupt whose text says which bucket and key, and why.
 type corruptError struct {
-	msg string
-	err error // the cause
+	msg string // what follows "store: "
+	err error  // the cause
 }
 
-func (e *corruptError) Error() string        { return e.msg }
+func (e *corruptError) Error() string        { return "store: " + e.msg }
 func (e *corruptError) Is(target error) bool { return target == ErrCorrupt }
 func (e *corruptError) Unwrap() error        { return e.err }
 
@@ -616,7 +616,7 @@ func (s *Store) decode(key string, v []byte) (*store.Route, error) {
 // corrupt is the ErrCorrupt of a bucket holding something that is not a route.
 func (s *Store) corrupt(cause error) error {
 	return &corruptError{err: cause,
-		msg: fmt.Sprintf("store: NATS bucket %s is corrupt: %v (delete the offending key, or restore the bucket)", s.bucket, cause)}
+		msg: fmt.Sprintf("NATS bucket %s is corrupt: %v (delete the offending key, or restore the bucket)", s.bucket, cause)}
 }
 
 // isConflict reports whether err is JetStream refusing a create-only or update-at-revision

@@ -171,7 +171,7 @@ func testFnErrorChangesNothing(t *testing.T, s store.Store) {
 	if _, err := s.Update(t.Context(), want.Key(), Set(want)); err != nil {
 		t.Fatal(err)
 	}
-	boom := errors.New("boom")
+	boom := errors.New("storetest: boom")
 	for name, fn := range map[string]func(*store.Route) (*store.Route, error){
 		"modify": func(cur *store.Route) (*store.Route, error) {
 			cur.Tenant = "evil"

@@ -30,7 +30,9 @@ func (c *clientFlags) register(fs *flag.FlagSet) {
 }
 
 // socketPath resolves the control socket as start does: --socket, else control_socket of
-// --config (or of the default file), else the default socket of that file.
+// --config (or of the default file), else the default socket of that file. It reads only
+// the control_socket key of the file (config.ConnectorControlSocket): a file with errors
+// elsewhere still leads to the running connector, which keeps the configuration it loaded.
 func (c *clientFlags) socketPath() (string, error) {
 	if c.socket != "" {
 		return c.socket, nil
@@ -43,14 +45,26 @@ func (c *clientFlags) socketPath() (string, error) {
 		}
 		path = p
 	}
-	cfg, err := config.LoadConnector(path)
+	socket, err := config.ConnectorControlSocket(path)
 	switch {
-	case err == nil && cfg.ControlSocket != "":
-		return cfg.ControlSocket, nil
+	case err == nil && socket != "":
+		return socket, nil
 	case err != nil && explicit:
 		return "", err
 	}
 	return DefaultControlSocket(path)
+}
+
+// fileWarning returns a warning when the connector file at path, which a running connector
+// was started with, does not load now, or "".
+func fileWarning(path string) string {
+	if path == "" {
+		return ""
+	}
+	if _, err := config.LoadConnector(path); err != nil {
+		return fmt.Sprintf("connector: warning: %s has errors; the running connector keeps the configuration it loaded (fix the file, then \"connector reload\"):\n%v", path, err)
+	}
+	return ""
 }
 
 // newFlagSet returns a flag set for a control command whose usage is line.
@@ -136,6 +150,9 @@ func Status(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "connector:", err)
 		return 1
 	}
+	if w := fileWarning(r.Status.Config); w != "" {
+		fmt.Fprintln(stderr, w)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -143,6 +160,30 @@ func Status(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	printStatus(stdout, r.Status)
+	return 0
+}
+
+// Reload is `connector reload ARGS`: the running connector reads its file again and
+// applies it, as SIGHUP does; it prints what the reload applied, or the file's errors (exit
+// 1, nothing changed), and exits 1 when the edge refused a change.
+func Reload(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("reload", "connector reload [--config FILE] [--socket PATH]", stderr)
+	var cf clientFlags
+	cf.register(fs)
+	if code, ok := parseOrExit(fs, args, 0); !ok {
+		return code
+	}
+	socket, err := cf.socketPath()
+	if err != nil {
+		fmt.Fprintln(stderr, "connector:", err)
+		return 2
+	}
+	r, err := call(socket, request{Op: "reload"}, nil)
+	if err != nil {
+		fmt.Fprintln(stderr, "connector:", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, r.Message)
 	return 0
 }
 
@@ -159,6 +200,9 @@ func printStatus(w io.Writer, st *StatusReply) {
 	fmt.Fprintf(w, "edge:       %s (%s, %d reconnects)\n", edge, conn, st.Reconnects)
 	if len(st.Servers) > 0 {
 		fmt.Fprintf(w, "servers:    %s\n", strings.Join(st.Servers, ", "))
+	}
+	if st.Proxy != "" {
+		fmt.Fprintf(w, "proxy:      %s\n", st.Proxy)
 	}
 	fmt.Fprintf(w, "connector:  pid %d, up since %s, config %s\n", st.PID, st.Started.Local().Format(time.DateTime), st.Config)
 	fmt.Fprintf(w, "socket:     %s\n\n", st.Socket)

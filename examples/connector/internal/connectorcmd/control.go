@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -30,6 +31,13 @@ import (
 //	    "group":"web","group_key":"…","health":{"type":"tcp","interval_secs":5}}}
 //	← {"type":"result","ok":true,"message":"tunnel web-8080: http://pool.localhost:8080 -> …","tunnel":{...}}
 //
+//	→ {"op":"reload"}
+//	← {"type":"result","ok":true,"message":"reload: tunnel c added\nconfiguration reloaded"}
+//
+// reload reads the connector's file again and applies it as SIGHUP does; a file with
+// errors is {"ok":false,"error":"<the file's errors>"} and changes nothing; a change the
+// edge refused is {"ok":false,"error":"<every line of the reload>"}.
+//
 //	→ {"op":"detach","name":"web-8080","timeout_secs":30}
 //	← {"type":"progress","message":"draining web-8080: 2 streams left","streams":2}
 //	← {"type":"progress","message":"draining web-8080: 1 stream left","streams":1}
@@ -43,7 +51,7 @@ import (
 
 // request is the one line a client sends.
 type request struct {
-	// Op is "status", "attach" or "detach".
+	// Op is "status", "attach", "detach" or "reload".
 	Op string `json:"op"`
 	// Tunnel is the tunnel to attach.
 	Tunnel *attachSpec `json:"tunnel,omitempty"`
@@ -99,6 +107,7 @@ type StatusReply struct {
 	Edge       string         `json:"edge"`                // the edge attached to (or last attached to), as configured
 	EdgeAddr   string         `json:"edge_addr,omitempty"` // the address Edge's host name resolved to, when it did
 	Servers    []string       `json:"servers,omitempty"`   // the servers of the file, when it lists several
+	Proxy      string         `json:"proxy,omitempty"`     // the proxy Edge is reached through (scheme://host:port, no credentials)
 	Connected  bool           `json:"connected"`
 	Reconnects int            `json:"reconnects"`
 	Started    time.Time      `json:"started"`
@@ -307,9 +316,25 @@ func (s *ControlServer) handle(c net.Conn) {
 			return
 		}
 		send(reply{Type: "result", OK: true, Message: fmt.Sprintf("tunnel %s detached (drained in %s)", req.Name, took.Round(10*time.Millisecond))})
+	case "reload":
+		file := s.d.file()
+		if file == "" {
+			send(reply{Type: "result", Error: "this connector runs without a configuration file: nothing to reload"})
+			return
+		}
+		s.d.log.Info("control: reloading the configuration", zap.String("file", file))
+		lines, err := s.d.ReloadFile()
+		switch {
+		case errors.Is(err, errReload):
+			send(reply{Type: "result", Error: strings.Join(lines, "\n")})
+		case err != nil:
+			send(reply{Type: "result", Error: err.Error()})
+		default:
+			send(reply{Type: "result", OK: true, Message: strings.Join(lines, "\n")})
+		}
 	default:
 		s.d.log.Debug("control: unknown op", zap.String("op", req.Op))
-		send(reply{Type: "result", Error: fmt.Sprintf("unknown op %q (want status, attach or detach)", req.Op)})
+		send(reply{Type: "result", Error: fmt.Sprintf("unknown op %q (want status, attach, detach or reload)", req.Op)})
 	}
 }
 

@@ -40,10 +40,13 @@ const progressEvery = 200 * time.Millisecond
 // Daemon is a running connector: its session, its tunnels by name, and the operations the
 // control socket and SIGHUP perform on them.
 type Daemon struct {
-	sess    *tunnel.Session
-	log     *zap.Logger
-	stdout  io.Writer // the tunnel lines
-	stderr  io.Writer // tunnels that end on their own
+	sess   *tunnel.Session
+	log    *zap.Logger
+	stdout io.Writer // the tunnel lines
+	// line formats a registered tunnel's line (nil: tunnelLine); verify refuses a
+	// registration that is not what was asked for (Start.Verify).
+	line    func(config.Tunnel, *tunnel.Tunnel) string
+	verify  func(config.Tunnel, *tunnel.Tunnel) error
 	socket  string
 	started time.Time
 	ctx     context.Context // ends when the connector stops
@@ -72,12 +75,12 @@ type entry struct {
 }
 
 // NewDaemon returns the daemon of sess, a session with the edges of cfg, listening on the
-// control socket at socket ("" for none), and printing each tunnel's line to stdout and the
-// end of one it did not ask for to stderr (both safe for concurrent use). ctx ends when the
+// control socket at socket ("" for none), printing each tunnel's line to stdout (safe for
+// concurrent use) and logging the end of one it did not ask for. ctx ends when the
 // connector stops.
-func NewDaemon(ctx context.Context, sess *tunnel.Session, cfg *config.Connector, socket string, log *zap.Logger, stdout, stderr io.Writer) *Daemon {
+func NewDaemon(ctx context.Context, sess *tunnel.Session, cfg *config.Connector, socket string, log *zap.Logger, stdout io.Writer) *Daemon {
 	return &Daemon{
-		sess: sess, log: log, stdout: stdout, stderr: stderr, socket: socket, started: time.Now(), ctx: ctx,
+		sess: sess, log: log, stdout: stdout, socket: socket, started: time.Now(), ctx: ctx,
 		cfg: cfg, live: map[string]*entry{}, draining: map[*entry]bool{}, failed: make(chan struct{}, 1),
 	}
 }
@@ -89,6 +92,13 @@ func (d *Daemon) Start(ctx context.Context, t config.Tunnel) error {
 	if err != nil {
 		return err
 	}
+	if d.verify != nil {
+		if err := d.verify(t, e.t); err != nil {
+			e.retired.Store(true)
+			_ = e.t.Close()
+			return err
+		}
+	}
 	d.insert(e)
 	return nil
 }
@@ -96,9 +106,39 @@ func (d *Daemon) Start(ctx context.Context, t config.Tunnel) error {
 // Failed receives a value when a tunnel ended on its own (rejected after a reconnect).
 func (d *Daemon) Failed() <-chan struct{} { return d.failed }
 
-// Reload applies next, a new version of the file, in the background, one at a time with
-// attach and detach (see reload); Wait waits for it.
-func (d *Daemon) Reload(next *config.Connector) { d.wg.Go(func() { d.reload(next) }) }
+// ReloadInBackground is SIGHUP: it reads the file again and applies it in the background
+// (ReloadFile); Wait waits for it.
+func (d *Daemon) ReloadInBackground() { d.wg.Go(func() { _, _ = d.ReloadFile() }) }
+
+// file is the connector's configuration file ("" for a one-liner).
+func (d *Daemon) file() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.cfg.File
+}
+
+// errReload: a reload that found errors (in the file, or a tunnel the edge refused).
+var errReload = errors.New("reload failed")
+
+// ReloadFile reads the connector's file again and applies it, one at a time with attach
+// and detach (see reload). It returns the lines it logged; its error is the file's errors
+// (nothing changed), or errReload when a change could not be applied.
+func (d *Daemon) ReloadFile() ([]string, error) {
+	file := d.file()
+	next, err := config.LoadConnector(file)
+	if err != nil {
+		d.log.Error("reload failed; the running configuration is kept", zap.String("file", file))
+		for line := range strings.Lines(err.Error()) {
+			d.log.Error(strings.TrimRight(line, "\n"))
+		}
+		return nil, err
+	}
+	lines, failed := d.reload(next)
+	if failed {
+		return lines, errReload
+	}
+	return lines, nil
+}
 
 // Wait waits for the watchers, the background drains and the reloads; the session must be
 // closed (every tunnel ended) or closing.
@@ -131,7 +171,7 @@ func (d *Daemon) watch(e *entry) {
 	d.mu.Unlock()
 	// When the whole session stopped, its error is reported once, by run.
 	if err := e.t.Err(); err != nil && d.sess.Err() == nil {
-		fmt.Fprintln(d.stderr, TunnelError(e.name, err))
+		d.log.Error(TunnelError(e.name, err), zap.String("tunnel", e.name))
 		select {
 		case d.failed <- struct{}{}:
 		default:
@@ -151,7 +191,11 @@ func (d *Daemon) insert(e *entry) {
 	d.mu.Lock()
 	d.live[e.name] = e
 	d.mu.Unlock()
-	fmt.Fprintln(d.stdout, tunnelLine(e.conf, e.t))
+	line := tunnelLine
+	if d.line != nil {
+		line = d.line
+	}
+	fmt.Fprintln(d.stdout, line(e.conf, e.t))
 }
 
 // drainProgress is told how many streams a drain still waits for.
@@ -346,7 +390,8 @@ func (d *Daemon) status() StatusReply {
 	if addr == edge {
 		addr = ""
 	}
-	st := StatusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, EdgeAddr: addr, Servers: servers, Connected: d.sess.Connected(),
+	st := StatusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, EdgeAddr: addr, Servers: servers, Proxy: d.sess.Proxy(),
+		Connected:  d.sess.Connected(),
 		Reconnects: d.sess.Reconnects(), Started: d.started.UTC().Truncate(time.Second), Tunnels: []TunnelStatus{}}
 	add := func(e *entry, draining bool) {
 		ts := TunnelStatus{Name: e.name, Source: "file", Proto: string(e.conf.Proto), URL: e.t.URL(), Port: e.t.Port(),
@@ -393,13 +438,15 @@ func (d *Daemon) status() StatusReply {
 // reload applies a new version of the configuration file: tunnels added to it register,
 // tunnels removed from it drain, changed ones register anew before the old one drains.
 // Settings that need a new session are reported as not applied. It returns the lines
-// it logged, for tests.
-func (d *Daemon) reload(next *config.Connector) []string {
+// it logged, and whether any was an error (something it could not apply).
+func (d *Daemon) reload(next *config.Connector) (lines []string, failed bool) {
 	d.opMu.Lock()
 	defer d.opMu.Unlock()
-	var lines []string
 	say := func(level func(string, ...zap.Field), msg string, fields ...zap.Field) {
 		lines = append(lines, msg)
+		if level == nil { // an error: something the file asks for is not applied
+			failed, level = true, d.log.Error
+		}
 		level(msg, fields...)
 	}
 
@@ -431,8 +478,8 @@ func (d *Daemon) reload(next *config.Connector) []string {
 	}
 	check.Tunnels = append(check.Tunnels, attachedConfs...)
 	if err := check.Validate(); err != nil {
-		say(d.log.Error, "reload refused: the file's tunnels conflict with attached ones: "+err.Error())
-		return lines
+		say(nil, "reload refused: the file's tunnels conflict with attached ones: "+err.Error())
+		return lines, true
 	}
 	for _, name := range clash {
 		say(d.log.Warn, fmt.Sprintf("not applied: tunnels.%s: an attached tunnel has this name; detach it first", name))
@@ -445,11 +492,12 @@ func (d *Daemon) reload(next *config.Connector) []string {
 	applied := &config.Connector{}
 	*applied = *next
 	// Not applied (restartDiff says so): the session keeps its edges, token, TLS settings,
-	// drain timeout and data connections' buffer, and the control socket stays where it is.
+	// drain timeout, data connections' buffer and proxy, and the control socket stays where
+	// it is.
 	// What runs is kept, so that the next reload compares with it.
 	applied.Server, applied.Servers = prev.Server, prev.Servers
 	applied.AuthToken, applied.TLS, applied.DrainTimeout = prev.AuthToken, prev.TLS, prev.DrainTimeout
-	applied.DataReadBuffer, applied.ControlSocket = prev.DataReadBuffer, prev.ControlSocket
+	applied.DataReadBuffer, applied.ControlSocket, applied.ProxyURL = prev.DataReadBuffer, prev.ControlSocket, prev.ProxyURL
 	applied.Tunnels = nil
 	keep := func(t config.Tunnel) { applied.Tunnels = append(applied.Tunnels, t) }
 
@@ -472,7 +520,7 @@ func (d *Daemon) reload(next *config.Connector) []string {
 			ne, err := d.register(ctx, t, false)
 			cancel()
 			if err != nil {
-				say(d.log.Error, "reload: "+TunnelError(t.Name, err))
+				say(nil, "reload: "+TunnelError(t.Name, err))
 				if existed {
 					keep(o)
 				}
@@ -502,7 +550,7 @@ func (d *Daemon) reload(next *config.Connector) []string {
 	d.cfg = applied
 	d.mu.Unlock()
 	say(d.log.Info, "configuration reloaded", zap.String("file", next.File))
-	return lines
+	return lines, failed
 }
 
 // retireInBackground drains e with the drain timeout, logging its progress.
@@ -537,7 +585,7 @@ func (d *Daemon) replace(e *entry, c config.Tunnel, say func(func(string, ...zap
 	}
 	solo := e.conf.Group == "" && sameRoute(e.conf, c)
 	if !(errors.Is(err, tunnel.ErrInUse) && solo || errors.Is(err, tunnel.ErrKeyMismatch) && solo || errors.Is(err, tunnel.ErrLimit)) {
-		say(d.log.Error, "not applied: "+TunnelError(c.Name, err)+"; the running registration is kept")
+		say(nil, "not applied: "+TunnelError(c.Name, err)+"; the running registration is kept")
 		return false
 	}
 	say(d.log.Info, "reload: tunnel "+c.Name+" changed; its route is held by the running registration, which drains first")
@@ -548,7 +596,7 @@ func (d *Daemon) replace(e *entry, c config.Tunnel, say func(func(string, ...zap
 	defer rcancel()
 	ne, err = d.register(rctx, c, false)
 	if err != nil {
-		say(d.log.Error, "reload: "+TunnelError(c.Name, err)+" (the old registration is gone)")
+		say(nil, "reload: "+TunnelError(c.Name, err)+" (the old registration is gone)")
 		return false
 	}
 	d.insert(ne)
@@ -613,6 +661,9 @@ func notAppliedSettings(prev, next *config.Connector) []string {
 	}
 	if prev.Hostname != next.Hostname {
 		out = append(out, fmt.Sprintf("hostname (%q -> %q): the session sends the host name it started with; restart the connector to change it", prev.Hostname, next.Hostname))
+	}
+	if prev.ProxyURL != next.ProxyURL {
+		out = append(out, "proxy_url: the session keeps the proxy it connected through; restart the connector to change it")
 	}
 	if prev.ControlSocket != next.ControlSocket {
 		out = append(out, "control_socket: the connector keeps listening where it started; restart it to move the socket")

@@ -1,6 +1,7 @@
 package connectorcmd
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -20,4 +21,20 @@ func TestReloadKeepsTheEdges(t *testing.T) {
 	require.Equal(t, []string{"server (a:1, b:1 -> a:1, c:1): the connector keeps its session with a:1, b:1; restart it to move"},
 		notAppliedSettings(prev, &config.Connector{Servers: []string{"a:1", "c:1"}}))
 	require.Empty(t, notAppliedSettings(&config.Connector{Server: "a:1"}, &config.Connector{Servers: []string{"a:1"}}))
+}
+
+// TestProxyInStatusAndReload: the status table names the proxy (never its credentials: the
+// session gives scheme://host:port), and a reload that changes proxy_url says it needs a
+// restart without quoting either URL.
+func TestProxyInStatusAndReload(t *testing.T) {
+	var b strings.Builder
+	printStatus(&b, &StatusReply{Edge: "edge.example.com:4040", Proxy: "http://proxy.corp:3128", Connected: true})
+	require.Contains(t, b.String(), "proxy:      http://proxy.corp:3128\n")
+	b.Reset()
+	printStatus(&b, &StatusReply{Edge: "edge.example.com:4040", Connected: true})
+	require.NotContains(t, b.String(), "proxy:")
+
+	got := notAppliedSettings(&config.Connector{Server: "a:1", ProxyURL: "http://u:old@p:3128"},
+		&config.Connector{Server: "a:1", ProxyURL: "http://u:new@p:3128"})
+	require.Equal(t, []string{"proxy_url: the session keeps the proxy it connected through; restart the connector to change it"}, got)
 }
