@@ -202,7 +202,7 @@ func (p *socksProxy) addr() string { return p.ln.Addr().String() }
 // proxiedConnector starts the example connector for the edge at server with proxyURL
 // (proxy_url; "" for none) and env added to its environment; it has an HTTP tunnel "web"
 // (subdomain web) to httpPort and a TCP tunnel "echo" to echoPort.
-func proxiedConnector(t *testing.T, server, proxyURL string, env []string, httpPort, echoPort int) (*proc, string) {
+func proxiedConnector(t *testing.T, server, proxyURL string, env []string, httpPort, echoPort int, args ...string) (*proc, string) {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "server: %q\nauth_token: %q\ndrain_timeout_secs: 1\n", server, token)
@@ -213,7 +213,7 @@ func proxiedConnector(t *testing.T, server, proxyURL string, env []string, httpP
 	fmt.Fprintf(&b, "  echo:\n    proto: tcp\n    local_port: %d\n", echoPort)
 	path := filepath.Join(t.TempDir(), "connector.yml")
 	require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))
-	return startEnv(t, env, "connector", "connector", "start", "--config", path), path
+	return startEnv(t, env, "connector", "connector", append([]string{"start", "--config", path}, args...)...), path
 }
 
 // requireServes checks that the edge serves both tunnels of proxiedConnector: an HTTP
@@ -310,16 +310,16 @@ func TestConnectorThroughSOCKS5(t *testing.T) {
 }
 
 // TestProxyRefusals: wrong credentials (tinyproxy's 401, its 407 for none, the SOCKS5
-// server's refusal) and
-// an unreachable proxy stop the connector at start with an error naming the proxy and why,
-// never the password.
+// server's refusal) and an unreachable proxy stop a connector started with --fail-fast with
+// an error naming the proxy and why, never the password. (Without --fail-fast the connector
+// retries them with backoff, as any edge it cannot reach yet, logging each attempt's reason.)
 func TestProxyRefusals(t *testing.T) {
 	e := startEdge(t, false)
 	control := fmt.Sprintf("127.0.0.1:%d", e.control)
 	httpPort, echoPort := httpBackend(t, "web-backend"), echoBackend(t, "echo-backend")
 	run := func(t *testing.T, proxyURL string) string {
 		t.Helper()
-		c, _ := proxiedConnector(t, control, proxyURL, nil, httpPort, echoPort)
+		c, _ := proxiedConnector(t, control, proxyURL, nil, httpPort, echoPort, "--fail-fast")
 		require.Equal(t, 1, c.wait(t), "the connector gives up at start; stderr:\n%s", c.stderr.String())
 		out := c.stderr.String()
 		require.NotContains(t, out, "wrong-pass")
@@ -328,7 +328,8 @@ func TestProxyRefusals(t *testing.T) {
 	t.Run("tinyproxy, wrong password", func(t *testing.T) {
 		tp := startTinyproxy(t, "warren s3cret-pass", e.control)
 		out := run(t, "http://warren:wrong-pass@"+tp.addr())
-		require.Contains(t, out, "proxy http://"+tp.addr()+": refused CONNECT "+control+` with "HTTP/1.0 401 Unauthorized" (wrong user or password in the proxy URL)`)
+		// The log line is JSON: the message's quotes come escaped.
+		require.Contains(t, out, "proxy http://"+tp.addr()+": refused CONNECT "+control+` with \"HTTP/1.0 401 Unauthorized\" (wrong user or password in the proxy URL)`)
 	})
 	t.Run("tinyproxy, no credentials", func(t *testing.T) {
 		tp := startTinyproxy(t, "warren s3cret-pass", e.control)

@@ -733,7 +733,7 @@ func (t *memberTransport) attempt(pc exchange, m *group.Member, req *http.Reques
 			setAffinityCookie(resp, m, aff)
 		}
 		if ri.watch != nil {
-			ri.watch.expect(windowOf(pc), resp.ContentLength)
+			ri.watch.expectResponse(windowOf(pc), resp)
 		}
 	}
 	if f := t.cfg.Outcome; f != nil {

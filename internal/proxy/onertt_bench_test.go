@@ -1,11 +1,16 @@
 package proxy
 
 import (
+	"bufio"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/yamux"
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/internal/wire"
@@ -25,6 +30,37 @@ func BenchmarkEdgeHTTP(b *testing.B) {
 		b.Fatal(err)
 	}
 	benchHandler(b, NewHTTP(benchConfig(reg)))
+}
+
+// BenchmarkEdgeHTTPUnknownLength is BenchmarkEdgeHTTP with a response of unknown length (a
+// chunked body, as a streaming or gRPC backend's): the stall watch treats such a response's
+// body as it cannot treat one whose length it knows.
+func BenchmarkEdgeHTTPUnknownLength(b *testing.B) {
+	reg := group.NewRegistry(group.Config{LoadBalancing: true})
+	c := startConnector(b, wire.AckOK, answerChunked)
+	tun := NewTunnel(b.Context(), "m1", group.ProtoHTTP, c.edge, &c.key)
+	b.Cleanup(tun.Close)
+	_, err := reg.Join(group.JoinRequest{ID: "m1", Proto: group.ProtoHTTP, Label: "pool", Group: "pool", Value: tun})
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchHandler(b, NewHTTP(benchConfig(reg)))
+}
+
+// answerChunked is answerHTTP with the tunnel's ID as a chunked body.
+func answerChunked(_ *connector, st *yamux.Stream, env wire.Envelope) {
+	br := bufio.NewReader(st)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, req.Body)
+		if _, err := fmt.Fprintf(st, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n",
+			len(env.TunnelID), env.TunnelID); err != nil {
+			return
+		}
+	}
 }
 
 // benchConfig is the ingress's configuration as an edge runs it by default, with the stall

@@ -28,7 +28,9 @@ import (
 //
 //   - a response is stalled while a write of it to the client has been blocked for longer
 //     than stallGrace. It is then charged what it may hold at the edge (its window, or the
-//     rest of its body when that is known and smaller) against three budgets: its public
+//     rest of its body when that is known and smaller; a body of unknown length is first
+//     read ahead, up to 16 KiB for up to 100 ms, to learn whether its member has already
+//     finished it: stall_ahead.go) against three budgets: its public
 //     connection's (Config.StalledBytesPerConn), its client address's
 //     (Config.StalledBytesPerClient; an IPv4 address or an IPv6 /64, as throttle.Key: the
 //     connection's remote address, never a forwarding header) and the edge's
@@ -50,7 +52,8 @@ import (
 //
 // The watch costs a request two uncontended locks of its own per write, and a timer once
 // its body outgrows what net/http buffers (serverBuffered), armed at a write when none is
-// pending; the budgets are touched only by stalled responses, under locks sharded by
+// pending; a body of unknown length costs an atomic compare-and-swap and a store per read;
+// the read-ahead and the budgets are touched only by stalled responses, under locks sharded by
 // client address. An HTTP/1.x response also sets its connection's write deadline once, as
 // the handler returns (endResponse).
 
@@ -247,6 +250,11 @@ type stallWatch struct {
 	ended    bool  // the handler returned: the response writer is not to be touched
 	wasStall bool  // the response stalled at some point
 	cut      cutReason
+
+	// body is the member's body of unknown length, which a stalled write may read ahead
+	// (stall_ahead.go); its body is nil otherwise.
+	body    aheadBody
+	probing bool // the check of the write being watched waits for the read-ahead
 }
 
 // start makes w watch rw, a response to a client at remote.
@@ -359,23 +367,44 @@ func (w *stallWatch) grace() time.Duration {
 
 // check runs when a write has had its grace, or its stall timeout: it charges a write still
 // blocked after its grace, cuts one still blocked at the stall timeout or over a budget,
-// and schedules the next check while a write is in progress.
+// and schedules the next check while a write is in progress. A write of a response of
+// unknown length is charged once its body was read ahead, on check's goroutine (a timer's
+// own), for probeWait at most.
 func (w *stallWatch) check() {
 	w.mu.Lock()
-	defer w.mu.Unlock()
+	probe := w.checkLocked()
+	w.mu.Unlock()
+	if probe {
+		w.body.readAhead()
+	}
+}
+
+// checkLocked is check with w.mu held; it reports true when the body is to be read ahead
+// (the next check is scheduled at probeWait, unless the read-ahead's answer comes first).
+func (w *stallWatch) checkLocked() (probe bool) {
 	switch {
 	case w.ended || !w.writing:
-		w.armed = false // the next write schedules a check
-		return
+		w.armed, w.probing = false, false // the next write schedules a check
+		return false
 	case w.watching != w.writes:
 		// A later write than the one this check was for: it gets its grace from now.
-		w.watching, w.stalled = w.writes, false
+		w.watching, w.stalled, w.probing = w.writes, false, false
 		w.timer.Reset(w.grace())
-		return
+		return false
 	case w.stalled:
 		w.armed = false
 		w.cutLocked(cutStallTimeout)
-		return
+		return false
+	case w.probing:
+		// The read-ahead answered, or did not within probeWait: the write is charged on
+		// what is known now.
+		w.probing = false
+		w.body.ra.late.Store(true)
+	case w.canProbe() && w.body.probe(w.watching):
+		// The member's body is read ahead before the write is charged a window.
+		w.probing, w.wasStall = true, true
+		w.timer.Reset(probeWait)
+		return true
 	}
 	w.stalled, w.wasStall = true, true
 	if n := w.holdable(); n > 0 {
@@ -383,15 +412,16 @@ func (w *stallWatch) check() {
 		if reason := w.h.stalls.charge(w.key, w.remote, n); reason != notCut {
 			w.armed = false
 			w.cutLocked(reason)
-			return
+			return false
 		}
 		w.charged = n
 	}
 	if t := w.h.cfg.ResponseStallTimeout; t > 0 {
-		w.timer.Reset(t - w.grace())
-		return
+		w.timer.Reset(max(t-w.blockedFor(), 0))
+		return false
 	}
 	w.armed = false
+	return false
 }
 
 // holdable is what the response may hold at the edge while its write is blocked: its
