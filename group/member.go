@@ -28,6 +28,8 @@ type Member struct {
 	Tenant string
 	// Name and Host are the member's tunnel name and its connector's host (JoinRequest).
 	Name, Host string
+	// Transport is how the member's connector reaches the edge (JoinRequest).
+	Transport string
 	// HealthKind is the probe type reporting on the member: "tcp", "http", "func" or "none".
 	HealthKind string
 	// AlertWebhook is the tenant URL to alert when the group reaches zero healthy members.

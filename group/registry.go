@@ -218,6 +218,9 @@ type JoinRequest struct {
 	// member's tunnel has in its connector and the machine that connector runs on. Display
 	// only, kept as given ("" when unknown); the caller bounds them (wire.CleanDisplay).
 	Name, Host string
+	// Transport is how the member's connector reaches the edge ("tcp", "websocket"; "" when
+	// unknown, as for another edge's member). Display only, kept as given.
+	Transport string
 	// Port is the public port a grouped TCP registration wants when it creates its pool:
 	// the pool's port from before (held with HoldPorts). 0, or a port that is not
 	// available, takes the next free one.
@@ -399,6 +402,7 @@ func (r *Registry) Join(req JoinRequest) (*Member, error) {
 		Tenant:       req.Tenant,
 		Name:         req.Name,
 		Host:         req.Host,
+		Transport:    req.Transport,
 		HealthKind:   req.HealthKind,
 		AlertWebhook: req.AlertWebhook,
 		Edge:         req.Edge,

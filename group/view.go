@@ -52,6 +52,9 @@ type MemberInfo struct {
 	// Name and Host are the member's tunnel name and its connector's host, "" when unknown
 	// (JoinRequest).
 	Name, Host string
+	// Transport is how the member's connector reaches the edge: "tcp" or "websocket"; ""
+	// when unknown (JoinRequest).
+	Transport string
 	// HealthKind is the probe type reporting on the member: "tcp", "http", "func" or "none".
 	HealthKind string
 	// HasAlertWebhook says whether the member registered a tenant alert URL.
@@ -81,6 +84,7 @@ func (m *Member) info() MemberInfo {
 		Tenant:          m.Tenant,
 		Name:            m.Name,
 		Host:            m.Host,
+		Transport:       m.Transport,
 		HealthKind:      m.HealthKind,
 		HasAlertWebhook: m.AlertWebhook != "",
 		Healthy:         m.Healthy(),

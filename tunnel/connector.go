@@ -2,7 +2,6 @@ package tunnel
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -70,6 +69,9 @@ func dial(ctx context.Context, servers []string, retry bool, opts []Option) (*Se
 	if err := o.setupProxy(os.Getenv); err != nil {
 		return nil, err
 	}
+	if err := o.checkWebSocket(); err != nil {
+		return nil, err
+	}
 	log := o.log.With(zap.String("edge", servers[0]))
 	if len(servers) > 1 {
 		log = o.log.With(zap.Strings("edges", servers))
@@ -96,21 +98,9 @@ func dial(ctx context.Context, servers []string, retry bool, opts []Option) (*Se
 
 // connect dials the edge cand, runs yamux and the hello exchange.
 func (s *Session) connect(ctx context.Context, cand candidate) (*clientConn, error) {
-	raw, err := s.dialEdge(ctx, cand.addr, cand.proxy)
+	raw, err := s.openConn(ctx, cand) // TCP, TLS or WebSocket (connector_websocket.go)
 	if err != nil {
-		return nil, fmt.Errorf("tunnel: dial %s: %w", cand, err)
-	}
-	if cfg := s.opts.tlsConfig; cfg != nil {
-		cfg = cfg.Clone()
-		if cfg.ServerName == "" {
-			cfg.ServerName = cand.host // the name as given, also when an address of it is dialled
-		}
-		tc := tls.Client(raw, cfg)
-		if err := tc.HandshakeContext(ctx); err != nil {
-			_ = raw.Close()
-			return nil, fmt.Errorf("tunnel: TLS handshake with %s: %w", cand, err)
-		}
-		raw = tc
+		return nil, err
 	}
 	ym, err := mux.Client(raw, s.log)
 	if err != nil {
@@ -153,7 +143,7 @@ func (s *Session) connect(ctx context.Context, cand candidate) (*clientConn, err
 	case *wire.Welcome:
 		_ = ctrl.SetDeadline(time.Time{})
 		s.log.Info("connected to edge", zap.String("server", cand.String()), zap.String("session", m.SessionID), zap.String("region", m.RegionID),
-			zap.String("proxy", proxyName(cand.proxy)))
+			zap.String("proxy", proxyName(cand.proxy)), zap.String("transport", s.Transport()))
 		s.mu.Lock()
 		s.resumeID, s.resumeToken = m.SessionID, m.ResumeToken
 		s.mu.Unlock()

@@ -28,7 +28,7 @@ import (
 // tunnel is gone), they are not replaced until a TCP tunnel is registered again.
 //
 // Data connections are opened only when the control connection is a TCP (or TLS over TCP)
-// connection and the edge offered them (wire.DataTokenOf of its resume token): not over
+// connection, not a WebSocket, and the edge offered them (wire.DataTokenOf of its resume token): not over
 // in-memory pipes, not to old edges. They use the session's dialer and proxy (the one the
 // control connection went through, if any) and, when the control connection is TLS, TLS with
 // the same configuration (and a session cache, so that each new one resumes a TLS session
@@ -84,8 +84,8 @@ func (s *Session) startData(c *clientConn) {
 	if !ok {
 		return
 	}
-	if _, tcp := c.mux.RemoteAddr().(*net.TCPAddr); !tcp {
-		return
+	if _, tcp := c.mux.RemoteAddr().(*net.TCPAddr); !tcp || s.opts.wsSet {
+		return // over WebSocket, TCP tunnels' connections ride the session's streams
 	}
 	pre, err := wire.AppendDataPreamble(nil, wire.DataPreamble{SessionID: id, Token: token})
 	if err != nil {

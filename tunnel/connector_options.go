@@ -45,6 +45,10 @@ type dialOptions struct {
 	proxySet bool
 	proxyFor func(addr string) *url.URL
 	proxyTLS *tls.Config // of the connection to an https:// proxy; nil: system roots
+	// wsPath is WithWebSocket's path (wsSet: it was given): the session reaches the edge
+	// over a WebSocket (connector_websocket.go).
+	wsPath string
+	wsSet  bool
 }
 
 func defaultDialOptions() dialOptions {

@@ -135,6 +135,26 @@ type PublicHTTP struct {
 	// hold it.
 	ReadHeaderTimeout, IdleTimeout time.Duration
 	MaxHeaderBytes                 int
+	// WebSocketPath, when set (e.g. "/_warren/connect"), lets connectors reach the edge
+	// over a WebSocket on the public HTTPS listener (ServePublicTLS): an HTTP/1.1 upgrade
+	// (RFC 6455) at this path, for a connector behind a proxy or a CDN that passes only
+	// HTTPS (tunnel.WithWebSocket). The path is the edge's only on its own domain: a
+	// request whose Host is Domain (any port). A request for any other host, a tunnel's
+	// <subdomain>.<Domain> included, goes to its tunnel whatever its path. A session over
+	// WebSocket is a session as over the control listener: same token, same
+	// pre-authentication caps and throttles (the upgrade takes its place among the
+	// connections not yet authenticated: over a cap it is answered 503; the caps and the
+	// throttle count the TCP peer's address or, from a peer in TrustedProxies, the client
+	// its forwarding headers name, as X-Real-IP), same resume,
+	// health, drain and retry; its TCP tunnels' connections ride its yamux streams (no data
+	// connections). HTTP/2's extended CONNECT (RFC 8441) is not offered. "" (the default):
+	// off. It must begin with "/", be clean (no "..", "//" or trailing "/"), and hold no
+	// query, fragment, space or control character.
+	WebSocketPath string
+	// WebSocketOnHTTP serves WebSocketPath on the public HTTP listener (ServePublic) too,
+	// for an edge behind a proxy that terminates TLS and forwards in plain HTTP. Off by
+	// default: the connector's token would cross the network in the clear.
+	WebSocketOnHTTP bool
 }
 
 // RequestBodyLimits bounds public request bodies (ServerConfig.RequestBody).
@@ -272,7 +292,9 @@ type Timeouts struct {
 type PreAuthLimits struct {
 	// HelloTimeout bounds how long a new control connection may take, from its accept, to
 	// finish its TLS handshake, open its control stream and send its Hello; the connection is
-	// closed then. Default 5 s.
+	// closed then. Over WebSocket (Public.WebSocketPath) it runs from the upgrade: the TLS
+	// handshake and the request before it are the public listener's (ReadHeaderTimeout).
+	// Default 5 s.
 	HelloTimeout time.Duration
 	// MaxConns and MaxConnsPerIP cap the control connections whose Hello has not been
 	// accepted yet (TLS handshake, control stream, Hello, token check), in all and per
@@ -468,7 +490,8 @@ func (s StalledResponseLimits) withDefaults() StalledResponseLimits {
 
 // Validate reports the settings of c that NewServer refuses, each a *FieldError (joined when
 // there are several), or returns nil: a TCP port range out of order or outside 1-65535, a
-// TrustedProxies prefix that is not valid, an unknown Strategy (when NewStrategy is nil), an
+// TrustedProxies prefix that is not valid, a Public.WebSocketPath that is not a clean
+// absolute path, an unknown Strategy (when NewStrategy is nil), an
 // Alerts.WebhookURL that is not an absolute http(s) URL, and an endpoint that is malformed
 // or that reserves the route or the TCP port of another. Reload runs it too.
 func (c ServerConfig) Validate() error {
@@ -488,6 +511,7 @@ func (c ServerConfig) Validate() error {
 			errs = append(errs, fieldErr(fmt.Sprintf("Public.TrustedProxies[%d]", i), "is not a valid prefix"))
 		}
 	}
+	errs = append(errs, c.Public.validateWebSocket()...)
 	if c.LoadBalancing.NewStrategy == nil {
 		if _, err := dispatch.New(c.LoadBalancing.Strategy); err != nil {
 			errs = append(errs, fieldErr("LoadBalancing.Strategy", "%q is not a strategy; use %q or %q",

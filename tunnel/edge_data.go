@@ -85,9 +85,10 @@ func (e *edgeSession) welcomeToken(random string) string {
 }
 
 // attachData lets a new tunnel use the session's data connections, if it is a plain TCP
-// tunnel (TLS passthrough tunnels stay on yamux streams).
+// tunnel (TLS passthrough tunnels stay on yamux streams) of a session over TCP (a session
+// over WebSocket has none: its TCP connections ride yamux streams).
 func (e *edgeSession) attachData(t *edgeTunnel, proto group.Proto) {
-	if proto == group.ProtoTCP {
+	if proto == group.ProtoTCP && e.transport != TransportWebSocket {
 		t.data.SetDataConns(e.data.pool)
 	}
 }

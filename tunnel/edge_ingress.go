@@ -56,7 +56,9 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 // ServePublicTLS with the tunnel's name in the TLS ClientHello. Tests can serve it with
 // httptest. A server of the embedder's own lacks what ServePublic adds around it: the
 // listener's limits, and the close of an HTTP/1.x connection after an answer that left its
-// request body unread (without which net/http waits for that body with no deadline).
+// request body unread (without which net/http waits for that body with no deadline), and
+// the connectors' WebSocket path (ServerConfig.Public.WebSocketPath), which only the edge's
+// own public listeners serve.
 func (s *Server) Handler() http.Handler { return s.ingress.GuardTLSRoutes() }
 
 // HTTP/2 limits of the public listeners: what one client connection may hold of the edge.
@@ -83,13 +85,18 @@ const (
 // then. The public server has read-header and idle timeouts and a header size limit, so a
 // slow client cannot hold others. With ServerConfig.Public.H2C it also serves HTTP/2 with
 // prior knowledge (h2c); without it, such a client is refused with an HTTP/2 GOAWAY
-// (HTTP_1_1_REQUIRED).
+// (HTTP_1_1_REQUIRED). With ServerConfig.Public.WebSocketOnHTTP it accepts connectors over
+// WebSocket too (PublicHTTP.WebSocketPath).
 func (s *Server) ServePublic(l net.Listener) error {
 	s.httpPort.CompareAndSwap(0, int32(portOf(l.Addr())))
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(s.cfg.Public.H2C)
-	return s.serveHTTP(l, s.Handler(), &p, 0, true)
+	h := s.Handler()
+	if s.cfg.Public.WebSocketOnHTTP {
+		h = withConnectorWebSocket(s, h)
+	}
+	return s.serveHTTP(l, h, &p, 0, true)
 }
 
 // ServePublicTLS serves public HTTPS on l with ServerConfig.TLSConfig, offering HTTP/2 ("h2"
@@ -107,6 +114,9 @@ func (s *Server) ServePublic(l net.Listener) error {
 // connection is served here as if nothing had been read: TLS terminated with TLSConfig,
 // routed by Host (an unknown name gets 404, as before); a handshake naming a tls pool that
 // reaches this server anyway fails, never terminated with the edge's certificate.
+//
+// With ServerConfig.Public.WebSocketPath it also accepts connectors over WebSocket at that
+// path on the edge's own domain (PublicHTTP.WebSocketPath says which requests).
 func (s *Server) ServePublicTLS(l net.Listener) error {
 	if s.cfg.TLSConfig == nil {
 		return errors.New("tunnel: ServePublicTLS needs ServerConfig.TLSConfig")
@@ -120,7 +130,7 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 		cfg = withALPN(cfg, "h2", "http/1.1")
 	}
 	pl := s.ingress.PassthroughListener(l, proxy.PassthroughOptions{HelloTimeout: s.cfg.Public.ReadHeaderTimeout, Go: s.spawn})
-	return s.serveHTTP(tls.NewListener(pl, cfg), s.Handler(), &p, 0, true)
+	return s.serveHTTP(tls.NewListener(pl, cfg), withConnectorWebSocket(s, s.Handler()), &p, 0, true)
 }
 
 // refusePassthroughNames returns the configuration to serve the embedder's cfg with on the

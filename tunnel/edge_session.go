@@ -39,6 +39,9 @@ type edgeSession struct {
 	mux    *yamux.Session
 	log    *zap.Logger
 	tenant string
+	// transport is how the connector reached the edge: TransportTCP or TransportWebSocket
+	// (set before the session runs, then only read).
+	transport string
 	// counted is set while the session counts against its tenant's max_sessions.
 	counted atomic.Bool
 
@@ -165,6 +168,7 @@ func (e *edgeSession) run() error {
 	}
 	e.preAuth.Release()
 	e.welcomed = true
+	e.srv.sessionsBy.of(e.transport).Add(1)
 	if hello.HasFeature(wire.FeatureStreamReset) {
 		e.resets = &mux.ResetSender{
 			Send: func(ids []uint32) error { return e.send(&wire.Reset{Streams: ids}) },
@@ -187,7 +191,7 @@ func (e *edgeSession) run() error {
 	if err := e.send(&wire.Welcome{Version: wire.Version, SessionID: e.id, RegionID: e.srv.cfg.RegionID, ResumeToken: token}); err != nil {
 		return err
 	}
-	e.log.Info("connector connected", zap.String("tenant", e.tenant), zap.String("client", hello.Client))
+	e.log.Info("connector connected", zap.String("tenant", e.tenant), zap.String("client", hello.Client), zap.String("transport", e.transport))
 
 	for {
 		msg, err := wire.ReadFrame(ctrl)
@@ -318,6 +322,9 @@ func (e *edgeSession) end(err error) {
 	}
 	if e.counted.Swap(false) {
 		e.srv.routes.give(e.srv.routes.sessions, e.tenant)
+	}
+	if e.welcomed {
+		e.srv.sessionsBy.of(e.transport).Add(-1)
 	}
 	e.data.pool.Close()
 	_ = e.mux.Close()

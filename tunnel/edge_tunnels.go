@@ -135,8 +135,9 @@ func (e *edgeSession) addTunnel(m *wire.Register) (*edgeTunnel, error) {
 		Tenant:  e.tenant,
 		Session: e.id,
 		// Shown beside the member's id; bounded and made plain text here, never refused.
-		Name: wire.CleanDisplay(m.Name, wire.MaxNameLen),
-		Host: wire.CleanDisplay(m.Host, wire.MaxHostLen),
+		Name:      wire.CleanDisplay(m.Name, wire.MaxNameLen),
+		Host:      wire.CleanDisplay(m.Host, wire.MaxHostLen),
+		Transport: e.transport,
 	}
 	if err := checkRoute(m.Proto, req.Label, s.cfg.TLSConfig != nil); err != nil {
 		return nil, err

@@ -56,6 +56,9 @@ type Counters struct {
 	// StalledResponseBytes is what the responses whose client is not keeping up are
 	// charged now (what they may hold at the edge).
 	StalledResponseBytes int64
+	// Sessions counts the connector sessions attached now (their Hello accepted), by
+	// transport: TransportTCP and TransportWebSocket (each has an entry, zero or not).
+	Sessions map[string]int64
 }
 
 // Counters reads the edge's counters now.
@@ -70,6 +73,10 @@ func (o Operator) Counters() Counters {
 		Deliveries:           s.alerts.deliveries(),
 		ResponsesCut:         s.cuts.ByReason(),
 		StalledResponseBytes: s.ingress.StalledBytes(),
+		Sessions: map[string]int64{
+			TransportTCP:       s.sessionsBy.tcp.Load(),
+			TransportWebSocket: s.sessionsBy.websocket.Load(),
+		},
 	}
 }
 

@@ -89,6 +89,8 @@ type Server struct {
 	cuts proxy.CutCounts
 	// data holds the data connections' counters (edge_data.go).
 	data edgeData
+	// sessionsBy counts the authenticated connector sessions by transport (metrics).
+	sessionsBy sessionCounts
 
 	wg sync.WaitGroup // every goroutine the server starts
 	// publicConns counts the public HTTP connections whose net/http goroutines are still
@@ -316,13 +318,21 @@ func (s *Server) ServeConn(c net.Conn) error {
 		_ = c.Close()
 		return err
 	}
+	return serveSession(s, c, slot, by, TransportTCP)
+}
+
+// serveSession serves a connector session over c, which holds slot among the connections
+// not yet authenticated and must have sent its Hello by helloBy, and returns when the session
+// ends. It closes c.
+func serveSession(s *Server, c net.Conn, slot *throttle.Slot, helloBy time.Time, transport string) error {
 	sess, err := newEdgeSession(s, c, slot)
 	if err != nil {
 		slot.Release()
 		_ = c.Close()
 		return err
 	}
-	sess.helloBy = by // from the accept, not from the sniff
+	sess.helloBy = helloBy // from the accept, not from the sniff
+	sess.transport = transport
 	return sess.serve()
 }
 

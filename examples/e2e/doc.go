@@ -13,7 +13,12 @@
 // status page in headless Chromium (browser_test.go; skipped without Chromium unless
 // WARREN_REQUIRE_BROWSER is set). gRPC through HTTP, HTTPS and TLS passthrough tunnels runs
 // with grpc-go against an edge and connectors in this process, on the library's public API
-// (grpc_test.go, inproc_test.go).
+// (grpc_test.go, inproc_test.go). The nemesis (nemesis_test.go, issue 28) runs three edges,
+// a three-node NATS cluster (nats-server processes, JetStream on disk) and two tenants'
+// connectors as processes under a seeded schedule of kills and stops, records every request
+// and TCP connection in a history and checks it: no answer from another tenant's member, no
+// TCP port leading to two pools, failures only in a fault's window, the cluster converged
+// after the last fault.
 //
 // It is a module of its own (a replace points it at the library), so that the library's
 // go.mod does not require chromedp or grpc-go; the binaries are built in the library's

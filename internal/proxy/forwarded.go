@@ -437,3 +437,16 @@ func dropSpoofable(h http.Header, viaProxy bool) {
 		}
 	}
 }
+
+// ClientOf returns the address of r's client as the edge believes it, as X-Real-IP says it
+// to members: the TCP peer's, or, when the peer is one of the trusted proxies
+// (ServerConfig.Public.TrustedProxies), the right-most address of its forwarding chain that
+// is not a trusted proxy's. The zero Addr when r's RemoteAddr holds none.
+func ClientOf(r *http.Request, trusted []netip.Prefix) netip.Addr {
+	peer := peerAddr(r.RemoteAddr)
+	t := newTrustedProxies(trusted)
+	if !t.contains(peer) {
+		return peer
+	}
+	return realClient(r.Header, peer, t).Unmap().WithZone("")
+}

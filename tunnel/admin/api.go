@@ -34,6 +34,10 @@ type TunnelInfo struct {
 	// '-' and '_'; at most 63 and 253 bytes.
 	Name string `json:"name"`
 	Host string `json:"host"`
+	// Transport is how the tunnel's connector session reaches the edge: "tcp" (the control
+	// listener) or "websocket" (the public HTTPS listener's WebSocket path); absent when
+	// unknown (another edge's member).
+	Transport string `json:"transport,omitempty"`
 	// Healthy is the tunnel's health bit.
 	Healthy bool `json:"healthy"`
 	// Draining is set once the tunnel takes no new requests.
@@ -103,6 +107,8 @@ type GroupMember struct {
 	// TunnelInfo ("" when the connector did not say).
 	Name string `json:"name"`
 	Host string `json:"host"`
+	// Transport is how the member's connector session reaches the edge, as in TunnelInfo.
+	Transport string `json:"transport,omitempty"`
 	// Healthy is the member's health bit.
 	Healthy bool `json:"healthy"`
 	// Draining is set once the member takes no new requests.
@@ -214,6 +220,7 @@ func (p *Plane) tunnelInfo(g group.Info, m group.MemberInfo) TunnelInfo {
 		Tenant:        m.Tenant,
 		Name:          m.Name,
 		Host:          m.Host,
+		Transport:     m.Transport,
 		Healthy:       m.Healthy,
 		Draining:      m.Draining,
 		ActiveStreams: m.Active,
@@ -314,6 +321,7 @@ func (p *Plane) apiGroups(w http.ResponseWriter, r *http.Request) {
 				Tenant:          m.Tenant,
 				Name:            m.Name,
 				Host:            m.Host,
+				Transport:       m.Transport,
 				Healthy:         m.Healthy,
 				Draining:        m.Draining,
 				ActiveStreams:   m.Active,

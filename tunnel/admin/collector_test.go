@@ -72,6 +72,18 @@ warren_http_responses_cut_total{reason="stall_timeout"} 2
 		}
 	}
 	require.Equal(t, float64(3<<22), stalled, "warren_http_stalled_response_bytes")
+
+	// The connector sessions attached now, by transport, each with a series from the start.
+	const helpSessions = `# HELP warren_connector_sessions Connector sessions attached to this edge now (their token accepted), by transport: tcp (the control listener) or websocket (the public HTTPS listener's WebSocket path).
+# TYPE warren_connector_sessions gauge
+`
+	require.NoError(t, testutil.GatherAndCompare(p.Gatherer(), strings.NewReader(helpSessions+`warren_connector_sessions{transport="tcp"} 0
+warren_connector_sessions{transport="websocket"} 0
+`), "warren_connector_sessions"))
+	stats.Sessions = map[string]int64{"tcp": 3, "websocket": 2}
+	require.NoError(t, testutil.GatherAndCompare(p.Gatherer(), strings.NewReader(helpSessions+`warren_connector_sessions{transport="tcp"} 3
+warren_connector_sessions{transport="websocket"} 2
+`), "warren_connector_sessions"))
 }
 
 // An edge of a cluster: the per-group series count every member the edge sees, its own and

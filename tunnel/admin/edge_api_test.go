@@ -58,6 +58,7 @@ func TestAPIListsTunnelsAndGroups(t *testing.T) {
 	require.True(t, a.Healthy, "a member without a probe is healthy")
 	require.False(t, a.Draining)
 	require.Equal(t, "none", a.HealthKind)
+	require.Equal(t, tunnel.TransportTCP, a.Transport, "its connector's session came over TCP")
 	require.Equal(t, ta.URL(), a.URL)
 	require.WithinDuration(t, time.Now(), a.JoinedAt, time.Minute)
 	s := byID[solo.ID()]
@@ -95,6 +96,7 @@ func TestAPIListsTunnelsAndGroups(t *testing.T) {
 	require.True(t, web.Members[0].HasAlertWebhook)
 	require.False(t, web.Members[1].HasAlertWebhook)
 	require.True(t, web.Members[0].Healthy)
+	require.Equal(t, tunnel.TransportTCP, web.Members[0].Transport)
 	require.Zero(t, web.Members[0].ActiveStreams)
 	require.Equal(t, tunnel.ProtoTCP, tcp.Protocol)
 	require.Equal(t, "db", tcp.Label)

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/tunnel"
 	"github.com/warren-tunnel/warren/webhook"
 )
 
@@ -24,6 +25,7 @@ type collector struct {
 	activeTunnels, requests, webhookDelivery  *prometheus.Desc
 	retries, ejections                        *prometheus.Desc
 	responsesCut, stalledBytes                *prometheus.Desc
+	sessions                                  *prometheus.Desc
 	clusterMembers, clusterEdges, clusterNATS *prometheus.Desc // only in a cluster
 
 	mu      sync.Mutex
@@ -64,6 +66,9 @@ func newCollector(cfg config) *collector {
 		stalledBytes: prometheus.NewDesc("warren_http_stalled_response_bytes",
 			"What the public HTTP responses whose client is not keeping up may hold at the edge now, as charged to the edge's budget (each its member stream's window, or the rest of its body if shorter).",
 			nil, nil),
+		sessions: prometheus.NewDesc("warren_connector_sessions",
+			"Connector sessions attached to this edge now (their token accepted), by transport: tcp (the control listener) or websocket (the public HTTPS listener's WebSocket path).",
+			[]string{"transport"}, nil),
 		ejections: prometheus.NewDesc("warren_member_ejections_total",
 			"Members of the groups with this name ejected by passive outlier detection (streams failing in a row).",
 			[]string{"group"}, region),
@@ -106,7 +111,7 @@ func (c *collector) observe(ev group.Event) {
 
 // Describe implements prometheus.Collector.
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.members, c.dispatches, c.failures, c.activeTunnels, c.requests, c.webhookDelivery, c.retries, c.ejections, c.responsesCut, c.stalledBytes} {
+	for _, d := range []*prometheus.Desc{c.members, c.dispatches, c.failures, c.activeTunnels, c.requests, c.webhookDelivery, c.retries, c.ejections, c.responsesCut, c.stalledBytes, c.sessions} {
 		ch <- d
 	}
 	if c.cfg.Cluster != nil {
@@ -207,6 +212,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.responsesCut, prometheus.CounterValue, float64(n), reason)
 	}
 	ch <- prometheus.MustNewConstMetric(c.stalledBytes, prometheus.GaugeValue, float64(stats.StalledResponseBytes))
+	for _, tr := range []string{tunnel.TransportTCP, tunnel.TransportWebSocket} {
+		// every transport has a series from the start
+		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(stats.Sessions[tr]), tr)
+	}
 	deliveries := maps.Clone(stats.Deliveries)
 	if deliveries == nil {
 		deliveries = map[webhook.Result]uint64{}

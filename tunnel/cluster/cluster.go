@@ -82,6 +82,10 @@ type Cluster struct {
 	// (unix nanoseconds): a watch that stopped delivering (its consumer was on a NATS node
 	// that went away) shows as renewals written but not seen (edge_cluster_remote.go).
 	selfSeen atomic.Int64
+	// watchesRestarted is when viewFresh last restarted the watches for missing this edge's
+	// own renewals (unix nanoseconds): until the restarted leases watch delivers a renewal
+	// (selfSeen after it), the view is not fresh.
+	watchesRestarted atomic.Int64
 	// membersRev is the last revision the members watch delivered; membersPrev is the
 	// members stream's last sequence at the previous heartbeat, and membersBorn its creation
 	// time then (both heartbeat's own).
@@ -197,6 +201,15 @@ func (c *Cluster) Join(edge tunnel.ClusterEdge) (store.Store, error) {
 			nats.MaxReconnects(-1),
 			nats.ReconnectWait(250 * time.Millisecond),
 			nats.Timeout(c.cfg.Timeout),
+			// A NATS server that hangs (a frozen host, a process stopped) keeps its TCP
+			// connection: the client would leave it only after two unanswered pings, by
+			// default two minutes apart, while this edge's lease lapsed on the others and it
+			// refused every registration, the cluster's other nodes serving all along. With a
+			// ping every sixth of a lease (at least 250 ms apart, so that a short lease on a
+			// busy machine does not make it leave live servers), it moves to another node
+			// within half a lease.
+			nats.PingInterval(max(c.cfg.LeaseTTL/6, 250*time.Millisecond)),
+			nats.MaxPingsOutstanding(2),
 		}, c.cfg.NATSOptions...)
 		nc, err := nats.Connect(strings.Join(c.cfg.NATSURLs, ","), opts...)
 		if err != nil {

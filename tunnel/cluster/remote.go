@@ -270,25 +270,40 @@ func (c *Cluster) restartWatches() {
 // viewFresh reports whether this edge's leases watch delivered its own last renewals: when
 // it did not (NATS lost, or the watch stalled), no other edge's lease is taken for lapsed on
 // its evidence; the edge keeps the remote members it knows and can reach, and a stalled
-// watch is restarted.
+// watch is restarted (at most every LeaseTTL/2). A restarted watch makes the view fresh
+// only once it delivered a renewal of this edge: restarting it is no evidence (before, the
+// restart itself counted as a renewal seen, and the next check took every edge whose
+// renewals the stalled watch had missed for lapsed; issue 28's nemesis, a NATS node killed).
 func (c *Cluster) viewFresh() bool {
-	stale := time.Since(time.Unix(0, c.selfSeen.Load()))
-	if stale < c.cfg.LeaseTTL/2 {
+	seen, restarted := c.selfSeen.Load(), c.watchesRestarted.Load()
+	stale := time.Since(time.Unix(0, seen))
+	if stale < c.cfg.LeaseTTL/2 && seen > restarted {
 		return true
 	}
-	if c.leaseOK.Load() && c.connected.Load() {
+	if c.leaseOK.Load() && c.connected.Load() && stale >= c.cfg.LeaseTTL/2 &&
+		time.Since(time.Unix(0, restarted)) >= c.cfg.LeaseTTL/2 {
 		// Renewals are written but not seen: restart the watches, and give them a while.
 		c.log.Warn("the leases watch missed this edge's own renewals: restarting the watches", zap.Duration("for", stale))
-		c.selfSeen.Store(time.Now().UnixNano())
+		c.watchesRestarted.Store(time.Now().UnixNano())
 		c.restartWatches()
 	}
 	return false
+}
+
+// lapsed reports whether remote edge e's lease lapsed, now, on this edge's evidence: no
+// renewal of it seen for LeaseTTL, while this edge's view was fresh (since freshSince)
+// for LeaseTTL too. An edge is blamed only for renewals this edge could have seen: a
+// watch that stalled and was restarted delivers the others' renewals again only some time
+// after it delivered this edge's own.
+func (c *Cluster) lapsed(e *remoteEdge, now, freshSince time.Time) bool {
+	return !e.expired && now.Sub(e.lastSeen) >= c.cfg.LeaseTTL && now.Sub(freshSince) >= c.cfg.LeaseTTL
 }
 
 // checkLeases expires the edges whose lease was not renewed for LeaseTTL.
 func (c *Cluster) checkLeases() {
 	t := time.NewTicker(max(c.cfg.LeaseTTL/10, 50*time.Millisecond))
 	defer t.Stop()
+	var freshSince time.Time // zero while the view is not fresh
 	for {
 		select {
 		case <-c.ctx.Done():
@@ -296,11 +311,16 @@ func (c *Cluster) checkLeases() {
 		case <-t.C:
 		}
 		if !c.viewFresh() {
+			freshSince = time.Time{}
 			continue
+		}
+		now := time.Now()
+		if freshSince.IsZero() {
+			freshSince = now
 		}
 		c.remote.mu.Lock()
 		for _, e := range c.remote.edges {
-			if !e.expired && time.Since(e.lastSeen) >= c.cfg.LeaseTTL {
+			if c.lapsed(e, now, freshSince) {
 				e.expired = true
 				c.log.Warn("edge lease lapsed: its members leave", zap.String("edge", e.id), zap.Int("members", len(e.joined)))
 				if e.link != nil {

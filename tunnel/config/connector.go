@@ -40,7 +40,8 @@ type Connector struct {
 	// File is the name the configuration was parsed from; it prefixes every
 	// error that Validate returns.
 	File string `yaml:"-"`
-	// Server is the edge's control address, "host:port". Exactly one of
+	// Server is the edge's control address, "host:port"; with Transport websocket, the
+	// URL of its WebSocket, "wss://edge.example.com/_warren/connect". Exactly one of
 	// Server and Servers is set.
 	Server string `yaml:"server"`
 	// Servers are the control addresses of several edges serving the same
@@ -49,6 +50,11 @@ type Connector struct {
 	// and moves to the next when its edge is lost. Exactly one of Server and
 	// Servers is set.
 	Servers []string `yaml:"servers"`
+	// Transport is how the connector reaches its edges (transport): TransportTCP ("tcp",
+	// the default; "" means the same) or TransportWebSocket ("websocket": Server and
+	// Servers are ws:// or wss:// URLs, all with the same scheme and path). "quic" is
+	// refused: not supported yet.
+	Transport string `yaml:"transport"`
 	// AuthToken is presented to the edge; empty for none.
 	AuthToken string `yaml:"auth_token"`
 	// TLS says how to reach the edge; TLS.Enabled is false for plain TCP.
@@ -250,7 +256,7 @@ func parseConnector(file string, data []byte, dir string) (*Connector, error) {
 		return nil, ErrorList{perr}
 	}
 	r := newReporter(file)
-	cfg := &Connector{File: file, DrainTimeout: tunnel.DefaultDrainTimeout}
+	cfg := &Connector{File: file, DrainTimeout: tunnel.DefaultDrainTimeout, Transport: TransportTCP}
 	nested := r.yamlFields(root, "", cfg)
 	if n := nested["tls"]; n != nil {
 		cfg.TLS.Enabled = n.Kind == yaml.MappingNode
@@ -272,6 +278,7 @@ func parseConnector(file string, data []byte, dir string) (*Connector, error) {
 		t.PreviousGroupKeys = r.yamlStrings(nested["previous_group_keys"], joinKey(key, "previous_group_keys"))
 		cfg.Tunnels = append(cfg.Tunnels, t)
 	}
+	cfg.wsDefaults(nested["tls"] != nil)
 	if cfg.TLS.Enabled && cfg.TLS.ServerName == "" && hostPortProblem(cfg.Server) == "" {
 		cfg.TLS.ServerName, _, _ = net.SplitHostPort(cfg.Server)
 	}
@@ -294,7 +301,8 @@ func (c *Connector) Validate() error {
 	return r.err()
 }
 
-// Edges returns the edge addresses to dial: Servers, or Server alone.
+// Edges returns the edges the file names: Servers, or Server alone (host:port each, or URLs
+// with transport websocket; DialOptions and DialAddrs turn those into what tunnel.Dial takes).
 func (c *Connector) Edges() []string {
 	if c.Servers != nil {
 		return c.Servers
@@ -302,14 +310,24 @@ func (c *Connector) Edges() []string {
 	return []string{c.Server}
 }
 
-// DialOptions are the options of a session with the edges the file names (Edges): its token,
-// drain timeout, data connections' receive buffer, host name (when given), its proxy
+// DialAddrs are the addresses to give tunnel.Dial or tunnel.DialServers: Edges, with each
+// websocket URL as its host:port (the port of its scheme when it has none).
+func (c *Connector) DialAddrs() []string {
+	addrs, _ := c.dialEdges()
+	return addrs
+}
+
+// DialOptions are the options of a session with the edges the file names (DialAddrs): its
+// transport (tunnel.WithWebSocket with the URLs' path for websocket), token, drain timeout,
+// data connections' receive buffer, host name (when given), its proxy
 // (proxy_url; none given: the environment's, tunnel.Dial's default) and, with TLS, the TLS
 // settings (the CA bundle of tls.ca_path loaded). Add the program's own (tunnel.WithLogger).
 // Its error names the file.
 func (c *Connector) DialOptions() ([]tunnel.Option, error) {
 	opts := []tunnel.Option{tunnel.WithToken(c.AuthToken), tunnel.WithDrainTimeout(c.DrainTimeout),
 		tunnel.WithDataReadBuffer(c.DataReadBuffer)}
+	_, ws := c.dialEdges()
+	opts = append(opts, ws...)
 	if c.Hostname != "" {
 		opts = append(opts, tunnel.WithHostname(c.Hostname))
 	}
@@ -362,8 +380,9 @@ func (c *Connector) validate(r *reporter) {
 	case c.Server == "":
 		r.add("server", ErrRequired, "must not be empty: the edge's control address as host:port, e.g. \"tunnel.example.com:4040\"")
 	default:
-		r.invalid("server", hostPortProblem(c.Server))
+		r.invalid("server", c.edgeProblem(c.Server))
 	}
+	c.validateTransport(r)
 
 	if c.TLS.Enabled {
 		r.invalid("tls.ca_path", checkFile(c.TLS.CAPath))
@@ -424,7 +443,7 @@ func (c *Connector) validateServers(r *reporter) {
 			continue
 		}
 		seen[s] = i
-		r.invalid(key, hostPortProblem(s))
+		r.invalid(key, c.edgeProblem(s))
 	}
 }
 

@@ -67,6 +67,7 @@ func TestClientDefaults(t *testing.T) {
 	require.Equal(t, &config.Connector{
 		File:         "config.yml",
 		Server:       "localhost:4040",
+		Transport:    "tcp",
 		DrainTimeout: 30 * time.Second,
 		Tunnels:      []config.Tunnel{{Name: "a", Proto: "tcp", LocalHost: "127.0.0.1", LocalPort: 3000}},
 	}, cfg)
@@ -129,6 +130,7 @@ tunnels:
 	require.Equal(t, &config.Connector{
 		File:           "c.yml",
 		Server:         "[::1]:7000",
+		Transport:      "tcp",
 		AuthToken:      "tok",
 		TLS:            config.ConnectorTLS{Enabled: true, CAPath: ca, ServerName: "edge.example.org"},
 		DrainTimeout:   50 * time.Millisecond,
@@ -369,7 +371,7 @@ func TestClientUnknownKeys(t *testing.T) {
 		want want
 	}{
 		{"root", "serverAddr: x\n" + tunnelDoc("proto: tcp", "local_port: 1"),
-			want{1, "serverAddr", config.ErrUnknownKey, "unknown key; expected one of: auth_token, control_socket, data_read_buffer, drain_timeout_secs, hostname, proxy_url, server, servers, tls, tunnels"}},
+			want{1, "serverAddr", config.ErrUnknownKey, "unknown key; expected one of: auth_token, control_socket, data_read_buffer, drain_timeout_secs, hostname, proxy_url, server, servers, tls, transport, tunnels"}},
 		{"proxy typo", "proxy_ur: http://p:3128\n" + tunnelDoc("proto: tcp", "local_port: 1"),
 			want{1, "proxy_ur", config.ErrUnknownKey, `did you mean "proxy_url"?`}},
 		{"root typo", "auth_tokn: x\n" + tunnelDoc("proto: tcp", "local_port: 1"),

@@ -125,6 +125,8 @@ var serverFields = fieldKeys{
 	"TCP.Ports":              {key: "limits.tcp_port_range"},
 	"LoadBalancing.Strategy": {key: "load_balancing.strategy"},
 	"Alerts.WebhookURL":      {key: "load_balancing.alert_webhook_url"},
+	"Public.WebSocketPath":   {key: "server.websocket_path"},
+	"Public.WebSocketOnHTTP": {key: "server.websocket_on_http"},
 }
 
 // endpointFields are the fields of tunnel.Endpoint, by the key of an [[endpoints]] entry.

@@ -169,6 +169,8 @@ func fileDiff(start, next *Server) []Change {
 		{"server.region_id", s.RegionID, n.RegionID, "alerts and metrics name the edge with it"},
 		{"server.state_dir", s.StateDir, n.StateDir, "the route store stays open where it is"},
 		{"server.data_read_buffer", s.DataReadBuffer, n.DataReadBuffer, "data connections are accepted with the value the edge started with"},
+		{"server.websocket_path", s.WebSocketPath, n.WebSocketPath, "the public listeners serve the path they started with"},
+		{"server.websocket_on_http", s.WebSocketOnHTTP, n.WebSocketOnHTTP, "the public listeners serve the path they started with"},
 		{"tls", start.TLS.Enabled(), next.TLS.Enabled(), "TLS on the control listener is on or off for good (changed files are loaded again while it stays on)"},
 		{"auth.require_auth", start.Auth.RequireAuth, next.Auth.RequireAuth, "authentication is on or off for good"},
 	} {

@@ -96,3 +96,13 @@ func TestReloadCluster(t *testing.T) {
 	three := parse(t, base+strings.Replace(clusterTable("nats://127.0.0.1:4222", "a", 7443, "[cluster.tls]\nca_path = \"\"\n"), "lease_secs = 1", "lease_secs = 2", 1))
 	require.Equal(t, []string{"cluster.lease_secs (1s -> 2s): the edge joined the cluster with it; restart the edge to apply it"}, lines(fileDiff(one, three)))
 }
+
+// TestReloadWebSocketPath: a changed websocket_path is reported as not applied.
+func TestReloadWebSocketPath(t *testing.T) {
+	start := parse(t, "[server]\ndomain = \"localhost\"\n")
+	next := parse(t, "[server]\ndomain = \"localhost\"\nwebsocket_path = \"/_warren/connect\"\nwebsocket_on_http = true\n")
+	require.Equal(t, []string{
+		"server.websocket_path ( -> /_warren/connect): the public listeners serve the path they started with; restart the edge to apply it",
+		"server.websocket_on_http (false -> true): the public listeners serve the path they started with; restart the edge to apply it",
+	}, lines(fileDiff(start, next)))
+}

@@ -169,6 +169,16 @@ type ServerSection struct {
 	// default) leaves it to the kernel. For long links to connectors; see
 	// tunnel.ServerConfig.DataReadBuffer.
 	DataReadBuffer int `toml:"data_read_buffer"`
+	// WebSocketPath, e.g. "/_warren/connect", lets connectors reach the edge over a
+	// WebSocket at this path of the public HTTPS port (transport: websocket in their file),
+	// for connectors behind a proxy or CDN that passes only HTTPS; "" (the default): off.
+	// The path is the edge's only on the bare domain (Host = domain): on a tunnel's
+	// <subdomain>.<domain> the same path is the tunnel's. See
+	// tunnel.PublicHTTP.WebSocketPath.
+	WebSocketPath string `toml:"websocket_path"`
+	// WebSocketOnHTTP serves websocket_path on the public HTTP port too, for an edge
+	// behind a proxy that terminates TLS; default false (a token would cross in the clear).
+	WebSocketOnHTTP bool `toml:"websocket_on_http"`
 }
 
 // Addr returns the "host:port" to listen on for port on the Bind address,
@@ -659,6 +669,12 @@ func (c *Server) validatePorts(r *reporter) {
 	}
 	if s.HTTPSPort > 0 && !c.TLS.Enabled() {
 		r.add("server.https_port", ErrInvalid, "port %d needs a [tls] table with cert_path and key_path", s.HTTPSPort)
+	}
+	switch {
+	case s.WebSocketOnHTTP && s.HTTPPort == 0:
+		r.add("server.websocket_on_http", ErrInvalid, "serves websocket_path on the public HTTP port: set server.http_port")
+	case s.WebSocketPath != "" && s.HTTPSPort == 0 && !s.WebSocketOnHTTP:
+		r.add("server.websocket_path", ErrInvalid, "is served on the public HTTPS port: set server.https_port (with [tls]), or websocket_on_http = true behind a proxy that terminates TLS")
 	}
 	if s.RegionID == "" {
 		r.add("server.region_id", ErrInvalid, "must not be empty (leave it out for the default \"local\")")

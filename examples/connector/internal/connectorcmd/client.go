@@ -204,6 +204,9 @@ func printStatus(w io.Writer, st *StatusReply) {
 	if st.Proxy != "" {
 		fmt.Fprintf(w, "proxy:      %s\n", st.Proxy)
 	}
+	if st.Transport != "" {
+		fmt.Fprintf(w, "transport:  %s\n", st.Transport)
+	}
 	fmt.Fprintf(w, "connector:  pid %d, up since %s, config %s\n", st.PID, st.Started.Local().Format(time.DateTime), st.Config)
 	fmt.Fprintf(w, "socket:     %s\n\n", st.Socket)
 	if len(st.Tunnels) == 0 {

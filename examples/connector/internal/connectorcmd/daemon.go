@@ -391,6 +391,7 @@ func (d *Daemon) status() StatusReply {
 		addr = ""
 	}
 	st := StatusReply{PID: os.Getpid(), Config: file, Socket: d.socket, Edge: edge, EdgeAddr: addr, Servers: servers, Proxy: d.sess.Proxy(),
+		Transport:  d.sess.Transport(),
 		Connected:  d.sess.Connected(),
 		Reconnects: d.sess.Reconnects(), Started: d.started.UTC().Truncate(time.Second), Tunnels: []TunnelStatus{}}
 	add := func(e *entry, draining bool) {
@@ -491,11 +492,11 @@ func (d *Daemon) reload(next *config.Connector) (lines []string, failed bool) {
 	}
 	applied := &config.Connector{}
 	*applied = *next
-	// Not applied (restartDiff says so): the session keeps its edges, token, TLS settings,
+	// Not applied (restartDiff says so): the session keeps its edges, transport, token, TLS settings,
 	// drain timeout, data connections' buffer and proxy, and the control socket stays where
 	// it is.
 	// What runs is kept, so that the next reload compares with it.
-	applied.Server, applied.Servers = prev.Server, prev.Servers
+	applied.Server, applied.Servers, applied.Transport = prev.Server, prev.Servers, prev.Transport
 	applied.AuthToken, applied.TLS, applied.DrainTimeout = prev.AuthToken, prev.TLS, prev.DrainTimeout
 	applied.DataReadBuffer, applied.ControlSocket, applied.ProxyURL = prev.DataReadBuffer, prev.ControlSocket, prev.ProxyURL
 	applied.Tunnels = nil
@@ -647,6 +648,9 @@ func notAppliedSettings(prev, next *config.Connector) []string {
 	if was, now := strings.Join(prev.Edges(), ", "), strings.Join(next.Edges(), ", "); was != now {
 		out = append(out, fmt.Sprintf("server (%s -> %s): the connector keeps its session with %s; restart it to move", was, now, was))
 	}
+	if was, now := transportOf(prev), transportOf(next); was != now {
+		out = append(out, fmt.Sprintf("transport (%s -> %s): the session keeps the transport it connected over; restart the connector to change it", was, now))
+	}
 	if prev.AuthToken != next.AuthToken {
 		out = append(out, "auth_token: the session keeps the token it connected with; restart the connector to change it")
 	}
@@ -733,4 +737,12 @@ func TunnelError(name string, err error) string {
 		return fmt.Sprintf("tunnel %s rejected: %s", name, rej.Message)
 	}
 	return fmt.Sprintf("tunnel %s: %v", name, err)
+}
+
+// transportOf is the transport of c: "" is tcp, the default.
+func transportOf(c *config.Connector) string {
+	if c.Transport == "" {
+		return config.TransportTCP
+	}
+	return c.Transport
 }

@@ -38,3 +38,16 @@ func TestProxyInStatusAndReload(t *testing.T) {
 		&config.Connector{Server: "a:1", ProxyURL: "http://u:new@p:3128"})
 	require.Equal(t, []string{"proxy_url: the session keeps the proxy it connected through; restart the connector to change it"}, got)
 }
+
+// TestTransportInStatusAndReload: the status table says how the session reaches the edge,
+// and a reload that changes transport says it needs a restart.
+func TestTransportInStatusAndReload(t *testing.T) {
+	var b strings.Builder
+	printStatus(&b, &StatusReply{Edge: "edge.example.com:443", Transport: "websocket", Connected: true})
+	require.Contains(t, b.String(), "transport:  websocket\n")
+
+	require.Empty(t, notAppliedSettings(&config.Connector{Server: "a:1"}, &config.Connector{Server: "a:1", Transport: "tcp"}), "tcp is the default")
+	got := notAppliedSettings(&config.Connector{Server: "a:1"},
+		&config.Connector{Server: "wss://a/ws", Transport: "websocket"})
+	require.Contains(t, got, "transport (tcp -> websocket): the session keeps the transport it connected over; restart the connector to change it")
+}

@@ -142,7 +142,7 @@ func Run(ctx context.Context, s Start) int {
 // session's reconnect backoff until one answers or ctx ends, each failure logged; with
 // failFast the first failed dial is the error. A refused token ends it at once either way.
 func dialEdges(ctx context.Context, cfg *config.Connector, opts []tunnel.Option, failFast bool, log *zap.Logger) (*tunnel.Session, error) {
-	edges := cfg.Edges()
+	edges := cfg.DialAddrs() // host:port each, also for websocket URLs
 	if !failFast {
 		log.Info("connecting to the edge; retrying until it answers (--fail-fast exits instead)", zap.Strings("edges", edges))
 		return tunnel.DialServers(ctx, edges, append(opts, tunnel.WithLogger(log))...)

@@ -1,0 +1,434 @@
+package e2e
+
+import (
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The nemesis (issue 28): the cluster (three edges, a three-node NATS cluster with
+// JetStream on disk, connectors of two tenants, all processes; nemesis_cluster_test.go)
+// under a workload that records every request and TCP connection in a history
+// (nemesis_history_test.go), while a seeded schedule of faults hits it and another tenant
+// tries the first tenant's routes throughout (nemesis_schedule_test.go); a checker then
+// holds the history and the healed cluster to the rules (nemesis_check_test.go):
+//
+//	(a) no request or connection for a route is answered by a member of another tenant,
+//	    pool or key, and no attack of the other tenant is admitted;
+//	(b) a TCP port never leads to two pools at one moment;
+//	(c) within lease + settleBound after the last fault healed, the edges' /api/groups
+//	    agree, every member healthy, and every edge reaches every member of every route;
+//	(d) failures only in a fault's window, counted per cause;
+//	(e) the open files of the edges no fault killed are back near their baseline.
+//
+// A violation prints the seed, the schedule and the history lines that break the rule;
+// the history (history.jsonl) and every process's output stay in the directory printed.
+//
+//	go -C examples/e2e test -run Nemesis -v .                          # the default seeds
+//	go -C examples/e2e test -run Nemesis -v -nemesis.seed=7 .          # one seed again
+//	go -C examples/e2e test -run Nemesis -v -nemesis.seeds=20 -nemesis.duration=2m -timeout=2h .
+//
+// (or WARREN_NEMESIS_SEED, WARREN_NEMESIS_SEEDS, WARREN_NEMESIS_DURATION).
+
+var (
+	flagNemesisSeeds    = flag.Int("nemesis.seeds", 0, "run this many random seeds instead of the default set (env WARREN_NEMESIS_SEEDS)")
+	flagNemesisSeed     = flag.Uint64("nemesis.seed", 0, "run this one seed (env WARREN_NEMESIS_SEED)")
+	flagNemesisKeep     = flag.Bool("nemesis.keep", false, "keep each run's history and process logs, passed or not")
+	flagNemesisDuration = flag.Duration("nemesis.duration", 0, "how long each schedule's faults last (default 40s; env WARREN_NEMESIS_DURATION)")
+)
+
+// nemesisDuration is a default schedule's length: with the cluster's start and the checks
+// after the last fault, a seed takes about a minute.
+const nemesisDuration = 40 * time.Second
+
+// nemesisDefaultSeeds run with every go test (CI), drawn with the current schedule version.
+var nemesisDefaultSeeds = []uint64{2, 3, 4}
+
+// nemesisSeed is one run: a seed, the schedule version it is drawn with, its duration, and
+// for a seed that found a bug, what it found.
+type nemesisSeed struct {
+	seed     uint64
+	version  int
+	duration time.Duration
+	// lease is the edges' lease_secs; 0 for nemLeaseSecs.
+	lease time.Duration
+	found string
+}
+
+// nemesisRegressions are the seeds that found a bug since fixed: they run by default, with
+// the schedule version and duration they found it with (TestNemesisScheduleIsSeeded pins
+// their schedules).
+var nemesisRegressions = []nemesisSeed{
+	{seed: 1, version: 1, duration: 40 * time.Second, lease: 2 * time.Second, found: "nats-kill nats-2 (one NATS node of three): every edge whose leases " +
+		"watch had stalled restarted it and took the other edges for lapsed a tenth of a lease later, dropping their members for " +
+		"~2 s (hosts answered 404); fixed in tunnel/cluster (a restarted watch is no evidence; " +
+		"cluster.TestRestartedLeasesWatchIsNoEvidence). Found it in 2 runs of 3 without the fix"},
+}
+
+// nemesisKnownBugs are the seeds that find a bug not fixed yet (RELIABILITY.md, "Cluster
+// under a nemesis"): not run by default, so that CI stays green, but listed so that nobody
+// forgets them; -nemesis.seed runs one.
+var nemesisKnownBugs = []nemesisSeed{}
+
+// nemesisRuns is the set of seeds this go test runs, and each one's duration.
+func nemesisRuns(t *testing.T) []nemesisSeed {
+	d := *flagNemesisDuration
+	if v := os.Getenv("WARREN_NEMESIS_DURATION"); d == 0 && v != "" {
+		var err error
+		d, err = time.ParseDuration(v)
+		require.NoError(t, err, "WARREN_NEMESIS_DURATION")
+	}
+	if d == 0 {
+		d = nemesisDuration
+	}
+	seed, seeds := *flagNemesisSeed, *flagNemesisSeeds
+	if v := os.Getenv("WARREN_NEMESIS_SEED"); seed == 0 && v != "" {
+		var err error
+		seed, err = strconv.ParseUint(v, 10, 64)
+		require.NoError(t, err, "WARREN_NEMESIS_SEED")
+	}
+	if v := os.Getenv("WARREN_NEMESIS_SEEDS"); seeds == 0 && v != "" {
+		var err error
+		seeds, err = strconv.Atoi(v)
+		require.NoError(t, err, "WARREN_NEMESIS_SEEDS")
+	}
+	switch {
+	case seed != 0:
+		// A regression or known bug replays with its own version (and duration, unless given).
+		for _, s := range slices.Concat(nemesisRegressions, nemesisKnownBugs) {
+			if s.seed == seed {
+				if *flagNemesisDuration != 0 || os.Getenv("WARREN_NEMESIS_DURATION") != "" {
+					s.duration = d
+				}
+				return []nemesisSeed{s}
+			}
+		}
+		return []nemesisSeed{{seed: seed, version: scheduleVersion, duration: d}}
+	case seeds > 0:
+		var runs []nemesisSeed
+		for range seeds {
+			runs = append(runs, nemesisSeed{seed: rand.Uint64() % 1_000_000, version: scheduleVersion, duration: d})
+		}
+		return runs
+	}
+	var runs []nemesisSeed
+	for _, s := range nemesisDefaultSeeds {
+		if i := slices.IndexFunc(nemesisKnownBugs, func(k nemesisSeed) bool { return k.seed == s }); i >= 0 {
+			t.Logf("seed %d left out: it finds a known bug: %s", s, nemesisKnownBugs[i].found)
+			continue
+		}
+		runs = append(runs, nemesisSeed{seed: s, version: scheduleVersion, duration: d})
+	}
+	return append(runs, nemesisRegressions...)
+}
+
+func TestNemesis(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the nemesis runs the cluster for about a minute a seed; not under -short")
+	}
+	for _, s := range nemesisRuns(t) {
+		t.Run(fmt.Sprintf("seed=%d", s.seed), func(t *testing.T) {
+			if s.found != "" {
+				t.Logf("regression: %s", s.found)
+			}
+			lease := s.lease
+			if lease == 0 {
+				lease = nemLeaseSecs * time.Second
+			}
+			runNemesis(t, newSchedule(s.seed, s.version, s.duration), lease)
+		})
+	}
+}
+
+// The seed alone replays a schedule: drawn twice it is the same; another seed draws
+// another; over a few seeds every kind of fault and every target comes up. A regression
+// seed's schedule is pinned: a change of the generator that would change it fails here.
+func TestNemesisScheduleIsSeeded(t *testing.T) {
+	a, b := newSchedule(7, scheduleVersion, nemesisDuration), newSchedule(7, scheduleVersion, nemesisDuration)
+	require.Equal(t, a, b)
+	require.Equal(t, a.String(), b.String())
+	t.Logf("%v", a)
+	require.NotEqual(t, a.Faults, newSchedule(8, scheduleVersion, nemesisDuration).Faults)
+	require.GreaterOrEqual(t, len(a.Faults), 4, "%v", a)
+	seen := map[string]bool{}
+	for seed := range uint64(40) {
+		for _, f := range newSchedule(seed, scheduleVersion, nemesisDuration).Faults {
+			seen[string(f.Kind)+" "+f.target()] = true
+		}
+	}
+	for _, k := range faultKinds {
+		for i := range k.targets() {
+			f := fault{Kind: k, Target: i}
+			require.True(t, seen[string(k)+" "+f.target()], "%s %s in no schedule of seeds 0-39", k, f.target())
+		}
+	}
+
+	ms := time.Millisecond
+	require.Equal(t, schedule{Seed: 1, Version: 1, Duration: 40 * time.Second, Faults: []fault{
+		{Pause: 3201 * ms, Kind: faultNATSKill, Target: 1, Hold: 3219 * ms},
+		{Pause: 4824 * ms, Kind: faultConnectorKill, Target: 0, Hold: 2443 * ms},
+		{Pause: 4593 * ms, Kind: faultEdgeKill, Target: 0, Hold: 1245 * ms},
+		{Pause: 3239 * ms, Kind: faultEdgeStop, Target: 0, Hold: 2235 * ms},
+		{Pause: 1148 * ms, Kind: faultConnectorKill, Target: 0, Hold: 4816 * ms},
+	}}, newSchedule(1, 1, 40*time.Second), "the regression seed 1 no longer draws the schedule that found its bug")
+	for _, s := range nemesisRegressions {
+		require.NotEmpty(t, newSchedule(s.seed, s.version, s.duration).Faults)
+	}
+}
+
+// runNemesis runs one schedule against a cluster of its own and checks the history.
+func runNemesis(t *testing.T, sched schedule, lease time.Duration) {
+	seed := sched.Seed
+	t.Logf("%v", sched)
+	dir, err := os.MkdirTemp("", fmt.Sprintf("warren-nemesis-%d-", seed))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() || *flagNemesisKeep {
+			t.Logf("seed %d: history and process logs kept in %s (history.jsonl)", seed, dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	t.Cleanup(adminClient.CloseIdleConnections)
+	fail := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf("seed %d: %s\n%v", seed, fmt.Sprintf(format, args...), sched)
+	}
+
+	setup := time.Now()
+	c := startNemesisCluster(t, dir, lease)
+	if _, err := c.converge(time.Now().Add(30 * time.Second)); err != nil {
+		fail("the cluster did not come up: %v", err)
+	}
+	baseline, baseFiles := map[string]int{}, map[string][]string{}
+	for _, e := range c.edges {
+		n, err := fdCount(e.p.cmd.Process.Pid, e.control)
+		require.NoError(t, err)
+		baseline[e.id] = n
+		baseFiles[e.id] = fdSockets(e.p.cmd.Process.Pid)
+	}
+	t.Logf("cluster up in %v (lease %v); TCP ports %v; edges' open files %v", time.Since(setup).Round(time.Millisecond), c.lease, c.portPool, baseline)
+
+	h, err := newHistory(filepath.Join(dir, "history.jsonl"))
+	require.NoError(t, err)
+	w := startWorkload(c, h, seed)
+	a := startAttacker(c, h, seed, identityHTTPBackend(t, idIntruder), identityTCPBackend(t, idIntruder))
+	var stopOnce sync.Once
+	stopped := make(chan struct{})
+	stopAll := func() {
+		stopOnce.Do(func() {
+			close(stopped)
+			a.close()
+			w.stop()
+		})
+	}
+	defer stopAll()
+
+	time.Sleep(2 * time.Second) // warm-up: the history starts with a healthy cluster
+	start := time.Now()
+	lastReady := start
+	for i, f := range sched.Faults {
+		time.Sleep(f.Pause)
+		rec, err := c.apply(f, stopped)
+		h.add(rec)
+		lastReady = rec.Ready
+		if err != nil {
+			stopAll()
+			fail("fault %d (%s %s) did not heal: %v", i+1, f.Kind, f.target(), err)
+		}
+	}
+	faultsTook := time.Since(start)
+
+	// (c) the healed cluster converges within lease + settleBound.
+	deadline := lastReady.Add(c.lease + settleBound)
+	converged, convErr := c.converge(deadline)
+	// The workload goes on until the last window closed and then quietPeriod more.
+	if rest := time.Until(deadline.Add(quietPeriod)); rest > 0 {
+		time.Sleep(rest)
+	}
+	stopAll()
+
+	// (e) the edges no fault killed: open files back near the baseline, not counting the
+	// connections on the control port (the connectors' sessions and data connections,
+	// which move between edges with the connectors). fdSlack allows for the peer links
+	// and NATS connections made again, not for a leak that grows with the traffic (some
+	// 2,000 public requests and connections a run).
+	const fdSlack = 8
+	killed := map[string]bool{}
+	for _, f := range sched.Faults {
+		if f.Kind == faultEdgeKill {
+			killed[f.target()] = true
+		}
+	}
+	adminClient.CloseIdleConnections() // the checks' connections to the admin APIs
+	var fdErrs []string
+	fds := map[string]int{}
+	for _, e := range c.edges {
+		if killed[e.id] {
+			continue
+		}
+		var n int
+		for range 50 { // up to 5 s for the public connections to close
+			if n, err = fdCount(e.p.cmd.Process.Pid, e.control); err != nil || n <= baseline[e.id]+fdSlack {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		fds[e.id] = n
+		if n > baseline[e.id] {
+			t.Logf("%s: %d open files more than at the baseline; now and not then: %v", e.id, n-baseline[e.id],
+				extra(fdSockets(e.p.cmd.Process.Pid), baseFiles[e.id]))
+		}
+		if err != nil || n > baseline[e.id]+fdSlack {
+			fdErrs = append(fdErrs, fmt.Sprintf("%s: %d open files, baseline %d (+%d allowed): %v; now:\n    %s\n  at the baseline:\n    %s",
+				e.id, n, baseline[e.id], fdSlack, err, strings.Join(fdSockets(e.p.cmd.Process.Pid), "\n    "), strings.Join(baseFiles[e.id], "\n    ")))
+		}
+	}
+	require.NoError(t, h.close())
+
+	recs := h.records()
+	vs, causes := c.checkHistory(recs)
+	if convErr != nil {
+		vs = append(vs, violation{rule: "c", what: fmt.Sprintf("%v after the last fault healed: %v", c.lease+settleBound, convErr)})
+	}
+	for _, e := range fdErrs {
+		vs = append(vs, violation{rule: "e", what: e})
+	}
+
+	// The summary: what ran, what failed and why.
+	var total, failed int
+	attacksBy := map[string]int{}
+	faultsBy := map[string]int{}
+	restarts := 0 // edge starts refused for want of NATS
+	for _, r := range recs {
+		switch r.Type {
+		case recHTTP, recTCP:
+			if c.expected(r.Route) == nil {
+				continue
+			}
+			total++
+			if r.failed() {
+				failed++
+			}
+		case recAttack:
+			attacksBy[strings.SplitN(r.Answer, ":", 2)[0]]++
+		case recFault:
+			faultsBy[r.Kind]++
+			if r.Starts > 1 {
+				restarts += r.Starts - 1
+			}
+		}
+	}
+	convergedIn := "never"
+	if convErr == nil {
+		convergedIn = converged.Sub(lastReady).Round(time.Millisecond).String()
+	}
+	t.Logf("seed %d: %d faults in %v %v; %d requests and connections, %d failed, by cause %v; attacks %v; converged %s after the last heal; edges' open files %v (baseline %v); edge starts that exited for want of NATS %d",
+		seed, len(sched.Faults), faultsTook.Round(time.Second), faultsBy, total, failed, causes, attacksBy, convergedIn, fds, baseline, restarts)
+
+	if len(vs) > 0 {
+		var b strings.Builder
+		fmt.Fprintf(&b, "seed %d broke %d rule(s)\n%v\n", seed, len(vs), sched)
+		for _, f := range recs {
+			if f.Type == recFault {
+				fmt.Fprintf(&b, "  applied: %s\n", f)
+			}
+		}
+		for _, v := range vs {
+			fmt.Fprintf(&b, "rule (%s): %s; %d line(s)\n", v.rule, v.what, len(v.recs))
+			for i, r := range v.recs {
+				if i == 20 {
+					fmt.Fprintf(&b, "  ... %d more in the history\n", len(v.recs)-i)
+					break
+				}
+				fmt.Fprintf(&b, "  %s\n", r)
+			}
+		}
+		t.Error(b.String())
+	}
+}
+
+// The checker catches what it is there for, on a made-up history: an answer from another
+// tenant's member, a port leading to two pools at once, an admitted attack, and failures
+// outside every fault's window; failures inside one are counted under its cause.
+func TestNemesisCheckerCatchesViolations(t *testing.T) {
+	c := &nemCluster{lease: 2 * time.Second, tcpLo: 1000, tcpHi: 1002, portPool: map[int]string{1000: "alpha/db", 1001: "beta/bdb", 1002: ""}}
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ok := func(route, edge, id string, from, to int) record {
+		typ := recHTTP
+		if strings.HasPrefix(route, "tcp/") {
+			typ = recTCP
+		}
+		r := record{Type: typ, Route: route, Edge: edge, Start: at(from), End: at(to), Answer: id}
+		if typ == recHTTP {
+			r.Status = 200
+		}
+		return r
+	}
+	failed := func(route, edge string, from, to int) record {
+		r := ok(route, edge, "", from, to)
+		r.Status, r.Err = 0, "connection refused"
+		return r
+	}
+	recs := []record{
+		ok("http/"+hostPool, "edge-1", idAlphaWeb1, 0, 10),
+		ok("http/"+hostPool, "edge-2", idBetaWeb, 20, 30), // (a)
+		ok("tcp/1000", "edge-1", idAlphaDB2, 100, 200),
+		ok("tcp/1000", "edge-3", idBetaDB, 150, 160), // (a) and (b)
+		ok("tcp/1002", "edge-1", "", 0, 1),           // refused on the free port: fine
+		{Type: recAttack, Route: "http/" + hostSolo, Edge: "edge-2", Start: at(0), End: at(50), Answer: "registered: tunnel solo: ..."},
+		{Type: recAttack, Route: "http/" + hostPool, Edge: "edge-2", Start: at(0), End: at(50), Answer: "refused: ..."},
+		{Type: recFault, Kind: string(faultEdgeKill), Edge: "edge-2", Start: at(60_000), End: at(61_000), Ready: at(61_500)},
+		failed("http/"+hostSolo, "edge-2", 60_100, 60_101),                                        // in the window
+		failed("http/"+hostSolo, "edge-1", 61_600+int((c.lease+settleBound)/time.Millisecond), 0), // just past it
+		{Type: recFault, Kind: string(faultConnectorKill), Edge: "alpha-1", Start: at(90_000), End: at(91_000), Ready: at(91_100)},
+		failed("http/"+hostPool, "edge-1", 89_900, 90_050), // in flight on the killed member
+		failed("http/"+hostPool, "edge-1", 92_000, 92_001), // the pool's other member should have answered
+		failed("tcp/1001", "edge-1", 92_000, 92_001),       // not alpha-1's route
+	}
+	recs[9].End = recs[9].Start
+	vs, causes := c.checkHistory(recs)
+	got := map[string]int{}
+	for _, v := range vs {
+		got[v.rule+": "+v.what] = len(v.recs)
+	}
+	require.Equal(t, map[string]int{
+		"a: answered by a member of another tenant, pool or key":                                       2,
+		"a: another tenant's connector registered a route of tenant alpha":                             1,
+		"b: port 1000 led to two pools at one moment":                                                  2,
+		"d: failed outside every fault's window (fault - workTimeout .. healed + lease + settleBound)": 3,
+	}, got)
+	require.Equal(t, map[string]int{"edge-kill edge-2, in flight (through it)": 1, "connector-kill alpha-1, in flight": 1}, causes)
+}
+
+// extra returns what of now (a multiset) is not in then, ports of the local side dropped
+// for connections (an ephemeral port says nothing).
+func extra(now, then []string) []string {
+	ephemeral := regexp.MustCompile(`:(3[2-9]\d{3}|[4-5]\d{4}|60\d{3})\b`) // Linux's 32768-60999
+	key := func(s string) string { return ephemeral.ReplaceAllString(s, ":*") }
+	had := map[string]int{}
+	for _, s := range then {
+		had[key(s)]++
+	}
+	var out []string
+	for _, s := range now {
+		if had[key(s)] > 0 {
+			had[key(s)]--
+			continue
+		}
+		out = append(out, s)
+	}
+	return out
+}
