@@ -222,7 +222,7 @@ func (d *connData) open() error {
 		}
 	}
 	if d.tls != nil {
-		tc := tls.Client(dc, d.tls)
+		tc := tls.Client(proxy.TLSBase(dc), d.tls) // large system calls while busy (copyData)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = dc.Close()
 			return fmt.Errorf("tunnel: data connection: TLS handshake: %w", err)

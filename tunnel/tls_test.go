@@ -24,7 +24,7 @@ type testPKI struct {
 	server tls.Certificate
 }
 
-func newTestPKI(t *testing.T) testPKI {
+func newTestPKI(t testing.TB) testPKI {
 	t.Helper()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)

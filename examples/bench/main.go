@@ -156,6 +156,8 @@ type config struct {
 	wanRTT         time.Duration // -layout processes: the round trip added to the edge↔connector link (0: none)
 	dataReadBuffer int           // -layout processes: data_read_buffer of the edges and connectors (0: the kernel's)
 	wanJSON        string        // with -wan-rtt: also write the WAN figures as JSON to this file
+	wanLoss        []float64     // with -wan-rtt: the random loss levels (shares in [0,1)) measured side by side; nil: none
+	wanWebSocket   bool          // with -wan-rtt: also Warren with its connectors over WebSocket (wss)
 	markdown       string
 	cpuprofile     string
 	selfProfile    string
@@ -200,6 +202,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	control := fs.String("control", "both", `-layout processes: the edge's control connections, "plain", "tls" or "both" (rows side by side)`)
 	fs.IntVar(&c.dataReadBuffer, "data-read-buffer", 0, "-layout processes: data_read_buffer (bytes) of the edges' server.toml and the connectors' YAML, the fixed receive buffer of their data connections (0: the kernel's autotuning, the default)")
 	fs.DurationVar(&c.wanRTT, "wan-rtt", 0, "-layout processes: run the WAN scenario instead, with this round trip added to the link between the connectors and the edge (and the relay floor's equivalent link) in a network namespace of its own; needs root, ip and iptables (else it says why and exits 0 having run nothing); scenarios http (1 and -clients clients), tcp (1 stream; -tcp-bytes defaults to 64MiB here) and cold (single requests after the edge's idle member streams expired, about 1 min)")
+	wanLoss := fs.String("wan-loss", "", `with -wan-rtt: comma-separated random loss levels in percent on the link, e.g. "0,1,3": every level is measured in each round (scenarios http and tcp), levels and paths alternated`)
+	fs.BoolVar(&c.wanWebSocket, "wan-websocket", false, "with -wan-rtt: also measure Warren with its connectors over WebSocket (wss to the edge's HTTPS port, websocket_path), that port delayed as the link")
 	fs.StringVar(&c.wanJSON, "wan-json", "", "with -wan-rtt: also write the WAN figures (medians) as JSON to this file")
 	fs.IntVar(&c.noisyRetries, "noisy-retries", 3, "run a tunnel or direct run again, up to this many times, when other processes used more than 0.25 cores during it")
 	fs.StringVar(&c.markdown, "markdown", "", "also write the results as Markdown to this file")
@@ -220,6 +224,12 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		return nil, err
 	}
 	if err := c.processLayout(set, *control); err != nil {
+		return nil, err
+	}
+	if c.wanLoss, err = parseLossList(*wanLoss); err != nil {
+		return nil, fmt.Errorf("-wan-loss: %w", err)
+	}
+	if err := c.wanLossFlags(set); err != nil {
 		return nil, err
 	}
 	if c.wanRTT > 0 && !set["tcp-bytes"] {

@@ -245,19 +245,38 @@ func procWANDelayMain(args []string, stdin io.Reader, stdout, stderr io.Writer) 
 		fmt.Fprintln(stderr, "bench wan-delay: RLIMIT_RTTIME:", err)
 		return 1
 	}
-	stop, err := wan.Delay(context.Background(), *port, *delay, 0)
+	link, err := wan.Start(context.Background(), *port, *delay, 0)
 	if err != nil {
 		fmt.Fprintln(stderr, "bench wan-delay:", err)
 		return 1
 	}
 	enc := json.NewEncoder(stdout)
 	if err := enc.Encode(wanDelayReady{PID: os.Getpid()}); err != nil {
-		_ = stop()
+		_ = link.Stop()
 		return 1
+	}
+	// Each line on stdin is a wanDelayCommand (a new loss), answered with wanDelayReady;
+	// the end of stdin stops the delay.
+	dec := json.NewDecoder(stdin)
+	for {
+		var cmd wanDelayCommand
+		if err := dec.Decode(&cmd); err != nil {
+			if !errors.Is(err, io.EOF) {
+				fmt.Fprintln(stderr, "bench wan-delay: reading a command:", err)
+			}
+			break
+		}
+		if err := link.SetLoss(cmd.Loss); err != nil {
+			fmt.Fprintln(stderr, "bench wan-delay:", err)
+			break
+		}
+		if err := enc.Encode(wanDelayReady{PID: os.Getpid()}); err != nil {
+			break
+		}
 	}
 	_, _ = io.Copy(io.Discard, stdin)
 	var res wanDelayResult
-	if err := stop(); err != nil {
+	if err := link.Stop(); err != nil {
 		res = wanDelayResult{Err: err.Error(), Late: errors.Is(err, wan.ErrLate), Dropped: errors.Is(err, wan.ErrDropped)}
 	}
 	if err := enc.Encode(res); err != nil {
@@ -304,6 +323,9 @@ func (l *procLayout) startLinkBackend(ctx context.Context) error {
 // runWAN measures the WAN scenario's figures and adds its table to rep.
 func (l *procLayout) runWAN(ctx context.Context, s *procSummary, rep *report) error {
 	cfg := l.b.cfg
+	if cfg.wanLoss != nil {
+		return l.runWANLoss(ctx, s, rep)
+	}
 	for _, name := range cfg.scenarios {
 		start := time.Now()
 		l.b.say("WAN: %s", name)

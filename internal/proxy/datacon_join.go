@@ -2,8 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
-	"io"
 	"net"
 	"sync/atomic"
 )
@@ -13,8 +11,8 @@ import (
 // end, then closes both. It is used by both ends of a data connection.
 //
 // Each direction is a plain io.Copy, so that between two *net.TCPConn Linux splices the
-// bytes from socket to socket without copying them through user space (a TLS data
-// connection is copied through a buffer).
+// bytes from socket to socket without copying them through user space; a TLS data
+// connection is copied through a pooled buffer while it is busy (copyData, datacon_copy.go).
 //
 // Ends, as mux.Join handles them for yamux streams:
 //   - a clean end of local's input half-closes data (FIN; TLS close_notify), so that a peer
@@ -45,13 +43,13 @@ func JoinData(ctx context.Context, local, data net.Conn, peerAlive func() bool) 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if _, err := io.Copy(data, local); err != nil {
+		if err := copyData(data, local); err != nil {
 			abort()
 			return
 		}
 		closeWrite(data)
 	}()
-	_, err := io.Copy(local, data)
+	err := copyData(local, data)
 	switch {
 	case err != nil:
 		abort()
@@ -68,11 +66,8 @@ func JoinData(ctx context.Context, local, data net.Conn, peerAlive func() bool) 
 // reset makes c's Close send a reset (RST) instead of a FIN, for TCP connections and TLS
 // connections over TCP.
 func reset(c net.Conn) {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	if r, ok := c.(interface{ SetLinger(int) error }); ok {
-		_ = r.SetLinger(0)
+	if tc := tcpOf(c); tc != nil {
+		_ = tc.SetLinger(0)
 	}
 }
 
@@ -99,11 +94,8 @@ func SetDataReadBuffer(c net.Conn, n int) int {
 	if n <= 0 {
 		return 0
 	}
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	tc, ok := c.(*net.TCPConn)
-	if !ok || tc.SetReadBuffer(n) != nil {
+	tc := tcpOf(c)
+	if tc == nil || tc.SetReadBuffer(n) != nil {
 		return 0
 	}
 	return clampWindow(tc, n)

@@ -121,6 +121,8 @@ func startDelay(ctx context.Context, port int, oneWay time.Duration, loss float6
 	return d, nil
 }
 
+func (d *delayer) setLoss(loss float64) { d.sched.setLoss(loss) }
+
 // Stop is the stop function Delay hands out: it also forgets ctx.
 func (d *delayer) Stop() error {
 	d.unhookCtx()

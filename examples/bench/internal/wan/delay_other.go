@@ -16,6 +16,8 @@ type delayer struct{ final stats }
 // Stop never runs: startDelay returns no delayer off Linux.
 func (d *delayer) Stop() error { return errNotLinux }
 
+func (d *delayer) setLoss(float64) {}
+
 func startDelay(_ context.Context, port int, oneWay time.Duration, loss float64) (*delayer, error) {
 	if err := validateDelay(port, oneWay, loss); err != nil {
 		return nil, err

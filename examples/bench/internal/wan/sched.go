@@ -1,6 +1,7 @@
 package wan
 
 import (
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -56,8 +57,8 @@ func (s stats) unwanted() uint64 {
 // add is called from one goroutine (the queue reader); run is the releasing goroutine.
 type scheduler struct {
 	oneWay time.Duration
-	loss   float64
-	rng    *rand.Rand // used by add only, so from one goroutine
+	loss   atomic.Uint64 // math.Float64bits of the share dropped; setLoss changes it
+	rng    *rand.Rand    // used by add only, so from one goroutine
 	v      verdicter
 	in     chan held // capacity bounds memory: at most cap(in) packets held
 	c      counters
@@ -70,21 +71,25 @@ type scheduler struct {
 }
 
 func newScheduler(oneWay time.Duration, loss float64, capacity int, v verdicter, seed uint64) *scheduler {
-	return &scheduler{
+	s := &scheduler{
 		oneWay: oneWay,
-		loss:   loss,
 		rng:    rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		v:      v,
 		in:     make(chan held, capacity),
 		quit:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
+	s.setLoss(loss)
+	return s
 }
+
+// setLoss changes the share of packets dropped from now on; safe while add runs.
+func (s *scheduler) setLoss(loss float64) { s.loss.Store(math.Float64bits(loss)) }
 
 // add takes one packet that arrived at now.
 func (s *scheduler) add(id uint32, now time.Time) {
 	s.c.seen.Add(1)
-	if s.loss > 0 && s.rng.Float64() < s.loss {
+	if loss := math.Float64frombits(s.loss.Load()); loss > 0 && s.rng.Float64() < loss {
 		s.verdict(s.v.drop(id), &s.c.lost)
 		return
 	}

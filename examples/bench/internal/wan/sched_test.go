@@ -164,3 +164,30 @@ func TestSchedulerCountsOverflowAndReleasesHeldPacketsOnStop(t *testing.T) {
 	require.Equal(t, int(st.Released)+1, f.acceptedCount())
 	s.stop() // idempotent
 }
+
+func TestSchedulerSetLossTakesEffectAtOnce(t *testing.T) {
+	f := newFakeVerdicter()
+	s := newScheduler(time.Millisecond, 0, 1<<15, f, 7)
+	go s.run()
+	const n = 10000
+	for i := uint32(1); i <= n; i++ {
+		f.enqueue(i)
+		s.add(i, time.Now())
+	}
+	require.Zero(t, s.snapshot().Lost, "no loss asked for yet")
+	s.setLoss(0.03)
+	for i := uint32(n + 1); i <= 2*n; i++ {
+		f.enqueue(i)
+		s.add(i, time.Now())
+	}
+	lost := s.snapshot().Lost
+	require.InDelta(t, 0.03, float64(lost)/n, 0.01, "lost %d of %d", lost, n)
+	s.setLoss(0)
+	for i := uint32(2*n + 1); i <= 3*n; i++ {
+		f.enqueue(i)
+		s.add(i, time.Now())
+	}
+	require.Equal(t, lost, s.snapshot().Lost, "loss back to 0")
+	f.waitAccepted(t, 3*n-int(lost))
+	s.stop()
+}

@@ -266,3 +266,28 @@ func Delay(ctx context.Context, port int, oneWay time.Duration, loss float64) (s
 	}
 	return d.Stop, nil
 }
+
+// Link is one running Delay whose loss can be changed while it runs.
+type Link struct{ d *delayer }
+
+// Start is Delay, returning a Link: its SetLoss changes the share dropped while packets
+// flow, and its Stop is Delay's stop function.
+func Start(ctx context.Context, port int, oneWay time.Duration, loss float64) (*Link, error) {
+	d, err := startDelay(ctx, port, oneWay, loss)
+	if err != nil {
+		return nil, err
+	}
+	return &Link{d: d}, nil
+}
+
+// SetLoss changes the share of the link's packets dropped from now on, in [0,1).
+func (l *Link) SetLoss(loss float64) error {
+	if !(loss >= 0 && loss < 1) {
+		return fmt.Errorf("wan: loss %v out of range [0,1)", loss)
+	}
+	l.d.setLoss(loss)
+	return nil
+}
+
+// Stop stops the link as Delay's stop function does.
+func (l *Link) Stop() error { return l.d.Stop() }
