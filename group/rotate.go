@@ -36,8 +36,8 @@ func rotatingTCP(routes *sync.Map, req JoinRequest) (any, bool) {
 // rotatedFromTCP finds, for a remote member (req.Edge set), the TCP pool of its name that
 // rotated from its key: one of whose members declared req.KeyHash a previous key (see the
 // top of this file). A member whose edge serves it on another port (req.Port set and not the
-// pool's) is not of that pool: its key made a pool of its own there after the rotation (the
-// README's "Rotating a group key"), which this edge must serve on that port too. The caller
+// pool's) is not of that pool: its key made a pool of its own there after the rotation (see
+// docs/load-balancing.md, "Rotating a group key"), which this edge must serve on that port too. The caller
 // holds the pool name's shard lock.
 func rotatedFromTCP(routes *sync.Map, req JoinRequest) (*Group, bool) {
 	if req.Edge == "" {

@@ -78,7 +78,7 @@ func TestRemoteTCPMemberWithTheKeyThePoolRotatedFrom(t *testing.T) {
 }
 
 // After a TCP pool rotated from k1 to k2, a connector with k1 alone makes a pool of its own on
-// its own port (README "Rotating a group key"). Another edge learns that member with the
+// its own port (docs/load-balancing.md, "Rotating a group key"). Another edge learns that member with the
 // pool's port: it is not adopted into the k2 pool (whose port differs) but makes the k1 pool
 // on that port, which this edge then serves too. A member of the k1 key on the k2 pool's port
 // (one that has not rotated yet) is still adopted into the k2 pool.

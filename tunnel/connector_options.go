@@ -94,7 +94,7 @@ func WithDialer(dial func(ctx context.Context, network, addr string) (net.Conn, 
 // connection is opened ahead of use and sits idle, and the kernel then grows its buffer
 // slowly during its first transfer, so that over a 50 ms round trip a 64 MiB upload through
 // a TCP tunnel ran at 0.75–0.93× a fresh TCP connection's rate by default and at 0.96× with
-// 4 MiB at both ends (BENCHMARKS.md, WAN; two runs, uploads only). On Linux the connection's
+// 4 MiB at both ends (docs/benchmarks.md, WAN; two runs, uploads only). On Linux the connection's
 // window limit is raised to n too (TCP_WINDOW_CLAMP), since the connection is already up. The
 // kernel caps n at net.core.rmem_max (raise it to use more; the session logs a warning once
 // when it was capped), and a fixed buffer may hold up to n bytes per busy connection whose

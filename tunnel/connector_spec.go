@@ -73,7 +73,7 @@ type TunnelSpec struct {
 	Affinity        string
 	RetryIdempotent bool
 	// PreviousGroupKeys are the group keys this connector held before GroupKey, for a key
-	// rotation without dropping the pool (see the README). At most 4; hashed here like
+	// rotation without dropping the pool (see docs/load-balancing.md). At most 4; hashed here like
 	// GroupKey.
 	PreviousGroupKeys []string
 	// BackendProtocol is what the local backend of an http or https tunnel speaks: "http1"

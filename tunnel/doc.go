@@ -3,12 +3,18 @@
 //
 // The edge, created with NewServer, accepts connector sessions on its control listener
 // (Serve, or ServeConn for one connection, or DialContext for an in-process connector),
-// serves public HTTP(S) (ServePublic, ServePublicTLS, or Handler as an http.Handler) and a
-// public TCP port per TCP group. Its operator plane (admin API, metrics, status page) is
-// package tunnel/admin, built from the edge's read-only Operator view and served with
-// ServeAdmin; the edge itself links none of it. Each public
+// serves public HTTP (ServePublic) and HTTPS (ServePublicTLS), or Handler as an
+// http.Handler, and a public TCP port per TCP group; ListenAndServe listens on the
+// configured addresses for all of them. Its operator plane (admin API, metrics, status
+// page) is package tunnel/admin, built from the edge's read-only Operator view and served
+// with ServeAdmin; the edge itself links none of it. In a cluster (ServerConfig.Cluster,
+// package tunnel/cluster on NATS JetStream) the other edges' links are served by the
+// cluster's ServePeers, which ListenAndServe calls; route ownership is kept by a Store
+// (in memory by default, tunnel/store/boltstore on disk, tunnel/store/natsstore in a
+// cluster). Reload applies a new configuration to the running edge. Each public
 // request (HTTP) or connection (TCP) goes to one healthy, non-draining member of the route's
-// pool, chosen by the pool's dispatch.Strategy; another member is tried only when no byte of
+// pool, chosen by the pool's dispatch.Strategy (least streams by default, or random; affinity
+// keys by dispatch.Rendezvous); another member is tried only when no byte of
 // the request can have reached an application. A route belongs to one tenant (see
 // ServerConfig.Store, Endpoints and Limits). Shutdown drains; Close stops at once.
 //

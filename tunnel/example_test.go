@@ -65,7 +65,7 @@ func ExampleSession_Forward() {
 			log.Fatal(err)
 		}
 		defer sess.Close()
-		spec := tunnel.TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "shared-secret"}
+		spec := tunnel.TunnelSpec{Subdomain: "pool", Group: "web", GroupKey: "shared-secret-for-this-pool"}
 		if _, err := sess.Forward(ctx, spec, strings.TrimPrefix(b.URL, "http://")); err != nil {
 			log.Fatal(err)
 		}

@@ -22,8 +22,10 @@ import (
 
 // Server is an edge: it accepts connector sessions, keeps the routing table of groups, and
 // carries public HTTP requests and TCP connections to the members. Create it with NewServer;
-// serve with ListenAndServe, or piecewise with Serve (connectors), ServePublic (public HTTP),
-// ServeAdmin and ServeConn; stop it with Shutdown or Close.
+// serve with ListenAndServe, or piecewise with Serve (connectors), ServeConn (one connector
+// connection), ServePublic (public HTTP), ServePublicTLS (public HTTPS) and ServeAdmin (an
+// operator handler, package tunnel/admin); in a cluster the other edges' links are served by
+// the cluster's ServePeers (ListenAndServe does it). Stop it with Shutdown or Close.
 type Server struct {
 	cfg ServerConfig
 	log *zap.Logger

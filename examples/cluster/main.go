@@ -29,7 +29,7 @@
 // Without -hold, a Ctrl-C ends the demo where it is (cleaning up; exit 1).
 //
 // The production form (a NATS cluster of its own, each edge's server.toml with a
-// [cluster] table, connectors with servers: [...]) is in the README's "Cluster" section.
+// [cluster] table, connectors with servers: [...]) is in docs/cluster.md.
 package main
 
 import (

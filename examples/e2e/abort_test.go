@@ -67,7 +67,7 @@ func endlessBackend(t *testing.T) (port int, live *atomic.Int64) {
 // backend connection), and the edge's memory is not pinned: before, every abandoned stream
 // kept up to its 4 MiB window at the edge and its backend connection open for yamux's
 // 5-minute stream close timeout (measured: 200 aborts took the edge from 18 MB to 1.17 GB).
-// The RSS figures are logged; RELIABILITY.md records them.
+// The RSS figures are logged; docs/reliability.md records them.
 func TestAbortedDownloadsDoNotPinTheEdge(t *testing.T) {
 	e := startEdgeWith(t, false, edgeExtra{server: []string{"h2c = true"}})
 	port, live := endlessBackend(t)

@@ -288,7 +288,7 @@ func TestClusterEdgeKill9(t *testing.T) {
 	const hostA, hostB = "127.0.0.1", "127.0.0.2"
 	tcpLo, tcpHi := sharedTCPRange(t, hostA, hostB)
 	// Both edges take the same peer_port, each on its own bind address, as every other
-	// *_port (the README's layout): it used to bind every interface, and edge-b died with
+	// *_port (docs/cluster.md's layout): it used to bind every interface, and edge-b died with
 	// "address already in use".
 	peerPort, _ := sharedTCPRange(t, hostA, hostB)
 	for peerPort >= tcpLo-2 && peerPort <= tcpHi {

@@ -245,7 +245,7 @@ type stallAttack struct {
 // public side against the example edge and connector processes, each attack on an edge of
 // its own with the default budgets of stalled responses and a short stall timeout (3 s), and
 // records the edge's resident memory before, at its peak during the attack and after
-// (RELIABILITY.md has the figures, and those of the edge before the budgets):
+// (docs/reliability.md has the figures, and those of the edge before the budgets):
 //
 //   - one HTTP/2 connection with 50 streams to a large download that never get a byte of
 //     flow window. Before, each held a member stream's 4 MiB window at the edge, and the

@@ -12,7 +12,7 @@ import (
 // receives a one-way transfer (the connector of an upload to a silent backend; the edge sends
 // the client's bytes right after the acknowledgement and re-enters it at once). Measured over
 // a 50 ms link, one 64 MiB upload went from 0.31–0.77× a fresh TCP connection's rate to
-// 0.75–0.93× with it (BENCHMARKS.md, WAN). c is a TCP connection or TLS over one; anything
+// 0.75–0.93× with it (docs/benchmarks.md, WAN). c is a TCP connection or TLS over one; anything
 // else is left alone.
 func QuickAck(c net.Conn) {
 	tc := tcpOf(c)

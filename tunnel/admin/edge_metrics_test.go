@@ -326,8 +326,8 @@ warren_active_tunnels{edge="b",proto="tcp"} 0
 	require.Contains(t, rec.Body.String(), `warren_active_tunnels{proto="tcp"} 0`)
 }
 
-// Several edges share one registry when each plane is wrapped with the same label names (the
-// README's advice); an unwrapped second edge's plane is refused. Closing the planes
+// Several edges share one registry when each plane is wrapped with the same label names (see
+// docs/admin.md, Metrics); an unwrapped second edge's plane is refused. Closing the planes
 // unregisters them all.
 func TestSeveralEdgesOnOneRegistry(t *testing.T) {
 	reg := prometheus.NewRegistry()

@@ -16,8 +16,8 @@ import (
 
 // Config makes an edge one of several that share their routes and pools through a
 // NATS server (or cluster) with JetStream. Every edge of a cluster names the same NATS
-// servers, Bucket prefix and Token. See the README's "Cluster" section for what it does and
-// RELIABILITY.md for what holds while NATS or an edge is lost.
+// servers, Bucket prefix and Token. See docs/cluster.md for what it does and
+// docs/reliability.md for what holds while NATS or an edge is lost.
 type Config struct {
 	// NATSURLs are the NATS servers ("nats://host:4222"); the client fails over between
 	// them. Required unless NATSConn is set.

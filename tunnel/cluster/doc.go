@@ -17,5 +17,5 @@
 //
 // The edge starts the cluster in NewServer (Join and Start), serves the other edges' links
 // with ListenAndServe (or ServePeers on a listener of your own), and leaves it in Shutdown
-// or Close. RELIABILITY.md says what holds while NATS or an edge is lost.
+// or Close. docs/reliability.md says what holds while NATS or an edge is lost.
 package cluster

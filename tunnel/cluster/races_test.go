@@ -29,7 +29,7 @@ import (
 )
 
 // A NATS whose store was wiped loses the routes bucket; a live route is then still its
-// tenant's, protected by its members (RELIABILITY.md: "a registration another edge's members
+// tenant's, protected by its members (docs/reliability.md: "a registration another edge's members
 // would refuse is refused"). The test deletes the bucket under acme's live pool and has
 // globex register a solo tunnel on it: it is refused, leaves no route record naming globex,
 // and acme's next member is admitted. (Once, the refused claim wrote a fresh record naming
@@ -64,7 +64,7 @@ func TestClusterWipedRoutesBucketKeepsALiveRouteItsTenants(t *testing.T) {
 // A solo tunnel's claim is held, within the lease, by its connector session
 // (store.Route.Holder, with the SHA-256 of its resume token in HolderHash): only that
 // connector, resuming its session with its token, takes the subdomain on another edge.
-// README: "Another connector, or one presenting a wrong token, is still refused." The test
+// docs/cluster.md: "Another connector, or one presenting a wrong token, is still refused." The test
 // stops the holder's edge gracefully (so no member record is left for remoteConflict to
 // check the proof against) and, within the claim's lease, registers on another edge first a
 // connector naming the holder's session with a wrong token, then the real one: the first is
@@ -100,9 +100,9 @@ func TestClusterSoloClaimNotTakenWithAWrongResumeToken(t *testing.T) {
 }
 
 // A TCP pool's key is part of its route: after a rotation, a connector presenting only the
-// old key makes another pool on another port (README "Rotating a group key"), and in a
+// old key makes another pool on another port (docs/load-balancing.md, "Rotating a group key"), and in a
 // cluster a TCP pool has the same port on every edge. Here pool db is at k2 with a member
-// that still lists k1 as a previous key (the README's step 3: it is removed "at your next
+// that still lists k1 as a previous key (docs/load-balancing.md's step 3: it is removed "at your next
 // change"), and a connector with k1 alone makes pool db/k1 on its own port on edge a: edge b
 // serves both pools, each on its own port. (Once, edge b adopted the k1 member into the k2
 // pool, as a member whose key the pool rotated from, then dropped it because the ports
@@ -164,7 +164,7 @@ func TestClusterTwoKeysRaceOnAReservedEndpoint(t *testing.T) {
 // b; b killed, it moves to c) comes back by itself, at the latest once the first dead edge's
 // lease lapses: c's pass for a resumed session covers the session the connector resumed
 // (b's), not a's before it, so until a's lease lapses c still counts a's record and refuses
-// it "already in use". A known limit (RELIABILITY.md): one lease of downtime, not a lost
+// it "already in use". A known limit (docs/reliability.md): one lease of downtime, not a lost
 // tunnel. The connector dials a, b and c in turn; the test kills a, then b once the tunnel is
 // on b, and requires it on c within three leases, serving requests there.
 func TestClusterSoloTunnelMovedTwiceWithinALeaseComesBack(t *testing.T) {

@@ -1,7 +1,7 @@
 package cluster
 
 // Key rotations in a cluster that the checks against races between edges must let through
-// (README "Rotating a group key": a member may present its new key with the old one in
+// (docs/load-balancing.md, "Rotating a group key": a member may present its new key with the old one in
 // previous_group_keys; an old-key member may reconnect as long as a member on any edge
 // still holds the old key).
 
@@ -41,7 +41,7 @@ func TestClusterReservedEndpointPoolRotatesItsKey(t *testing.T) {
 }
 
 // An old-key member reconnecting mid-rotation is admitted while a member on any edge holds
-// the old key (README, "Rotating a group key"). Here m1 (k1) lives on edge a; a rotated
+// the old key (docs/load-balancing.md, "Rotating a group key"). Here m1 (k1) lives on edge a; a rotated
 // member (k2, previous k1) joined on a and left, so the route records k2 and a's pool is at
 // k2. Edge b starts afterwards: it joins m1 only, its pool is at k1. A k1 connector on b is
 // admitted, as on edge a (joined once took the route's k2, which the claim had already

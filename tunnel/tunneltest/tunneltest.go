@@ -41,7 +41,7 @@ type Edge struct {
 
 // NewEdge starts an edge configured by cfg on loopback, serving connectors and public HTTP,
 // and closes it when the test ends. Unset, cfg.Domain is Domain, cfg.Logger logs to t,
-// cfg.TCPBindHost is 127.0.0.1 and cfg.PublicHTTPPort is the public listener's port.
+// cfg.TCP.BindHost is 127.0.0.1 and cfg.Public.URLHTTPPort is the public listener's port.
 func NewEdge(t testing.TB, cfg tunnel.ServerConfig) *Edge {
 	t.Helper()
 	if cfg.Domain == "" {
