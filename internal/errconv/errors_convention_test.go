@@ -1,4 +1,6 @@
-package warren
+// Package errconv checks the convention of the library's error messages, over the source
+// of every package of the module (its root is two directories up).
+package errconv
 
 import (
 	"context"
@@ -87,7 +89,7 @@ import (
 // among them those that cross the wire, begin with one prefix (TestLibraryErrorsAtRuntime).
 func TestErrorMessagesStartWithPackage(t *testing.T) {
 	fset := token.NewFileSet()
-	pkgs := parseNonTestFiles(t, fset, ".", "examples")
+	pkgs := parseNonTestFiles(t, fset, moduleRoot, "examples")
 	if len(pkgs) < 15 {
 		t.Fatalf("found %d packages; the walk is broken", len(pkgs))
 	}
@@ -106,6 +108,9 @@ func TestErrorMessagesStartWithPackage(t *testing.T) {
 		t.Error(p)
 	}
 }
+
+// moduleRoot is the module's root, from this package's directory.
+const moduleRoot = "../.."
 
 // parseNonTestFiles parses the non-test .go files under root, by directory (slash-separated,
 // relative to the module's root), leaving out testdata, docs, hidden directories and skip.
@@ -130,7 +135,11 @@ func parseNonTestFiles(t *testing.T, fset *token.FileSet, root, skip string) map
 		if err != nil {
 			return err
 		}
-		dir := filepath.ToSlash(filepath.Dir(path))
+		rel, err := filepath.Rel(root, filepath.Dir(path))
+		if err != nil {
+			return err
+		}
+		dir := filepath.ToSlash(rel)
 		pkgs[dir] = append(pkgs[dir], f)
 		return nil
 	})
@@ -147,12 +156,12 @@ func parseNonTestFiles(t *testing.T, fset *token.FileSet, root, skip string) map
 func TestExampleMainsDoNotDoubleAPrefix(t *testing.T) {
 	fset := token.NewFileSet()
 	prefixes := map[string]bool{"store": true}
-	for _, files := range parseNonTestFiles(t, fset, ".", "examples") {
+	for _, files := range parseNonTestFiles(t, fset, moduleRoot, "examples") {
 		prefixes[files[0].Name.Name] = true
 	}
 	verb := regexp.MustCompile(`^([a-z]+): ?(%[-+# 0-9.]*[vsw]|$)`)
 	var problems []string
-	for _, files := range parseNonTestFiles(t, fset, "examples", "") {
+	for _, files := range parseNonTestFiles(t, fset, filepath.Join(moduleRoot, "examples"), "") {
 		for _, f := range files {
 			ast.Inspect(f, func(n ast.Node) bool {
 				call, ok := n.(*ast.CallExpr)
