@@ -16,9 +16,22 @@ import (
 	"github.com/warren-tunnel/warren/internal/proxy"
 )
 
-// idleSweepInterval is how often the edge closes pooled streams idle for longer than
-// ServerConfig.Timeouts.IdleStream and lets the others drop their buffers.
+// idleSweepInterval is at most how often the edge closes pooled streams idle for longer
+// than ServerConfig.Timeouts.IdleStream and lets the others drop their buffers; see
+// idleSweepEvery.
 const idleSweepInterval = 30 * time.Second
+
+// idleSweepEvery is how often the edge sweeps its pooled streams: every IdleStream, so a
+// stream is closed at most about twice IdleStream after its last request (it is never
+// reused after one). An idle stream is not free: one a cluster edge pools to another edge's
+// member is an open stream of that member on its own edge, counted there against
+// LoadBalancing.MaxConcurrentPerMember, in its active_streams and by its drain.
+func idleSweepEvery(idle time.Duration) time.Duration {
+	if idle <= 0 || idle > idleSweepInterval {
+		return idleSweepInterval
+	}
+	return idle
+}
 
 // proxyConfig is the data path's share of the configuration (package internal/proxy);
 // NewServer adds the registry, the counters and the HTTPS redirect.

@@ -190,7 +190,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	pc.Registry = s.registry
 	s.ingress = proxy.NewHTTP(pc)
 	s.alerts = newAlerter(s)
-	s.wg.Go(func() { s.ingress.Janitor(idleSweepInterval, s.done) })
+	s.wg.Go(func() { s.ingress.Janitor(idleSweepEvery(cfg.Timeouts.IdleStream), s.done) })
 	s.wg.Go(func() { s.routes.sweeper(s.done) })
 	s.wg.Go(func() { logThrottled(s.authLimit, s.preAuth, s.done) })
 	if s.cluster != nil {

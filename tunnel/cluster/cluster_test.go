@@ -653,3 +653,42 @@ func TestClusterRetryAndDrainAcrossTheHop(t *testing.T) {
 		require.Equal(t, "B2 /", body)
 	}
 }
+
+// A request another edge forwarded to a local member leaves that edge's keep-alive stream to
+// it open, and the member's edge counts it as one of the member's streams (against its cap
+// of active streams, in active_streams, and in its drain) until it is closed. Once idle for
+// longer than Timeouts.IdleStream it is never reused: it must be closed within about that
+// much more, not at a periodic sweep 30 s later, or a member at MaxConcurrentPerMember 1
+// refuses every request through its own edge for half a minute after one through the other.
+func TestClusterForwardedIdleStreamFreesTheMember(t *testing.T) {
+	nodes := startNATSCluster(t, 1)
+	opts := clusterOpts{edit: func(c *tunnel.ServerConfig) {
+		c.LoadBalancing.MaxConcurrentPerMember = 1
+		c.Timeouts.IdleStream = 300 * time.Millisecond
+	}}
+	a := startClusterEdge(t, nodes, "a", opts)
+	b := startClusterEdge(t, nodes, "b", opts)
+	_, err := b.connect().Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "B").URL))
+	require.NoError(t, err)
+	a.waitMembers(t, "pool", map[string]int{"b": 1})
+	code, body := a.get("pool", "/")
+	require.Equal(t, 200, code, body)
+	require.Equal(t, "B /", body)
+	localActive := func() int64 {
+		for _, g := range b.Registry().Groups() {
+			for _, m := range g.Members {
+				if g.Label == "pool" && m.Edge == "" {
+					return m.Active
+				}
+			}
+		}
+		return -1
+	}
+	start := time.Now()
+	require.Eventually(t, func() bool { return localActive() == 0 }, 5*time.Second, 10*time.Millisecond,
+		"the forwarded keep-alive stream, idle past Timeouts.IdleStream, still counts on the member's edge")
+	t.Logf("the member's edge counts the idle forwarded stream for %v", time.Since(start))
+	code, body = b.get("pool", "/")
+	require.Equal(t, 200, code, body)
+	require.Equal(t, "B /", body)
+}
