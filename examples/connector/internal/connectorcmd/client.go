@@ -137,18 +137,9 @@ func Status(args []string, stdout, stderr io.Writer) int {
 	var cf clientFlags
 	cf.register(fs)
 	asJSON := fs.Bool("json", false, "print the status as JSON, for scripts")
-	if code, ok := parseOrExit(fs, args, 0); !ok {
+	r, code, ok := askRunning(fs, &cf, args, "status", stderr)
+	if !ok {
 		return code
-	}
-	socket, err := cf.socketPath()
-	if err != nil {
-		fmt.Fprintln(stderr, "connector:", err)
-		return 2
-	}
-	r, err := call(socket, request{Op: "status"}, nil)
-	if err != nil {
-		fmt.Fprintln(stderr, "connector:", err)
-		return 1
 	}
 	if w := fileWarning(r.Status.Config); w != "" {
 		fmt.Fprintln(stderr, w)
@@ -163,6 +154,25 @@ func Status(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// askRunning parses a client subcommand's args with fs, finds the running connector's control
+// socket and sends it the request op. Without ok, the subcommand exits with code: 2 for bad
+// arguments or no socket to find, 1 when the connector did not answer.
+func askRunning(fs *flag.FlagSet, cf *clientFlags, args []string, op string, stderr io.Writer) (r reply, code int, ok bool) {
+	if code, ok := parseOrExit(fs, args, 0); !ok {
+		return reply{}, code, false
+	}
+	socket, err := cf.socketPath()
+	if err != nil {
+		fmt.Fprintln(stderr, "connector:", err)
+		return reply{}, 2, false
+	}
+	if r, err = call(socket, request{Op: op}, nil); err != nil {
+		fmt.Fprintln(stderr, "connector:", err)
+		return reply{}, 1, false
+	}
+	return r, 0, true
+}
+
 // Reload is `connector reload ARGS`: the running connector reads its file again and
 // applies it, as SIGHUP does; it prints what the reload applied, or the file's errors (exit
 // 1, nothing changed), and exits 1 when the edge refused a change.
@@ -170,18 +180,9 @@ func Reload(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("reload", "connector reload [--config FILE] [--socket PATH]", stderr)
 	var cf clientFlags
 	cf.register(fs)
-	if code, ok := parseOrExit(fs, args, 0); !ok {
+	r, code, ok := askRunning(fs, &cf, args, "reload", stderr)
+	if !ok {
 		return code
-	}
-	socket, err := cf.socketPath()
-	if err != nil {
-		fmt.Fprintln(stderr, "connector:", err)
-		return 2
-	}
-	r, err := call(socket, request{Op: "reload"}, nil)
-	if err != nil {
-		fmt.Fprintln(stderr, "connector:", err)
-		return 1
 	}
 	fmt.Fprintln(stdout, r.Message)
 	return 0
