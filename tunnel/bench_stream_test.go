@@ -9,7 +9,6 @@ import (
 	"net"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
@@ -171,26 +170,5 @@ func BenchmarkIdleTLSTCPConnMemory(b *testing.B) {
 	echo := tcpBackend(b, func(c net.Conn) { _, _ = io.Copy(c, c) })
 	tun, err := sess.Forward(ctxT(b), TunnelSpec{Proto: ProtoTCP}, echo)
 	require.NoError(b, err)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(tun.Port()))
-	const conns = 200
-	for range b.N {
-		before := heapInUse()
-		var cs []net.Conn
-		for range conns {
-			c, err := net.Dial("tcp", addr)
-			require.NoError(b, err)
-			// One round trip so that the connection is fully set up and has carried data.
-			_, err = c.Write(make([]byte, 32<<10))
-			require.NoError(b, err)
-			_, err = io.ReadFull(c, make([]byte, 32<<10))
-			require.NoError(b, err)
-			cs = append(cs, c)
-		}
-		time.Sleep(2 * time.Second) // idle, as BenchmarkIdleTCPConnMemory
-		after := heapInUse()
-		b.ReportMetric(float64(after-before)/conns, "B/idle-conn")
-		for _, c := range cs {
-			c.Close()
-		}
-	}
+	measureIdleTCPConns(b, tun.Port())
 }
