@@ -13,7 +13,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -66,6 +65,9 @@ func dial(ctx context.Context, servers []string, retry bool, opts []Option) (*Se
 	if retry && o.lookup == nil && !o.customDialer {
 		o.lookup = net.DefaultResolver.LookupHost
 	}
+	if err := o.checkQUIC(); err != nil {
+		return nil, err
+	}
 	if err := o.setupProxy(os.Getenv); err != nil {
 		return nil, err
 	}
@@ -98,13 +100,8 @@ func dial(ctx context.Context, servers []string, retry bool, opts []Option) (*Se
 
 // connect dials the edge cand, runs yamux and the hello exchange.
 func (s *Session) connect(ctx context.Context, cand candidate) (*clientConn, error) {
-	raw, err := s.openConn(ctx, cand) // TCP, TLS or WebSocket (connector_websocket.go)
+	ym, err := s.openSession(ctx, cand) // TCP, TLS, WebSocket or QUIC
 	if err != nil {
-		return nil, err
-	}
-	ym, err := mux.Client(raw, s.log)
-	if err != nil {
-		_ = raw.Close()
 		return nil, err
 	}
 	fail := func(err error) (*clientConn, error) {

@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/internal/mux"
@@ -18,7 +17,7 @@ type clientConn struct {
 	s       *Session
 	ctx     context.Context // cancelled when the connection is lost or the session closes
 	cancel  context.CancelFunc
-	mux     *yamux.Session
+	mux     mux.Session
 	ctrl    net.Conn
 	started time.Time
 
@@ -133,7 +132,7 @@ func (c *clientConn) reply(req uint32, m wire.Message, tunnelID string) bool {
 // acceptStreams serves the data streams the edge opens until the connection ends.
 func (c *clientConn) acceptStreams() {
 	for {
-		st, err := c.mux.AcceptStream()
+		st, err := c.mux.AcceptStream(context.Background())
 		if err != nil {
 			return
 		}
@@ -147,7 +146,7 @@ func (c *clientConn) acceptStreams() {
 // serveStream reads a data stream's envelope, connects it to the tunnel's target and
 // acknowledges, or refuses. ctx ends when the connection is lost or the edge resets the
 // stream; untrack is called once the stream is done with.
-func (c *clientConn) serveStream(ctx context.Context, st *yamux.Stream, untrack func()) {
+func (c *clientConn) serveStream(ctx context.Context, st mux.Stream, untrack func()) {
 	stop := context.AfterFunc(ctx, func() { _ = st.SetDeadline(pastTime) })
 	_ = st.SetReadDeadline(time.Now().Add(10 * time.Second))
 	env, err := wire.ReadEnvelope(st)

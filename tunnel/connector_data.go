@@ -84,7 +84,7 @@ func (s *Session) startData(c *clientConn) {
 	if !ok {
 		return
 	}
-	if _, tcp := c.mux.RemoteAddr().(*net.TCPAddr); !tcp || s.opts.wsSet {
+	if _, tcp := c.mux.RemoteAddr().(*net.TCPAddr); !tcp || s.opts.wsSet || s.opts.quic {
 		return // over WebSocket, TCP tunnels' connections ride the session's streams
 	}
 	pre, err := wire.AppendDataPreamble(nil, wire.DataPreamble{SessionID: id, Token: token})

@@ -1,13 +1,13 @@
 package tunnel
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -41,7 +41,7 @@ type fakeEdge struct {
 type fakeConn struct {
 	n    int // 1 for the first connection
 	raw  net.Conn
-	mux  *yamux.Session
+	mux  mux.Session
 	ctrl net.Conn
 	wmu  sync.Mutex // serialises control writes
 
@@ -107,7 +107,7 @@ func (fe *fakeEdge) serve(fc *fakeConn) {
 		_ = fc.raw.Close()
 		return
 	}
-	ctrl, err := ym.AcceptStream()
+	ctrl, err := ym.AcceptStream(context.Background())
 	if err != nil {
 		return
 	}

@@ -49,6 +49,8 @@ type dialOptions struct {
 	// over a WebSocket (connector_websocket.go).
 	wsPath string
 	wsSet  bool
+	// quic is WithQUIC: the session reaches the edge over QUIC (connector_quic.go).
+	quic bool
 }
 
 func defaultDialOptions() dialOptions {

@@ -71,8 +71,8 @@ func (o *dialOptions) setupProxy(getenv func(string) string) error {
 			return fmt.Errorf("tunnel: WithProxy cannot be combined with WithDialer (the dialer reaches the edge itself): %w", ErrInvalid)
 		}
 		o.proxyFor = nil
-	case o.proxySet && o.proxy == nil:
-		o.proxyFor = nil
+	case o.proxySet && o.proxy == nil, o.quic:
+		o.proxyFor = nil // QUIC is UDP, which proxies do not carry
 	case o.proxySet:
 		p, err := checkProxyURL(o.proxy, "WithProxy")
 		if err != nil {

@@ -11,7 +11,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/health"
@@ -229,7 +228,7 @@ func truncateReason(r string) string {
 // connection is lost or the edge resets the stream: the stream and its backend connection
 // (or the application's end of it) are cut then. untrack is called once the stream is done
 // with.
-func (t *clientTunnel) serve(ctx context.Context, c *clientConn, st *yamux.Stream, env wire.Envelope, untrack func()) {
+func (t *clientTunnel) serve(ctx context.Context, c *clientConn, st mux.Stream, env wire.Envelope, untrack func()) {
 	s := t.s
 	if t.accept != nil {
 		sc := &streamConn{Stream: st, local: t.addr(), remote: remoteAddr(env.RemoteAddr), untrack: untrack}

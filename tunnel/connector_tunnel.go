@@ -9,8 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -171,7 +170,7 @@ func remoteAddr(s string) net.Addr {
 // streamConn is a data stream handed to a Listen tunnel's Accept. Its acknowledgement is
 // written before the first byte of the application's, whichever comes first.
 type streamConn struct {
-	*yamux.Stream
+	mux.Stream
 	local, remote net.Addr
 	ackOnce       sync.Once
 	ackErr        error
@@ -195,10 +194,10 @@ func (c *streamConn) release() {
 }
 
 // abort cuts the stream at once, on both sides: the edge reset it.
-func (c *streamConn) abort() {
-	_ = c.Stream.SetDeadline(pastTime)
-	_ = c.Stream.Close()
-}
+func (c *streamConn) abort() { mux.Abort(c.Stream) }
+
+// MuxStream is the stream itself (mux.Unwrapper).
+func (c *streamConn) MuxStream() mux.Stream { return c.Stream }
 
 func (c *streamConn) ack() error {
 	c.ackOnce.Do(func() { _, c.ackErr = c.Stream.Write([]byte{byte(wire.AckOK)}) })

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wsconn"
 )
 
@@ -27,13 +28,34 @@ func WithWebSocket(path string) Option {
 	return func(o *dialOptions) { o.wsPath, o.wsSet = path, true }
 }
 
-// Transport says how the session reaches the edge: TransportTCP or TransportWebSocket
-// (WithWebSocket).
+// Transport says how the session reaches the edge: TransportTCP, TransportWebSocket
+// (WithWebSocket) or TransportQUIC (WithQUIC).
 func (s *Session) Transport() string {
-	if s.opts.wsSet {
+	switch {
+	case s.opts.wsSet:
 		return TransportWebSocket
+	case s.opts.quic:
+		return TransportQUIC
 	}
 	return TransportTCP
+}
+
+// openSession opens the session's multiplexer to the edge cand: yamux over a connection
+// (openConn), or a QUIC connection.
+func (s *Session) openSession(ctx context.Context, cand candidate) (mux.Session, error) {
+	if s.opts.quic {
+		return s.dialQUIC(ctx, cand)
+	}
+	raw, err := s.openConn(ctx, cand)
+	if err != nil {
+		return nil, err
+	}
+	m, err := mux.Client(raw, s.log)
+	if err != nil {
+		_ = raw.Close()
+		return nil, err
+	}
+	return m, nil
 }
 
 // checkWebSocket refuses a WithWebSocket path the edge could not serve.

@@ -38,6 +38,10 @@ type ServerConfig struct {
 	// TLSConfig, when set, makes the control listener of ListenAndServe speak TLS and is
 	// used for the public HTTPS listener.
 	TLSConfig *tls.Config
+	// QUICAddr, when set (e.g. ":4443"), is the UDP address ListenAndServe accepts
+	// connectors on over QUIC (ServeQUIC): it needs TLSConfig, whose certificate the edge
+	// presents, and package tunnel/quic imported by the program. Off by default.
+	QUICAddr string
 
 	// Public configures the public HTTP(S) listeners: their addresses, the ports written
 	// into tunnel URLs, HTTP/2, the proxies trusted in front of the edge, and the limits
@@ -512,6 +516,7 @@ func (c ServerConfig) Validate() error {
 		}
 	}
 	errs = append(errs, c.Public.validateWebSocket()...)
+	errs = append(errs, c.validateQUIC()...)
 	if c.LoadBalancing.NewStrategy == nil {
 		if _, err := dispatch.New(c.LoadBalancing.Strategy); err != nil {
 			errs = append(errs, fieldErr("LoadBalancing.Strategy", "%q is not a strategy; use %q or %q",

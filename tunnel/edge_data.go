@@ -86,9 +86,9 @@ func (e *edgeSession) welcomeToken(random string) string {
 
 // attachData lets a new tunnel use the session's data connections, if it is a plain TCP
 // tunnel (TLS passthrough tunnels stay on yamux streams) of a session over TCP (a session
-// over WebSocket has none: its TCP connections ride yamux streams).
+// over WebSocket or QUIC has none: its TCP connections ride the session's streams).
 func (e *edgeSession) attachData(t *edgeTunnel, proto group.Proto) {
-	if proto == group.ProtoTCP && e.transport != TransportWebSocket {
+	if proto == group.ProtoTCP && e.transport == TransportTCP {
 		t.data.SetDataConns(e.data.pool)
 	}
 }

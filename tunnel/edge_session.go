@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
 
@@ -35,11 +34,11 @@ type edgeSession struct {
 	ctx    context.Context // cancelled when the session ends or the server closes
 	cancel context.CancelFunc
 	id     string
-	conn   net.Conn
-	mux    *yamux.Session
+	mux    mux.Session
 	log    *zap.Logger
 	tenant string
-	// transport is how the connector reached the edge: TransportTCP or TransportWebSocket
+	// transport is how the connector reached the edge: TransportTCP, TransportWebSocket or
+	// TransportQUIC
 	// (set before the session runs, then only read).
 	transport string
 	// counted is set while the session counts against its tenant's max_sessions.
@@ -94,19 +93,26 @@ func newID() string {
 // newEdgeSession starts the session of connector connection c on s, which has preAuth's
 // place among the connections not yet authenticated. It fails once s is closing.
 func newEdgeSession(s *Server, c net.Conn, preAuth *throttle.Slot) (*edgeSession, error) {
-	helloBy := time.Now().Add(s.cfg.PreAuth.HelloTimeout)
-	id := newID()
-	log := s.log.With(zap.String("session", id), zap.String("remote", c.RemoteAddr().String()))
-	mux, err := mux.Server(c, log, s.cfg.Timeouts.Open)
+	log := s.log.With(zap.String("remote", c.RemoteAddr().String()))
+	m, err := mux.Server(c, log, s.cfg.Timeouts.Open)
 	if err != nil {
 		return nil, err
 	}
-	e := &edgeSession{srv: s, id: id, conn: c, mux: mux, log: log, tunnels: map[string]*edgeTunnel{}, endedCh: make(chan struct{}),
+	return newEdgeSessionOver(s, m, log, preAuth)
+}
+
+// newEdgeSessionOver is newEdgeSession for a session whose multiplexer runs already (a QUIC
+// connection); it closes m when it fails.
+func newEdgeSessionOver(s *Server, m mux.Session, log *zap.Logger, preAuth *throttle.Slot) (*edgeSession, error) {
+	helloBy := time.Now().Add(s.cfg.PreAuth.HelloTimeout)
+	id := newID()
+	log = log.With(zap.String("session", id))
+	e := &edgeSession{srv: s, id: id, mux: m, log: log, tunnels: map[string]*edgeTunnel{}, endedCh: make(chan struct{}),
 		registrations: s.limits.Load().registrations(),
-		remote:        throttle.KeyOf(c.RemoteAddr()), helloBy: helloBy, preAuth: preAuth, data: s.newSessionData()}
+		remote:        throttle.KeyOf(m.RemoteAddr()), helloBy: helloBy, preAuth: preAuth, data: s.newSessionData()}
 	e.ctx, e.cancel = context.WithCancel(s.ctx)
 	if s.shuttingDown() || !s.sessions.add(e) {
-		_ = mux.Close()
+		_ = m.Close()
 		e.cancel()
 		return nil, ErrServerClosed
 	}
@@ -125,7 +131,7 @@ func (e *edgeSession) serve() error {
 func (e *edgeSession) run() error {
 	defer e.preAuth.Release()
 	ctx, cancel := context.WithDeadline(context.Background(), e.helloBy)
-	ctrl, err := e.mux.AcceptStreamWithContext(ctx)
+	ctrl, err := e.mux.AcceptStream(ctx)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("tunnel: waiting for the control stream: %w", err)

@@ -38,11 +38,14 @@ const (
 )
 
 // sessionCounts counts the connector sessions whose Hello was accepted, by transport.
-type sessionCounts struct{ tcp, websocket atomic.Int64 }
+type sessionCounts struct{ tcp, websocket, quic atomic.Int64 }
 
 func (n *sessionCounts) of(transport string) *atomic.Int64 {
-	if transport == TransportWebSocket {
+	switch transport {
+	case TransportWebSocket:
 		return &n.websocket
+	case TransportQUIC:
+		return &n.quic
 	}
 	return &n.tcp
 }

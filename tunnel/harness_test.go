@@ -30,8 +30,12 @@ type testEdge struct {
 	t           testing.TB
 	controlAddr string
 	publicAddr  string
-	client      *http.Client
-	served      sync.WaitGroup
+	// quicAddr, over QUIC (WARREN_TEST_TRANSPORT=quic, quic_test.go), is the UDP address the
+	// edge accepts connectors on, and quicPKI the edge's certificate's.
+	quicAddr string
+	quicPKI  testPKI
+	client   *http.Client
+	served   sync.WaitGroup
 }
 
 func listenLoopback(t testing.TB) net.Listener {
@@ -55,10 +59,14 @@ func startEdge(t testing.TB, cfg ServerConfig) *testEdge {
 		// public listener starts serving (ServePublic runs in a goroutine below).
 		cfg.Public.URLHTTPPort = pub.Addr().(*net.TCPAddr).Port
 	}
+	pki, quic := quicEdgeConfig(t, &cfg)
 	srv, err := NewServer(cfg)
 	require.NoError(t, err)
 	e := &testEdge{Server: srv, t: t}
 	e.controlAddr, e.publicAddr = ctl.Addr().String(), pub.Addr().String()
+	if quic != nil {
+		e.serveQUIC(quic, pki)
+	}
 	for _, sv := range []struct {
 		l     net.Listener
 		serve func(net.Listener) error
@@ -117,7 +125,7 @@ func (e *testEdge) connect(opts ...Option) *Session {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	opts = append([]Option{WithLogger(zaptest.NewLogger(e.t)), WithBackoff(10*time.Millisecond, 100*time.Millisecond)}, opts...)
-	s, err := Dial(ctx, e.controlAddr, opts...)
+	s, err := Dial(ctx, e.connectorAddr(), append(e.transportOptions(), opts...)...)
 	require.NoError(e.t, err)
 	e.t.Cleanup(func() { _ = s.Close() })
 	return s

@@ -142,14 +142,22 @@ type restartableEdge struct {
 	cur             *Server
 	served          sync.WaitGroup
 	cfg             ServerConfig
+	// quic and pki: over QUIC (quic_test.go), the UDP address and the edge's certificate,
+	// the same across restarts.
+	quic string
+	pki  testPKI
 }
 
 func (r *restartableEdge) start() {
 	cfg := r.cfg
 	cfg.Domain = testDomain
 	cfg.Logger = zaptest.NewLogger(r.t)
+	pc := r.quicConfig(&cfg)
 	srv, err := NewServer(cfg)
 	require.NoError(r.t, err)
+	if pc != nil {
+		r.served.Go(func() { _ = ServeQUIC(srv, pc) })
+	}
 	lc, err := net.Listen("tcp", r.control)
 	require.NoError(r.t, err)
 	lp, err := net.Listen("tcp", r.public)
@@ -170,7 +178,7 @@ func TestConnectorReconnectsAfterEdgeRestart(t *testing.T) {
 	r.start()
 	defer func() { r.stop() }()
 	b := backend(t, "b")
-	sess, err := Dial(ctxT(t), r.control, WithLogger(zaptest.NewLogger(t)), WithBackoff(10*time.Millisecond, 50*time.Millisecond))
+	sess, err := Dial(ctxT(t), r.connectorAddr(), append(r.transportOptions(), WithLogger(zaptest.NewLogger(t)), WithBackoff(10*time.Millisecond, 50*time.Millisecond))...)
 	require.NoError(t, err)
 	defer sess.Close()
 	tun, err := sess.Forward(ctxT(t), TunnelSpec{Subdomain: "app"}, hostPort(b.URL))

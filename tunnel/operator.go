@@ -76,6 +76,7 @@ func (o Operator) Counters() Counters {
 		Sessions: map[string]int64{
 			TransportTCP:       s.sessionsBy.tcp.Load(),
 			TransportWebSocket: s.sessionsBy.websocket.Load(),
+			TransportQUIC:      s.sessionsBy.quic.Load(),
 		},
 	}
 }

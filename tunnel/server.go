@@ -366,7 +366,7 @@ func (s *Server) ServeAdmin(l net.Listener, h http.Handler) error {
 }
 
 // ListenAndServe listens on the configured addresses (control, public HTTP, and HTTPS and
-// admin when set) and serves them until Shutdown or Close, then returns ErrServerClosed. If
+// QUIC when set) and serves them until Shutdown or Close, then returns ErrServerClosed. If
 // one listener fails, the others are closed and its error is returned.
 func (s *Server) ListenAndServe() error {
 	type svc struct {
@@ -402,7 +402,17 @@ func (s *Server) ListenAndServe() error {
 		}
 		ls = append(ls, l)
 	}
-	errc := make(chan error, len(svcs))
+	quic, qerr := listenQUIC(s)
+	if qerr != nil {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+		return qerr
+	}
+	errc := make(chan error, len(svcs)+1)
+	if quic != nil && !s.spawn(func() { errc <- ServeQUIC(s, quic) }) {
+		_ = quic.Close()
+	}
 	for i, sv := range svcs {
 		if !s.spawn(func() { errc <- sv.serve(ls[i]) }) {
 			for _, l := range ls[i:] {

@@ -22,6 +22,7 @@ import (
 type testPKI struct {
 	pool   *x509.CertPool
 	server tls.Certificate
+	name   string // the name to verify the server by ("" : edge.test)
 }
 
 func newTestPKI(t testing.TB) testPKI {

@@ -84,12 +84,31 @@ func config(log *zap.Logger, edge bool, openTimeout time.Duration) *yamux.Config
 }
 
 // Client starts the connector's yamux session over conn (wrapped to save system calls).
-func Client(conn net.Conn, log *zap.Logger) (*yamux.Session, error) {
-	return yamux.Client(newConn(conn), ClientConfig(log))
+func Client(conn net.Conn, log *zap.Logger) (Session, error) {
+	s, err := YamuxClient(conn, log)
+	if err != nil {
+		return nil, err
+	}
+	return Yamux(s), nil
 }
 
 // Server starts the edge's yamux session over conn (wrapped to save system calls);
 // openTimeout is as for ServerConfig.
-func Server(conn net.Conn, log *zap.Logger, openTimeout time.Duration) (*yamux.Session, error) {
+func Server(conn net.Conn, log *zap.Logger, openTimeout time.Duration) (Session, error) {
+	s, err := YamuxServer(conn, log, openTimeout)
+	if err != nil {
+		return nil, err
+	}
+	return Yamux(s), nil
+}
+
+// YamuxClient is Client as yamux's own session (the edges' cluster links, which stay on
+// yamux).
+func YamuxClient(conn net.Conn, log *zap.Logger) (*yamux.Session, error) {
+	return yamux.Client(newConn(conn), ClientConfig(log))
+}
+
+// YamuxServer is Server as yamux's own session (the edges' cluster links).
+func YamuxServer(conn net.Conn, log *zap.Logger, openTimeout time.Duration) (*yamux.Session, error) {
 	return yamux.Server(newConn(conn), ServerConfig(log, openTimeout))
 }

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/hashicorp/yamux"
 )
 
 // Copy buffers. A connection that is busy copies through a large pooled buffer, so a bulk
@@ -48,15 +46,12 @@ var ErrSessionEnded = fmt.Errorf("mux: the session ended before the stream did: 
 // StreamEOF returns err as read from st, except that io.EOF read after st's session ended
 // becomes ErrSessionEnded. A stream whose close arrived and whose session died before the
 // close was read is reported as cut too: yamux keeps no trace of the close then.
-func StreamEOF(st *yamux.Stream, err error) error {
-	if err == io.EOF && st.Session().IsClosed() {
-		return ErrSessionEnded
+func StreamEOF(st Stream, err error) error {
+	if err == io.EOF {
+		return sessionEOF(st)
 	}
 	return err
 }
-
-// sessionStream is a yamux stream, or a wrapper that embeds one: it knows its session.
-type sessionStream interface{ Session() *yamux.Session }
 
 // shrinker is a yamux stream: Shrink frees its receive buffer while it is empty.
 type shrinker interface{ Shrink() }
@@ -95,8 +90,8 @@ func copyConn(dst io.Writer, src io.Reader) error {
 			}
 		}
 		if rerr != nil {
-			if st, ok := src.(sessionStream); ok && rerr == io.EOF && st.Session().IsClosed() {
-				rerr = ErrSessionEnded // as StreamEOF, for a stream or a wrapper of one
+			if rerr == io.EOF {
+				rerr = sessionEOF(src) // as StreamEOF, for a stream or a wrapper of one
 			}
 			if rerr == io.EOF {
 				return nil

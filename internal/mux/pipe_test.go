@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 )
@@ -16,7 +15,7 @@ import (
 // joined runs Join between the far end of a loopback TCP connection and a yamux stream, and
 // returns the TCP client, the stream's peer, the connection both sessions run over, a
 // cancel for Join's context, and a channel closed when Join returns.
-func joined(t *testing.T) (client net.Conn, peer *yamux.Stream, link net.Conn, cancel func(), done chan struct{}) {
+func joined(t *testing.T) (client net.Conn, peer Stream, link net.Conn, cancel func(), done chan struct{}) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -33,9 +32,9 @@ func joined(t *testing.T) (client net.Conn, peer *yamux.Stream, link net.Conn, c
 	conn, err := Client(b, zap.NewNop())
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = edge.Close(); _ = conn.Close() })
-	accepted := make(chan *yamux.Stream, 1)
+	accepted := make(chan Stream, 1)
 	go func() {
-		st, _ := conn.AcceptStream()
+		st, _ := conn.AcceptStream(context.Background())
 		accepted <- st
 	}()
 	st, err := edge.OpenStream()

@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -24,7 +24,7 @@ import (
 // each served by serve (or, if nil, by a backend that answers with its tunnel id), and
 // returns them by id.
 func affinityPool(t *testing.T, reg *group.Registry, proto group.Proto, aff string, n int,
-	serve func(i int) func(*connector, *yamux.Stream, wire.Envelope)) map[string]*group.Member {
+	serve func(i int) func(*connector, mux.Stream, wire.Envelope)) map[string]*group.Member {
 	t.Helper()
 	ms := map[string]*group.Member{}
 	for i := range n {
@@ -137,7 +137,7 @@ func TestAffinityCookie(t *testing.T) {
 func TestAffinityCookieRetry(t *testing.T) {
 	reg := group.NewRegistry(group.Config{LoadBalancing: true})
 	var drop backend
-	ms := affinityPool(t, reg, group.ProtoHTTP, group.AffinityCookie, 2, func(i int) func(*connector, *yamux.Stream, wire.Envelope) {
+	ms := affinityPool(t, reg, group.ProtoHTTP, group.AffinityCookie, 2, func(i int) func(*connector, mux.Stream, wire.Envelope) {
 		if i == 0 {
 			return drop.reply("")
 		}
@@ -228,8 +228,8 @@ func TestAffinityTCP(t *testing.T) {
 			defer tcp.Close()
 			reg := group.NewRegistry(group.Config{LoadBalancing: true, Ports: group.PortRange{Lo: 40000, Hi: 40000},
 				OnCreate: tcp.OnCreate, OnRemove: tcp.OnRemove})
-			ms := affinityPool(t, reg, group.ProtoTCP, aff, 3, func(int) func(*connector, *yamux.Stream, wire.Envelope) {
-				return func(_ *connector, st *yamux.Stream, env wire.Envelope) { _, _ = io.WriteString(st, env.TunnelID) }
+			ms := affinityPool(t, reg, group.ProtoTCP, aff, 3, func(int) func(*connector, mux.Stream, wire.Envelope) {
+				return func(_ *connector, st mux.Stream, env wire.Envelope) { _, _ = io.WriteString(st, env.TunnelID) }
 			})
 			seen := map[string]bool{}
 			for range 6 {

@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -37,7 +37,7 @@ func startBodyEdge(t *testing.T, cfg Config, early bool) *bodyEdge {
 	e := &bodyEdge{ended: make(chan error, 16)}
 	cfg.Registry = group.NewRegistry(group.Config{LoadBalancing: true})
 	cfg.Domain = testDomain
-	e.c = startConnector(t, wire.AckOK, func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+	e.c = startConnector(t, wire.AckOK, func(_ *connector, st mux.Stream, _ wire.Envelope) {
 		br := bufio.NewReader(st)
 		for {
 			req, err := http.ReadRequest(br)

@@ -12,10 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -55,7 +55,7 @@ func endless(w io.Writer) {
 // after sending everything still ends the public connection with a clean FIN.
 func TestTCPCutByADeadConnectorIsAReset(t *testing.T) {
 	t.Run("connector dies", func(t *testing.T) {
-		c := startConnector(t, wire.AckOK, func(_ *connector, st *yamux.Stream, _ wire.Envelope) { endless(st) })
+		c := startConnector(t, wire.AckOK, func(_ *connector, st mux.Stream, _ wire.Envelope) { endless(st) })
 		conn, err := net.Dial("tcp", startTCPGroup(t, c))
 		require.NoError(t, err)
 		defer conn.Close()
@@ -68,7 +68,7 @@ func TestTCPCutByADeadConnectorIsAReset(t *testing.T) {
 	})
 	t.Run("backend ends", func(t *testing.T) {
 		const total = 1 << 20
-		c := startConnector(t, wire.AckOK, func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+		c := startConnector(t, wire.AckOK, func(_ *connector, st mux.Stream, _ wire.Envelope) {
 			_, _ = st.Write(make([]byte, total))
 		})
 		conn, err := net.Dial("tcp", startTCPGroup(t, c))
@@ -84,8 +84,8 @@ func TestTCPCutByADeadConnectorIsAReset(t *testing.T) {
 // serveDownload answers one request on st with a response in the given framing
 // ("content-length", "chunked", or "close": delimited by the end of the stream). Its body is
 // total bytes, or endless when total is negative (then it writes until the stream fails).
-func serveDownload(framing string, total int) func(*connector, *yamux.Stream, wire.Envelope) {
-	return func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+func serveDownload(framing string, total int) func(*connector, mux.Stream, wire.Envelope) {
+	return func(_ *connector, st mux.Stream, _ wire.Envelope) {
 		if _, err := http.ReadRequest(bufio.NewReader(st)); err != nil {
 			return
 		}

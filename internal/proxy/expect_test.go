@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -44,8 +44,8 @@ type seen struct {
 //   - "100": waits 300 ms (noting whether any body byte came), sends 100 Continue, reads the
 //     body and answers 200 with its checksum;
 //   - "read": ignores Expect, reads the body and answers 200 with its checksum.
-func expectBackend(mode string, out chan<- seen) func(*connector, *yamux.Stream, wire.Envelope) {
-	return func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+func expectBackend(mode string, out chan<- seen) func(*connector, mux.Stream, wire.Envelope) {
+	return func(_ *connector, st mux.Stream, _ wire.Envelope) {
 		br := bufio.NewReader(st)
 		for {
 			req, err := http.ReadRequest(br)
@@ -91,7 +91,7 @@ func expectBackend(mode string, out chan<- seen) func(*connector, *yamux.Stream,
 // expectEdge serves the HTTP ingress, in plain HTTP or over TLS (HTTP/1.1 or HTTP/2), in
 // front of one HTTP/1.1 member whose backend is serve; it returns a client that waits up to
 // 5 s for a 100 Continue, and the scheme of the public URL.
-func expectEdge(t *testing.T, proto string, serve func(*connector, *yamux.Stream, wire.Envelope)) (*http.Client, string) {
+func expectEdge(t *testing.T, proto string, serve func(*connector, mux.Stream, wire.Envelope)) (*http.Client, string) {
 	t.Helper()
 	reg := group.NewRegistry(group.Config{LoadBalancing: true})
 	h := NewHTTP(Config{Registry: reg, Domain: testDomain, OpenTimeout: 2 * time.Second})

@@ -14,10 +14,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/yamux"
+	"github.com/warren-tunnel/warren/internal/mux"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -307,14 +306,14 @@ func closeAll(cs []*h2Conn) {
 // h2StreamConn is the net.Conn an HTTP/2 client connection runs on: a member's data stream,
 // cut when the tunnel is removed.
 type h2StreamConn struct {
-	*yamux.Stream
+	mux.Stream
 	t        *Tunnel
 	unhook   func() bool
 	once     sync.Once
 	settings h2Settings // the backend's stream limit, as its frames are read
 }
 
-func newH2StreamConn(t *Tunnel, st *yamux.Stream) *h2StreamConn {
+func newH2StreamConn(t *Tunnel, st mux.Stream) *h2StreamConn {
 	c := &h2StreamConn{Stream: st, t: t}
 	c.settings.settled = make(chan struct{})
 	c.settings.limit.Store(-1)

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -173,8 +173,8 @@ func TestNo1xxToHTTP10Clients(t *testing.T) {
 
 // endless1xx is an h2c backend, written by hand, that answers each request with 1000 103
 // responses before its final 200.
-func endless1xx(sent *atomic.Int64) func(*connector, *yamux.Stream, wire.Envelope) {
-	return func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+func endless1xx(sent *atomic.Int64) func(*connector, mux.Stream, wire.Envelope) {
+	return func(_ *connector, st mux.Stream, _ wire.Envelope) {
 		preface := make([]byte, 24)
 		if _, err := io.ReadFull(st, preface); err != nil {
 			return

@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -39,8 +39,8 @@ func h2cBackend(t *testing.T, h http.Handler) *httptest.Server {
 
 // pipeTo serves each acknowledged stream as the connector does: it dials addr and copies
 // both ways until either side ends.
-func pipeTo(addr string) func(*connector, *yamux.Stream, wire.Envelope) {
-	return func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+func pipeTo(addr string) func(*connector, mux.Stream, wire.Envelope) {
+	return func(_ *connector, st mux.Stream, _ wire.Envelope) {
 		b, err := net.Dial("tcp", addr)
 		if err != nil {
 			return
@@ -162,8 +162,8 @@ func TestH2CMemberSharesOneConnection(t *testing.T) {
 
 // refusingH2 serves each stream as an HTTP/2 server that refuses every request with
 // RST_STREAM REFUSED_STREAM (written by hand: no HTTP/2 server does this on demand).
-func refusingH2(streams *atomic.Int64) func(*connector, *yamux.Stream, wire.Envelope) {
-	return func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+func refusingH2(streams *atomic.Int64) func(*connector, mux.Stream, wire.Envelope) {
+	return func(_ *connector, st mux.Stream, _ wire.Envelope) {
 		preface := make([]byte, len("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
 		if _, err := io.ReadFull(st, preface); err != nil {
 			return

@@ -18,11 +18,10 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/hashicorp/yamux"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -41,7 +40,7 @@ var errHeadersTooLarge = errors.New("proxy: backend response headers too large")
 // it controls exactly when a request may be retried: never once a byte of it was written.
 type memberConn struct {
 	t         *Tunnel
-	st        *yamux.Stream
+	st        mux.Stream
 	lim       headLimiter
 	br        *bufio.Reader
 	bw        *bufio.Writer
@@ -94,14 +93,14 @@ func (l *headLimiter) Read(p []byte) (int, error) {
 
 // streamReader reads a member's stream; the end of a stream whose session died first is an
 // error (mux.ErrSessionEnded), never the end of a response.
-type streamReader struct{ st *yamux.Stream }
+type streamReader struct{ st mux.Stream }
 
 func (r streamReader) Read(p []byte) (int, error) {
 	n, err := r.st.Read(p)
 	return n, mux.StreamEOF(r.st, err)
 }
 
-func newMemberConn(t *Tunnel, st *yamux.Stream) *memberConn {
+func newMemberConn(t *Tunnel, st mux.Stream) *memberConn {
 	pc := &memberConn{t: t, st: st}
 	// A removed tunnel's streams end with it, in flight or idle.
 	pc.unhook = context.AfterFunc(t.ctx, pc.abort)
@@ -123,7 +122,7 @@ func (pc *memberConn) alive() bool {
 	_ = pc.st.SetReadDeadline(pastTime)
 	_, err := pc.br.Peek(1)
 	_ = pc.st.SetReadDeadline(time.Time{})
-	return errors.Is(err, yamux.ErrTimeout)
+	return mux.IsTimeout(err)
 }
 
 func (pc *memberConn) tunnel() *Tunnel { return pc.t }
@@ -165,7 +164,7 @@ func (pc *memberConn) readAck() error {
 	b, err := pc.br.ReadByte()
 	if err != nil {
 		pc.hold.Load().decide(false)
-		if errors.Is(err, io.EOF) || errors.Is(err, yamux.ErrConnectionReset) {
+		if errors.Is(err, io.EOF) || mux.IsStreamReset(err) {
 			return &openError{tunnel: pc.t.id, err: fmt.Errorf("waiting for the acknowledgement: %w", err)}
 		}
 		return fmt.Errorf("proxy: waiting for the acknowledgement: %w", err)
@@ -661,7 +660,7 @@ func failureWithUpload(req *http.Request, err, werr error) error {
 	case refused && !clientFault(werr):
 		// The writer failed because the stream was refused: the refusal is the cause, and
 		// the body is kept for the next member.
-	case werr != nil && !errors.Is(werr, yamux.ErrTimeout):
+	case werr != nil && !mux.IsTimeout(werr):
 		// The upload failed first (e.g. over the body limit); that is the cause.
 		return werr
 	}

@@ -10,9 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -48,7 +47,7 @@ func BenchmarkEdgeHTTPUnknownLength(b *testing.B) {
 }
 
 // answerChunked is answerHTTP with the tunnel's ID as a chunked body.
-func answerChunked(_ *connector, st *yamux.Stream, env wire.Envelope) {
+func answerChunked(_ *connector, st mux.Stream, env wire.Envelope) {
 	br := bufio.NewReader(st)
 	for {
 		req, err := http.ReadRequest(br)

@@ -15,10 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/testlink"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
@@ -30,7 +30,7 @@ func newHeldLink(c net.Conn) *heldLink { return testlink.NewHeld(c) }
 
 // startHeldConnector is startConnector (AckOK) over a link whose connector-to-edge bytes
 // can be held back.
-func startHeldConnector(t *testing.T, serve func(c *connector, st *yamux.Stream, env wire.Envelope)) (*connector, *heldLink) {
+func startHeldConnector(t *testing.T, serve func(c *connector, st mux.Stream, env wire.Envelope)) (*connector, *heldLink) {
 	t.Helper()
 	var link *heldLink
 	c := startConnectorOver(t, wire.AckOK, serve, func(b net.Conn) net.Conn {
@@ -62,7 +62,7 @@ type progressBackend struct {
 	bodies   [][]byte
 }
 
-func (b *progressBackend) serve(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+func (b *progressBackend) serve(_ *connector, st mux.Stream, _ wire.Envelope) {
 	br := bufio.NewReader(st)
 	for {
 		req, err := http.ReadRequest(br)

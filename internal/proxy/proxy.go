@@ -90,7 +90,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/yamux"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/dispatch"
@@ -265,7 +265,7 @@ var pastTime = time.Unix(1, 0)
 type Tunnel struct {
 	id        string
 	proto     group.Proto
-	sess      *yamux.Session
+	sess      mux.Session
 	noticeKey *[32]byte
 	// ctx ends when the tunnel is closed (removed from its group, or its session ended):
 	// every stream still open on it is cut then.
@@ -288,7 +288,7 @@ type Tunnel struct {
 // the unread notices on its HTTP streams (wire.NoticeKey of the session's resume token); it
 // is read when a response arrives, so it may be filled in after NewTunnel returns but before
 // the tunnel is dispatched to. The tunnel's streams end when parent ends or Close is called.
-func NewTunnel(parent context.Context, id string, proto group.Proto, sess *yamux.Session, noticeKey *[32]byte) *Tunnel {
+func NewTunnel(parent context.Context, id string, proto group.Proto, sess mux.Session, noticeKey *[32]byte) *Tunnel {
 	if proto == group.ProtoTLS {
 		proto = group.ProtoTCP // a TLS passthrough stream is raw bytes, as a TCP one
 	}
@@ -308,9 +308,8 @@ func (t *Tunnel) SetStreamReset(reset func(streamID uint32)) { t.reset = reset }
 // abandon ends st, a data stream of the tunnel that the edge gives up on before its exchange
 // ended (the public side went away or failed, the tunnel is removed): pending reads and
 // writes return at once, and the connector is told to reset it.
-func (t *Tunnel) abandon(st *yamux.Stream) {
-	_ = st.SetDeadline(pastTime)
-	_ = st.Close()
+func (t *Tunnel) abandon(st mux.Stream) {
+	mux.Abort(st)
 	if t.reset != nil {
 		t.reset(st.StreamID())
 	}
@@ -320,13 +319,16 @@ func (t *Tunnel) abandon(st *yamux.Stream) {
 // reset (SetLinger(0), as of a TCP connection), and the stream's Close then abandons it
 // (Tunnel.abandon) instead of only half-closing it.
 type resettable struct {
-	*yamux.Stream
+	mux.Stream
 	t     *Tunnel
 	reset atomic.Bool
 }
 
 // Joinable returns st, a data stream of the tunnel, for mux.Join.
-func (t *Tunnel) Joinable(st *yamux.Stream) net.Conn { return &resettable{Stream: st, t: t} }
+func (t *Tunnel) Joinable(st mux.Stream) net.Conn { return &resettable{Stream: st, t: t} }
+
+// MuxStream is the stream itself (mux.Unwrapper).
+func (s *resettable) MuxStream() mux.Stream { return s.Stream }
 
 // SetLinger with 0 makes Close reset the stream.
 func (s *resettable) SetLinger(sec int) error {
@@ -385,7 +387,7 @@ func (e *openError) Unwrap() error { return e.err }
 // connection. Nothing else has been written when open fails, so the caller may retry on
 // another member. The end of ctx (the public request or connection went away) stops the
 // wait, closes the stream and returns ctx's error: not the member's failure.
-func (t *Tunnel) open(ctx context.Context, remoteAddr string, timeout time.Duration) (*yamux.Stream, error) {
+func (t *Tunnel) open(ctx context.Context, remoteAddr string, timeout time.Duration) (mux.Stream, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -410,7 +412,7 @@ func (t *Tunnel) open(ctx context.Context, remoteAddr string, timeout time.Durat
 
 // handshake writes the envelope on st and waits for the connector's acknowledgement, within
 // st's deadline; st is closed when it fails.
-func (t *Tunnel) handshake(st *yamux.Stream, remoteAddr string) error {
+func (t *Tunnel) handshake(st mux.Stream, remoteAddr string) error {
 	var buf [wire.MaxEnvelopeSize + 1]byte
 	env, err := wire.AppendEnvelope(buf[:0], wire.Envelope{TunnelID: t.id, RemoteAddr: remoteAddr, Proto: t.proto})
 	if err != nil {

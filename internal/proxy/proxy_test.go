@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
@@ -24,10 +23,10 @@ import (
 
 // connector is a fake connector at the far end of an in-memory yamux session.
 type connector struct {
-	edge    *yamux.Session // the edge's side, which opens the streams
-	conn    net.Conn       // the connector's end of the connection
-	key     [32]byte       // the session's unread-notice key
-	streams atomic.Int64   // streams received, acknowledged or not
+	edge    mux.Session  // the edge's side, which opens the streams
+	conn    net.Conn     // the connector's end of the connection
+	key     [32]byte     // the session's unread-notice key
+	streams atomic.Int64 // streams received, acknowledged or not
 }
 
 // kill cuts the connector's connection without a goodbye, as a crash does: both sessions
@@ -36,14 +35,14 @@ func (c *connector) kill() { _ = c.conn.Close() }
 
 // startConnector runs a fake connector: it answers every stream's envelope with ack and,
 // when that is AckOK, hands the stream to serve (which may be nil).
-func startConnector(t testing.TB, ack wire.Ack, serve func(c *connector, st *yamux.Stream, env wire.Envelope)) *connector {
+func startConnector(t testing.TB, ack wire.Ack, serve func(c *connector, st mux.Stream, env wire.Envelope)) *connector {
 	t.Helper()
 	return startConnectorOver(t, ack, serve, nil)
 }
 
 // startConnectorOver is startConnector whose connector side of the connection is wrap(conn)
 // (nil: conn itself).
-func startConnectorOver(t testing.TB, ack wire.Ack, serve func(c *connector, st *yamux.Stream, env wire.Envelope), wrap func(net.Conn) net.Conn) *connector {
+func startConnectorOver(t testing.TB, ack wire.Ack, serve func(c *connector, st mux.Stream, env wire.Envelope), wrap func(net.Conn) net.Conn) *connector {
 	t.Helper()
 	a, b := net.Pipe()
 	if wrap != nil {
@@ -57,7 +56,7 @@ func startConnectorOver(t testing.TB, ack wire.Ack, serve func(c *connector, st 
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for {
-			st, err := client.AcceptStream()
+			st, err := client.AcceptStream(context.Background())
 			if err != nil {
 				return
 			}
@@ -99,10 +98,10 @@ func newStats() Stats {
 }
 
 // echo copies a TCP stream back to the edge.
-func echo(_ *connector, st *yamux.Stream, _ wire.Envelope) { _, _ = io.Copy(st, st) }
+func echo(_ *connector, st mux.Stream, _ wire.Envelope) { _, _ = io.Copy(st, st) }
 
 // answerHTTP answers every request on the stream with 200 and the tunnel id as the body.
-func answerHTTP(_ *connector, st *yamux.Stream, env wire.Envelope) {
+func answerHTTP(_ *connector, st mux.Stream, env wire.Envelope) {
 	br := bufio.NewReader(st)
 	for {
 		req, err := http.ReadRequest(br)
@@ -224,7 +223,7 @@ func TestHTTPUnreadNotice(t *testing.T) {
 			reg := group.NewRegistry(group.Config{LoadBalancing: true})
 			h := NewHTTP(Config{Registry: reg, Domain: testDomain, Stats: stats, RetryUnreadRequests: retry})
 			var notices atomic.Int64
-			resetting := startConnector(t, wire.AckOK, func(c *connector, st *yamux.Stream, _ wire.Envelope) {
+			resetting := startConnector(t, wire.AckOK, func(c *connector, st mux.Stream, _ wire.Envelope) {
 				if _, err := http.ReadRequest(bufio.NewReader(st)); err != nil {
 					return
 				}

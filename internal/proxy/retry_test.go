@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -58,7 +58,7 @@ func (b *backend) lastBody() []byte {
 }
 
 // answer answers every request with 200 and the tunnel id as the body.
-func (b *backend) answer(_ *connector, st *yamux.Stream, env wire.Envelope) {
+func (b *backend) answer(_ *connector, st mux.Stream, env wire.Envelope) {
 	br := bufio.NewReader(st)
 	for {
 		if _, ok := b.read(br); !ok {
@@ -73,8 +73,8 @@ func (b *backend) answer(_ *connector, st *yamux.Stream, env wire.Envelope) {
 // reply reads one request (and its body), writes raw, which may be nothing, a part of a
 // response or a whole one, and ends the stream, as a backend that closes its connection
 // does.
-func (b *backend) reply(raw string) func(*connector, *yamux.Stream, wire.Envelope) {
-	return func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+func (b *backend) reply(raw string) func(*connector, mux.Stream, wire.Envelope) {
+	return func(_ *connector, st mux.Stream, _ wire.Envelope) {
 		if _, ok := b.read(bufio.NewReader(st)); ok && raw != "" {
 			_, _ = io.WriteString(st, raw)
 		}
@@ -89,7 +89,7 @@ type retryEdge struct {
 	bad, good *backend
 }
 
-func startRetryEdge(t *testing.T, cfg Config, bad func(b *backend) func(*connector, *yamux.Stream, wire.Envelope)) *retryEdge {
+func startRetryEdge(t *testing.T, cfg Config, bad func(b *backend) func(*connector, mux.Stream, wire.Envelope)) *retryEdge {
 	t.Helper()
 	e := &retryEdge{stats: newStats(), bad: &backend{}, good: &backend{}}
 	e.stats.RetriesIdempotent = new(atomic.Uint64)
@@ -142,7 +142,7 @@ func retryAll(*group.Group) bool { return true }
 // the same body; requests that are not replayable, or whose response had begun, are not
 // sent again.
 func TestRetryIdempotent(t *testing.T) {
-	dropping := func(b *backend) func(*connector, *yamux.Stream, wire.Envelope) { return b.reply("") }
+	dropping := func(b *backend) func(*connector, mux.Stream, wire.Envelope) { return b.reply("") }
 
 	t.Run("GET whose backend closes without answering", func(t *testing.T) {
 		e := startRetryEdge(t, Config{RetryIdempotent: retryAll}, dropping)
@@ -210,7 +210,7 @@ func TestRetryIdempotent(t *testing.T) {
 	}
 
 	t.Run("response head arrived", func(t *testing.T) {
-		e := startRetryEdge(t, Config{RetryIdempotent: retryAll}, func(b *backend) func(*connector, *yamux.Stream, wire.Envelope) {
+		e := startRetryEdge(t, Config{RetryIdempotent: retryAll}, func(b *backend) func(*connector, mux.Stream, wire.Envelope) {
 			return b.reply("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
 		})
 		rec, good := e.untilBad(t, func() *http.Request { return request(http.MethodGet, nil, false) })
@@ -221,7 +221,7 @@ func TestRetryIdempotent(t *testing.T) {
 	})
 
 	t.Run("part of a response head arrived", func(t *testing.T) {
-		e := startRetryEdge(t, Config{RetryIdempotent: retryAll}, func(b *backend) func(*connector, *yamux.Stream, wire.Envelope) {
+		e := startRetryEdge(t, Config{RetryIdempotent: retryAll}, func(b *backend) func(*connector, mux.Stream, wire.Envelope) {
 			return b.reply("HTTP/1.1 20")
 		})
 		rec, good := e.untilBad(t, func() *http.Request { return request(http.MethodGet, nil, false) })
@@ -232,8 +232,8 @@ func TestRetryIdempotent(t *testing.T) {
 
 	t.Run("client gone", func(t *testing.T) {
 		got := make(chan struct{}, 1)
-		e := startRetryEdge(t, Config{RetryIdempotent: retryAll}, func(b *backend) func(*connector, *yamux.Stream, wire.Envelope) {
-			return func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+		e := startRetryEdge(t, Config{RetryIdempotent: retryAll}, func(b *backend) func(*connector, mux.Stream, wire.Envelope) {
+			return func(_ *connector, st mux.Stream, _ wire.Envelope) {
 				if _, ok := b.read(bufio.NewReader(st)); ok {
 					got <- struct{}{}
 					_, _ = io.Copy(io.Discard, st) // until the edge closes the stream
@@ -305,7 +305,7 @@ func TestRetryIdempotentBodyLimits(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
 			e := startRetryEdge(t, Config{RetryIdempotent: retryAll, RequestBodyMaxBytes: 1000},
-				func(b *backend) func(*connector, *yamux.Stream, wire.Envelope) { return b.answer })
+				func(b *backend) func(*connector, mux.Stream, wire.Envelope) { return b.answer })
 			rec := httptest.NewRecorder()
 			e.h.ServeHTTP(rec, request(http.MethodPut, bytes.Repeat([]byte("x"), 5000), chunked))
 			require.Equal(t, http.StatusRequestEntityTooLarge, rec.Code, rec.Body.String())
@@ -347,22 +347,22 @@ func (o *outcomes) take() []outcome {
 func TestOutcome(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		serve  func(b *backend) func(*connector, *yamux.Stream, wire.Envelope)
+		serve  func(b *backend) func(*connector, mux.Stream, wire.Envelope)
 		ack    wire.Ack
 		code   int
 		failed bool
 		reason string
 	}{
-		{"answers", func(b *backend) func(*connector, *yamux.Stream, wire.Envelope) { return b.answer }, wire.AckOK, http.StatusOK, false, ""},
-		{"answers 500", func(b *backend) func(*connector, *yamux.Stream, wire.Envelope) {
+		{"answers", func(b *backend) func(*connector, mux.Stream, wire.Envelope) { return b.answer }, wire.AckOK, http.StatusOK, false, ""},
+		{"answers 500", func(b *backend) func(*connector, mux.Stream, wire.Envelope) {
 			return b.reply("HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
 		}, wire.AckOK, http.StatusInternalServerError, false, ""},
-		{"answers 502", func(b *backend) func(*connector, *yamux.Stream, wire.Envelope) {
+		{"answers 502", func(b *backend) func(*connector, mux.Stream, wire.Envelope) {
 			return b.reply("HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
 		}, wire.AckOK, http.StatusBadGateway, true, "backend answered 502"},
-		{"closes without answering", func(b *backend) func(*connector, *yamux.Stream, wire.Envelope) { return b.reply("") },
+		{"closes without answering", func(b *backend) func(*connector, mux.Stream, wire.Envelope) { return b.reply("") },
 			wire.AckOK, http.StatusBadGateway, true, "reset before a response"},
-		{"malformed head", func(b *backend) func(*connector, *yamux.Stream, wire.Envelope) { return b.reply("SMTP ready\r\n\r\n") },
+		{"malformed head", func(b *backend) func(*connector, mux.Stream, wire.Envelope) { return b.reply("SMTP ready\r\n\r\n") },
 			wire.AckOK, http.StatusBadGateway, true, "bad response: "},
 		{"refuses", nil, wire.AckRefused, http.StatusBadGateway, true, "open refused: "},
 	} {
@@ -370,7 +370,7 @@ func TestOutcome(t *testing.T) {
 			var o outcomes
 			reg := group.NewRegistry(group.Config{LoadBalancing: true})
 			var b backend
-			var serve func(*connector, *yamux.Stream, wire.Envelope)
+			var serve func(*connector, mux.Stream, wire.Envelope)
 			if tc.serve != nil {
 				serve = tc.serve(&b)
 			}
@@ -414,7 +414,7 @@ func TestOutcome(t *testing.T) {
 		var o outcomes
 		reg := group.NewRegistry(group.Config{LoadBalancing: true})
 		got := make(chan struct{})
-		join(t, reg, "m", group.ProtoHTTP, startConnector(t, wire.AckOK, func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+		join(t, reg, "m", group.ProtoHTTP, startConnector(t, wire.AckOK, func(_ *connector, st mux.Stream, _ wire.Envelope) {
 			if _, err := http.ReadRequest(bufio.NewReader(st)); err == nil {
 				close(got)
 				_, _ = io.Copy(io.Discard, st)

@@ -9,11 +9,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/yamux"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
-	"github.com/warren-tunnel/warren/internal/mux"
 )
 
 // TCP is the public TCP ingress: a listener on each TCP group's port, bound when the group
@@ -195,7 +194,7 @@ func (t *TCP) serve(g *group.Group, c net.Conn) {
 // member's session, or else a yamux stream.
 type tcpLink struct {
 	data net.Conn
-	st   *yamux.Stream
+	st   mux.Stream
 }
 
 // connectMemberData is connectMember for plain TCP groups, which may use data connections:
@@ -233,14 +232,14 @@ func connectMemberData(cfg *Config, g *group.Group, remote string) (tcpLink, *gr
 // g (tcp or tls): with "client_ip" affinity, the member the client's address hashes to; a
 // failed open is retried once on another member. The member holds an acquired stream slot:
 // the caller must Release it.
-func connectMember(cfg *Config, g *group.Group, remote string) (*yamux.Stream, *group.Member, error) {
+func connectMember(cfg *Config, g *group.Group, remote string) (mux.Stream, *group.Member, error) {
 	p := &picker{g: g, retries: cfg.Stats.RetriesOpenFailed, outcome: cfg.Outcome}
 	if g.Affinity == group.AffinityClientIP {
 		if ip := clientAddr(remote); ip.IsValid() {
 			p.aff = keyedBy(ip.String())
 		}
 	}
-	st, m, err := pick(p, func(tun *Tunnel) (*yamux.Stream, error) {
+	st, m, err := pick(p, func(tun *Tunnel) (mux.Stream, error) {
 		return tun.open(context.Background(), remote, cfg.OpenTimeout)
 	})
 	if err != nil {

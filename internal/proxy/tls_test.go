@@ -16,10 +16,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/wire"
 )
 
@@ -250,7 +250,7 @@ func (e *tlsEdge) dial(t *testing.T) net.Conn {
 func TestPassthroughListenerRoutesByServerName(t *testing.T) {
 	e := startTLSEdge(t, 5*time.Second)
 	var envs sync.Map
-	echoing := startConnector(t, wire.AckOK, func(c *connector, st *yamux.Stream, env wire.Envelope) {
+	echoing := startConnector(t, wire.AckOK, func(c *connector, st mux.Stream, env wire.Envelope) {
 		envs.Store(env.RemoteAddr, env)
 		_, _ = io.Copy(st, st)
 	})
@@ -312,7 +312,7 @@ func TestPassthroughListenerRoutesByServerName(t *testing.T) {
 // its records as the client sent them, and never to the edge's TLS server.
 func TestPassthroughListenerRoutesASplitClientHello(t *testing.T) {
 	e := startTLSEdge(t, 5*time.Second)
-	e.member(t, "echo", group.ProtoTLS, "pool", startConnector(t, wire.AckOK, func(_ *connector, st *yamux.Stream, _ wire.Envelope) {
+	e.member(t, "echo", group.ProtoTLS, "pool", startConnector(t, wire.AckOK, func(_ *connector, st mux.Stream, _ wire.Envelope) {
 		_, _ = io.Copy(st, st)
 	}))
 	sent := fragment(clientHello(t, &tls.Config{ServerName: "pool.warren.test", NextProtos: longALPN()}), 512)

@@ -183,7 +183,7 @@ func (c *Cluster) dialPeer(addr, id string) (*peerLink, error) {
 		return nil, errPeerRefused
 	}
 	_ = conn.SetDeadline(time.Time{})
-	sess, err := mux.Server(conn, c.log, c.edge.OpenTimeout())
+	sess, err := mux.YamuxServer(conn, c.log, c.edge.OpenTimeout())
 	if err != nil {
 		_ = conn.Close()
 		return nil, err
@@ -337,7 +337,7 @@ func (c *Cluster) servePeer(conn net.Conn, slot *throttle.Slot) {
 		_ = conn.Close()
 		return
 	}
-	sess, err := mux.Client(conn, c.log)
+	sess, err := mux.YamuxClient(conn, c.log)
 	if err != nil {
 		_ = conn.Close()
 		return

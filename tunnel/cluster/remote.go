@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/warren-tunnel/warren/group"
+	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/proxy"
 	"github.com/warren-tunnel/warren/internal/wire"
 	"github.com/warren-tunnel/warren/tunnel"
@@ -443,7 +444,7 @@ func sameMember(rec memberRecord, m *group.Member) bool {
 // its connector presented (its key and, mid-rotation, its previous ones): the pool here
 // admits it, and rotates, as the pool on its own edge did.
 func (c *Cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, error) {
-	t := proxy.NewTunnel(e.link.ctx, rec.Tunnel, rec.Proto, e.link.sess, nil)
+	t := proxy.NewTunnel(e.link.ctx, rec.Tunnel, rec.Proto, mux.Yamux(e.link.sess), nil)
 	t.SetBackendProtocol(rec.BackendProtocol)
 	if e.link.resets != nil {
 		t.SetStreamReset(e.link.resets.Reset)
