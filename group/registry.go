@@ -218,7 +218,7 @@ type JoinRequest struct {
 	// member's tunnel has in its connector and the machine that connector runs on. Display
 	// only, kept as given ("" when unknown); the caller bounds them (wire.CleanDisplay).
 	Name, Host string
-	// Transport is how the member's connector reaches the edge ("tcp", "websocket"; "" when
+	// Transport is how the member's connector reaches the edge ("tcp", "websocket", "quic"; "" when
 	// unknown, as for another edge's member). Display only, kept as given.
 	Transport string
 	// Port is the public port a grouped TCP registration wants when it creates its pool:

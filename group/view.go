@@ -52,8 +52,8 @@ type MemberInfo struct {
 	// Name and Host are the member's tunnel name and its connector's host, "" when unknown
 	// (JoinRequest).
 	Name, Host string
-	// Transport is how the member's connector reaches the edge: "tcp" or "websocket"; ""
-	// when unknown (JoinRequest).
+	// Transport is how the member's connector reaches the edge: "tcp", "websocket" or
+	// "quic"; "" when unknown (JoinRequest).
 	Transport string
 	// HealthKind is the probe type reporting on the member: "tcp", "http", "func" or "none".
 	HealthKind string

@@ -161,7 +161,7 @@ func (c *clientConn) serveStream(ctx context.Context, st mux.Stream, untrack fun
 		untrack()
 		return
 	}
-	_ = st.SetReadDeadline(time.Time{})
+	mux.ClearReadDeadline(st)
 	t := c.route(env.TunnelID)
 	if t == nil {
 		mux.Refuse(st, byte(wire.AckUnknownTunnel))

@@ -57,7 +57,8 @@ type Counters struct {
 	// charged now (what they may hold at the edge).
 	StalledResponseBytes int64
 	// Sessions counts the connector sessions attached now (their Hello accepted), by
-	// transport: TransportTCP and TransportWebSocket (each has an entry, zero or not).
+	// transport: TransportTCP, TransportWebSocket and TransportQUIC (each has an entry, zero
+	// or not).
 	Sessions map[string]int64
 }
 

@@ -128,7 +128,7 @@ func TestWebSocketConnectorServesHTTPTunnel(t *testing.T) {
 	require.Equal(t, http.StatusOK, code)
 	require.Equal(t, "b /over-ws", body)
 	require.Equal(t, map[string]string{tun.ID(): TransportWebSocket}, e.memberTransports())
-	require.Equal(t, map[string]int64{TransportTCP: 0, TransportWebSocket: 1}, e.Operator().Counters().Sessions)
+	require.Equal(t, map[string]int64{TransportTCP: 0, TransportWebSocket: 1, TransportQUIC: 0}, e.Operator().Counters().Sessions)
 
 	tcp := e.connect()
 	require.Equal(t, TransportTCP, tcp.Transport())

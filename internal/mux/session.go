@@ -120,3 +120,24 @@ func (s yamuxSession) AcceptStream(ctx context.Context) (Stream, error) {
 	}
 	return st, nil
 }
+
+// ClearReadDeadline removes st's read deadline, and ClearDeadline both deadlines. yamux
+// stores a deadline as an interface value: called on the concrete stream with the zero
+// time written out, the compiler boxes it once, statically, where a call through Stream
+// would allocate on every request.
+func ClearReadDeadline(st Stream) {
+	if y, ok := st.(*yamux.Stream); ok {
+		_ = y.SetReadDeadline(time.Time{})
+		return
+	}
+	_ = st.SetReadDeadline(time.Time{})
+}
+
+// ClearDeadline removes both of st's deadlines (see ClearReadDeadline).
+func ClearDeadline(st Stream) {
+	if y, ok := st.(*yamux.Stream); ok {
+		_ = y.SetDeadline(time.Time{})
+		return
+	}
+	_ = st.SetDeadline(time.Time{})
+}

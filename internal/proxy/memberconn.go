@@ -41,6 +41,7 @@ var errHeadersTooLarge = errors.New("proxy: backend response headers too large")
 type memberConn struct {
 	t         *Tunnel
 	st        mux.Stream
+	sr        streamReader
 	lim       headLimiter
 	br        *bufio.Reader
 	bw        *bufio.Writer
@@ -95,7 +96,7 @@ func (l *headLimiter) Read(p []byte) (int, error) {
 // error (mux.ErrSessionEnded), never the end of a response.
 type streamReader struct{ st mux.Stream }
 
-func (r streamReader) Read(p []byte) (int, error) {
+func (r *streamReader) Read(p []byte) (int, error) {
 	n, err := r.st.Read(p)
 	return n, mux.StreamEOF(r.st, err)
 }
@@ -105,7 +106,8 @@ func newMemberConn(t *Tunnel, st mux.Stream) *memberConn {
 	// A removed tunnel's streams end with it, in flight or idle.
 	pc.unhook = context.AfterFunc(t.ctx, pc.abort)
 	pc.closeFn = pc.close
-	pc.lim.r = streamReader{st}
+	pc.sr.st = st
+	pc.lim.r = &pc.sr // a pointer into pc: no allocation of its own
 	// 4 KiB, as net/http's Transport: enough for a response head; bodies larger than the
 	// buffer are read straight into the proxy's copy buffer.
 	pc.br = bufio.NewReaderSize(&pc.lim, 4<<10)
@@ -121,7 +123,7 @@ func (pc *memberConn) alive() bool {
 	}
 	_ = pc.st.SetReadDeadline(pastTime)
 	_, err := pc.br.Peek(1)
-	_ = pc.st.SetReadDeadline(time.Time{})
+	mux.ClearReadDeadline(pc.st)
 	return mux.IsTimeout(err)
 }
 
@@ -175,7 +177,7 @@ func (pc *memberConn) readAck() error {
 	}
 	pc.hold.Load().decide(true)
 	// The open's deadline is over; an abort that raced this keeps its own.
-	_ = pc.st.SetDeadline(time.Time{})
+	mux.ClearDeadline(pc.st)
 	if pc.aborted.Load() {
 		_ = pc.st.SetDeadline(pastTime)
 	}

@@ -434,7 +434,7 @@ func (t *Tunnel) handshake(st mux.Stream, remoteAddr string) error {
 		_ = st.Close()
 		return &openError{tunnel: t.id, err: errors.New(a.String())}
 	}
-	_ = st.SetDeadline(time.Time{})
+	mux.ClearDeadline(st)
 	return nil
 }
 

@@ -35,8 +35,8 @@ type TunnelInfo struct {
 	Name string `json:"name"`
 	Host string `json:"host"`
 	// Transport is how the tunnel's connector session reaches the edge: "tcp" (the control
-	// listener) or "websocket" (the public HTTPS listener's WebSocket path); absent when
-	// unknown (another edge's member).
+	// listener), "websocket" (the public HTTPS listener's WebSocket path) or "quic" (the
+	// QUIC UDP port); absent when unknown (another edge's member).
 	Transport string `json:"transport,omitempty"`
 	// Healthy is the tunnel's health bit.
 	Healthy bool `json:"healthy"`

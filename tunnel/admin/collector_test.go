@@ -74,14 +74,16 @@ warren_http_responses_cut_total{reason="stall_timeout"} 2
 	require.Equal(t, float64(3<<22), stalled, "warren_http_stalled_response_bytes")
 
 	// The connector sessions attached now, by transport, each with a series from the start.
-	const helpSessions = `# HELP warren_connector_sessions Connector sessions attached to this edge now (their token accepted), by transport: tcp (the control listener) or websocket (the public HTTPS listener's WebSocket path).
+	const helpSessions = `# HELP warren_connector_sessions Connector sessions attached to this edge now (their token accepted), by transport: tcp (the control listener), websocket (the public HTTPS listener's WebSocket path) or quic (the QUIC UDP port).
 # TYPE warren_connector_sessions gauge
 `
-	require.NoError(t, testutil.GatherAndCompare(p.Gatherer(), strings.NewReader(helpSessions+`warren_connector_sessions{transport="tcp"} 0
+	require.NoError(t, testutil.GatherAndCompare(p.Gatherer(), strings.NewReader(helpSessions+`warren_connector_sessions{transport="quic"} 0
+warren_connector_sessions{transport="tcp"} 0
 warren_connector_sessions{transport="websocket"} 0
 `), "warren_connector_sessions"))
-	stats.Sessions = map[string]int64{"tcp": 3, "websocket": 2}
-	require.NoError(t, testutil.GatherAndCompare(p.Gatherer(), strings.NewReader(helpSessions+`warren_connector_sessions{transport="tcp"} 3
+	stats.Sessions = map[string]int64{"tcp": 3, "websocket": 2, "quic": 1}
+	require.NoError(t, testutil.GatherAndCompare(p.Gatherer(), strings.NewReader(helpSessions+`warren_connector_sessions{transport="quic"} 1
+warren_connector_sessions{transport="tcp"} 3
 warren_connector_sessions{transport="websocket"} 2
 `), "warren_connector_sessions"))
 }

@@ -67,7 +67,7 @@ func newCollector(cfg config) *collector {
 			"What the public HTTP responses whose client is not keeping up may hold at the edge now, as charged to the edge's budget (each its member stream's window, or the rest of its body if shorter).",
 			nil, nil),
 		sessions: prometheus.NewDesc("warren_connector_sessions",
-			"Connector sessions attached to this edge now (their token accepted), by transport: tcp (the control listener) or websocket (the public HTTPS listener's WebSocket path).",
+			"Connector sessions attached to this edge now (their token accepted), by transport: tcp (the control listener), websocket (the public HTTPS listener's WebSocket path) or quic (the QUIC UDP port).",
 			[]string{"transport"}, nil),
 		ejections: prometheus.NewDesc("warren_member_ejections_total",
 			"Members of the groups with this name ejected by passive outlier detection (streams failing in a row).",
@@ -212,7 +212,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.responsesCut, prometheus.CounterValue, float64(n), reason)
 	}
 	ch <- prometheus.MustNewConstMetric(c.stalledBytes, prometheus.GaugeValue, float64(stats.StalledResponseBytes))
-	for _, tr := range []string{tunnel.TransportTCP, tunnel.TransportWebSocket} {
+	for _, tr := range []string{tunnel.TransportTCP, tunnel.TransportWebSocket, tunnel.TransportQUIC} {
 		// every transport has a series from the start
 		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(stats.Sessions[tr]), tr)
 	}

@@ -51,9 +51,10 @@ type Connector struct {
 	// Servers is set.
 	Servers []string `yaml:"servers"`
 	// Transport is how the connector reaches its edges (transport): TransportTCP ("tcp",
-	// the default; "" means the same) or TransportWebSocket ("websocket": Server and
-	// Servers are ws:// or wss:// URLs, all with the same scheme and path). "quic" is
-	// refused: not supported yet.
+	// the default; "" means the same), TransportWebSocket ("websocket": Server and
+	// Servers are ws:// or wss:// URLs, all with the same scheme and path) or
+	// TransportQUIC ("quic": Server and Servers are the edges' QUIC UDP addresses,
+	// host:port; TLS is always on, proxy_url is refused).
 	Transport string `yaml:"transport"`
 	// AuthToken is presented to the edge; empty for none.
 	AuthToken string `yaml:"auth_token"`
@@ -75,7 +76,8 @@ type Connector struct {
 	// default) sends the machine's name (see tunnel.WithHostname). At most 253 letters,
 	// digits, '.', '-' or '_'.
 	Hostname string `yaml:"hostname"`
-	// ProxyURL is the proxy the connector reaches its edges through (proxy_url):
+	// ProxyURL is the proxy the connector reaches its edges through (proxy_url; not with
+	// transport quic, whose UDP no proxy carries, and which reads no proxy variable):
 	// "http://[user:password@]host[:port]" (CONNECT), https:// (CONNECT over TLS to the
 	// proxy), socks5:// or socks5h:// (SOCKS5; the proxy resolves the edge's name with
 	// either). Empty: the environment's HTTPS_PROXY, ALL_PROXY and NO_PROXY decide, as for
@@ -279,6 +281,7 @@ func parseConnector(file string, data []byte, dir string) (*Connector, error) {
 		cfg.Tunnels = append(cfg.Tunnels, t)
 	}
 	cfg.wsDefaults(nested["tls"] != nil)
+	cfg.quicDefaults(nested["tls"] != nil)
 	if cfg.TLS.Enabled && cfg.TLS.ServerName == "" && hostPortProblem(cfg.Server) == "" {
 		cfg.TLS.ServerName, _, _ = net.SplitHostPort(cfg.Server)
 	}

@@ -106,6 +106,7 @@ func (c *Server) serverConfig() tunnel.ServerConfig {
 		Domain:      s.Domain,
 		RegionID:    s.RegionID,
 		ControlAddr: s.Addr(s.ControlPort),
+		QUICAddr:    s.Addr(s.QUICPort),
 		Public: tunnel.PublicHTTP{
 			HTTPAddr:        s.Addr(s.HTTPPort),
 			HTTPSAddr:       s.Addr(s.HTTPSPort),

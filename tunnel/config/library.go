@@ -126,6 +126,7 @@ var serverFields = fieldKeys{
 	"LoadBalancing.Strategy": {key: "load_balancing.strategy"},
 	"Alerts.WebhookURL":      {key: "load_balancing.alert_webhook_url"},
 	"Public.WebSocketPath":   {key: "server.websocket_path"},
+	"QUICAddr":               {key: "server.quic_port"},
 	"Public.WebSocketOnHTTP": {key: "server.websocket_on_http"},
 }
 

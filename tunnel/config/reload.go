@@ -163,6 +163,7 @@ func fileDiff(start, next *Server) []Change {
 		{"server.http_port", s.HTTPPort, n.HTTPPort, listener},
 		{"server.https_port", s.HTTPSPort, n.HTTPSPort, listener},
 		{"server.control_port", s.ControlPort, n.ControlPort, listener},
+		{"server.quic_port", s.QUICPort, n.QUICPort, listener},
 		{"server.admin_port", s.AdminPort, n.AdminPort, listener},
 		{"server.admin_bind", s.AdminHost(), n.AdminHost(), listener},
 		{"server.allow_open_admin", s.AllowOpenAdmin, n.AllowOpenAdmin, "the admin listener keeps the rule it started with"},

@@ -133,6 +133,13 @@ type ServerSection struct {
 	HTTPSPort int `toml:"https_port"`
 	// ControlPort is the port connectors dial. Default 4040.
 	ControlPort int `toml:"control_port"`
+	// QUICPort is the UDP port connectors reach the edge on over QUIC (transport: quic in
+	// their file); 0 (the default) turns it off. It needs [tls]: QUIC is TLS 1.3, and the
+	// edge presents the certificate TLS connectors verify on the control port. A UDP port:
+	// it may have the number of a TCP port of the edge (control_port, say). The program
+	// must link package tunnel/quic (the edge of examples/edge does). See
+	// tunnel.ServerConfig.QUICAddr.
+	QUICPort int `toml:"quic_port"`
 	// AdminPort serves /healthz, /metrics and /api; 0 turns it off.
 	// Default 9090.
 	AdminPort int `toml:"admin_port"`
@@ -669,6 +676,12 @@ func (c *Server) validatePorts(r *reporter) {
 	}
 	if s.HTTPSPort > 0 && !c.TLS.Enabled() {
 		r.add("server.https_port", ErrInvalid, "port %d needs a [tls] table with cert_path and key_path", s.HTTPSPort)
+	}
+	switch {
+	case s.QUICPort < 0 || s.QUICPort > 65535:
+		r.add("server.quic_port", ErrInvalid, "%d is out of range 0-65535 (0 turns QUIC off)", s.QUICPort)
+	case s.QUICPort > 0 && !c.TLS.Enabled():
+		r.add("server.quic_port", ErrInvalid, "port %d needs a [tls] table with cert_path and key_path: QUIC is always TLS 1.3, and the edge presents that certificate, the one TLS connectors verify on the control port", s.QUICPort)
 	}
 	switch {
 	case s.WebSocketOnHTTP && s.HTTPPort == 0:

@@ -20,7 +20,17 @@ const (
 	// tunes it) or ws:// (plain, for an edge that serves the path on plain HTTP behind a
 	// proxy that terminates TLS: websocket_on_http).
 	TransportWebSocket = tunnel.TransportWebSocket
+	// TransportQUIC reaches the edge over QUIC on its UDP port ([server] quic_port of the
+	// edge): server is "host:port" of that port. QUIC is always TLS: the tls mapping is
+	// optional and tunes it (ca_path, server_name), and tls is on without it. proxy_url is
+	// refused and the proxy environment variables are not read: proxies carry TCP, QUIC
+	// is UDP. The program must link package tunnel/quic (the connector of examples/connector
+	// does).
+	TransportQUIC = tunnel.TransportQUIC
 )
+
+// quic reports whether the file's transport is quic.
+func (c *Connector) quic() bool { return c.Transport == TransportQUIC }
 
 // webSocket reports whether the file's transport is websocket.
 func (c *Connector) webSocket() bool { return c.Transport == TransportWebSocket }
@@ -65,6 +75,9 @@ func (c *Connector) edgeProblem(s string) string {
 		_, p := parseEdgeURL(s)
 		return p
 	}
+	if strings.Contains(s, "://") && c.quic() {
+		return fmt.Sprintf("%q is a URL: with transport quic give the edge's QUIC address (its quic_port) as host:port", s)
+	}
 	if strings.Contains(s, "://") {
 		return fmt.Sprintf("%q is a URL: with the default transport (tcp) give the edge's control address as host:port; a ws:// or wss:// URL needs transport: websocket", s)
 	}
@@ -76,11 +89,11 @@ func (c *Connector) edgeProblem(s string) string {
 func (c *Connector) validateTransport(r *reporter) {
 	switch c.Transport {
 	case "", TransportTCP, TransportWebSocket:
-	case "quic":
-		r.add("transport", ErrInvalid, "quic is not supported yet: use tcp (the default) or websocket")
+	case TransportQUIC:
+		c.validateQUIC(r)
 		return
 	default:
-		r.add("transport", ErrInvalid, "%q is not a transport: use tcp (the default) or websocket", c.Transport)
+		r.add("transport", ErrInvalid, "%q is not a transport: use tcp (the default), websocket or quic", c.Transport)
 		return
 	}
 	if !c.webSocket() {
@@ -108,6 +121,24 @@ func (c *Connector) validateTransport(r *reporter) {
 	}
 }
 
+// validateQUIC checks what goes with transport quic: TLS (always on), no proxy.
+func (c *Connector) validateQUIC(r *reporter) {
+	if _, given := r.lines["tls"]; given && !c.TLS.Enabled {
+		r.add("tls.enabled", ErrInvalid, "QUIC is always TLS 1.3: leave tls.enabled out")
+	}
+	if c.ProxyURL != "" {
+		r.add("proxy_url", ErrInvalid, "does not apply to transport quic (a proxy carries TCP; QUIC is UDP): remove it, or use transport tcp or websocket")
+	}
+}
+
+// quicDefaults turns TLS on for transport quic when the file has no tls mapping. Called by
+// parsing, before validation.
+func (c *Connector) quicDefaults(tlsGiven bool) {
+	if c.quic() && !tlsGiven {
+		c.TLS.Enabled = true
+	}
+}
+
 // wsDefaults applies what a websocket file's URLs imply: TLS for wss://, its server name
 // the URL's host. Called by parsing, before validation.
 func (c *Connector) wsDefaults(tlsGiven bool) {
@@ -126,8 +157,12 @@ func (c *Connector) wsDefaults(tlsGiven bool) {
 	}
 }
 
-// dialEdges returns the addresses to dial and, for websocket, the option naming the path.
+// dialEdges returns the addresses to dial and, for websocket, the option naming the path
+// (for quic, tunnel.WithQUIC).
 func (c *Connector) dialEdges() ([]string, []tunnel.Option) {
+	if c.quic() {
+		return c.Edges(), []tunnel.Option{tunnel.WithQUIC()}
+	}
 	if !c.webSocket() {
 		if c.Servers != nil {
 			return c.Servers, nil

@@ -37,10 +37,7 @@ func TestConnectorOverWebSocket(t *testing.T) {
 }
 
 func TestConnectorTransportProblems(t *testing.T) {
-	_, err := config.ParseConnector("config.yml", []byte("transport: quic\nserver: edge.example.com:4040\n"+oneTunnel))
-	requireProblems(t, err, "config.yml", want{1, "transport", config.ErrInvalid, "quic is not supported yet"})
-
-	_, err = config.ParseConnector("config.yml", []byte("transport: carrier-pigeon\nserver: edge.example.com:4040\n"+oneTunnel))
+	_, err := config.ParseConnector("config.yml", []byte("transport: carrier-pigeon\nserver: edge.example.com:4040\n"+oneTunnel))
 	requireProblems(t, err, "config.yml", want{1, "transport", config.ErrInvalid, `"carrier-pigeon" is not a transport`})
 
 	_, err = config.ParseConnector("config.yml", []byte("server: wss://edge.example.com/_warren/connect\n"+oneTunnel))
@@ -59,6 +56,35 @@ func TestConnectorTransportProblems(t *testing.T) {
 	requireProblems(t, err, "config.yml", want{3, "tls.enabled", config.ErrInvalid, "wss:// server is reached over TLS"})
 }
 
+// transport: quic takes the edge's QUIC address as host:port: TLS is on without a tls
+// mapping, verified by the host's name, and the session dials with tunnel.WithQUIC.
+func TestConnectorOverQUIC(t *testing.T) {
+	c, err := config.ParseConnector("config.yml", []byte("transport: quic\nserver: edge.example.com:4443\n"+oneTunnel))
+	require.NoError(t, err)
+	require.Equal(t, config.TransportQUIC, c.Transport)
+	require.True(t, c.TLS.Enabled, "QUIC is TLS")
+	require.Equal(t, "edge.example.com", c.TLS.ServerName)
+	require.Equal(t, []string{"edge.example.com:4443"}, c.DialAddrs())
+	_, err = c.DialOptions()
+	require.NoError(t, err)
+
+	c, err = config.ParseConnector("config.yml", []byte("transport: quic\nservers: [a.example.com:4443, b.example.com:4443]\ntls: {server_name: edge.example.com}\n"+oneTunnel))
+	require.NoError(t, err)
+	require.Equal(t, config.ConnectorTLS{Enabled: true, ServerName: "edge.example.com"}, c.TLS)
+	require.Equal(t, []string{"a.example.com:4443", "b.example.com:4443"}, c.DialAddrs())
+}
+
+func TestConnectorQUICProblems(t *testing.T) {
+	_, err := config.ParseConnector("config.yml", []byte("transport: quic\nserver: edge.example.com:4443\nproxy_url: http://proxy.corp:3128\n"+oneTunnel))
+	requireProblems(t, err, "config.yml", want{3, "proxy_url", config.ErrInvalid, "does not apply to transport quic"})
+
+	_, err = config.ParseConnector("config.yml", []byte("transport: quic\nserver: edge.example.com:4443\ntls: {enabled: false}\n"+oneTunnel))
+	requireProblems(t, err, "config.yml", want{3, "tls.enabled", config.ErrInvalid, "QUIC is always TLS 1.3"})
+
+	_, err = config.ParseConnector("config.yml", []byte("transport: quic\nserver: quic://edge.example.com:4443\n"+oneTunnel))
+	requireProblems(t, err, "config.yml", want{2, "server", config.ErrInvalid, "with transport quic give the edge's QUIC address"})
+}
+
 func TestServerWebSocketPath(t *testing.T) {
 	s, err := config.ParseServer("server.toml", []byte("[server]\ndomain = \"localhost\"\nhttp_port = 8080\nwebsocket_path = \"/_warren/connect\"\nwebsocket_on_http = true\n"))
 	require.NoError(t, err)
@@ -73,4 +99,21 @@ func TestServerWebSocketPath(t *testing.T) {
 	s, err = config.ParseServer("server.toml", []byte("[server]\ndomain = \"localhost\"\n"))
 	require.NoError(t, err)
 	require.Empty(t, s.Server.WebSocketPath, "off by default")
+}
+
+// quic_port is a UDP port, off by default, that needs [tls] and package tunnel/quic linked
+// into the program (this test's is not: the refusal names the import).
+func TestServerQUICPort(t *testing.T) {
+	s, err := config.ParseServer("server.toml", []byte("[server]\ndomain = \"localhost\"\n"))
+	require.NoError(t, err)
+	require.Zero(t, s.Server.QUICPort, "off by default")
+
+	_, err = config.ParseServer("server.toml", []byte("[server]\ndomain = \"localhost\"\nquic_port = 4443\n"))
+	requireProblems(t, err, "server.toml",
+		want{3, "server.quic_port", config.ErrInvalid, "needs a [tls] table"},
+		want{3, "server.quic_port", config.ErrInvalid, `add import _ "github.com/warren-tunnel/warren/tunnel/quic" to the program`})
+
+	_, err = config.ParseServer("server.toml", []byte("[server]\ndomain = \"localhost\"\nquic_port = 70000\n"))
+	requireProblems(t, err, "server.toml", want{3, "server.quic_port", config.ErrInvalid, "out of range"},
+		want{3, "server.quic_port", config.ErrInvalid, "needs the QUIC transport linked in"})
 }

@@ -137,10 +137,16 @@ func (s *stream) Write(p []byte) (int, error) {
 func streamErr(err error) error {
 	var se *qgo.StreamError
 	if errors.As(err, &se) && se.Remote {
-		return fmt.Errorf("%w (%v)", mux.ErrStreamReset, err)
+		return &resetError{err}
 	}
 	return err
 }
+
+// resetError is a stream reset by the peer: it is mux.ErrStreamReset, and quic-go's error.
+type resetError struct{ err error }
+
+func (e *resetError) Error() string   { return "quic: the peer reset the stream: " + e.err.Error() }
+func (e *resetError) Unwrap() []error { return []error{mux.ErrStreamReset, e.err} }
 
 func (s *stream) SetReadDeadline(t time.Time) error {
 	s.noteReadDeadline(t)

@@ -108,7 +108,7 @@ type StatusReply struct {
 	EdgeAddr   string         `json:"edge_addr,omitempty"` // the address Edge's host name resolved to, when it did
 	Servers    []string       `json:"servers,omitempty"`   // the servers of the file, when it lists several
 	Proxy      string         `json:"proxy,omitempty"`     // the proxy Edge is reached through (scheme://host:port, no credentials)
-	Transport  string         `json:"transport"`           // how the session reaches Edge: "tcp" or "websocket"
+	Transport  string         `json:"transport"`           // how the session reaches Edge: "tcp", "websocket" or "quic"
 	Connected  bool           `json:"connected"`
 	Reconnects int            `json:"reconnects"`
 	Started    time.Time      `json:"started"`
