@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,17 +9,20 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"github.com/warren-tunnel/warren/tunnel"
 )
 
 // heavyPackages are what an app that embeds only a connector must not link: the edge's
 // cluster (NATS), its file store (bbolt), its admin plane (Prometheus, and protobuf through
-// it) and gRPC. Package tunnel imports none of them; the edge's example wires them in.
+// it), gRPC and QUIC (quic-go). Package tunnel imports none of them; the edge's example wires
+// them in.
 var heavyPackages = []string{
 	"github.com/nats-io/",
 	"go.etcd.io/bbolt",
 	"github.com/prometheus/",
 	"google.golang.org/protobuf",
 	"google.golang.org/grpc",
+	"github.com/quic-go/", // the QUIC transport: only programs that import tunnel/quic link it
 }
 
 // maxBinaryBytes bounds this program's size, unstripped, on linux/amd64 with Go 1.26
@@ -52,4 +56,12 @@ func TestConnectorOnlyProgramIsSmall(t *testing.T) {
 	require.NoError(t, err)
 	t.Logf("connector-only program: %d bytes unstripped (linux/amd64)", fi.Size())
 	require.LessOrEqual(t, fi.Size(), int64(maxBinaryBytes), "the connector-only program grew")
+}
+
+// A program that does not link the QUIC transport refuses to use it, naming the import that
+// would: asking for it costs no megabytes until then.
+func TestQUICWithoutTheImportIsRefused(t *testing.T) {
+	_, err := tunnel.Dial(context.Background(), "127.0.0.1:1", tunnel.WithQUIC())
+	require.ErrorIs(t, err, tunnel.ErrInvalid)
+	require.ErrorContains(t, err, `import _ "github.com/warren-tunnel/warren/tunnel/quic"`)
 }

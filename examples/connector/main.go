@@ -73,6 +73,9 @@ import (
 
 	"github.com/warren-tunnel/warren/examples/connector/internal/connectorcmd"
 	"github.com/warren-tunnel/warren/examples/internal/cli"
+
+	// transport: quic in the connector's file.
+	_ "github.com/warren-tunnel/warren/tunnel/quic"
 )
 
 func main() {

@@ -58,6 +58,9 @@ import (
 	"github.com/warren-tunnel/warren/tunnel"
 	"github.com/warren-tunnel/warren/tunnel/config"
 	"github.com/warren-tunnel/warren/tunnel/store/boltstore"
+
+	// Connectors over QUIC ([server] quic_port).
+	_ "github.com/warren-tunnel/warren/tunnel/quic"
 )
 
 func main() {
@@ -149,7 +152,7 @@ func serve(ctx context.Context, stop func(), path, pidPath string, log *zap.Logg
 	sc := edge.Config
 	log.Info("edge starting", zap.String("version", cli.Version("edge")),
 		zap.String("control", sc.ControlAddr), zap.String("http", orOff(sc.Public.HTTPAddr)),
-		zap.String("https", orOff(sc.Public.HTTPSAddr)), zap.String("admin", orOff(edge.AdminAddr)),
+		zap.String("https", orOff(sc.Public.HTTPSAddr)), zap.String("quic", orOff(sc.QUICAddr)), zap.String("admin", orOff(edge.AdminAddr)),
 		zap.String("tcp_ports", fmt.Sprintf("%d-%d", sc.TCP.Ports.Lo, sc.TCP.Ports.Hi)),
 		zap.Bool("tls", sc.TLSConfig != nil), zap.Bool("load_balancing", sc.LoadBalancing.Enabled),
 		zap.String("domain", sc.Domain), zap.String("region", sc.RegionID))

@@ -53,6 +53,9 @@ func Listen(srv *tunnel.Server, edge *config.Edge, log *zap.Logger) (*Listeners,
 	if err == nil && sc.Public.HTTPAddr != "" {
 		err = add("http", sc.Public.HTTPAddr, false, nil, srv.ServePublic)
 	}
+	if err == nil && sc.QUICAddr != "" {
+		err = ls.listenQUIC(srv, sc.QUICAddr, log)
+	}
 	if err == nil && sc.Cluster != nil {
 		err = add("peers", sc.Cluster.PeerAddr(), false, nil, sc.Cluster.ServePeers)
 	}
@@ -69,6 +72,18 @@ func Listen(srv *tunnel.Server, edge *config.Edge, log *zap.Logger) (*Listeners,
 		return nil, err
 	}
 	return ls, nil
+}
+
+// listenQUIC binds the UDP socket connectors reach the edge on over QUIC ([server] quic_port).
+func (ls *Listeners) listenQUIC(srv *tunnel.Server, addr string, log *zap.Logger) error {
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return fmt.Errorf("listen %s (quic): %w", addr, err)
+	}
+	log.Info("listening", zap.String("listener", "quic"), zap.Stringer("addr", pc.LocalAddr()), zap.Bool("tls", true))
+	ls.closes = append(ls.closes, func() { _ = pc.Close() })
+	ls.serves = append(ls.serves, func() error { return tunnel.ServeQUIC(srv, pc) })
+	return nil
 }
 
 // Serve serves every listener, each in a goroutine that sends its end to served; it
