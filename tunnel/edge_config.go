@@ -40,7 +40,8 @@ type ServerConfig struct {
 	TLSConfig *tls.Config
 	// QUICAddr, when set (e.g. ":4443"), is the UDP address ListenAndServe accepts
 	// connectors on over QUIC (ServeQUIC): it needs TLSConfig, whose certificate the edge
-	// presents, and package tunnel/quic imported by the program. Off by default.
+	// presents (ListenAndServe fails without), and package tunnel/quic imported by the
+	// program (NewServer fails without). Off by default.
 	QUICAddr string
 
 	// Public configures the public HTTP(S) listeners: their addresses, the ports written

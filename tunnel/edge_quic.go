@@ -39,19 +39,13 @@ func quicTransport() (mux.QUIC, error) {
 }
 
 // validateQUIC checks QUICAddr (ServerConfig.Validate): QUIC needs the QUIC transport linked
-// in, and TLS, whose certificate is the control listener's.
+// in. (It needs TLSConfig too, which ListenAndServe checks: a configuration may be validated
+// before its certificate is loaded.)
 func (c ServerConfig) validateQUIC() []error {
-	if c.QUICAddr == "" {
-		return nil
+	if c.QUICAddr != "" && mux.RegisteredQUIC() == nil {
+		return []error{fieldErr("QUICAddr", "needs the QUIC transport linked in: add %s to the program", quicImport)}
 	}
-	var errs []error
-	if mux.RegisteredQUIC() == nil {
-		errs = append(errs, fieldErr("QUICAddr", "needs the QUIC transport linked in: add %s to the program", quicImport))
-	}
-	if c.TLSConfig == nil {
-		errs = append(errs, fieldErr("QUICAddr", "needs TLSConfig: QUIC is always TLS 1.3, and the edge presents its control listener's certificate"))
-	}
-	return errs
+	return nil
 }
 
 // ServeQUIC accepts connectors over QUIC on pc, a UDP socket, until Shutdown or Close, and
@@ -128,6 +122,9 @@ func listenQUIC(s *Server) (net.PacketConn, error) {
 	}
 	if _, err := quicTransport(); err != nil {
 		return nil, err
+	}
+	if s.cfg.TLSConfig == nil {
+		return nil, fmt.Errorf("tunnel: QUICAddr needs TLSConfig: QUIC is always TLS 1.3, and the edge presents its control listener's certificate: %w", ErrInvalid)
 	}
 	pc, err := net.ListenPacket("udp", addr)
 	if err != nil {
