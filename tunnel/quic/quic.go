@@ -58,6 +58,10 @@ const (
 // open timeout. yamux has no such limit; this one is far above what a connector serves.
 const maxEdgeStreams = 1 << 20
 
+// idleTimeout ends a session that heard nothing from its peer this long (a variable for
+// tests).
+var idleTimeout = mux.DeadPeerTimeout
+
 func init() { mux.RegisterQUIC(transport{}) }
 
 type transport struct{}
@@ -77,7 +81,7 @@ func tlsFor(cfg *tls.Config) *tls.Config {
 func config(edge bool, handshake time.Duration) *qgo.Config {
 	c := &qgo.Config{
 		HandshakeIdleTimeout:   handshake,
-		MaxIdleTimeout:         mux.DeadPeerTimeout,
+		MaxIdleTimeout:         idleTimeout,
 		KeepAlivePeriod:        mux.KeepAliveInterval,
 		MaxStreamReceiveWindow: mux.StreamWindow,
 		MaxIncomingUniStreams:  -1,
