@@ -3,11 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	crand "crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math/big"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -28,6 +35,9 @@ import (
 
 	"github.com/warren-tunnel/warren/group"
 	"github.com/warren-tunnel/warren/tunnel"
+
+	// The memory scenario's connectors over QUIC (-mem-transport quic).
+	_ "github.com/warren-tunnel/warren/tunnel/quic"
 )
 
 // edgeCommand is the hidden subcommand that runs the edge in a child process.
@@ -50,6 +60,9 @@ type edgeOptions struct {
 	// publicH2C makes the public listener serve HTTP/2 with prior knowledge (h2c) too
 	// (tunnel.ServerConfig.Public.H2C), for the h2 scenario.
 	publicH2C bool
+	// quic makes the edge accept connectors over QUIC too, on a UDP port of its own with a
+	// certificate it makes (the memory scenario's -mem-transport quic).
+	quic bool
 }
 
 // pickPortRange returns 100 ports for TCP tunnels between 21000 and 30999: below the
@@ -66,6 +79,10 @@ type edgeAddrs struct {
 	Public  string `json:"public"`  // public HTTP
 	Stats   string `json:"stats"`   // the bench's own JSON endpoint (/mem, /groups)
 	PID     int    `json:"pid"`
+	// QUIC is the UDP address connectors reach the edge on over QUIC, and QUICCert its
+	// certificate (DER), when the edge serves QUIC.
+	QUIC     string `json:"quic,omitempty"`
+	QUICCert []byte `json:"quic_cert,omitempty"`
 }
 
 // memSample is the edge's memory after a forced GC, as served on /mem.
@@ -114,8 +131,17 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 			return nil, err
 		}
 	}
+	var tlsConf *tls.Config
+	var certDER []byte
+	if o.quic {
+		if tlsConf, certDER, err = quicEdgeTLS(); err != nil {
+			e.stopProfile()
+			return nil, err
+		}
+	}
 	e.srv, err = tunnel.NewServer(tunnel.ServerConfig{
-		Domain: benchDomain,
+		TLSConfig: tlsConf,
+		Domain:    benchDomain,
 		LoadBalancing: tunnel.LoadBalancing{
 			Enabled: true,
 			// Off by default (a request is replayed only when no byte of it was written);
@@ -153,7 +179,48 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 	e.wg.Go(func() { _ = e.srv.Serve(lns[0]) })
 	e.wg.Go(func() { _ = e.srv.ServePublic(lns[1]) })
 	e.wg.Go(func() { _ = e.stats.Serve(lns[2]) })
+	if o.quic {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			e.Close()
+			return nil, err
+		}
+		e.addrs.QUIC, e.addrs.QUICCert = pc.LocalAddr().String(), certDER
+		e.wg.Go(func() { _ = tunnel.ServeQUIC(e.srv, pc) })
+	}
 	return e, nil
+}
+
+// quicEdgeName is the name the bench edge's QUIC certificate is for.
+const quicEdgeName = "edge." + benchDomain
+
+// quicEdgeTLS makes the bench edge's certificate for QUIC, self-signed.
+func quicEdgeTLS() (*tls.Config, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: quicEdgeName}, DNSNames: []string{quicEdgeName},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(crand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}, der, nil
+}
+
+// quicOptions are the options of a connector of e over QUIC, trusting its certificate.
+func (a edgeAddrs) quicOptions() ([]tunnel.Option, error) {
+	cert, err := x509.ParseCertificate(a.QUICCert)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return []tunnel.Option{tunnel.WithQUIC(), tunnel.WithTLS(&tls.Config{RootCAs: pool, ServerName: quicEdgeName})}, nil
 }
 
 func (e *edgeServer) statsHandler() http.Handler {
@@ -259,6 +326,7 @@ func edgeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	memRate := fs.Int("memprofilerate", 0, "runtime.MemProfileRate (0: the default)")
 	retryIdem := fs.Bool("retry-idempotent", false, "turn the idempotent retry on for every pool")
 	h2c := fs.Bool("public-h2c", false, "serve h2c (HTTP/2 with prior knowledge) on the public listener too")
+	quic := fs.Bool("quic", false, "accept connectors over QUIC too")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -269,6 +337,7 @@ func edgeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	o.cpuprofile = *prof
 	o.retryIdempotent = *retryIdem
 	o.publicH2C = *h2c
+	o.quic = *quic
 	if lo, hi, ok := strings.Cut(*ports, "-"); ok {
 		var err1, err2 error
 		o.tcpPorts.Lo, err1 = strconv.Atoi(lo)
@@ -362,6 +431,9 @@ func startEdge(ctx context.Context, mode string, o edgeOptions, log *zap.Logger,
 	}
 	if o.publicH2C {
 		args = append(args, "-public-h2c")
+	}
+	if o.quic {
+		args = append(args, "-quic")
 	}
 	e.cmd = exec.Command(exe, args...)
 	e.cmd.SysProcAttr = childAttrs()

@@ -146,6 +146,7 @@ type config struct {
 	memGroupSize   int
 	memParallel    int
 	memProto       string
+	memTransport   string
 	killFor        time.Duration
 	lbRequests     int
 	lbKeys         int
@@ -193,6 +194,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.memGroupSize, "mem-group-size", 100, "members per group in the memory scenario (0: every connector's tunnel is solo)")
 	fs.IntVar(&c.memParallel, "mem-parallel", 200, "connectors opened or closed at a time in the memory scenario")
 	fs.StringVar(&c.memProto, "mem-proto", "http", `the memory scenario's tunnels: "http", or "tcp" (each connector then also keeps its idle data connections to the edge; needs -mem-group-size > 0, at most 100 groups)`)
+	fs.StringVar(&c.memTransport, "mem-transport", "tcp", `how the memory scenario's connectors reach the edge: "tcp", or "quic" (the edge then serves QUIC on a UDP port too)`)
 	fs.DurationVar(&c.killFor, "kill-for", 2*time.Second, "how long the killed backend stays down in the churn scenario")
 	fs.IntVar(&c.lbRequests, "lb-requests", 2000, "sequential requests per weighted pool in the lb scenario")
 	fs.IntVar(&c.lbKeys, "lb-keys", 10000, "distinct affinity keys in the lb scenario")
@@ -264,6 +266,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-data-read-buffer must be 0 to %d bytes, got %d", benchconfig.MaxDataReadBuffer, c.dataReadBuffer)
 	case c.memParallel < 1:
 		return nil, fmt.Errorf("-mem-parallel must be positive, got %d", c.memParallel)
+	case c.memTransport != "tcp" && c.memTransport != "quic":
+		return nil, fmt.Errorf(`-mem-transport must be "tcp" or "quic", got %q`, c.memTransport)
 	case c.memProto != "http" && c.memProto != "tcp":
 		return nil, fmt.Errorf(`-mem-proto must be "http" or "tcp", got %q`, c.memProto)
 	case c.memProto == "tcp" && c.memGroupSize == 0:

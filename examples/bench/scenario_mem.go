@@ -85,6 +85,7 @@ func (b *bench) memOnce(ctx context.Context, n int, target string) (s memSummary
 	s.n = n
 	// The edge runs in its own process, whatever -edge says, so that its memory is its own.
 	o := b.edgeOptions(fmt.Sprintf("mem%d", n))
+	o.quic = b.cfg.memTransport == "quic"
 	if b.cfg.memProfile != "" {
 		o.memProfileRate = 4096
 	}
@@ -146,9 +147,17 @@ func (b *bench) memOnce(ctx context.Context, n int, target string) (s memSummary
 	}
 
 	opts := []tunnel.Option{tunnel.WithLogger(b.log), tunnel.WithReconnect(false)}
-	b.say("mem %d: opening %d connector sessions, %d at a time", n, n, b.cfg.memParallel)
+	addr := e.Control
+	if o.quic {
+		qo, err := e.quicOptions()
+		if err != nil {
+			return s, err
+		}
+		opts, addr = append(opts, qo...), e.QUIC
+	}
+	b.say("mem %d: opening %d connector sessions (%s), %d at a time", n, n, b.cfg.memTransport, b.cfg.memParallel)
 	s.connectTime, s.connected, err = phase("connector", func(ctx context.Context, i int) error {
-		sess, err := tunnel.Dial(ctx, e.Control, opts...)
+		sess, err := tunnel.Dial(ctx, addr, opts...)
 		sessions[i] = sess
 		return err
 	})
@@ -186,7 +195,7 @@ func (b *bench) memOnce(ctx context.Context, n int, target string) (s memSummary
 	if err != nil {
 		return s, err
 	}
-	if tcp {
+	if tcp && !o.quic { // over QUIC there are no data connections
 		// Each connector now opens its idle data connections: measured once they are all
 		// there (the edge's open files stop growing).
 		b.say("mem %d: waiting for the connectors' data connections", n)
@@ -271,7 +280,11 @@ func (b *bench) memSection(ss []memSummary) *section {
 	case b.cfg.memGroupSize == 0:
 		layout = "solo HTTP tunnels (one subdomain each)"
 	}
-	sec := &section{title: "Edge memory per idle connector (edge in its own process; after runtime.GC and debug.FreeOSMemory)"}
+	title := "Edge memory per idle connector (edge in its own process; after runtime.GC and debug.FreeOSMemory)"
+	if b.cfg.memTransport == "quic" {
+		title = "Edge memory per idle connector over QUIC (edge in its own process; after runtime.GC and debug.FreeOSMemory)"
+	}
+	sec := &section{title: title}
 	measured10k := false
 	for _, s := range ss {
 		all := s.connected == s.n && s.registered == s.n

@@ -109,7 +109,11 @@ func (transport) Listen(pc net.PacketConn, tlsConf *tls.Config, opts mux.ListenO
 		return nil, errors.New("quic: the edge needs a TLS certificate")
 	}
 	tr := &qgo.Transport{Conn: pc}
-	ln, err := tr.Listen(tlsFor(tlsConf), config(true, opts.HandshakeTimeout))
+	serverTLS := tlsFor(tlsConf)
+	// No session tickets: with 0-RTT off they would only save a reconnecting connector one
+	// round trip, and each costs the edge a ticket written into every connection's state.
+	serverTLS.SessionTicketsDisabled = true
+	ln, err := tr.Listen(serverTLS, config(true, opts.HandshakeTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("quic: %w", err)
 	}
