@@ -319,8 +319,12 @@ func (b *bench) memSection(ss []memSummary) *section {
 	if !measured10k {
 		sec.note("the %d-connector target was not measured in this run: every -mem-connectors count is below it", memTargetConnectors)
 	}
-	sec.note("after closing, the edge's heap stays above its baseline mostly because the Go runtime never frees a goroutine's descriptor (about 0.5 KiB each, kept for reuse) once created, and 4 goroutines per connector were running; goroutines return to the baseline count (see -mem-heapprofile)")
-	sec.note("layout: %s; the members' local target is one backend, and no request flows until the memory is measured; every connector is its own session (its own TCP connection)", layout)
+	sec.note("after closing, the edge's heap stays above its baseline mostly because the Go runtime never frees a goroutine's descriptor (about 0.5 KiB each, kept for reuse) once created, and each connector had its goroutines running (see the rows above); goroutines return to the baseline count (see -mem-heapprofile)")
+	conn := "its own TCP connection"
+	if b.cfg.memTransport == "quic" {
+		conn = "its own QUIC connection, on the edge's one UDP socket; a session over QUIC has no data connections, and the edge issues no TLS session tickets"
+	}
+	sec.note("layout: %s; the members' local target is one backend, and no request flows until the memory is measured; every connector is its own session (%s)", layout, conn)
 	return sec
 }
 
