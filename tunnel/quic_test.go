@@ -1,17 +1,28 @@
 package tunnel
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
 
+	"github.com/warren-tunnel/warren/internal/mux"
+	"github.com/warren-tunnel/warren/internal/throttle"
 	_ "github.com/warren-tunnel/warren/tunnel/quic"
 )
 
@@ -149,4 +160,167 @@ func TestOverQUIC(t *testing.T) {
 	for _, name := range quicSuite {
 		require.Contains(t, string(out), "--- PASS: "+name+" ", "a test of the suite did not run")
 	}
+}
+
+// startQUICEdge starts a test edge that also accepts connectors over QUIC, whatever
+// WARREN_TEST_TRANSPORT says.
+func startQUICEdge(t *testing.T, cfg ServerConfig) *testEdge {
+	t.Helper()
+	if testTransport == TransportQUIC {
+		return startEdge(t, cfg)
+	}
+	pki := newTestPKI(t)
+	cfg.TLSConfig = &tls.Config{Certificates: []tls.Certificate{pki.server}}
+	e := startEdge(t, cfg)
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	e.serveQUIC(pc, pki)
+	return e
+}
+
+// dialQUIC connects a connector to e over QUIC; Close runs at cleanup.
+func (e *testEdge) dialQUIC(opts ...Option) *Session {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	opts = append(append([]Option{WithLogger(zaptest.NewLogger(e.t)), WithBackoff(10*time.Millisecond, 100*time.Millisecond)}, e.transportOptions()...), opts...)
+	s, err := Dial(ctx, e.quicAddr, opts...)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// Over QUIC an HTTP and a TCP tunnel serve, next to a member of the same pool over TCP; the
+// session, its members and the edge's counters say quic; its TCP connections ride its
+// streams (the connector opens no data connection).
+func TestQUICConnectorServesNextToATCPOne(t *testing.T) {
+	e := startQUICEdge(t, ServerConfig{TCP: TCPTunnels{Ports: tcpRange(46300), BindHost: "127.0.0.1"}, LoadBalancing: LoadBalancing{Enabled: true}})
+	q := e.dialQUIC()
+	require.Equal(t, TransportQUIC, q.Transport())
+	spec := TunnelSpec{Subdomain: "pool", Group: "pool", GroupKey: "k"}
+	overQUIC, err := q.Forward(ctxT(t), spec, hostPort(backend(t, "quic").URL))
+	require.NoError(t, err)
+	tcp, err := Dial(ctxT(t), e.controlAddr, WithLogger(zaptest.NewLogger(t)))
+	require.NoError(t, err)
+	defer tcp.Close()
+	overTCP, err := tcp.Forward(ctxT(t), spec, hostPort(backend(t, "tcp").URL))
+	require.NoError(t, err)
+
+	seen := map[string]bool{}
+	for range 20 {
+		code, body := e.get("pool", "/x")
+		require.Equal(t, http.StatusOK, code)
+		seen[body] = true
+	}
+	require.Equal(t, map[string]bool{"quic /x": true, "tcp /x": true}, seen, "both members serve")
+	transports := map[string]string{}
+	for _, g := range e.Registry().Groups() {
+		for _, m := range g.Members {
+			transports[m.ID] = m.Transport
+		}
+	}
+	require.Equal(t, map[string]string{overQUIC.ID(): TransportQUIC, overTCP.ID(): TransportTCP}, transports)
+	require.Equal(t, map[string]int64{TransportTCP: 1, TransportWebSocket: 0, TransportQUIC: 1}, e.Operator().Counters().Sessions)
+
+	tun, err := q.Forward(ctxT(t), TunnelSpec{Proto: ProtoTCP}, tcpBackend(t, digestBackend))
+	require.NoError(t, err)
+	c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(tun.Port())))
+	require.NoError(t, err)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	msg := strings.Repeat("quic ", 200_000) // 1 MB
+	_, err = io.WriteString(c, msg)
+	require.NoError(t, err)
+	require.NoError(t, c.(*net.TCPConn).CloseWrite())
+	reply, err := io.ReadAll(c)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(reply), fmt.Sprintf("%d ", len(msg))), "reply %q", reply)
+	_ = c.Close()
+	require.Zero(t, e.data.stats.Accepted.Load(), "a session over QUIC opens no data connection")
+
+	require.NoError(t, q.Close())
+	require.Eventually(t, func() bool { return e.Operator().Counters().Sessions[TransportQUIC] == 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// What cannot go with WithQUIC is refused before anything is dialled; the proxy variables
+// are not read.
+func TestWithQUICRefusals(t *testing.T) {
+	ctx := ctxT(t)
+	for name, opts := range map[string][]Option{
+		"proxy":     {WithProxy(&url.URL{Scheme: "http", Host: "proxy.example:3128"})},
+		"websocket": {WithWebSocket("/_warren/connect")},
+		"dialer":    {WithDialer(func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("unused") })},
+	} {
+		_, err := Dial(ctx, "127.0.0.1:1", append([]Option{WithQUIC()}, opts...)...)
+		require.ErrorIs(t, err, ErrInvalid, name)
+	}
+
+	e := startQUICEdge(t, ServerConfig{})
+	t.Setenv("HTTPS_PROXY", "http://127.0.0.1:1") // nothing listens there
+	s := e.dialQUIC()
+	require.Equal(t, TransportQUIC, s.Transport(), "the session connected directly")
+}
+
+// ServeQUIC and ListenAndServe's QUICAddr need TLSConfig; with it, ListenAndServe accepts
+// connectors over QUIC, and its UDP socket is closed once Close returns.
+func TestListenAndServeQUIC(t *testing.T) {
+	plain, err := NewServer(ServerConfig{Domain: testDomain})
+	require.NoError(t, err)
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	require.ErrorIs(t, ServeQUIC(plain, pc), ErrInvalid)
+	require.NoError(t, plain.Close())
+
+	addr := pc.LocalAddr().String() // closed by ServeQUIC: free again
+	pki := newTestPKI(t)
+	srv, err := NewServer(ServerConfig{Domain: testDomain, ControlAddr: "127.0.0.1:0", QUICAddr: addr,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{pki.server}}, Logger: zaptest.NewLogger(t)})
+	require.NoError(t, err)
+	served := make(chan error, 1)
+	go func() { served <- srv.ListenAndServe() }()
+	s, err := Dial(ctxT(t), addr, WithQUIC(), WithTLS(&tls.Config{RootCAs: pki.pool, ServerName: "edge.test"}),
+		WithLogger(zaptest.NewLogger(t)), WithReconnect(false))
+	require.NoError(t, err)
+	require.Equal(t, TransportQUIC, s.Transport())
+	require.NoError(t, s.Close())
+	require.NoError(t, srv.Close())
+	require.ErrorIs(t, <-served, ErrServerClosed)
+	again, err := net.ListenPacket("udp", addr)
+	require.NoError(t, err, "the edge's UDP socket is closed")
+	require.NoError(t, again.Close())
+}
+
+// A QUIC connection holds a place among those not yet authenticated from its handshake to its
+// Hello: over MaxConnsPerIP the edge closes it at once, and HelloTimeout ends one that says
+// nothing.
+func TestQUICPreAuthCapsAndHelloTimeout(t *testing.T) {
+	e := startQUICEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: 2 * time.Second, MaxConnsPerIP: 2}})
+	q := mux.RegisteredQUIC()
+	raw := func() mux.Session {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := q.Dial(ctx, e.quicAddr, &tls.Config{RootCAs: e.quicPKI.pool, ServerName: "edge.test"})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	held := []mux.Session{raw(), raw()}
+	require.Eventually(t, func() bool {
+		_, fromIP := e.preAuth.Held(throttle.KeyOfIP(netip.MustParseAddr("127.0.0.1")))
+		return fromIP == 2
+	}, 5*time.Second, 10*time.Millisecond)
+	over := raw()
+	select {
+	case <-over.CloseChan():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a connection over the per-address cap was kept")
+	}
+	for _, s := range held {
+		select {
+		case <-s.CloseChan(): // HelloTimeout: no control stream came
+		case <-time.After(10 * time.Second):
+			t.Fatal("a connection that never said hello outlived HelloTimeout")
+		}
+	}
+	s := e.dialQUIC()
+	require.Equal(t, TransportQUIC, s.Transport(), "the places are free again")
 }
