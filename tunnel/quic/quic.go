@@ -62,18 +62,37 @@ const maxEdgeStreams = 1 << 20
 // tests).
 var idleTimeout = mux.DeadPeerTimeout
 
+// closeTimeout bounds how long a stream this side closed waits for the peer's end before
+// its receive side is given up (a variable for tests).
+var closeTimeout = mux.StreamCloseTimeout
+
 func init() { mux.RegisterQUIC(transport{}) }
 
 type transport struct{}
 
-// tlsFor returns a copy of cfg for the transport: TLS 1.3 and Warren's ALPN.
-func tlsFor(cfg *tls.Config) *tls.Config {
+// tlsFor returns a copy of cfg for the transport: TLS 1.3 and Warren's ALPN (also in the
+// configurations its GetConfigForClient returns), and, for an edge, no session tickets: with
+// 0-RTT off they would only save a reconnecting connector one round trip, and each costs
+// the edge a ticket written into every connection's state.
+func tlsFor(cfg *tls.Config, edge bool) *tls.Config {
 	if cfg == nil {
 		cfg = &tls.Config{}
 	}
 	cfg = cfg.Clone()
 	cfg.MinVersion = tls.VersionTLS13
 	cfg.NextProtos = []string{ALPN}
+	cfg.SessionTicketsDisabled = cfg.SessionTicketsDisabled || edge
+	if get := cfg.GetConfigForClient; get != nil {
+		cfg.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			c, err := get(hello)
+			if c == nil || err != nil {
+				return c, err
+			}
+			c = tlsFor(c, edge)
+			c.GetConfigForClient = nil
+			return c, nil
+		}
+	}
 	return cfg
 }
 
@@ -96,7 +115,7 @@ func config(edge bool, handshake time.Duration) *qgo.Config {
 
 // Dial opens a connector's session to the edge at addr.
 func (transport) Dial(ctx context.Context, addr string, tlsConf *tls.Config) (mux.Session, error) {
-	conn, err := qgo.DialAddr(ctx, addr, tlsFor(tlsConf), config(false, 0))
+	conn, err := qgo.DialAddr(ctx, addr, tlsFor(tlsConf, false), config(false, 0))
 	if err != nil {
 		return nil, fmt.Errorf("quic: %w", err)
 	}
@@ -109,11 +128,7 @@ func (transport) Listen(pc net.PacketConn, tlsConf *tls.Config, opts mux.ListenO
 		return nil, errors.New("quic: the edge needs a TLS certificate")
 	}
 	tr := &qgo.Transport{Conn: pc}
-	serverTLS := tlsFor(tlsConf)
-	// No session tickets: with 0-RTT off they would only save a reconnecting connector one
-	// round trip, and each costs the edge a ticket written into every connection's state.
-	serverTLS.SessionTicketsDisabled = true
-	ln, err := tr.Listen(serverTLS, config(true, opts.HandshakeTimeout))
+	ln, err := tr.Listen(tlsFor(tlsConf, true), config(true, opts.HandshakeTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("quic: %w", err)
 	}

@@ -68,7 +68,7 @@ func newPair(t *testing.T, ownSocket bool) *pair {
 		// A socket of the test's: closing it makes the connector vanish without a word.
 		p.clientPC, err = net.ListenPacket("udp", "127.0.0.1:0")
 		require.NoError(t, err)
-		conn, err := qgo.Dial(ctx, p.clientPC, pc.LocalAddr(), tlsFor(clientTLS), config(false, 0))
+		conn, err := qgo.Dial(ctx, p.clientPC, pc.LocalAddr(), tlsFor(clientTLS, false), config(false, 0))
 		require.NoError(t, err)
 		p.conn = newSession(conn, 0)
 	} else {
@@ -259,4 +259,49 @@ func TestListenerSocketOutlivesItsSessions(t *testing.T) {
 	released := l.done
 	l.mu.Unlock()
 	require.True(t, released, "the socket is released once the listener and its last session closed")
+}
+
+// A stream this side closed, whose peer never ends its side, is given up after the close
+// timeout (its receive side cancelled), not kept for ever; a read deadline that passed on
+// the way does not count as the end.
+func TestClosedStreamWhosePeerNeverEndsIsGivenUp(t *testing.T) {
+	defer func(d time.Duration) { closeTimeout = d }(closeTimeout)
+	closeTimeout = 200 * time.Millisecond
+	p := newPair(t, false)
+	e, c := p.open(t)
+	require.NoError(t, e.SetReadDeadline(time.Now().Add(10*time.Millisecond)))
+	_, err := e.Read(make([]byte, 1))
+	require.True(t, mux.IsTimeout(err))
+	require.NoError(t, e.SetReadDeadline(time.Time{}))
+	require.NoError(t, e.Close())
+	_, err = io.ReadAll(c)
+	require.NoError(t, err, "the edge's side ended cleanly")
+	require.Eventually(t, func() bool {
+		_, err := c.Write([]byte("still talking"))
+		return mux.IsStreamReset(err)
+	}, 5*time.Second, 20*time.Millisecond, "the peer is told to stop once the close timeout passed")
+}
+
+// An edge whose TLS configuration comes from GetConfigForClient still speaks the transport's
+// ALPN and TLS 1.3.
+func TestEdgeTLSFromGetConfigForClient(t *testing.T) {
+	cert, pool := testCert(t)
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ln, err := mux.RegisteredQUIC().Listen(pc, &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		return &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"h2", "http/1.1"}}, nil
+	}}, mux.ListenOptions{HandshakeTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := mux.RegisteredQUIC().Dial(ctx, pc.LocalAddr().String(), &tls.Config{RootCAs: pool, ServerName: "edge.test"})
+	require.NoError(t, err)
+	edge, err := ln.Accept(ctx)
+	require.NoError(t, err)
+	state := edge.(*session).conn.ConnectionState().TLS
+	require.Equal(t, ALPN, state.NegotiatedProtocol)
+	require.Equal(t, uint16(tls.VersionTLS13), state.Version)
+	require.NoError(t, conn.Close())
+	require.NoError(t, edge.Close())
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -91,12 +92,15 @@ func (s *session) RemoteAddr() net.Addr { return s.conn.RemoteAddr() }
 // stream is a QUIC stream as a mux.Stream. Close half-closes, as yamux's does: the receive
 // side stays open for the peer's answer, but no longer than mux.StreamCloseTimeout, and not
 // at all once this side gave up reading (a read deadline in the past).
+//
+// Write, Close and Abort may be called while a Read is under way, as on any net.Conn.
 type stream struct {
 	*qgo.Stream
 	sess *session
 	id   uint32
 
-	// readEnded is set once a Read returned an error (the peer's end included);
+	// readEnded is set once a Read returned the stream's end or an error other than a
+	// deadline's;
 	// readGivenUp once a read deadline in the past was set.
 	readEnded, readGivenUp atomic.Bool
 	closeOnce              sync.Once
@@ -119,7 +123,9 @@ func (s *stream) RemoteAddr() net.Addr { return s.sess.conn.RemoteAddr() }
 func (s *stream) Read(p []byte) (int, error) {
 	n, err := s.Stream.Read(p)
 	if err != nil {
-		s.readEnded.Store(true)
+		if !errors.Is(err, os.ErrDeadlineExceeded) { // a deadline ends a read, not the stream
+			s.readEnded.Store(true)
+		}
 		err = streamErr(err)
 	}
 	return n, err
@@ -172,7 +178,7 @@ func (s *stream) Close() error {
 			s.Stream.CancelRead(codeUnread)
 		default:
 			// A peer that never ends its side must not hold the stream for ever.
-			time.AfterFunc(mux.StreamCloseTimeout, func() {
+			time.AfterFunc(closeTimeout, func() {
 				if !s.readEnded.Load() {
 					s.Stream.CancelRead(codeUnread)
 				}
