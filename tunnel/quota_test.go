@@ -69,6 +69,10 @@ func TestMaxRoutesAndTheOperatorsRouteList(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tun.Close()) // the claim stays for RouteTTL
 	}
+	// Closing is asynchronous at the edge: the members leave a moment later.
+	require.Eventually(t, func() bool {
+		return e.registry.LookupHTTP("r0") == nil && e.registry.LookupHTTP("r1") == nil && e.registry.LookupHTTP("r2") == nil
+	}, 5*time.Second, 5*time.Millisecond)
 	_, err := acme.Forward(ctxT(t), TunnelSpec{Subdomain: "r3"}, hostPort(b.URL))
 	require.ErrorIs(t, err, ErrLimit)
 	require.ErrorContains(t, err, "this tenant already holds 3 routes (max_routes)")
