@@ -123,9 +123,11 @@ func TestClusterTCPPoolOfAnOldKeyServedOnEveryEdge(t *testing.T) {
 	got, err := readTCP(net.JoinHostPort(a.host, fmt.Sprint(old.Port())))
 	require.NoError(t, err)
 	require.Equal(t, "old", got, "edge a serves the k1 pool")
-	got, err = readTCP(net.JoinHostPort(b.host, fmt.Sprint(rotated.Port())))
-	require.NoError(t, err)
-	require.Equal(t, "new", got, "edge b serves the k2 pool")
+	// Edge b learns of the pool from the cluster's records, a moment later.
+	require.Eventually(t, func() bool {
+		got, err := readTCP(net.JoinHostPort(b.host, fmt.Sprint(rotated.Port())))
+		return err == nil && got == "new"
+	}, 5*time.Second, 50*time.Millisecond, "edge b serves the k2 pool")
 	require.Eventually(t, func() bool {
 		got, err := readTCP(net.JoinHostPort(b.host, fmt.Sprint(old.Port())))
 		return err == nil && got == "old"

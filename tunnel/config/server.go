@@ -677,12 +677,7 @@ func (c *Server) validatePorts(r *reporter) {
 	if s.HTTPSPort > 0 && !c.TLS.Enabled() {
 		r.add("server.https_port", ErrInvalid, "port %d needs a [tls] table with cert_path and key_path", s.HTTPSPort)
 	}
-	switch {
-	case s.QUICPort < 0 || s.QUICPort > 65535:
-		r.add("server.quic_port", ErrInvalid, "%d is out of range 0-65535 (0 turns QUIC off)", s.QUICPort)
-	case s.QUICPort > 0 && !c.TLS.Enabled():
-		r.add("server.quic_port", ErrInvalid, "port %d needs a [tls] table with cert_path and key_path: QUIC is always TLS 1.3, and the edge presents that certificate, the one TLS connectors verify on the control port", s.QUICPort)
-	}
+	c.validateQUICPort(r)
 	switch {
 	case s.WebSocketOnHTTP && s.HTTPPort == 0:
 		r.add("server.websocket_on_http", ErrInvalid, "serves websocket_path on the public HTTP port: set server.http_port")
@@ -864,6 +859,16 @@ func (c *Server) checkPeerAddr(r *reporter, key, addr string) {
 	}
 	if pr := c.Limits.TCPPortRange; pr.Contains(n) {
 		r.add(key, ErrInvalid, "port %d lies inside limits.tcp_port_range %d-%d, which is reserved for TCP tunnels", n, pr.Low, pr.High)
+	}
+}
+
+// validateQUICPort checks quic_port: a UDP port, so it may share a TCP port's number.
+func (c *Server) validateQUICPort(r *reporter) {
+	switch p := c.Server.QUICPort; {
+	case p < 0 || p > 65535:
+		r.add("server.quic_port", ErrInvalid, "%d is out of range 0-65535 (0 turns QUIC off)", p)
+	case p > 0 && !c.TLS.Enabled():
+		r.add("server.quic_port", ErrInvalid, "port %d needs a [tls] table with cert_path and key_path: QUIC is always TLS 1.3, and the edge presents that certificate, the one TLS connectors verify on the control port", p)
 	}
 }
 
