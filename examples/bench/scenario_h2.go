@@ -143,6 +143,7 @@ func (b *bench) runH2(ctx context.Context, rep *report) error {
 			return err
 		}
 	}
+	rep.h2load = sum
 	rep.add(sum.section(b.cfg))
 	return nil
 }
