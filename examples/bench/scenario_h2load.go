@@ -297,7 +297,17 @@ func (s *h2loadSummary) section(cfg *config) *section {
 	failed, total := 0, 0
 	for _, w := range s.workloads {
 		wr, pr, dr := med(w.runs[h2loadWarren], rps), med(w.runs[h2loadProxy], rps), med(w.runs[h2loadDirect], rps)
-		sec.add(row{cells: []string{"requests/s, " + w.member + " member", fmtRate(wr), fmtRate(pr), fmtRate(dr), fmtRatio(ratio(wr, pr)), "—"}})
+		// The ratio is taken within each round (the two ran minutes apart at most, on the
+		// same machine load) and its median shown; the medians of each column alone can
+		// come from different rounds.
+		var per series
+		for i, r := range w.runs[h2loadWarren] {
+			if i < len(w.runs[h2loadProxy]) {
+				per = append(per, ratio(r.rps, w.runs[h2loadProxy][i].rps))
+			}
+		}
+		sec.add(row{cells: []string{"requests/s, " + w.member + " member", fmtRate(wr), fmtRate(pr), fmtRate(dr), fmtRatio(per.median()) + " (median of the rounds' ratios)", "—"}})
+		sec.note("%s member, Warren ÷ net/http proxy requests/s by round: %s", w.member, per.list(func(x float64) string { return fmtRatio(x) }))
 		wc, pc := med(w.runs[h2loadWarren], cpu), med(w.runs[h2loadProxy], cpu)
 		sec.add(row{cells: []string{"CPU per request, edge / proxy, " + w.member + " member", fmtDur(time.Duration(wc)), fmtDur(time.Duration(pc)), "", fmtRatio(ratio(wc, pc)), "—"}})
 		for _, p := range []h2loadPath{h2loadWarren, h2loadProxy, h2loadDirect} {
