@@ -18,14 +18,14 @@ import (
 
 // frp in the lossy-link table (-wan-loss … -wan-frp DIR): frps in the edge's place and two
 // frpc in the connectors', each frpc with an HTTP proxy and a TCP proxy in a load-balancing
-// group (loadBalancer.group) to its backend, like Warren's two connectors (frp's TCP proxies close both directions when one ends, so
-// their streams announce their length instead of half-closing: hashSizedConn). One frps with its
-// two frpc per frp transport: "tcp" (frp's default: one TLS connection per frpc carrying
-// its yamux streams, plus work connections) and "quic" (transport.protocol = "quic" to
-// frps' quicBindPort, a UDP port). The ports between frpc and frps are ports of the link,
-// delayed and lossy as the edge's control port is; the load reaches frps' vhostHTTPPort and
-// the TCP group's remote port directly. frp is not built here: DIR holds frps and frpc
-// (see docs/benchmarks.md for the version and how to build them).
+// group (loadBalancer.group) to its backend, like Warren's two connectors. frp's TCP proxies
+// close both directions when one ends, so their streams announce their length instead of
+// half-closing (hashSizedConn). One frps with its two frpc per frp transport: "tcp" (frp's
+// default: one TLS connection per frpc carrying its yamux streams, plus work connections)
+// and "quic" (transport.protocol = "quic" to frps' quicBindPort, a UDP port). The ports
+// between frpc and frps are ports of the link, delayed and lossy as the edge's control port
+// is; the load reaches frps' vhostHTTPPort and the TCP group's remote port directly. frp is
+// not built here: DIR holds frps and frpc (docs/benchmarks.md says which version and how).
 
 // Kinds of the frp paths.
 const (

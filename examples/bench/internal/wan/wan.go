@@ -240,9 +240,9 @@ func validateDelay(port int, oneWay time.Duration, loss float64) error {
 	return nil
 }
 
-// Delay, inside such a namespace, holds every packet to or from TCP or UDP port `port` on lo for
-// oneWay before releasing it (each packet crosses lo once, so a round trip over that port
-// costs 2*oneWay), dropping a share `loss` in [0,1); until stop is called, which removes
+// Delay, inside such a namespace, holds every packet to or from TCP or UDP port `port` on
+// lo for oneWay before releasing it (each packet crosses lo once, so a round trip over that
+// port costs 2*oneWay), dropping a share `loss` in [0,1); until stop is called, which removes
 // the iptables rules and closes the queue. Packets of other ports are untouched.
 //
 // Packets leave in the order they arrived (one queue, one fixed delay), so no flow is
