@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -50,6 +51,10 @@ type edgeOptions struct {
 	// publicH2C makes the public listener serve HTTP/2 with prior knowledge (h2c) too
 	// (tunnel.ServerConfig.Public.H2C), for the h2 scenario.
 	publicH2C bool
+	// publicTLSCert and publicTLSKey (PEM files), when set, add a public HTTPS listener
+	// (ServePublicTLS, HTTP/2 offered in ALPN) with that certificate, for the h2 scenario's
+	// h2load table.
+	publicTLSCert, publicTLSKey string
 }
 
 // pickPortRange returns 100 ports for TCP tunnels between 21000 and 30999: below the
@@ -65,7 +70,9 @@ type edgeAddrs struct {
 	Control string `json:"control"` // connectors dial this
 	Public  string `json:"public"`  // public HTTP
 	Stats   string `json:"stats"`   // the bench's own JSON endpoint (/mem, /groups)
-	PID     int    `json:"pid"`
+	// PublicTLS is the public HTTPS listener, with edgeOptions.publicTLSCert only.
+	PublicTLS string `json:"public_tls,omitempty"`
+	PID       int    `json:"pid"`
 }
 
 // memSample is the edge's memory after a forced GC, as served on /mem.
@@ -114,8 +121,19 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 			return nil, err
 		}
 	}
+	var publicTLS *tls.Config
+	if o.publicTLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(o.publicTLSCert, o.publicTLSKey)
+		if err != nil {
+			e.stopProfile()
+			return nil, err
+		}
+		publicTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	e.srv, err = tunnel.NewServer(tunnel.ServerConfig{
-		Domain: benchDomain,
+		// Used by the public HTTPS listener only: the control listener below is plain.
+		TLSConfig: publicTLS,
+		Domain:    benchDomain,
 		LoadBalancing: tunnel.LoadBalancing{
 			Enabled: true,
 			// Off by default (a request is replayed only when no byte of it was written);
@@ -137,7 +155,10 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		e.stopProfile()
 		return nil, err
 	}
-	var lns [3]net.Listener
+	lns := make([]net.Listener, 3, 4)
+	if publicTLS != nil {
+		lns = lns[:4]
+	}
 	for i := range lns {
 		if lns[i], err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 			for _, l := range lns[:i] {
@@ -153,6 +174,10 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 	e.wg.Go(func() { _ = e.srv.Serve(lns[0]) })
 	e.wg.Go(func() { _ = e.srv.ServePublic(lns[1]) })
 	e.wg.Go(func() { _ = e.stats.Serve(lns[2]) })
+	if publicTLS != nil {
+		e.addrs.PublicTLS = lns[3].Addr().String()
+		e.wg.Go(func() { _ = e.srv.ServePublicTLS(lns[3]) })
+	}
 	return e, nil
 }
 
@@ -259,6 +284,8 @@ func edgeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	memRate := fs.Int("memprofilerate", 0, "runtime.MemProfileRate (0: the default)")
 	retryIdem := fs.Bool("retry-idempotent", false, "turn the idempotent retry on for every pool")
 	h2c := fs.Bool("public-h2c", false, "serve h2c (HTTP/2 with prior knowledge) on the public listener too")
+	tlsCert := fs.String("public-tls-cert", "", "with -public-tls-key: serve public HTTPS (HTTP/2 offered) with this certificate (PEM)")
+	tlsKey := fs.String("public-tls-key", "", "the key (PEM) of -public-tls-cert")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -269,6 +296,7 @@ func edgeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	o.cpuprofile = *prof
 	o.retryIdempotent = *retryIdem
 	o.publicH2C = *h2c
+	o.publicTLSCert, o.publicTLSKey = *tlsCert, *tlsKey
 	if lo, hi, ok := strings.Cut(*ports, "-"); ok {
 		var err1, err2 error
 		o.tcpPorts.Lo, err1 = strconv.Atoi(lo)
@@ -362,6 +390,9 @@ func startEdge(ctx context.Context, mode string, o edgeOptions, log *zap.Logger,
 	}
 	if o.publicH2C {
 		args = append(args, "-public-h2c")
+	}
+	if o.publicTLSCert != "" {
+		args = append(args, "-public-tls-cert", o.publicTLSCert, "-public-tls-key", o.publicTLSKey)
 	}
 	e.cmd = exec.Command(exe, args...)
 	e.cmd.SysProcAttr = childAttrs()
