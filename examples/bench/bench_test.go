@@ -358,7 +358,10 @@ func TestMemTCP(t *testing.T) {
 // member protocols, every request answered.
 func TestH2load(t *testing.T) {
 	if _, err := exec.LookPath("h2load"); err != nil {
-		t.Skip("h2load is not installed (Debian: nghttp2-client)")
+		if os.Getenv("WARREN_REQUIRE_H2LOAD") == "1" {
+			t.Fatal("h2load is not installed (Debian: nghttp2-client) and WARREN_REQUIRE_H2LOAD=1 (CI)")
+		}
+		t.Skip("h2load is not installed (Debian: nghttp2-client); set WARREN_REQUIRE_H2LOAD=1 to fail instead")
 	}
 	t.Cleanup(stopChildren)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
