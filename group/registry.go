@@ -218,8 +218,9 @@ type JoinRequest struct {
 	// member's tunnel has in its connector and the machine that connector runs on. Display
 	// only, kept as given ("" when unknown); the caller bounds them (wire.CleanDisplay).
 	Name, Host string
-	// Transport is how the member's connector reaches the edge ("tcp", "websocket", "quic"; "" when
-	// unknown, as for another edge's member). Display only, kept as given.
+	// Transport is how the member's connector reaches the edge ("tcp", "websocket", "quic";
+	// "" when unknown, as for a member of an edge older than the transport's record). Display
+	// only, kept as given; the caller bounds it.
 	Transport string
 	// Port is the public port a grouped TCP registration wants when it creates its pool:
 	// the pool's port from before (held with HoldPorts). 0, or a port that is not

@@ -66,13 +66,15 @@ func (c *ServerConfig) proxyConfig() proxy.Config {
 // Handler returns the public HTTP ingress as an http.Handler: it routes each request by its
 // Host header to a group and proxies it to one member. A request for a TLS passthrough
 // tunnel's host is answered 421 (Misdirected Request): those are reached only through
-// ServePublicTLS with the tunnel's name in the TLS ClientHello. Tests can serve it with
-// httptest. A server of the embedder's own lacks what ServePublic adds around it: the
-// listener's limits, and the close of an HTTP/1.x connection after an answer that left its
-// request body unread (without which net/http waits for that body with no deadline), and
-// the connectors' WebSocket path (ServerConfig.Public.WebSocketPath), which only the edge's
-// own public listeners serve.
-func (s *Server) Handler() http.Handler { return s.ingress.GuardTLSRoutes() }
+// ServePublicTLS with the tunnel's name in the TLS ClientHello. With
+// ServerConfig.Public.WebSocketPath set it also accepts connectors over WebSocket at that
+// path of the edge's own domain, as ServePublicTLS does: an embedder serving it over TLS on
+// a server of its own (which must let the handler hijack HTTP/1.1 connections, as net/http's
+// does) gets connectors behind HTTPS-only proxies too. Tests can serve it with httptest. A
+// server of the embedder's own lacks what ServePublic adds around it: the listener's limits,
+// and the close of an HTTP/1.x connection after an answer that left its request body unread
+// (without which net/http waits for that body with no deadline).
+func (s *Server) Handler() http.Handler { return withConnectorWebSocket(s, s.ingress.GuardTLSRoutes()) }
 
 // HTTP/2 limits of the public listeners: what one client connection may hold of the edge.
 // Header sizes, the idle timeout and the TLS handshake's timeout are those of HTTP/1.1
@@ -105,9 +107,9 @@ func (s *Server) ServePublic(l net.Listener) error {
 	var p http.Protocols
 	p.SetHTTP1(true)
 	p.SetUnencryptedHTTP2(s.cfg.Public.H2C)
-	h := s.Handler()
+	var h http.Handler = s.ingress.GuardTLSRoutes()
 	if s.cfg.Public.WebSocketOnHTTP {
-		h = withConnectorWebSocket(s, h)
+		h = s.Handler()
 	}
 	return s.serveHTTP(l, h, &p, 0, true)
 }
@@ -143,7 +145,7 @@ func (s *Server) ServePublicTLS(l net.Listener) error {
 		cfg = withALPN(cfg, "h2", "http/1.1")
 	}
 	pl := s.ingress.PassthroughListener(l, proxy.PassthroughOptions{HelloTimeout: s.cfg.Public.ReadHeaderTimeout, Go: s.spawn})
-	return s.serveHTTP(tls.NewListener(pl, cfg), withConnectorWebSocket(s, s.Handler()), &p, 0, true)
+	return s.serveHTTP(tls.NewListener(pl, cfg), s.Handler(), &p, 0, true)
 }
 
 // refusePassthroughNames returns the configuration to serve the embedder's cfg with on the

@@ -244,6 +244,36 @@ func hashConn(c net.Conn) {
 	_, _ = c.Write(out[:])
 }
 
+// maxSizedStream bounds the length a sized stream may announce (hashSizedConn).
+const maxSizedStream = 1 << 40
+
+// hashSizedConn is hashConn for relays that do not pass a half-close on (frp's TCP proxies
+// close both directions when one ends): the client first sends the stream's length (8 bytes,
+// big-endian), then that many bytes; the answer is hashConn's, and the connection stays
+// open until the client closes it.
+func hashSizedConn(c net.Conn) {
+	var head [8]byte
+	if _, err := io.ReadFull(c, head[:]); err != nil {
+		return
+	}
+	size := binary.BigEndian.Uint64(head[:])
+	if size > maxSizedStream {
+		return
+	}
+	h := crc32.New(castagnoli)
+	n, err := io.CopyBuffer(h, io.LimitReader(readerOnly{c}, int64(size)), make([]byte, 256<<10))
+	if err != nil {
+		return
+	}
+	var out [12]byte
+	binary.BigEndian.PutUint64(out[:8], uint64(n))
+	binary.BigEndian.PutUint32(out[8:], h.Sum32())
+	if _, err := c.Write(out[:]); err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, c)
+}
+
 // oneByteConn writes one byte on accept, then waits for the client to close.
 func oneByteConn(c net.Conn) {
 	if _, err := c.Write([]byte{'!'}); err != nil {

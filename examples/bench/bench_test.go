@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -37,6 +38,8 @@ func TestSmoke(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	args := []string{"-duration", "200ms", "-runs", "1", "-clients", "4", "-tcp-bytes", "1MiB", "-tcp-streams", "2",
 		"-ttfb-conns", "20", "-h2-conns", "2", "-mem-connectors", "40", "-mem-group-size", "10", "-mem-parallel", "40", "-kill-for", "300ms", "-noisy-retries", "0", "-markdown", md,
+		// h2load's table has a test of its own (TestH2load): it takes whole seconds.
+		"-h2load", "",
 		// mem: 40 connectors dial at once from one address, over the edge's default cap on
 		// control connections waiting to authenticate per address (16): the bench's edge
 		// must not take its own load for a flood.
@@ -348,4 +351,38 @@ func TestMemTCP(t *testing.T) {
 	gor := float64(m.members.Goroutines-m.base.Goroutines) / 30
 	require.Less(t, gor, 4.5, "edge goroutines per connector: none for an idle data connection")
 	require.Contains(t, stdout.String(), "edge open files (sockets) per connector")
+}
+
+// TestH2load runs the h2 scenario's HTTPS table as `-only h2` does with h2load installed:
+// h2load against Warren's HTTPS listener, the stock Go reverse proxy and a backend, for both
+// member protocols, every request answered.
+func TestH2load(t *testing.T) {
+	if _, err := exec.LookPath("h2load"); err != nil {
+		if os.Getenv("WARREN_REQUIRE_H2LOAD") == "1" {
+			t.Fatal("h2load is not installed (Debian: nghttp2-client) and WARREN_REQUIRE_H2LOAD=1 (CI)")
+		}
+		t.Skip("h2load is not installed (Debian: nghttp2-client); set WARREN_REQUIRE_H2LOAD=1 to fail instead")
+	}
+	t.Cleanup(stopChildren)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	rep, err := run(ctx, []string{"-only", "h2", "-runs", "1", "-duration", "1s", "-clients", "4", "-h2-conns", "2",
+		"-h2load-conns", "2", "-h2load-streams", "8", "-noisy-retries", "0"}, &stdout, &stderr)
+	require.NoError(t, err, "stderr:\n%s", stderr.String())
+	require.NotNil(t, rep.h2load)
+	require.Empty(t, rep.h2load.note)
+	require.Len(t, rep.h2load.workloads, 2, "HTTP/1.1 member and h2c member")
+	for _, w := range rep.h2load.workloads {
+		for _, p := range []h2loadPath{h2loadWarren, h2loadProxy, h2loadDirect} {
+			rs := w.runs[p]
+			require.Len(t, rs, 1, "%s member, %s", w.member, p)
+			require.Positive(t, rs[0].done, "%s member, %s: requests answered", w.member, p)
+			require.Zero(t, rs[0].failed, "%s member, %s", w.member, p)
+			if p != h2loadDirect {
+				require.Positive(t, rs[0].cpu, "%s member, %s: the edge's or proxy's CPU was read", w.member, p)
+			}
+		}
+	}
+	require.Contains(t, stdout.String(), "HTTP/2 over TLS with h2load")
 }

@@ -63,6 +63,10 @@ type edgeOptions struct {
 	// quic makes the edge accept connectors over QUIC too, on a UDP port of its own with a
 	// certificate it makes (the memory scenario's -mem-transport quic).
 	quic bool
+	// publicTLSCert and publicTLSKey (PEM files), when set, add a public HTTPS listener
+	// (ServePublicTLS, HTTP/2 offered in ALPN) with that certificate, for the h2 scenario's
+	// h2load table.
+	publicTLSCert, publicTLSKey string
 }
 
 // pickPortRange returns 100 ports for TCP tunnels between 21000 and 30999: below the
@@ -78,7 +82,9 @@ type edgeAddrs struct {
 	Control string `json:"control"` // connectors dial this
 	Public  string `json:"public"`  // public HTTP
 	Stats   string `json:"stats"`   // the bench's own JSON endpoint (/mem, /groups)
-	PID     int    `json:"pid"`
+	// PublicTLS is the public HTTPS listener, with edgeOptions.publicTLSCert only.
+	PublicTLS string `json:"public_tls,omitempty"`
+	PID       int    `json:"pid"`
 	// QUIC is the UDP address connectors reach the edge on over QUIC, and QUICCert its
 	// certificate (DER), when the edge serves QUIC.
 	QUIC     string `json:"quic,omitempty"`
@@ -131,6 +137,9 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 			return nil, err
 		}
 	}
+	// The edge's TLSConfig serves its QUIC listener (the memory scenario's -mem-transport
+	// quic) or its public HTTPS listener (the h2 scenario's h2load table), never both here:
+	// the control listener below is plain.
 	var tlsConf *tls.Config
 	var certDER []byte
 	if o.quic {
@@ -138,6 +147,14 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 			e.stopProfile()
 			return nil, err
 		}
+	}
+	if o.publicTLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(o.publicTLSCert, o.publicTLSKey)
+		if err != nil {
+			e.stopProfile()
+			return nil, err
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	}
 	e.srv, err = tunnel.NewServer(tunnel.ServerConfig{
 		TLSConfig: tlsConf,
@@ -163,7 +180,10 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		e.stopProfile()
 		return nil, err
 	}
-	var lns [3]net.Listener
+	lns := make([]net.Listener, 3, 4)
+	if o.publicTLSCert != "" {
+		lns = lns[:4]
+	}
 	for i := range lns {
 		if lns[i], err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
 			for _, l := range lns[:i] {
@@ -187,6 +207,10 @@ func startEdgeServer(o edgeOptions, log *zap.Logger) (_ *edgeServer, err error) 
 		}
 		e.addrs.QUIC, e.addrs.QUICCert = pc.LocalAddr().String(), certDER
 		e.wg.Go(func() { _ = tunnel.ServeQUIC(e.srv, pc) })
+	}
+	if o.publicTLSCert != "" {
+		e.addrs.PublicTLS = lns[3].Addr().String()
+		e.wg.Go(func() { _ = e.srv.ServePublicTLS(lns[3]) })
 	}
 	return e, nil
 }
@@ -327,6 +351,8 @@ func edgeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	retryIdem := fs.Bool("retry-idempotent", false, "turn the idempotent retry on for every pool")
 	h2c := fs.Bool("public-h2c", false, "serve h2c (HTTP/2 with prior knowledge) on the public listener too")
 	quic := fs.Bool("quic", false, "accept connectors over QUIC too")
+	tlsCert := fs.String("public-tls-cert", "", "with -public-tls-key: serve public HTTPS (HTTP/2 offered) with this certificate (PEM)")
+	tlsKey := fs.String("public-tls-key", "", "the key (PEM) of -public-tls-cert")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -338,6 +364,7 @@ func edgeMain(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	o.retryIdempotent = *retryIdem
 	o.publicH2C = *h2c
 	o.quic = *quic
+	o.publicTLSCert, o.publicTLSKey = *tlsCert, *tlsKey
 	if lo, hi, ok := strings.Cut(*ports, "-"); ok {
 		var err1, err2 error
 		o.tcpPorts.Lo, err1 = strconv.Atoi(lo)
@@ -434,6 +461,9 @@ func startEdge(ctx context.Context, mode string, o edgeOptions, log *zap.Logger,
 	}
 	if o.quic {
 		args = append(args, "-quic")
+	}
+	if o.publicTLSCert != "" {
+		args = append(args, "-public-tls-cert", o.publicTLSCert, "-public-tls-key", o.publicTLSKey)
 	}
 	e.cmd = exec.Command(exe, args...)
 	e.cmd.SysProcAttr = childAttrs()

@@ -138,6 +138,9 @@ type config struct {
 	clients        int
 	latencyClients int
 	h2Conns        int
+	h2load         string // h2 scenario: the h2load binary of its HTTPS table ("": no such table)
+	h2loadConns    int
+	h2loadStreams  int
 	pacedFraction  float64
 	tcpBytes       int64
 	tcpStreams     int
@@ -159,6 +162,8 @@ type config struct {
 	wanJSON        string        // with -wan-rtt: also write the WAN figures as JSON to this file
 	wanLoss        []float64     // with -wan-rtt: the random loss levels (shares in [0,1)) measured side by side; nil: none
 	wanWebSocket   bool          // with -wan-rtt: also Warren with its connectors over WebSocket (wss)
+	wanMTU         int           // with -wan-rtt: lo's MTU in the namespace (0: the kernel's, 65536)
+	wanFRP         string        // with -wan-loss: the directory of frps and frpc, measured over TCP and QUIC beside Warren ("": not)
 	markdown       string
 	cpuprofile     string
 	selfProfile    string
@@ -187,6 +192,9 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.Float64Var(&c.pacedFraction, "paced", 0.5, "also run the tiny-response workload at -clients clients paced (open loop) at this fraction of the tunnel's closed-loop requests/s, through the tunnel and directly alike: latency at equal, unsaturated load (0: skip it)")
 	fs.IntVar(&c.latencyClients, "latency-clients", 1, "clients of an extra, unloaded tiny-response HTTP workload that shows the latency the tunnel adds without queueing (0: skip it)")
 	fs.IntVar(&c.h2Conns, "h2-conns", 2, "client connections of the h2 scenario, shared by its -clients request loops (HTTP/2 and gRPC), through the tunnel and directly alike")
+	fs.StringVar(&c.h2load, "h2load", "h2load", `h2 scenario: nghttp2's h2load, for its table of HTTP/2 over TLS against Warren and the stock Go reverse proxy ("": no such table; not on PATH: the table says so)`)
+	fs.IntVar(&c.h2loadConns, "h2load-conns", 4, "h2load's connections (-c) in the h2 scenario's HTTPS table")
+	fs.IntVar(&c.h2loadStreams, "h2load-streams", 100, "h2load's concurrent streams per connection (-m) in the h2 scenario's HTTPS table")
 	tcpBytes := fs.String("tcp-bytes", "1GiB", "bytes per TCP bulk stream; with -layout processes, of the one stream, and shared by the -tcp-streams streams (units B, KiB, MiB, GiB, KB, MB, GB)")
 	fs.IntVar(&c.tcpStreams, "tcp-streams", 8, "concurrent streams of the multi-stream TCP run")
 	fs.IntVar(&c.ttfbConns, "ttfb-conns", 1000, "sequential new connections per time-to-first-byte run")
@@ -205,6 +213,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.dataReadBuffer, "data-read-buffer", 0, "-layout processes: data_read_buffer (bytes) of the edges' server.toml and the connectors' YAML, the fixed receive buffer of their data connections (0: the kernel's autotuning, the default)")
 	fs.DurationVar(&c.wanRTT, "wan-rtt", 0, "-layout processes: run the WAN scenario instead, with this round trip added to the link between the connectors and the edge (and the relay floor's equivalent link) in a network namespace of its own; needs root, ip and iptables (else it says why and exits 0 having run nothing); scenarios http (1 and -clients clients), tcp (1 stream; -tcp-bytes defaults to 64MiB here) and cold (single requests after the edge's idle member streams expired, about 1 min)")
 	wanLoss := fs.String("wan-loss", "", `with -wan-rtt: comma-separated random loss levels in percent on the link, e.g. "0,1,3": every level is measured in each round (scenarios http and tcp), levels and paths alternated`)
+	fs.IntVar(&c.wanMTU, "wan-mtu", 0, "with -wan-rtt: the MTU of lo in the namespace, so the size of the packets the link delays and drops (0: the kernel's 65536; 1500: Ethernet-like, which a per-packet loss needs to treat TCP and QUIC alike)")
+	fs.StringVar(&c.wanFRP, "wan-frp", "", "with -wan-loss: also measure frp (frps in the edge's place, 2 frpc in the connectors') over its tcp and quic transports; the directory holding the frps and frpc binaries")
 	fs.BoolVar(&c.wanWebSocket, "wan-websocket", false, "with -wan-rtt: also measure Warren with its connectors over WebSocket (wss to the edge's HTTPS port, websocket_path), that port delayed as the link")
 	fs.StringVar(&c.wanJSON, "wan-json", "", "with -wan-rtt: also write the WAN figures (medians) as JSON to this file")
 	fs.IntVar(&c.noisyRetries, "noisy-retries", 3, "run a tunnel or direct run again, up to this many times, when other processes used more than 0.25 cores during it")
@@ -234,6 +244,12 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	if err := c.wanLossFlags(set); err != nil {
 		return nil, err
 	}
+	if c.wanMTU != 0 && (c.wanRTT == 0 || c.wanMTU < 1280 || c.wanMTU > 65536) {
+		return nil, fmt.Errorf("-wan-mtu needs -wan-rtt and must be between 1280 and 65536, got %d", c.wanMTU)
+	}
+	if err := c.frpFlags(); err != nil {
+		return nil, err
+	}
 	if c.wanRTT > 0 && !set["tcp-bytes"] {
 		*tcpBytes = wanDefaultTCPBytes
 	}
@@ -256,6 +272,8 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-latency-clients must be between 0 and 4096, got %d", c.latencyClients)
 	case c.h2Conns < 1 || c.h2Conns > c.clients:
 		return nil, fmt.Errorf("-h2-conns must be between 1 and -clients (%d), got %d", c.clients, c.h2Conns)
+	case c.h2loadConns < 1 || c.h2loadConns > 1024 || c.h2loadStreams < 1 || c.h2loadStreams > 1000:
+		return nil, fmt.Errorf("-h2load-conns must be between 1 and 1024 and -h2load-streams between 1 and 1000, got %d and %d", c.h2loadConns, c.h2loadStreams)
 	case c.tcpStreams < 1 || c.tcpStreams > 256:
 		return nil, fmt.Errorf("-tcp-streams must be between 1 and 256, got %d", c.tcpStreams)
 	case c.ttfbConns < 1 || c.ttfbConns > 100000:

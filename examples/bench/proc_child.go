@@ -39,6 +39,9 @@ type procChild struct {
 	exited chan struct{}  // closed once the process has been waited for
 	once   sync.Once
 	err    error // of stop
+	// termIsExit: dying of the SIGTERM stop sends is a clean exit (frps and frpc do not
+	// catch it).
+	termIsExit bool
 }
 
 // procChildren are the process layout's children still running: stop waits for each, and
@@ -157,11 +160,17 @@ func (c *procChild) stop(grace time.Duration) error {
 		procChildren.Lock()
 		delete(procChildren.m, c)
 		procChildren.Unlock()
-		if st := c.cmd.ProcessState; c.err == nil && grace > 0 && st != nil && !st.Success() {
+		if st := c.cmd.ProcessState; c.err == nil && grace > 0 && st != nil && !st.Success() && !(c.termIsExit && killedBy(st, syscall.SIGTERM)) {
 			c.err = fmt.Errorf("%s: %s: %s", c.name, st, c.stderr)
 		}
 	})
 	return c.err
+}
+
+// killedBy reports whether the process ended of signal sig.
+func killedBy(st *os.ProcessState, sig syscall.Signal) bool {
+	ws, ok := st.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == sig
 }
 
 // readLine returns the child's next stdout line, or an error when it exits first, ctx ends

@@ -45,6 +45,8 @@ func procRoleMain(args []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 		f = procRelayMain
 	case procLoadCommand:
 		f = procLoadMain
+	case procH2ProxyCommand:
+		f = procH2ProxyMain
 	case procWANDelayCommand:
 		f = procWANDelayMain
 	case procWANInsideCommand:
@@ -66,10 +68,12 @@ func procRoleMain(args []string, stdin io.Reader, stdout, stderr io.Writer) (cod
 
 // procBackendAddrs is what a backend process announces.
 type procBackendAddrs struct {
-	HTTP    string `json:"http"`     // tiny (3 B) and /64k responses
-	Sink    string `json:"sink"`     // counts and checksums what it reads (hashConn)
-	OneByte string `json:"one_byte"` // writes one byte on accept (oneByteConn)
-	PID     int    `json:"pid"`
+	HTTP string `json:"http"` // tiny (3 B) and /64k responses
+	Sink string `json:"sink"` // counts and checksums what it reads (hashConn)
+	// SizedSink is Sink for streams that announce their length (hashSizedConn).
+	SizedSink string `json:"sized_sink"`
+	OneByte   string `json:"one_byte"` // writes one byte on accept (oneByteConn)
+	PID       int    `json:"pid"`
 }
 
 // procBackendMain is one backend process: an HTTP server, a TCP sink and a one-byte server.
@@ -96,13 +100,19 @@ func procBackendMain(args []string, stdin io.Reader, stdout, stderr io.Writer) i
 	}
 	sink := serveTCP(ln, hashConn)
 	defer sink.Close()
+	sized, err := startTCPBackend(hashSizedConn)
+	if err != nil {
+		fmt.Fprintln(stderr, "bench backend:", err)
+		return 1
+	}
+	defer sized.Close()
 	one, err := startTCPBackend(oneByteConn)
 	if err != nil {
 		fmt.Fprintln(stderr, "bench backend:", err)
 		return 1
 	}
 	defer one.Close()
-	if err := json.NewEncoder(stdout).Encode(procBackendAddrs{HTTP: hb.addr, Sink: sink.addr(), OneByte: one.addr(), PID: os.Getpid()}); err != nil {
+	if err := json.NewEncoder(stdout).Encode(procBackendAddrs{HTTP: hb.addr, Sink: sink.addr(), SizedSink: sized.addr(), OneByte: one.addr(), PID: os.Getpid()}); err != nil {
 		return 1
 	}
 	_, _ = io.Copy(io.Discard, stdin)
@@ -377,7 +387,9 @@ type procJob struct {
 	// connections to Addrs[i % len].
 	Addrs []string `json:"addrs,omitempty"`
 	Size  int64    `json:"size,omitempty"`
-	Conns int      `json:"conns,omitempty"`
+	// Sized: bulk streams announce their length and are not half-closed (hashSizedConn).
+	Sized bool `json:"sized,omitempty"`
+	Conns int  `json:"conns,omitempty"`
 	// PIDs whose CPU time is measured over the measured part of the job.
 	PIDs []int `json:"pids,omitempty"`
 }
@@ -488,7 +500,7 @@ func runProcJob(ctx context.Context, j procJob, data map[[2]int64]streamData, re
 			ds[i] = d
 		}
 		before := cpuOf(j.PIDs)
-		bps, err := bulk(ctx, j.Addrs, ds)
+		bps, err := bulkStreams(ctx, j.Addrs, ds, j.Sized)
 		res.CPU = cpuSince(j.PIDs, before)
 		if err != nil {
 			return err

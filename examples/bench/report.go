@@ -63,14 +63,17 @@ type report struct {
 	elapsed  time.Duration
 	sections []*section
 
-	http  []httpSummary
-	h2    []h2Summary // HTTP/2 through an HTTP/1.1 member, through an h2c member; gRPC
-	tcp   []tcpSummary
-	ttfb  *ttfbSummary
-	churn []churnSummary
-	lb    *lbSummary
-	mem   []memSummary
-	proc  *procSummary // -layout processes
+	http []httpSummary
+	h2   []h2Summary // HTTP/2 through an HTTP/1.1 member, through an h2c member; gRPC
+	// h2load is the h2 scenario's table of HTTP/2 over TLS (h2load) against Warren and the
+	// stock Go reverse proxy, when it ran.
+	h2load *h2loadSummary
+	tcp    []tcpSummary
+	ttfb   *ttfbSummary
+	churn  []churnSummary
+	lb     *lbSummary
+	mem    []memSummary
+	proc   *procSummary // -layout processes
 }
 
 func newReport(cfg *config) *report {

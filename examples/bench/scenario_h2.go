@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +58,19 @@ func (b *bench) runH2(ctx context.Context, rep *report) error {
 	defer stopGRPCBackends(gbs)
 	o := b.edgeOptions("h2")
 	o.publicH2C = true
+	h2loadWhy, h2loadOn := b.h2loadOK()
+	var certPath, keyPath string
+	if h2loadOn {
+		dir, err := os.MkdirTemp("", "warren-bench-h2-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if certPath, keyPath, err = writeSelfSigned(dir); err != nil {
+			return err
+		}
+		o.publicTLSCert, o.publicTLSKey = certPath, keyPath
+	}
 	e, err := startEdge(ctx, b.cfg.edgeMode, o, b.log, b.progress)
 	if err != nil {
 		return err
@@ -120,6 +134,17 @@ func (b *bench) runH2(ctx context.Context, rep *report) error {
 	}
 	rep.add(h2Section(b.cfg, rep.h2[:2], e.child()))
 	rep.add(h2Section(b.cfg, rep.h2[2:], e.child()))
+	if b.cfg.h2load == "" {
+		return nil
+	}
+	sum := &h2loadSummary{note: h2loadWhy}
+	if h2loadOn {
+		if sum, err = b.measureH2load(ctx, e, httpAddrs, certPath, keyPath); err != nil {
+			return err
+		}
+	}
+	rep.h2load = sum
+	rep.add(sum.section(b.cfg))
 	return nil
 }
 

@@ -63,7 +63,8 @@ func (d streamData) each(f func([]byte) error) error {
 }
 
 // sendStream sends d to addr, half-closes, and checks the backend's count and checksum.
-func sendStream(ctx context.Context, addr string, d streamData) error {
+// With sized, the stream is hashSizedConn's: its length first, and no half-close.
+func sendStream(ctx context.Context, addr string, d streamData, sized bool) error {
 	c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return err
@@ -71,11 +72,20 @@ func sendStream(ctx context.Context, addr string, d streamData) error {
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(pastTime) })
 	defer stop()
+	if sized {
+		var head [8]byte
+		binary.BigEndian.PutUint64(head[:], uint64(d.size))
+		if _, err := c.Write(head[:]); err != nil {
+			return fmt.Errorf("sending the length: %w", err)
+		}
+	}
 	if err := d.each(func(p []byte) error { _, err := c.Write(p); return err }); err != nil {
 		return fmt.Errorf("sending: %w", err)
 	}
-	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
-		return fmt.Errorf("half-closing: %w", err)
+	if !sized {
+		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+			return fmt.Errorf("half-closing: %w", err)
+		}
 	}
 	var reply [12]byte
 	if _, err := io.ReadFull(c, reply[:]); err != nil {
@@ -91,6 +101,11 @@ func sendStream(ctx context.Context, addr string, d streamData) error {
 
 // bulk sends data[i] to addrs[i] concurrently and returns the aggregate bytes per second.
 func bulk(ctx context.Context, addrs []string, data []streamData) (float64, error) {
+	return bulkStreams(ctx, addrs, data, false)
+}
+
+// bulkStreams is bulk, with sendStream's sized streams when sized is set.
+func bulkStreams(ctx context.Context, addrs []string, data []streamData, sized bool) (float64, error) {
 	var total int64
 	for i := range addrs {
 		total += data[i].size
@@ -101,7 +116,7 @@ func bulk(ctx context.Context, addrs []string, data []streamData) (float64, erro
 	start := time.Now()
 	var g errgroup.Group
 	for i, a := range addrs {
-		g.Go(func() error { return sendStream(ctx, a, data[i]) })
+		g.Go(func() error { return sendStream(ctx, a, data[i], sized) })
 	}
 	err := g.Wait()
 	return float64(total) / time.Since(start).Seconds(), err

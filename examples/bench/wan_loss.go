@@ -328,7 +328,14 @@ func (w *wanLink) lossSection(cfg *config, runs int, paths []procPath, levels []
 	sec.note("failed requests: %d of %d (all paths and levels); streams with matching count and checksum: %d of %d", failed, total, verified, want)
 	sec.note("the link: as in the WAN table's notes, and each delaying process also drops each packet of its port with the level's probability, independently, both directions (data and ACKs); client → edge and connector → backend lose nothing; the direct path does not cross the link")
 	sec.note("paths: Warren, plain/TLS: connectors over TCP (yamux control connection + TCP data connections for TCP tunnels); Warren, WebSocket: connectors over wss to the edge's HTTPS port (websocket_path %s), TCP tunnels inside the one WebSocket; relays: io.Copy relays A → B, one TCP connection per client connection; plain TCP over the link: the load generator straight to a backend whose ports cross the link", wanWSPath)
-	sec.note("loss is per packet, and a packet on lo carries up to 64 KiB (its MTU), so per byte there are fewer packets, and fewer losses, than on a 1500-byte link at the same rate")
+	if cfg.wanFRP != "" {
+		sec.note("frp (%s, run from %s): frps in the edge's place, 2 frpc in the connectors' (each an http proxy and a tcp proxy in a loadBalancer.group, to its backend, as Warren's 2-member groups); frp, TCP (TLS): frp's default transport, one TLS connection per frpc to bindPort with its streams multiplexed (tcpMux), work connections on that port too; frp, QUIC: transport.protocol quic to quicBindPort (UDP); the port between frpc and frps is a port of the link, delayed and lossy (TCP and UDP alike); the load reaches frps' vhostHTTPPort (Host pool.%s) and the group's remote port directly", frpVersion(cfg.wanFRP), cfg.wanFRP, benchDomain)
+	}
+	if cfg.wanMTU > 0 {
+		sec.note("loss is per packet; lo's MTU was set to %d (-wan-mtu), so TCP's segments and QUIC's packets are of comparable size and a loss rate means about the same per byte on every path", cfg.wanMTU)
+	} else {
+		sec.note("loss is per packet, and a packet on lo carries up to 64 KiB (its MTU), so per byte there are fewer packets, and fewer losses, than on a 1500-byte link at the same rate; QUIC's packets stay ~1.4 KiB, so a QUIC path loses far more packets per byte than a TCP path here (-wan-mtu 1500 evens that out)")
+	}
 	sec.note("order: in round r the levels start at the r-th, and within a level the paths rotate too; %s", w.prioNote)
 	w.mu.Lock()
 	w.sec = sec // the delaying processes' complaints, when they stop, go under this table

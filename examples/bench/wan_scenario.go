@@ -106,6 +106,16 @@ func (b *bench) wanSetUp(ctx context.Context, stdout, stderr io.Writer) (inside 
 	if err != nil {
 		return false, err
 	}
+	if n := b.cfg.wanMTU; n > 0 {
+		// lo's MTU is the size of the packets the link delays and drops (the kernel
+		// segments a larger send before it queues the pieces): 65536 by default, where TCP
+		// sends up to 64 KiB per packet and QUIC ~1.4 KiB, so a per-packet loss hits QUIC
+		// far more often per byte; an Ethernet-like 1500 evens that out.
+		out, err := exec.CommandContext(ctx, "ip", "link", "set", "lo", "mtu", strconv.Itoa(n)).CombinedOutput()
+		if err != nil {
+			return false, fmt.Errorf("-wan-mtu: ip link set lo mtu %d: %w: %s", n, err, strings.TrimSpace(string(out)))
+		}
+	}
 	w := &wanLink{rtt: b.cfg.wanRTT, self: self, buffers: tcpBufferLimits()}
 	if p, err := exec.LookPath("chrt"); err != nil {
 		w.prioNote = fmt.Sprintf("chrt not found (%v): the delaying processes ran at normal priority, so their releases may be late on a busy machine", err)

@@ -150,10 +150,11 @@ type pageMember struct {
 	Ticks  int    `json:"ticks"`
 	Tenant string `json:"tenant"`
 	Edge   string `json:"edge"`
-	// Name and Host are the member's tunnel name and connector host as the page shows them
-	// beside its id ("" when not shown).
-	Name string `json:"name"`
-	Host string `json:"host"`
+	// Name, Host and Transport are the member's tunnel name, connector host and transport
+	// as the page shows them beside its id ("" when not shown).
+	Name      string `json:"name"`
+	Host      string `json:"host"`
+	Transport string `json:"transport"`
 }
 
 // readPage is the script that reads a pageState.
@@ -176,6 +177,7 @@ const readPage = `(() => ({
       edge: r.querySelector('td[data-label=Edge]').textContent,
       name: r.querySelector('td[data-label=Member] .member-name')?.textContent || '',
       host: r.querySelector('td[data-label=Member] .member-host')?.textContent || '',
+      transport: r.querySelector('td[data-label=Member] .member-transport')?.textContent || '',
     })),
   })),
   held: (() => {

@@ -111,6 +111,7 @@ func TestBrowserStatusPage(t *testing.T) {
 		require.Equal(t, "acme", m.Tenant)
 		require.Equal(t, "e2e-region", m.Edge)
 		require.Equal(t, "web", m.Name, "the tunnel's name in its connector's file")
+		require.Equal(t, "tcp", m.Transport, "how its connector reaches the edge")
 	}
 	// The two members of one pool, both tunnels named web, told apart by their hosts.
 	require.Equal(t, []string{"connector-a", "connector-b"}, []string{pool.Members[0].Host, pool.Members[1].Host})

@@ -45,7 +45,7 @@ func TestMembersAreListedWithNameAndHost(t *testing.T) {
 	status, _, page := c.get("", "/")
 	require.Equal(t, http.StatusOK, status)
 	body := string(page)
-	require.Contains(t, body, `<span class="member-name">web-a</span> on <span class="member-host">host-a</span>`)
+	require.Contains(t, body, `<span class="member-name">web-a</span> on <span class="member-host">host-a</span> · over <span class="member-transport">tcp</span>`)
 	require.Contains(t, body, `<span class="member-name">_b_web-b__b_</span> on <span class="member-host">host-b</span>`)
 	require.NotContains(t, body, "<b>web-b")
 }

@@ -126,6 +126,7 @@ type statusMember struct {
 	Tenant        string `json:"tenant"`
 	Name          string `json:"name"`
 	Host          string `json:"host"`
+	Transport     string `json:"transport"`
 	Healthy       bool   `json:"healthy"`
 	Draining      bool   `json:"draining"`
 	ActiveStreams int64  `json:"active_streams"`

@@ -144,6 +144,7 @@ type memberRecord struct {
 	Tenant          string          `json:"tenant,omitempty"`
 	Name            string          `json:"name,omitempty"`
 	Host            string          `json:"host,omitempty"`
+	Transport       string          `json:"transport,omitempty"`
 	HealthKind      string          `json:"health_kind"`
 	Healthy         bool            `json:"healthy"`
 	Draining        bool            `json:"draining,omitempty"`
@@ -571,7 +572,7 @@ func (c *Cluster) publish(id string) error {
 func (c *Cluster) recordOf(m *group.Member) memberRecord {
 	g := m.Group()
 	rec := memberRecord{Edge: c.cfg.EdgeID, Tunnel: m.ID, Proto: g.Proto, Label: g.Label, Group: g.Name,
-		KeyHash: g.KeyHash(), Tenant: m.Tenant, Name: m.Name, Host: m.Host, HealthKind: m.HealthKind, Healthy: m.Healthy(),
+		KeyHash: g.KeyHash(), Tenant: m.Tenant, Name: m.Name, Host: m.Host, Transport: m.Transport, HealthKind: m.HealthKind, Healthy: m.Healthy(),
 		Draining: m.Draining(), Weight: m.Weight, Priority: m.Priority, SlowStart: m.SlowStart,
 		Affinity: g.Affinity, RetryIdempotent: g.RetryIdempotent, AlertWebhook: m.AlertWebhook}
 	if !g.Solo() {

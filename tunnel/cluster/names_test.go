@@ -9,7 +9,7 @@ import (
 	"github.com/warren-tunnel/warren/tunnel"
 )
 
-// A member's tunnel name and connector host travel with its record: every edge of the
+// A member's tunnel name, connector host and transport travel with its record: every edge of the
 // cluster lists the members of a pool with them, its own and the other edges' alike.
 func TestRemoteMembersCarryTheirNameAndHost(t *testing.T) {
 	nodes := startNATSCluster(t, 1)
@@ -24,13 +24,13 @@ func TestRemoteMembersCarryTheirNameAndHost(t *testing.T) {
 	a.waitMembers(t, "pool", both)
 	b.waitMembers(t, "pool", both)
 
-	want := map[string][3]string{ta.ID(): {"a", "web-a", "host-a"}, tb.ID(): {"b", "web-b", "host-b"}}
+	want := map[string][4]string{ta.ID(): {"a", "web-a", "host-a", "tcp"}, tb.ID(): {"b", "web-b", "host-b", "tcp"}}
 	for _, e := range []*clusterEdge{a, b} {
 		groups := e.groups(t)
 		require.Len(t, groups, 1)
-		got := map[string][3]string{}
+		got := map[string][4]string{}
 		for _, m := range groups[0].Members {
-			got[m.ID] = [3]string{m.EdgeID, m.Name, m.Host}
+			got[m.ID] = [4]string{m.EdgeID, m.Name, m.Host, m.Transport}
 		}
 		require.Equal(t, want, got, "edge %s", e.id)
 	}

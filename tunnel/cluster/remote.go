@@ -440,6 +440,10 @@ func sameMember(rec memberRecord, m *group.Member) bool {
 		m.Weight == max(rec.Weight, 1) && m.Priority == rec.Priority
 }
 
+// maxTransportLen bounds the transport name a remote record may give its member ("websocket"
+// is the longest the edges know).
+const maxTransportLen = 16
+
 // joinRemote joins one remote member to the registry, reached over e's link, with the keys
 // its connector presented (its key and, mid-rotation, its previous ones): the pool here
 // admits it, and rotates, as the pool on its own edge did.
@@ -452,7 +456,8 @@ func (c *Cluster) joinRemote(e *remoteEdge, rec memberRecord) (*group.Member, er
 	req := group.JoinRequest{ID: rec.Tunnel, Proto: rec.Proto, Label: rec.Label, Group: rec.Group,
 		KeyHash: rec.KeyHash, PrevKeyHashes: rec.PrevKeyHashes, HealthKind: rec.HealthKind, AlertWebhook: rec.AlertWebhook, Tenant: rec.Tenant,
 		Name: wire.CleanDisplay(rec.Name, wire.MaxNameLen), Host: wire.CleanDisplay(rec.Host, wire.MaxHostLen),
-		Port: rec.Port, Weight: rec.Weight, Priority: rec.Priority, SlowStart: rec.SlowStart,
+		Transport: wire.CleanDisplay(rec.Transport, maxTransportLen),
+		Port:      rec.Port, Weight: rec.Weight, Priority: rec.Priority, SlowStart: rec.SlowStart,
 		Affinity: rec.Affinity, RetryIdempotent: rec.RetryIdempotent, Edge: e.id, Value: t}
 	m, err := c.edge.Registry().Join(req)
 	if err != nil {

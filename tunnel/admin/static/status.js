@@ -501,13 +501,16 @@
     return section;
   }
 
-  // renderWho is the member's tunnel name and host, which tell the members of a pool apart.
+  // renderWho is the member's tunnel name and host, which tell the members of a pool apart,
+  // and how its connector reaches the edge.
   function renderWho(m) {
-    if (!m.name && !m.host) return null;
+    if (!m.name && !m.host && !m.transport) return null;
     return el('small', { class: 'who' },
       m.name && el('span', { class: 'member-name' }, m.name),
       m.name && m.host && ' on ',
-      m.host && el('span', { class: 'member-host' }, m.host));
+      m.host && el('span', { class: 'member-host' }, m.host),
+      m.transport && [(m.name || m.host) ? ' · over ' : 'over ',
+        el('span', { class: 'member-transport' }, m.transport)]);
   }
 
   function renderTimeline(hist) {

@@ -66,17 +66,20 @@ func (v nfVerdicter) acceptUpTo(lastID uint32) error {
 
 func (v nfVerdicter) drop(id uint32) error { return v.nf.SetVerdict(id, nfqueue.NfDrop) }
 
-// rules returns the iptables rule specs (without -A/-D) sending the port's packets, both
-// directions, on lo to the queue. INPUT sees every packet once after it crossed lo, and
+// rules returns the iptables rule specs (without -A/-D) sending the port's packets, TCP
+// and UDP (QUIC transports), both directions, on lo to the queue. INPUT sees every packet once after it crossed lo, and
 // there it no longer counts against the sending socket, so holding it does not throttle
 // the sender beyond what the delay itself does.
 func (d *delayer) rules() [][]string {
 	q := strconv.Itoa(int(d.queueNum))
 	p := strconv.Itoa(d.port)
-	return [][]string{
-		{"INPUT", "-i", "lo", "-p", "tcp", "--dport", p, "-j", "NFQUEUE", "--queue-num", q},
-		{"INPUT", "-i", "lo", "-p", "tcp", "--sport", p, "-j", "NFQUEUE", "--queue-num", q},
+	var out [][]string
+	for _, proto := range []string{"tcp", "udp"} {
+		out = append(out,
+			[]string{"INPUT", "-i", "lo", "-p", proto, "--dport", p, "-j", "NFQUEUE", "--queue-num", q},
+			[]string{"INPUT", "-i", "lo", "-p", proto, "--sport", p, "-j", "NFQUEUE", "--queue-num", q})
 	}
+	return out
 }
 
 func iptablesRun(ctx context.Context, bin, op string, rule []string) error {

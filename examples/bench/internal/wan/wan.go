@@ -2,7 +2,7 @@
 // machine, without netem (which this kernel lacks).
 //
 // Run starts a program inside a network namespace of its own whose loopback interface
-// carries all the traffic. Inside it, Delay sends the TCP packets of one port (both
+// carries all the traffic. Inside it, Delay sends the TCP and UDP packets of one port (both
 // directions) through an NFQUEUE and a small scheduler that holds each packet for the
 // configured one-way delay, or drops a share of them, before handing it back to the
 // kernel. Packets of other ports are untouched, so for example the control link between a
@@ -240,9 +240,9 @@ func validateDelay(port int, oneWay time.Duration, loss float64) error {
 	return nil
 }
 
-// Delay, inside such a namespace, holds every packet to or from TCP port `port` on lo for
-// oneWay before releasing it (each packet crosses lo once, so a round trip over that port
-// costs 2*oneWay), dropping a share `loss` in [0,1); until stop is called, which removes
+// Delay, inside such a namespace, holds every packet to or from TCP or UDP port `port` on
+// lo for oneWay before releasing it (each packet crosses lo once, so a round trip over that
+// port costs 2*oneWay), dropping a share `loss` in [0,1); until stop is called, which removes
 // the iptables rules and closes the queue. Packets of other ports are untouched.
 //
 // Packets leave in the order they arrived (one queue, one fixed delay), so no flow is
