@@ -77,6 +77,10 @@ func (e *edgeSession) health(m *wire.Health) {
 	}
 }
 
+// cutStreamsEndWithin bounds how long a drain that timed out waits for the streams it cut to
+// end before it tells the connector that the tunnel is gone.
+const cutStreamsEndWithin = 2 * time.Second
+
 // drain stops selecting the tunnel, waits (in a goroutine the server owns) for its streams to
 // finish or the drain timeout, then removes it and tells the connector.
 func (e *edgeSession) drain(id string) {
@@ -94,11 +98,11 @@ func (e *edgeSession) drain(id string) {
 	e.srv.wg.Go(func() {
 		timer := time.NewTimer(e.srv.cfg.Timeouts.Drain)
 		defer timer.Stop()
-		reason := "drained"
+		reason, cut := "drained", false
 		select {
 		case <-drained:
 		case <-timer.C:
-			reason = fmt.Sprintf("drain timeout after %s with %d streams open", e.srv.cfg.Timeouts.Drain, t.member.Active())
+			reason, cut = fmt.Sprintf("drain timeout after %s with %d streams open", e.srv.cfg.Timeouts.Drain, t.member.Active()), true
 		case <-e.mux.CloseChan():
 			return // end() removes it
 		}
@@ -106,6 +110,18 @@ func (e *edgeSession) drain(id string) {
 			return
 		}
 		e.remove(t)
+		if cut {
+			// remove cut the streams still open, whose goroutines close their connections
+			// after it returns. Deregistered tells the connector the tunnel has ended
+			// (Tunnel.Shutdown returns on it), so it waits for them: a public connection
+			// must not outlive it. Closing is local; the bound is against a stuck write.
+			wait := time.NewTimer(cutStreamsEndWithin)
+			select {
+			case <-drained:
+			case <-wait.C:
+			}
+			wait.Stop()
+		}
 		e.log.Info("member drained", zap.String("tunnel", id), zap.String("reason", reason))
 		_ = e.send(&wire.Deregistered{TunnelID: id, Reason: reason})
 	})
