@@ -134,3 +134,8 @@ func (e ClusterEdge) SettleRoutes(routes [][2]string) { e.s.shared.settleRoutes(
 // off from the cluster, and ends the sessions of those whose port went to another tunnel
 // meanwhile.
 func (e ClusterEdge) ReclaimSoloPorts() { e.s.shared.reclaimSoloPorts(e.s.registry, e.s.sessions.end) }
+
+// RestoreLostRoutes is called when the edge's NATS connection came back: for a lease, first
+// claims of routes wait, while this edge writes back the routes it remembers that the store
+// lost (a NATS cluster restarted from stores missing their last writes).
+func (e ClusterEdge) RestoreLostRoutes() { e.s.shared.restoreLost() }

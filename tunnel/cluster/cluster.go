@@ -269,6 +269,8 @@ func (c *Cluster) Start() error {
 		c.spawn(func() { c.reviveBuckets() })
 		// The others may have given away this edge's solo TCP ports meanwhile.
 		c.spawn(c.edge.ReclaimSoloPorts)
+		// A NATS that restarted from stores missing their last writes lost routes.
+		c.spawn(c.edge.RestoreLostRoutes)
 	})
 	c.selfSeen.Store(time.Now().UnixNano())
 	// A previous incarnation of this edge id may have left member records behind.
