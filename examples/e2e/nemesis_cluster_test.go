@@ -154,6 +154,8 @@ func (n *nemNATS) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.cli
 type nemEdge struct {
 	id, host, conf             string
 	control, http, admin, peer int
+	// debug serves the edge's Go runtime profiles (-debug-addr): its goroutines, rule (e).
+	debug int
 	// gid is the group id the edge runs with inside the test's namespace.
 	gid int
 	p   *proc
@@ -161,6 +163,39 @@ type nemEdge struct {
 
 func (e *nemEdge) controlAddr() string { return net.JoinHostPort(e.host, fmt.Sprint(e.control)) }
 func (e *nemEdge) httpAddr() string    { return net.JoinHostPort(e.host, fmt.Sprint(e.http)) }
+
+// goroutines returns each edge's goroutines now (-1 for one that does not answer).
+func (c *nemCluster) goroutines() map[string]int {
+	out := map[string]int{}
+	for _, e := range c.edges {
+		n, err := e.goroutines()
+		if err != nil {
+			n = -1
+		}
+		out[e.id] = n
+	}
+	adminClient.CloseIdleConnections()
+	return out
+}
+
+// goroutines returns how many goroutines the edge runs now (its goroutine profile).
+func (e *nemEdge) goroutines() (int, error) {
+	resp, err := adminClient.Get("http://" + net.JoinHostPort(e.host, fmt.Sprint(e.debug)) + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("%s: goroutine profile: %w", e.id, err)
+	}
+	var n int
+	if _, err := fmt.Sscanf(line, "goroutine profile: total %d", &n); err != nil {
+		return 0, fmt.Errorf("%s: goroutine profile begins %q: %w", e.id, line, err)
+	}
+	return n, nil
+}
+
 func (e *nemEdge) adminURL(path string) string {
 	return "http://" + net.JoinHostPort(e.host, fmt.Sprint(e.admin)) + path
 }
@@ -262,8 +297,8 @@ cluster {
 		peer, _ = sharedTCPRange(t, nemHosts...)
 	}
 	for i, host := range nemHosts {
-		p := freePortsOn(t, host, 3)
-		e := &nemEdge{id: fmt.Sprintf("edge-%d", i+1), host: host, control: p[0], http: p[1], admin: p[2], peer: peer, gid: nemEdgeGID + i}
+		p := freePortsOn(t, host, 4)
+		e := &nemEdge{id: fmt.Sprintf("edge-%d", i+1), host: host, control: p[0], http: p[1], admin: p[2], debug: p[3], peer: peer, gid: nemEdgeGID + i}
 		// Each edge lists its own NATS node first (the client shuffles them anyway).
 		var urls []string
 		for j := range c.nats {
@@ -442,7 +477,7 @@ func (c *nemCluster) startEdge(e *nemEdge) error {
 	if c.netns {
 		gid = e.gid
 	}
-	p, err := startProcAs(c.t, gid, e.id, c.logs.next(e.id), "edge", "-config", e.conf)
+	p, err := startProcAs(c.t, gid, e.id, c.logs.next(e.id), "edge", "-config", e.conf, "-debug-addr", net.JoinHostPort(e.host, fmt.Sprint(e.debug)))
 	if err != nil {
 		return err
 	}
