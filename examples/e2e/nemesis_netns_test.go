@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -90,6 +91,12 @@ func runInNemesisNetns(t *testing.T, run string) (bool, string) {
 	}
 	if why := partitionCheck(); why != "" {
 		return false, why + " (partitions need root, unshare, ip and iptables with the owner match)"
+	}
+	// A subtest pattern of this run (-run 'TestNemesis/seed=2') holds in the child too.
+	if f := flag.Lookup("test.run"); f != nil {
+		if _, sub, ok := strings.Cut(f.Value.String(), "/"); ok {
+			run += "/" + sub
+		}
 	}
 	unshare, _ := lookSbin("unshare")
 	ip, _ := lookSbin("ip")

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -87,6 +88,16 @@ func (k faultKind) targets() int {
 	return 3
 }
 
+// holdSpread is how much longer than holdMin a fault of kind k may be held: a partition up to
+// twice as long as the others, so that some outlast the lease (an edge cut off from NATS
+// then loses its members on the other edges) and some do not.
+func (k faultKind) holdSpread() time.Duration {
+	if slices.Contains(partitionKinds, k) {
+		return 2 * holdSpread
+	}
+	return holdSpread
+}
+
 // fault is one step of a schedule: wait Pause, apply Kind to Target, hold it for Hold, heal.
 type fault struct {
 	Pause  time.Duration
@@ -129,7 +140,7 @@ func newSchedule(seed uint64, version int, d time.Duration) schedule {
 		f := fault{Pause: pauseMin + time.Duration(r.Int64N(int64(pauseSpread)))}
 		f.Kind = kinds[r.IntN(len(kinds))]
 		f.Target = r.IntN(f.Kind.targets())
-		f.Hold = holdMin + time.Duration(r.Int64N(int64(holdSpread)))
+		f.Hold = holdMin + time.Duration(r.Int64N(int64(f.Kind.holdSpread())))
 		f.Hold = f.Hold.Round(time.Millisecond)
 		f.Pause = f.Pause.Round(time.Millisecond)
 		at += f.Pause + f.Hold + healCost
