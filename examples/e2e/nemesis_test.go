@@ -22,20 +22,26 @@ import (
 // The nemesis (issue 28): the cluster (three edges, a three-node NATS cluster with
 // JetStream on disk, connectors of two tenants, all processes; nemesis_cluster_test.go)
 // under a workload that records every request and TCP connection in a history
-// (nemesis_history_test.go), while a seeded schedule of faults hits it and another tenant
-// tries the first tenant's routes throughout (nemesis_schedule_test.go); a checker then
-// holds the history and the healed cluster to the rules (nemesis_check_test.go):
+// (nemesis_history_test.go), while a seeded schedule of faults hits it (processes killed,
+// stopped, drained; tunnels detached and attached; a pool's key rotated; edges cut off from
+// NATS or their peers inside a network namespace the test makes, nemesis_netns_test.go) and
+// intruders try tenant alpha's routes throughout (another tenant; alpha with a key the pool
+// does not hold) (nemesis_schedule_test.go); a checker then holds the history and the healed
+// cluster to the rules (nemesis_check_test.go):
 //
-//	(a) no request or connection for a route is answered by a member of another tenant,
-//	    pool or key, and no attack of the other tenant is admitted;
+//	(a) no request or connection for a route is answered by a member of another tenant or
+//	    pool, or holding a key it did not hold then, and no intruder is admitted;
 //	(b) a TCP port never leads to two pools at one moment;
 //	(c) within lease + settleBound after the last fault healed, the edges' /api/groups
 //	    agree, every member healthy, and every edge reaches every member of every route;
 //	(d) failures only in a fault's window, counted per cause;
-//	(e) the open files of the edges no fault killed are back near their baseline.
+//	(e) the open files of the edges no fault killed, and the edges' goroutines in all, are
+//	    back near their baseline.
 //
-// A violation prints the seed, the schedule and the history lines that break the rule;
-// the history (history.jsonl) and every process's output stay in the directory printed.
+// TestNemesisStoreRollback (nemesis_rollback_test.go) restarts every NATS node on an older
+// copy of its store. A violation prints the seed, the schedule and the history lines that
+// break the rule; the history (history.jsonl) and every process's output stay in the
+// directory printed.
 //
 //	go -C examples/e2e test -run Nemesis -v .                          # the default seeds
 //	go -C examples/e2e test -run Nemesis -v -nemesis.seed=7 .          # one seed again
@@ -76,6 +82,13 @@ var nemesisRegressions = []nemesisSeed{
 		"watch had stalled restarted it and took the other edges for lapsed a tenth of a lease later, dropping their members for " +
 		"~2 s (hosts answered 404); fixed in tunnel/cluster (a restarted watch is no evidence; " +
 		"cluster.TestRestartedLeasesWatchIsNoEvidence). Found it in 2 runs of 3 without the fix"},
+	{seed: 273628, version: 3, duration: 40 * time.Second, found: "edge-kill edge-1 4 s after nats-kill-all: the killed edge's " +
+		"member records survived (its next run could not delete them while NATS recovered), and edge-3, linking to the next run, " +
+		"joined them: it listed pool web with 3 members (a gone one healthy) 13 s after the last heal (rule c); fixed in " +
+		"tunnel/cluster (records name the incarnation that wrote them, and only the current one's are joined; the next run " +
+		"deletes the old ones until it could; a record a restarted watch does not deliver leaves a lease later; " +
+		"cluster.TestRecordsOfAPreviousIncarnationAreNotJoined, cluster.TestRecordsAWatchMissedLeaveALeaseLater). " +
+		"Failed 1 run of 2 without the fix"},
 }
 
 // nemesisKnownBugs are the seeds that find a bug not fixed yet (RELIABILITY.md, "Cluster
@@ -167,7 +180,7 @@ func TestNemesisScheduleIsSeeded(t *testing.T) {
 	require.Equal(t, a.String(), b.String())
 	t.Logf("%v", a)
 	require.NotEqual(t, a.Faults, newSchedule(8, scheduleVersion, nemesisDuration).Faults)
-	require.GreaterOrEqual(t, len(a.Faults), 4, "%v", a)
+	require.GreaterOrEqual(t, len(a.Faults), 3, "%v", a)
 	seen := map[string]bool{}
 	for seed := range uint64(40) {
 		for _, f := range newSchedule(seed, scheduleVersion, nemesisDuration).Faults {
@@ -189,6 +202,12 @@ func TestNemesisScheduleIsSeeded(t *testing.T) {
 		{Pause: 3239 * ms, Kind: faultEdgeStop, Target: 0, Hold: 2235 * ms},
 		{Pause: 1148 * ms, Kind: faultConnectorKill, Target: 0, Hold: 4816 * ms},
 	}}, newSchedule(1, 1, 40*time.Second), "the regression seed 1 no longer draws the schedule that found its bug")
+	require.Equal(t, schedule{Seed: 273628, Version: 3, Duration: 40 * time.Second, Faults: []fault{
+		{Pause: 4329 * ms, Kind: faultEdgeCutNATS, Target: 2, Hold: 1815 * ms},
+		{Pause: 3638 * ms, Kind: faultNATSKillAll, Target: 0, Hold: 2882 * ms},
+		{Pause: 1523 * ms, Kind: faultEdgeKill, Target: 0, Hold: 3470 * ms},
+		{Pause: 5005 * ms, Kind: faultConnectorTerm, Target: 2, Hold: 3855 * ms},
+	}}, newSchedule(273628, 3, 40*time.Second), "the regression seed 273628 no longer draws the schedule that found its bug")
 	for _, s := range nemesisRegressions {
 		require.NotEmpty(t, newSchedule(s.seed, s.version, s.duration).Faults)
 	}
