@@ -19,10 +19,14 @@ import (
 // of every route the edge read, listed or wrote; a claim on a route the store lost decides
 // on the remembered route, and when the edge's NATS connection comes back it writes the
 // routes it remembers that the store no longer holds back (unless their claims lapsed).
-// Meanwhile, for a lease from then, it refuses the first claims of routes that neither the
-// store nor its memory knows (unavailable: connectors try again), so that the other edges,
-// whose NATS connections come back within that time, write back the routes they remember
-// first.
+// When NATS restarted as a whole (its members bucket, in memory storage, lost records the
+// edge knew: the only way the route bucket can have lost writes too), the edge also refuses,
+// for a lease, the first claims of routes that neither the store nor its memory knows
+// (unavailable: connectors try again), so that the other edges, whose NATS connections come
+// back within that time, write back the routes they remember first. From the connection's
+// return until its members watch, started again, has delivered the bucket's records, it
+// holds them too. (A route whose emptiness or claim this edge was still to write when NATS
+// went away is written back by that write: it decides on the remembered route.)
 
 // errRestoring refuses a new route while the routes the store may have lost are written
 // back.
@@ -36,12 +40,21 @@ func (b *routeBook) holdNew(now time.Time) error {
 	return nil
 }
 
-// restoreLost runs after the edge's NATS connection came back: it holds first claims back
-// for a lease and writes back the routes this edge remembers that the store lost, trying
-// until the store answers, for up to a lease.
+// holdNewRoutes makes first claims of routes this edge does not know wait for d from now (0:
+// they wait no more).
+func (s *sharedRules) holdNewRoutes(d time.Duration) {
+	if d <= 0 {
+		s.b.restoring.Store(0)
+		return
+	}
+	s.b.restoring.Store(s.b.now().Add(d).UnixNano())
+}
+
+// restoreLost runs after the edge's NATS connection came back: it writes back the routes
+// this edge remembers that the store lost, trying until the store answers, for up to a
+// lease.
 func (s *sharedRules) restoreLost() {
 	b := s.b
-	b.restoring.Store(b.now().Add(s.lease).UnixNano())
 	rc, ok := b.st.(*store.Recall)
 	if !ok {
 		return

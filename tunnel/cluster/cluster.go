@@ -267,6 +267,9 @@ func (c *Cluster) Start() error {
 		c.log.Warn("NATS connection lost: serving the routes and members known; new routes are refused until it returns", zap.Error(err))
 	})
 	c.nc.SetReconnectHandler(func(*nats.Conn) {
+		// Until the members watch, started again below, tells whether NATS restarted as a
+		// whole (routesMayBeLost), first claims of routes this edge does not know wait.
+		c.edge.HoldNewRoutes(c.cfg.LeaseTTL)
 		c.connected.Store(true)
 		c.log.Info("NATS connection back: reconciling")
 		c.restartWatches() // their consumers may have lived on the node that went away
@@ -276,7 +279,8 @@ func (c *Cluster) Start() error {
 		c.spawn(func() { c.reviveBuckets() })
 		// The others may have given away this edge's solo TCP ports meanwhile.
 		c.spawn(c.edge.ReclaimSoloPorts)
-		// A NATS that restarted from stores missing their last writes lost routes.
+		// The routes this edge remembers that a NATS restarted from stores missing their
+		// last writes lost are written back.
 		c.spawn(c.edge.RestoreLostRoutes)
 	})
 	c.selfSeen.Store(time.Now().UnixNano())

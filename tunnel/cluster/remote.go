@@ -196,6 +196,22 @@ func (c *Cluster) onMemberRecord(key string, value []byte, deleted bool) {
 	c.settleRoutes(gone)
 }
 
+// routesMayBeLost is told, each time a members watch started and delivered the bucket's
+// records, whether records this edge knew were missing: NATS restarted as a whole (the
+// members bucket, in memory storage, lost them), and the route bucket may have lost writes
+// too (a store missing its last writes). Then first claims of routes the edge does not know
+// wait a lease, while the edges write back the routes they remember; else the hold the
+// reconnection set ends. (A record deleted while the watch was down also counts: a hold
+// for nothing, a lease long.)
+func (c *Cluster) routesMayBeLost(restarted bool) {
+	if restarted {
+		c.edge.HoldNewRoutes(c.cfg.LeaseTTL)
+		c.spawn(c.edge.RestoreLostRoutes)
+		return
+	}
+	c.edge.HoldNewRoutes(0)
+}
+
 // membersSynced runs when a members watch (re)started has delivered the bucket's current
 // records: the records of other edges it did not deliver were deleted while no watch ran,
 // or lost with a bucket created anew (whose edges write them again within a heartbeat).
@@ -203,15 +219,20 @@ func (c *Cluster) onMemberRecord(key string, value []byte, deleted bool) {
 // lease.
 func (c *Cluster) membersSynced(current map[string]bool) {
 	now := time.Now()
+	missing := false
 	c.remote.mu.Lock()
-	defer c.remote.mu.Unlock()
 	for _, e := range c.remote.edges {
 		for id := range e.records {
-			if _, marked := e.unconfirmed[id]; !marked && !current[e.id+"."+id] {
-				e.unconfirmed[id] = now
+			if !current[e.id+"."+id] {
+				missing = true
+				if _, marked := e.unconfirmed[id]; !marked {
+					e.unconfirmed[id] = now
+				}
 			}
 		}
 	}
+	c.remote.mu.Unlock()
+	c.routesMayBeLost(missing)
 }
 
 // dropUnconfirmedLocked drops e's records that no watch delivered again within a lease of
