@@ -134,3 +134,21 @@ func (e ClusterEdge) SettleRoutes(routes [][2]string) { e.s.shared.settleRoutes(
 // off from the cluster, and ends the sessions of those whose port went to another tunnel
 // meanwhile.
 func (e ClusterEdge) ReclaimSoloPorts() { e.s.shared.reclaimSoloPorts(e.s.registry, e.s.sessions.end) }
+
+// RestoreLostRoutes writes back the routes this edge remembers that the store lost (a NATS
+// cluster restarted from stores missing their last writes); called when the edge's NATS
+// connection came back.
+func (e ClusterEdge) RestoreLostRoutes() {
+	if e.s != nil && e.s.shared != nil {
+		e.s.shared.restoreLost()
+	}
+}
+
+// HoldNewRoutes makes first claims of routes this edge does not know wait (refused as
+// unavailable) for d from now, while the edges write back what NATS may have lost; 0 ends
+// the hold.
+func (e ClusterEdge) HoldNewRoutes(d time.Duration) {
+	if e.s != nil && e.s.shared != nil {
+		e.s.shared.holdNewRoutes(d)
+	}
+}

@@ -74,6 +74,9 @@ type routeBook struct {
 	// elsewhere are the ports this edge holds back because a route of another edge
 	// reserved them (holdElsewhere), given back by the sweep once that reservation is gone.
 	elsewhere map[int]bool
+	// restoring is, in a cluster, until when (Unix ns) first claims wait after NATS came
+	// back: the routes the store may have lost are written back meanwhile (routes_restore.go).
+	restoring atomic.Int64
 	// soloPorts are the cluster reservations ("solo/<edge id>/<tunnel id>") of this edge's solo TCP
 	// tunnels, by port: released when the tunnel's group goes.
 	soloPorts map[int]string
@@ -295,6 +298,9 @@ func (b *routeBook) sweep() {
 		return
 	}
 	b.indexClaims(routes, before)
+	if rc, ok := b.st.(*store.Recall); ok {
+		forgetLapsed(b, rc, rc.Missing(routes))
+	}
 	now := b.now()
 	live := b.liveIndex()
 	reserved := map[int]bool{} // in a cluster: the ports reserved now

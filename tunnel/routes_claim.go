@@ -152,6 +152,11 @@ func (c *claimDecision) decideOn(cur *store.Route, now time.Time) (*store.Route,
 		// the route: it is theirs.
 		return nil, ownedError(tk.kind, tk.label)
 	}
+	if cur == nil {
+		if err := b.holdNew(now); err != nil {
+			return nil, err
+		}
+	}
 	ok, added := b.takeRouteSlot(tk.tenant, tk.key, c.maxRoutes)
 	c.slotAdded = c.slotAdded || added
 	if !ok {

@@ -18,6 +18,7 @@ import (
 	"github.com/warren-tunnel/warren/internal/policy"
 	"github.com/warren-tunnel/warren/internal/proxy"
 	"github.com/warren-tunnel/warren/internal/throttle"
+	"github.com/warren-tunnel/warren/tunnel/store"
 )
 
 // Server is an edge: it accepts connector sessions, keeps the routing table of groups, and
@@ -171,7 +172,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 			return nil, err
 		}
 		s.cluster = cfg.Cluster
-		s.cfg.Store = st
+		// The edge remembers the routes it saw: a NATS that lost writes does not lose them
+		// (routes_restore.go).
+		s.cfg.Store = store.NewRecall(st)
 	}
 	routes, err := openRouteBook(&s.cfg, s.registry, s.log)
 	if err != nil {

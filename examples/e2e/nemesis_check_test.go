@@ -54,6 +54,9 @@ func (c *nemCluster) expected(route string) []string {
 		return []string{idAlphaResv}
 	case "http/" + hostBetaPool:
 		return []string{idBetaWeb}
+	case "http/" + hostRot:
+		// Pool rot's members as they are now; over the history, keyHeld decides.
+		return []string{rotID(0, c.rotGen[0]), rotID(1, c.rotGen[1])}
 	}
 	port, err := strconv.Atoi(strings.TrimPrefix(route, "tcp/"))
 	if err != nil {
@@ -111,6 +114,10 @@ func (c *nemCluster) windows(recs []record) []window {
 		"alpha-solo": {"http/" + hostSolo, "http/" + hostResv},
 		"beta-1":     {"http/" + hostBetaPool, "tcp/" + c.portOf("beta/bdb")},
 	}
+	// alpha-1 and alpha-2 are also pool rot's members.
+	for _, k := range []string{"alpha-1", "alpha-2"} {
+		routesOf[k] = append(routesOf[k], "http/"+hostRot)
+	}
 	var ws []window
 	for _, r := range recs {
 		if r.Type != recFault {
@@ -121,13 +128,25 @@ func (c *nemCluster) windows(recs []record) []window {
 			end = r.End
 		}
 		w := window{at: r.Start, from: r.Start.Add(-workTimeout), to: end.Add(c.lease + settleBound), cause: r.Kind + " " + r.Edge}
+		pooled := r.Edge == "alpha-1" || r.Edge == "alpha-2"
 		switch faultKind(r.Kind) {
-		case faultConnectorKill:
+		case faultConnectorKill, faultConnectorTerm:
 			w.routes = routesOf[r.Edge]
-			w.inFlightOnly = r.Edge == "alpha-1" || r.Edge == "alpha-2"
-		case faultEdgeKill, faultEdgeStop:
+			w.inFlightOnly = pooled
+		case faultConnectorDetach:
+			// A pool member's tunnels drain and leave: the pool's other member serves, and what
+			// was in flight on the leaving one finishes. alpha-solo's solo tunnel: its route.
+			w.routes = routesOf[r.Edge]
+			w.inFlightOnly = pooled
+			if r.Edge == "alpha-solo" {
+				w.routes = []string{"http/" + hostSolo}
+			}
+		case faultEdgeKill, faultEdgeStop, faultEdgeCutNATS, faultEdgeCutPeers:
+			if strings.HasPrefix(r.Err, "skipped") {
+				continue
+			}
 			w.edge = r.Edge
-		case faultNATSKill, faultNATSKillAll, faultNATSStop:
+		case faultNATSKill, faultNATSKillAll, faultNATSStop, faultKeyRotate, faultNATSRollback, faultNATSStoreCopy:
 			continue
 		}
 		ws = append(ws, w)
@@ -187,11 +206,20 @@ func (c *nemCluster) checkHistory(recs []record) (vs []violation, causes map[str
 	ws := c.windows(recs)
 
 	// (a) nobody but the route's own members answers it; no attack is admitted.
-	var foreign, admitted []record
+	var foreign, otherKey, admitted []record
+	held := keysHeld(recs)
 	for _, r := range recs {
 		switch r.Type {
 		case recHTTP, recTCP:
 			if r.Answer == "" || (r.Type == recHTTP && r.Status != http.StatusOK) {
+				continue
+			}
+			if r.Route == "http/"+hostRot {
+				if !strings.HasPrefix(r.Answer, "alpha/rot/") {
+					foreign = append(foreign, r)
+				} else if !held.covers(r) {
+					otherKey = append(otherKey, r)
+				}
 				continue
 			}
 			if !slices.Contains(c.expected(r.Route), r.Answer) {
@@ -206,8 +234,11 @@ func (c *nemCluster) checkHistory(recs []record) (vs []violation, causes map[str
 	if len(foreign) > 0 {
 		vs = append(vs, violation{"a", "answered by a member of another tenant, pool or key", foreign})
 	}
+	if len(otherKey) > 0 {
+		vs = append(vs, violation{"a", "answered by a member of pool rot holding a key it did not hold then", otherKey})
+	}
 	if len(admitted) > 0 {
-		vs = append(vs, violation{"a", "another tenant's connector registered a route of tenant alpha", admitted})
+		vs = append(vs, violation{"a", "a connector of another tenant, or with a key the pool does not hold, registered a route of tenant alpha", admitted})
 	}
 
 	// (b) no TCP port leads to two pools at one moment: no two connections to one port
@@ -259,6 +290,43 @@ func (c *nemCluster) checkHistory(recs []record) (vs []violation, causes map[str
 	return vs, causes
 }
 
+// keySpans are, for each identity of pool rot ("alpha/rot/<member>/g<generation>"), the
+// spans when its member held that generation's key: from the start of the reload that gave
+// it (generation 0: from the start) to nemDrainSecs + keyDrainSlack after the reload that
+// took it away returned (the old registration drains meanwhile); an open span has a zero
+// end.
+type keySpans map[string][][2]time.Time
+
+// keyDrainSlack is what a replaced registration's drain may take beyond drain_timeout_secs
+// (the edges learn the leave through NATS).
+const keyDrainSlack = time.Second
+
+func keysHeld(recs []record) keySpans {
+	ks := keySpans{rotID(0, 0): {{}}, rotID(1, 0): {{}}}
+	cur := map[string]string{"alpha-1": rotID(0, 0), "alpha-2": rotID(1, 0)}
+	for _, r := range recs {
+		if r.Type != recKey {
+			continue
+		}
+		if old := ks[cur[r.Edge]]; len(old) > 0 {
+			old[len(old)-1][1] = r.End.Add(nemDrainSecs*time.Second + keyDrainSlack)
+		}
+		cur[r.Edge] = r.Answer
+		ks[r.Answer] = append(ks[r.Answer], [2]time.Time{r.Start, {}})
+	}
+	return ks
+}
+
+// covers reports whether the identity that answered r held its key at some moment of r.
+func (ks keySpans) covers(r record) bool {
+	for _, s := range ks[r.Answer] {
+		if !r.End.Before(s[0]) && (s[1].IsZero() || !r.Start.After(s[1])) {
+			return true
+		}
+	}
+	return false
+}
+
 // groupSummary is what the edges must agree on about one group of /api/groups.
 func groupSummary(g apiGroupFull) string {
 	var ms []string
@@ -285,7 +353,7 @@ type apiGroupFull struct {
 }
 
 // wantMembers is how many healthy members each group has once every connector is back.
-var wantMembers = map[string]int{"http/pool": 2, "tcp/db": 2, "http/resv": 1, "http/bpool": 1, "tcp/bdb": 1}
+var wantMembers = map[string]int{"http/rot": 2, "http/pool": 2, "tcp/db": 2, "http/resv": 1, "http/bpool": 1, "tcp/bdb": 1}
 
 // agreement reports why the edges' /api/groups do not agree or miss members; "" if they
 // agree and every group has its members, all healthy.

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,6 +35,12 @@ const (
 	nemLeaseSecs = 5
 	// nemNATSTimeoutSecs is the edges' timeout_secs, the bound of each request to NATS.
 	nemNATSTimeoutSecs = 2
+	// nemDrainSecs is the connectors' drain_timeout_secs: how long a tunnel that leaves
+	// (SIGTERM, a reload that removes or changes it) serves what is in flight.
+	nemDrainSecs = 2
+
+	// nemEdgeGID is edge-1's group id in the test's namespace (edge-2's the next, ...).
+	nemEdgeGID = 61001
 
 	alphaToken = "nemesis-alpha-tenant-token-0123"
 	betaToken  = "nemesis-beta-tenant-token-01234"
@@ -42,6 +49,7 @@ const (
 // The members' identities: "tenant/pool/member/key". A backend answers each request (HTTP)
 // or connection (TCP, first line) with its identity, so that the history says who answered.
 const (
+	hostRot      = "rot.localhost"
 	idAlphaWeb1  = "alpha/web/1/ka"
 	idAlphaWeb2  = "alpha/web/2/ka"
 	idAlphaDB1   = "alpha/db/1/kd"
@@ -81,6 +89,12 @@ func (l *nemLogs) next(name string) string {
 // proc.line and both streams appended to logPath; it is killed (after a SIGCONT, in case it
 // is stopped) at the end of the test.
 func startProc(t *testing.T, name, logPath, bin string, args ...string) (*proc, error) {
+	return startProcAs(t, -1, name, logPath, bin, args...)
+}
+
+// startProcAs is startProc with the process's group id set to gid (unless -1): iptables
+// in the test's namespace match an edge's packets by it (partition faults).
+func startProcAs(t *testing.T, gid int, name, logPath, bin string, args ...string) (*proc, error) {
 	f, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
@@ -91,6 +105,9 @@ func startProc(t *testing.T, name, logPath, bin string, args ...string) (*proc, 
 	p.cmd.Stderr = io.MultiWriter(&p.stderr, f)
 	p.cmd.Env = append(os.Environ(), "GORACE=atexit_sleep_ms=100")
 	p.cmd.WaitDelay = 5 * time.Second
+	if gid >= 0 {
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(os.Geteuid()), Gid: uint32(gid), NoSetGroups: true}}
+	}
 	if err := p.cmd.Start(); err != nil {
 		f.Close()
 		return nil, err
@@ -128,17 +145,57 @@ type nemNATS struct {
 	p             *proc
 }
 
+// store is n's JetStream store directory in the run's directory dir.
+func (n *nemNATS) store(dir string) string { return filepath.Join(dir, n.name+"-store") }
+
 func (n *nemNATS) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.client) }
 
 // nemEdge is an edge process of the cluster, every listener on host.
 type nemEdge struct {
 	id, host, conf             string
 	control, http, admin, peer int
-	p                          *proc
+	// debug serves the edge's Go runtime profiles (-debug-addr): its goroutines, rule (e).
+	debug int
+	// gid is the group id the edge runs with inside the test's namespace.
+	gid int
+	p   *proc
 }
 
 func (e *nemEdge) controlAddr() string { return net.JoinHostPort(e.host, fmt.Sprint(e.control)) }
 func (e *nemEdge) httpAddr() string    { return net.JoinHostPort(e.host, fmt.Sprint(e.http)) }
+
+// goroutines returns each edge's goroutines now (-1 for one that does not answer).
+func (c *nemCluster) goroutines() map[string]int {
+	out := map[string]int{}
+	for _, e := range c.edges {
+		n, err := e.goroutines()
+		if err != nil {
+			n = -1
+		}
+		out[e.id] = n
+	}
+	adminClient.CloseIdleConnections()
+	return out
+}
+
+// goroutines returns how many goroutines the edge runs now (its goroutine profile).
+func (e *nemEdge) goroutines() (int, error) {
+	resp, err := adminClient.Get("http://" + net.JoinHostPort(e.host, fmt.Sprint(e.debug)) + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("%s: goroutine profile: %w", e.id, err)
+	}
+	var n int
+	if _, err := fmt.Sscanf(line, "goroutine profile: total %d", &n); err != nil {
+		return 0, fmt.Errorf("%s: goroutine profile begins %q: %w", e.id, line, err)
+	}
+	return n, nil
+}
+
 func (e *nemEdge) adminURL(path string) string {
 	return "http://" + net.JoinHostPort(e.host, fmt.Sprint(e.admin)) + path
 }
@@ -146,9 +203,20 @@ func (e *nemEdge) adminURL(path string) string {
 // nemConnector is a connector process and its file.
 type nemConnector struct {
 	name, conf string
+	servers    []string
+	token      string
+	// tunnels returns the tunnels of its file as the cluster's state has them now (a
+	// detached pool member, a pool's key generation).
+	tunnels func() string
 	// lines are the prefixes of the lines it prints once its tunnels are registered.
 	lines []string
 	p     *proc
+}
+
+// writeConf writes k's file as the cluster's state has it now.
+func (k *nemConnector) writeConf() error {
+	return os.WriteFile(k.conf, fmt.Appendf(nil, "servers: [%s]\nauth_token: %q\ndrain_timeout_secs: %d\ntunnels:\n%s",
+		strings.Join(k.servers, ", "), k.token, nemDrainSecs, k.tunnels()), 0o600)
 }
 
 // nemCluster is the whole cluster of one run.
@@ -166,13 +234,25 @@ type nemCluster struct {
 	portPool     map[int]string
 	// backends are the identities' backend ports.
 	backends map[string]int
+	// detached are the connectors whose detachable tunnels are out of their files
+	// (connector-detach).
+	detached map[string]bool
+	// rotGen is the key generation of each member of pool rot (alpha-1's, alpha-2's); both
+	// are the same but between the two steps of a key-rotate.
+	rotGen [2]int
+	// rotDone is the generation both members of pool rot hold (read by the attacker).
+	rotDone atomic.Int32
+	// netns: the cluster runs in a network namespace of the test's own, each edge with a
+	// group id of its own that iptables there match (partition faults).
+	netns bool
 }
 
 // startNemesisCluster starts the whole cluster in dir and waits until each connector
 // printed its tunnels.
 func startNemesisCluster(t *testing.T, dir string, lease time.Duration) *nemCluster {
 	t.Helper()
-	c := &nemCluster{t: t, dir: dir, lease: lease, logs: &nemLogs{dir: dir, n: map[string]int{}}, backends: map[string]int{}}
+	c := &nemCluster{t: t, dir: dir, lease: lease, logs: &nemLogs{dir: dir, n: map[string]int{}}, backends: map[string]int{},
+		detached: map[string]bool{}, netns: insideNemesisNetns()}
 	natsServerBinary(t)
 
 	// NATS: three nodes, each with its client and cluster (route) port.
@@ -201,7 +281,7 @@ cluster {
   port: %d
   routes: [%s]
 }
-`, n.name, n.client, filepath.Join(dir, n.name+"-store"), n.route, strings.Join(routes, ", ")), 0o600))
+`, n.name, n.client, n.store(dir), n.route, strings.Join(routes, ", ")), 0o600))
 	}
 	for _, n := range c.nats {
 		require.NoError(t, c.startNATS(n))
@@ -217,8 +297,8 @@ cluster {
 		peer, _ = sharedTCPRange(t, nemHosts...)
 	}
 	for i, host := range nemHosts {
-		p := freePortsOn(t, host, 3)
-		e := &nemEdge{id: fmt.Sprintf("edge-%d", i+1), host: host, control: p[0], http: p[1], admin: p[2], peer: peer}
+		p := freePortsOn(t, host, 4)
+		e := &nemEdge{id: fmt.Sprintf("edge-%d", i+1), host: host, control: p[0], http: p[1], admin: p[2], debug: p[3], peer: peer, gid: nemEdgeGID + i}
 		// Each edge lists its own NATS node first (the client shuffles them anyway).
 		var urls []string
 		for j := range c.nats {
@@ -287,16 +367,30 @@ key_sha256 = "%x"
 	db := func(name, id string) string {
 		return fmt.Sprintf("  %s:\n    proto: tcp\n    local_port: %d\n    group: db\n    group_key: %q\n", name, c.backends[id], keyAlphaDB)
 	}
-	c.addConnector("alpha-1", 0, alphaToken, web("web", idAlphaWeb1)+db("db", idAlphaDB1), "tunnel web: ", "tunnel db: ")
-	c.addConnector("alpha-2", 1, alphaToken, web("web", idAlphaWeb2)+db("db", idAlphaDB2), "tunnel web: ", "tunnel db: ")
-	c.addConnector("alpha-solo", 2, alphaToken,
-		fmt.Sprintf("  solo:\n    proto: http\n    local_port: %d\n    subdomain: solo\n", c.backends[idAlphaSolo])+
-			fmt.Sprintf("  resv:\n    proto: http\n    local_port: %d\n    subdomain: resv\n    group: resv\n    group_key: %q\n", c.backends[idAlphaResv], keyAlphaResv),
-		"tunnel solo: ", "tunnel resv: ")
-	c.addConnector("beta-1", 2, betaToken,
-		fmt.Sprintf("  bweb:\n    proto: http\n    local_port: %d\n    subdomain: bpool\n    group: bweb\n    group_key: %q\n", c.backends[idBetaWeb], keyBetaWeb)+
-			fmt.Sprintf("  bdb:\n    proto: tcp\n    local_port: %d\n    group: bdb\n    group_key: %q\n", c.backends[idBetaDB], keyBetaDB),
-		"tunnel bweb: ", "tunnel bdb: ")
+	// alpha-1 and alpha-2 are the members of pools web, db and rot; web and db leave
+	// (connector-detach) and come back, rot's key rotates (key-rotate).
+	member := func(name, webID, dbID string, m int) func() string {
+		return func() string {
+			s := c.rotTunnel(m)
+			if !c.detached[name] {
+				s = web("web", webID) + db("db", dbID) + s
+			}
+			return s
+		}
+	}
+	c.addConnector("alpha-1", 0, alphaToken, member("alpha-1", idAlphaWeb1, idAlphaDB1, 0), "tunnel web: ", "tunnel db: ", "tunnel rot: ")
+	c.addConnector("alpha-2", 1, alphaToken, member("alpha-2", idAlphaWeb2, idAlphaDB2, 1), "tunnel web: ", "tunnel db: ", "tunnel rot: ")
+	c.addConnector("alpha-solo", 2, alphaToken, func() string {
+		s := fmt.Sprintf("  resv:\n    proto: http\n    local_port: %d\n    subdomain: resv\n    group: resv\n    group_key: %q\n", c.backends[idAlphaResv], keyAlphaResv)
+		if !c.detached["alpha-solo"] {
+			s = fmt.Sprintf("  solo:\n    proto: http\n    local_port: %d\n    subdomain: solo\n", c.backends[idAlphaSolo]) + s
+		}
+		return s
+	}, "tunnel solo: ", "tunnel resv: ")
+	c.addConnector("beta-1", 2, betaToken, func() string {
+		return fmt.Sprintf("  bweb:\n    proto: http\n    local_port: %d\n    subdomain: bpool\n    group: bweb\n    group_key: %q\n", c.backends[idBetaWeb], keyBetaWeb) +
+			fmt.Sprintf("  bdb:\n    proto: tcp\n    local_port: %d\n    group: bdb\n    group_key: %q\n", c.backends[idBetaDB], keyBetaDB)
+	}, "tunnel bweb: ", "tunnel bdb: ")
 	c.portPool = map[int]string{}
 	for p := c.tcpLo; p <= c.tcpHi; p++ {
 		c.portPool[p] = ""
@@ -321,16 +415,54 @@ key_sha256 = "%x"
 	return c
 }
 
-// addConnector writes a connector file listing the edges from first on.
-func (c *nemCluster) addConnector(name string, first int, token, tunnels string, lines ...string) {
+// addConnector adds a connector whose file lists the edges from first on.
+func (c *nemCluster) addConnector(name string, first int, token string, tunnels func() string, lines ...string) {
 	var servers []string
 	for i := range c.edges {
 		servers = append(servers, c.edges[(first+i)%len(c.edges)].controlAddr())
 	}
-	k := &nemConnector{name: name, conf: filepath.Join(c.dir, name+".yml"), lines: lines}
-	require.NoError(c.t, os.WriteFile(k.conf, fmt.Appendf(nil, "servers: [%s]\nauth_token: %q\ndrain_timeout_secs: 2\ntunnels:\n%s",
-		strings.Join(servers, ", "), token, tunnels), 0o600))
+	k := &nemConnector{name: name, conf: filepath.Join(c.dir, name+".yml"), servers: servers, token: token, tunnels: tunnels, lines: lines}
+	require.NoError(c.t, k.writeConf())
 	c.connectors = append(c.connectors, k)
+}
+
+// rotKey is pool rot's key of generation gen.
+func rotKey(gen int) string { return fmt.Sprintf("nemesis-alpha-rot-key-%d", gen) }
+
+// rotID is the identity of pool rot's member m (0 or 1) holding the key of generation gen:
+// each generation has a backend of its own, so that an answer says which key its member
+// held.
+func rotID(m, gen int) string { return fmt.Sprintf("alpha/rot/%d/g%d", m+1, gen) }
+
+// rotTunnel is member m's tunnel of pool rot at its current key generation: from the first
+// rotation on it lists the key before as its previous one (load-balancing.md, "Rotating a
+// group key").
+func (c *nemCluster) rotTunnel(m int) string {
+	gen := c.rotGen[m]
+	id := rotID(m, gen)
+	if _, ok := c.backends[id]; !ok {
+		c.backends[id] = identityHTTPBackend(c.t, id)
+	}
+	s := fmt.Sprintf("  rot:\n    proto: http\n    local_port: %d\n    subdomain: rot\n    group: rot\n    group_key: %q\n", c.backends[id], rotKey(gen))
+	if gen > 0 {
+		s += fmt.Sprintf("    previous_group_keys: [%q]\n", rotKey(gen-1))
+	}
+	return s
+}
+
+// reload rewrites k's file from the cluster's state and has the running connector read it
+// (connector reload).
+func (c *nemCluster) reload(k *nemConnector) error {
+	if err := k.writeConf(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, filepath.Join(binDir, "connector"), "reload", "--config", k.conf).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("connector reload %s: %v: %s", k.name, err, out)
+	}
+	return nil
 }
 
 func (c *nemCluster) startNATS(n *nemNATS) error {
@@ -341,7 +473,11 @@ func (c *nemCluster) startNATS(n *nemNATS) error {
 
 // startEdge starts e and waits for its admin API.
 func (c *nemCluster) startEdge(e *nemEdge) error {
-	p, err := startProc(c.t, e.id, c.logs.next(e.id), "edge", "-config", e.conf)
+	gid := -1
+	if c.netns {
+		gid = e.gid
+	}
+	p, err := startProcAs(c.t, gid, e.id, c.logs.next(e.id), "edge", "-config", e.conf, "-debug-addr", net.JoinHostPort(e.host, fmt.Sprint(e.debug)))
 	if err != nil {
 		return err
 	}

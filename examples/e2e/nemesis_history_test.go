@@ -24,6 +24,9 @@ const (
 	recTCP    = "tcp"    // one public TCP connection
 	recFault  = "fault"  // one fault, from its start to when it healed
 	recAttack = "attack" // one connector of another tenant trying a route
+	// recKey is a member of pool rot reloaded with a key generation: Edge is its connector,
+	// Answer the identity it answers with from then on, End when its reload returned.
+	recKey = "key"
 )
 
 // record is one line of the history.
@@ -100,15 +103,15 @@ func (h *history) close() error {
 }
 
 const (
-	// workInterval is each client's pause between two requests or connections: 21 clients
-	// (4 HTTP hosts and 3 TCP ports through each of 3 edges) make about 70 a second.
+	// workInterval is each client's pause between two requests or connections: 24 clients
+	// (5 HTTP hosts and 3 TCP ports through each of 3 edges) make about 80 a second.
 	workInterval = 300 * time.Millisecond
 	// workTimeout bounds one request or connection (a stopped edge answers nothing).
 	workTimeout = 3 * time.Second
 )
 
 // nemHTTPHosts are the HTTP routes the workload asks for.
-var nemHTTPHosts = []string{hostPool, hostSolo, hostResv, hostBetaPool}
+var nemHTTPHosts = []string{hostPool, hostSolo, hostResv, hostBetaPool, hostRot}
 
 // workload runs one client per edge and route until stopped.
 type workload struct {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -34,19 +35,40 @@ const (
 	// faultNATSKillAll kills every NATS node with SIGKILL at once and starts them again
 	// (same stores: JetStream fsyncs before it acknowledges).
 	faultNATSKillAll faultKind = "nats-kill-all"
+	// faultConnectorTerm stops a connector with SIGTERM (it drains its tunnels and exits)
+	// and starts it again.
+	faultConnectorTerm faultKind = "connector-term"
+	// faultConnectorDetach has a running connector reload a file without its pool tunnels
+	// (alpha-1, alpha-2: web and db) or its solo tunnel (alpha-solo), which drain and leave,
+	// then the whole file again, which attaches them again.
+	faultConnectorDetach faultKind = "connector-detach"
+	// faultKeyRotate is one rotation of pool rot's key: one member reloads with the next key
+	// (the key before listed as previous), the other after the hold.
+	faultKeyRotate faultKind = "key-rotate"
+	// faultEdgeCutNATS drops an edge's packets to every NATS node (iptables in the test's
+	// network namespace) for the hold.
+	faultEdgeCutNATS faultKind = "edge-cut-nats"
+	// faultEdgeCutPeers drops an edge's packets to and from its peers' links for the hold.
+	faultEdgeCutPeers faultKind = "edge-cut-peers"
 )
 
 // scheduleVersions are the kinds each version of the schedule draws from, in a fixed order
 // (the seed picks an index). A version is never changed once a seed of it is a regression
 // test: a new kind makes a new version, so that the seed alone still replays the old
-// schedules. Partitions (iptables in a network namespace) are not among them yet.
+// schedules.
 var scheduleVersions = [][]faultKind{
 	1: {faultEdgeKill, faultEdgeStop, faultNATSKill, faultNATSStop, faultConnectorKill},
 	2: {faultEdgeKill, faultEdgeStop, faultNATSKill, faultNATSStop, faultConnectorKill, faultNATSKillAll},
+	3: {faultEdgeKill, faultEdgeStop, faultNATSKill, faultNATSStop, faultConnectorKill, faultNATSKillAll,
+		faultConnectorTerm, faultConnectorDetach, faultKeyRotate, faultEdgeCutNATS, faultEdgeCutPeers},
 }
 
 // scheduleVersion is the version new seeds draw.
-const scheduleVersion = 2
+const scheduleVersion = 3
+
+// partitionKinds are the faults that need the test's network namespace; where it cannot be
+// made they are skipped (recorded as such) and the rest of the schedule runs.
+var partitionKinds = []faultKind{faultEdgeCutNATS, faultEdgeCutPeers}
 
 // faultKinds are the kinds of the current version.
 var faultKinds = scheduleVersions[scheduleVersion]
@@ -56,12 +78,24 @@ var faultKinds = scheduleVersions[scheduleVersion]
 // NATS cluster.
 func (k faultKind) targets() int {
 	switch k {
-	case faultConnectorKill:
+	case faultConnectorKill, faultConnectorTerm:
 		return 4
 	case faultNATSKillAll:
 		return 1
+	case faultKeyRotate:
+		return 2
 	}
 	return 3
+}
+
+// holdSpread is how much longer than holdMin a fault of kind k may be held: a partition up to
+// twice as long as the others, so that some outlast the lease (an edge cut off from NATS
+// then loses its members on the other edges) and some do not.
+func (k faultKind) holdSpread() time.Duration {
+	if slices.Contains(partitionKinds, k) {
+		return 2 * holdSpread
+	}
+	return holdSpread
 }
 
 // fault is one step of a schedule: wait Pause, apply Kind to Target, hold it for Hold, heal.
@@ -106,7 +140,7 @@ func newSchedule(seed uint64, version int, d time.Duration) schedule {
 		f := fault{Pause: pauseMin + time.Duration(r.Int64N(int64(pauseSpread)))}
 		f.Kind = kinds[r.IntN(len(kinds))]
 		f.Target = r.IntN(f.Kind.targets())
-		f.Hold = holdMin + time.Duration(r.Int64N(int64(holdSpread)))
+		f.Hold = holdMin + time.Duration(r.Int64N(int64(f.Kind.holdSpread())))
 		f.Hold = f.Hold.Round(time.Millisecond)
 		f.Pause = f.Pause.Round(time.Millisecond)
 		at += f.Pause + f.Hold + healCost
@@ -142,7 +176,7 @@ func (s schedule) String() string {
 // target names the fault's target.
 func (f fault) target() string {
 	switch f.Kind {
-	case faultEdgeKill, faultEdgeStop:
+	case faultEdgeKill, faultEdgeStop, faultEdgeCutNATS, faultEdgeCutPeers:
 		return fmt.Sprintf("edge-%d", f.Target+1)
 	case faultNATSKill, faultNATSStop:
 		return fmt.Sprintf("nats-%d", f.Target+1)
@@ -158,7 +192,7 @@ const readyTimeout = 30 * time.Second
 
 // apply applies f to c, holds it, heals it and returns its record; stop cuts the hold short.
 // An error means the cluster could not be healed (a process that does not come back).
-func (c *nemCluster) apply(f fault, stop <-chan struct{}) (record, error) {
+func (c *nemCluster) apply(f fault, h *history, stop <-chan struct{}) (record, error) {
 	rec := record{Type: recFault, Kind: string(f.Kind), Edge: f.target(), Start: time.Now()}
 	hold := func() {
 		select {
@@ -218,10 +252,67 @@ func (c *nemCluster) apply(f fault, stop <-chan struct{}) (record, error) {
 		if err = c.startConnector(k); err == nil {
 			err = k.waitLines(readyTimeout)
 		}
+	case faultConnectorTerm:
+		k := c.connectors[f.Target]
+		_ = k.p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-k.p.done:
+		case <-time.After(nemDrainSecs*time.Second + readyTimeout):
+			kill9(k.p)
+			err = fmt.Errorf("%s did not exit on SIGTERM", k.name)
+		}
+		hold()
+		rec.End = time.Now()
+		if err == nil {
+			if err = c.startConnector(k); err == nil {
+				err = k.waitLines(readyTimeout)
+			}
+		}
+	case faultConnectorDetach:
+		k := c.connectors[f.Target]
+		c.detached[k.name] = true
+		err = c.reload(k)
+		hold()
+		c.detached[k.name] = false
+		rec.End = time.Now()
+		if rerr := c.reload(k); err == nil {
+			err = rerr
+		}
+	case faultKeyRotate:
+		// Both members go to the next generation, target first, the other after the hold.
+		first, gen := f.Target, c.rotGen[0]+1
+		c.rotGen[first] = gen
+		err = c.reload(c.connectors[first])
+		h.add(record{Type: recKey, Edge: c.connectors[first].name, Answer: rotID(first, gen), Start: rec.Start, End: time.Now()})
+		hold()
+		rec.End = time.Now()
+		c.rotGen[1-first] = gen
+		if rerr := c.reload(c.connectors[1-first]); err == nil {
+			err = rerr
+		}
+		h.add(record{Type: recKey, Edge: c.connectors[1-first].name, Answer: rotID(1-first, gen), Start: rec.End, End: time.Now()})
+		c.rotDone.Store(int32(gen))
+	case faultEdgeCutNATS, faultEdgeCutPeers:
+		if !c.netns {
+			rec.Err = "skipped: " + partitionUnsupported()
+			hold()
+			rec.End = time.Now()
+			break
+		}
+		rules := c.cutRules(f)
+		err = iptables("-A", rules)
+		hold()
+		rec.End = time.Now()
+		if herr := iptables("-D", rules); err == nil {
+			err = herr
+		}
 	}
 	rec.Ready = time.Now()
 	if err != nil {
 		rec.Err = err.Error()
+	}
+	if rec.Err == "" && f.Kind == faultKeyRotate {
+		rec.Answer = fmt.Sprintf("generation %d", c.rotGen[0])
 	}
 	return rec, err
 }
@@ -272,26 +363,53 @@ func (k *nemConnector) waitLines(d time.Duration) error {
 	}
 }
 
-// attack is one try of tenant beta on one of tenant alpha's routes.
+// attack is one try of another tenant, or of tenant alpha with another key, on one of
+// tenant alpha's routes.
 type attack struct {
 	route string // as in the history: "http/pool.localhost", ...
-	conf  string // the connector's tunnels
+	token string // the attacking connector's tenant token
+	// conf returns the connector's tunnels, given the attacking backends' ports.
+	conf func(httpBackend, tcpBackend int) string
 }
 
-// attacks are the tries: alpha's pool with alpha's key and pool name, alpha's solo
-// subdomain, alpha's TCP pool with its key, alpha's reserved endpoint with its key. Each must
-// be refused as another tenant's.
-func attacks(httpBackend, tcpBackend int) []attack {
+// attacks are the tries, each of which must be refused: tenant beta on alpha's pool with
+// alpha's key and pool name, on alpha's solo subdomain, on alpha's TCP pool with its key
+// and on alpha's reserved endpoint with its key (refused as another tenant's); tenant alpha
+// itself on its pool web with a key the pool never had, and on pool rot with a key it no
+// longer has (two generations back, held by no member; before that, one it never had)
+// (refused: group key does not match).
+func (c *nemCluster) attacks() []attack {
 	return []attack{
-		{"http/" + hostPool, fmt.Sprintf("  web:\n    proto: http\n    local_port: %d\n    subdomain: pool\n    group: web\n    group_key: %q\n", httpBackend, keyAlphaWeb)},
-		{"http/" + hostSolo, fmt.Sprintf("  solo:\n    proto: http\n    local_port: %d\n    subdomain: solo\n", httpBackend)},
-		{"http/" + hostResv, fmt.Sprintf("  resv:\n    proto: http\n    local_port: %d\n    subdomain: resv\n    group: resv\n    group_key: %q\n", httpBackend, keyAlphaResv)},
-		{"tcp/db", fmt.Sprintf("  db:\n    proto: tcp\n    local_port: %d\n    group: db\n    group_key: %q\n", tcpBackend, keyAlphaDB)},
+		{"http/" + hostPool, betaToken, func(h, _ int) string {
+			return fmt.Sprintf("  web:\n    proto: http\n    local_port: %d\n    subdomain: pool\n    group: web\n    group_key: %q\n", h, keyAlphaWeb)
+		}},
+		{"http/" + hostSolo, betaToken, func(h, _ int) string {
+			return fmt.Sprintf("  solo:\n    proto: http\n    local_port: %d\n    subdomain: solo\n", h)
+		}},
+		{"http/" + hostResv, betaToken, func(h, _ int) string {
+			return fmt.Sprintf("  resv:\n    proto: http\n    local_port: %d\n    subdomain: resv\n    group: resv\n    group_key: %q\n", h, keyAlphaResv)
+		}},
+		{"tcp/db", betaToken, func(_, p int) string {
+			return fmt.Sprintf("  db:\n    proto: tcp\n    local_port: %d\n    group: db\n    group_key: %q\n", p, keyAlphaDB)
+		}},
+		{"http/" + hostPool + " (another key)", alphaToken, func(h, _ int) string {
+			return fmt.Sprintf("  web:\n    proto: http\n    local_port: %d\n    subdomain: pool\n    group: web\n    group_key: %q\n", h, "nemesis-alpha-web-key-never")
+		}},
+		{"http/" + hostRot + " (an old key)", alphaToken, func(h, _ int) string {
+			key := "nemesis-alpha-rot-key-never"
+			if g := int(c.rotDone.Load()); g >= 2 {
+				key = rotKey(g - 2)
+			}
+			return fmt.Sprintf("  rot:\n    proto: http\n    local_port: %d\n    subdomain: rot\n    group: rot\n    group_key: %q\n", h, key)
+		}},
 	}
 }
 
-// idIntruder is what the attacking tenant's backend answers: no history line may show it.
-const idIntruder = "beta/intruder/1/ka"
+// The intruders' identities: no history line may show them.
+const (
+	idIntruder      = "beta/intruder/1/ka"
+	idAlphaIntruder = "alpha/intruder/1/kx"
+)
 
 const (
 	// attackEvery is the pause between two tries.
@@ -301,17 +419,21 @@ const (
 	attackTryTimeout = 8 * time.Second
 )
 
-// attacker runs tries of tenant beta on tenant alpha's routes until stopped, each a
-// connector process dialling one edge, in an order drawn from seed.
+// attacker runs tries on tenant alpha's routes until stopped, each a connector process
+// dialling one edge, in an order drawn from seed.
 type attacker struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
 
-func startAttacker(c *nemCluster, h *history, seed uint64, httpBackend, tcpBackend int) *attacker {
+func startAttacker(c *nemCluster, h *history, seed uint64) *attacker {
 	a := &attacker{stop: make(chan struct{})}
 	r := rand.New(rand.NewPCG(seed, 0x61747461636b)) // "attack"
-	tries := attacks(httpBackend, tcpBackend)
+	tries := c.attacks()
+	backends := map[string][2]int{
+		betaToken:  {identityHTTPBackend(c.t, idIntruder), identityTCPBackend(c.t, idIntruder)},
+		alphaToken: {identityHTTPBackend(c.t, idAlphaIntruder), identityTCPBackend(c.t, idAlphaIntruder)},
+	}
 	a.wg.Go(func() {
 		for i := 0; ; i++ {
 			select {
@@ -322,7 +444,8 @@ func startAttacker(c *nemCluster, h *history, seed uint64, httpBackend, tcpBacke
 			try, e := tries[r.IntN(len(tries))], c.edges[r.IntN(len(c.edges))]
 			conf := filepath.Join(c.dir, fmt.Sprintf("attack-%d.yml", i))
 			rec := record{Type: recAttack, Route: try.route, Edge: e.id, Start: time.Now()}
-			rec.Answer, rec.Err = runAttack(conf, e.controlAddr(), try.conf, a.stop)
+			b := backends[try.token]
+			rec.Answer, rec.Err = runAttack(conf, e.controlAddr(), try.token, try.conf(b[0], b[1]), a.stop)
 			rec.End = time.Now()
 			h.add(rec)
 		}
@@ -335,11 +458,12 @@ func (a *attacker) close() {
 	a.wg.Wait()
 }
 
-// runAttack runs one connector of tenant beta with tunnels against addr and says how it
-// ended: "refused: ..." (another tenant's route), "unavailable: ..." (the edge could not
-// decide: NATS), "registered: ..." (a line printed: a breach), or "no answer".
-func runAttack(conf, addr, tunnels string, stop <-chan struct{}) (outcome, errText string) {
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "server: %s\nauth_token: %q\ndrain_timeout_secs: 1\ntunnels:\n%s", addr, betaToken, tunnels), 0o600); err != nil {
+// runAttack runs one connector with token and tunnels against addr and says how it ended:
+// "refused: ..." (another tenant's route, or a key the pool does not hold),
+// "unavailable: ..." (the edge could not decide: NATS), "registered: ..." (a line printed:
+// a breach), or "no answer".
+func runAttack(conf, addr, token, tunnels string, stop <-chan struct{}) (outcome, errText string) {
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "server: %s\nauth_token: %q\ndrain_timeout_secs: 1\ntunnels:\n%s", addr, token, tunnels), 0o600); err != nil {
 		return "", err.Error()
 	}
 	var stdout, stderr lockedBuffer
@@ -364,7 +488,7 @@ func runAttack(conf, addr, tunnels string, stop <-chan struct{}) (outcome, errTe
 	switch {
 	case out != "":
 		return "registered: " + out, ""
-	case strings.Contains(errs, "belongs to another tenant"):
+	case strings.Contains(errs, "belongs to another tenant") || strings.Contains(errs, "group key does not match"):
 		return "refused: " + lastLine(errs), ""
 	case strings.Contains(errs, "unavailable") || strings.Contains(errs, "connection refused"):
 		return "unavailable: " + lastLine(errs), ""

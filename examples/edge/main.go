@@ -94,6 +94,7 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 	verbose := fs.Bool("v", false, "human-readable debug logging: --log-level debug --log-format console")
 	check := fs.Bool("check", false, "validate the configuration file, print \"ok\" or its errors, and exit (0 or 1)")
 	pidPath := fs.String("pid-file", "", "write the process id to this `file` once listening (removed on exit), for \"edge reload\"")
+	debugAddr := fs.String("debug-addr", "", "serve Go's runtime profiles (/debug/pprof/: goroutines, heap, ...) on this loopback `address`, e.g. 127.0.0.1:6060")
 	version := cli.VersionFlag(fs)
 	var lf cli.LogFlags
 	lf.Register(fs)
@@ -123,6 +124,14 @@ func runWith(ctx context.Context, stop func(), args []string, stdout, stderr io.
 		return 2
 	}
 	defer func() { _ = log.Sync() }()
+	if *debugAddr != "" {
+		stopDebug, err := serveDebug(*debugAddr, log)
+		if err != nil {
+			log.Error(err.Error())
+			return 2
+		}
+		defer stopDebug()
+	}
 	return serve(ctx, stop, *path, *pidPath, log)
 }
 

@@ -71,6 +71,8 @@ type Cluster struct {
 	// started is this incarnation's start, in its lease: a change tells the others that
 	// the edge restarted.
 	started time.Time
+	// staleDropped: the records a previous incarnation left are deleted (dropStaleOwnRecords).
+	staleDropped atomic.Bool
 
 	// pmu guards the publisher's state: the local members whose record must be written.
 	pmu   sync.Mutex
@@ -156,6 +158,11 @@ type memberRecord struct {
 	RetryIdempotent bool            `json:"retry_idempotent,omitempty"`
 	AlertWebhook    string          `json:"alert_webhook,omitempty"`
 	BackendProtocol string          `json:"backend_protocol,omitempty"`
+	// Started is the start of the edge incarnation that wrote the record (its lease's
+	// Started): the others join only the records of the incarnation whose lease they see, so
+	// that the records a killed edge left, until its next run deletes them, send nothing to
+	// members that are gone. Zero in a record of an older version: joined as before.
+	Started time.Time `json:"started,omitzero"`
 }
 
 // leaseRecord is an edge's lease value.
@@ -261,6 +268,9 @@ func (c *Cluster) Start() error {
 		c.log.Warn("NATS connection lost: serving the routes and members known; new routes are refused until it returns", zap.Error(err))
 	})
 	c.nc.SetReconnectHandler(func(*nats.Conn) {
+		// Until the members watch, started again below, tells whether NATS restarted as a
+		// whole (routesMayBeLost), first claims of routes this edge does not know wait.
+		c.edge.HoldNewRoutes(c.cfg.LeaseTTL)
 		c.connected.Store(true)
 		c.log.Info("NATS connection back: reconciling")
 		c.restartWatches() // their consumers may have lived on the node that went away
@@ -270,10 +280,13 @@ func (c *Cluster) Start() error {
 		c.spawn(func() { c.reviveBuckets() })
 		// The others may have given away this edge's solo TCP ports meanwhile.
 		c.spawn(c.edge.ReclaimSoloPorts)
+		// The routes this edge remembers that a NATS restarted from stores missing their
+		// last writes lost are written back.
+		c.spawn(c.edge.RestoreLostRoutes)
 	})
 	c.selfSeen.Store(time.Now().UnixNano())
 	// A previous incarnation of this edge id may have left member records behind.
-	c.dropStaleOwnRecords()
+	c.staleDropped.Store(c.dropStaleOwnRecords())
 	if err := c.renewLease(); err != nil {
 		return fmt.Errorf("cluster: writing this edge's lease: %w", err)
 	}
@@ -379,6 +392,9 @@ func (c *Cluster) heartbeat() {
 				c.log.Warn("cannot renew this edge's lease", zap.Error(err))
 			}
 			continue
+		}
+		if !c.staleDropped.Load() {
+			c.staleDropped.Store(c.dropStaleOwnRecords())
 		}
 		if !c.leaseOK.Swap(true) {
 			// The lease may have lapsed meanwhile, and the others dropped this edge's
@@ -574,7 +590,7 @@ func (c *Cluster) recordOf(m *group.Member) memberRecord {
 	rec := memberRecord{Edge: c.cfg.EdgeID, Tunnel: m.ID, Proto: g.Proto, Label: g.Label, Group: g.Name,
 		KeyHash: g.KeyHash(), Tenant: m.Tenant, Name: m.Name, Host: m.Host, Transport: m.Transport, HealthKind: m.HealthKind, Healthy: m.Healthy(),
 		Draining: m.Draining(), Weight: m.Weight, Priority: m.Priority, SlowStart: m.SlowStart,
-		Affinity: g.Affinity, RetryIdempotent: g.RetryIdempotent, AlertWebhook: m.AlertWebhook}
+		Affinity: g.Affinity, RetryIdempotent: g.RetryIdempotent, AlertWebhook: m.AlertWebhook, Started: c.started}
 	if !g.Solo() {
 		// The member's own keys: mid-rotation its pool's key may be another (newer) one.
 		rec.KeyHash, rec.PrevKeyHashes = m.KeyHash(), m.PrevKeyHashes()
@@ -609,19 +625,25 @@ func (c *Cluster) ownKeys(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
-// dropStaleOwnRecords deletes the member records a previous run of this edge id left.
-func (c *Cluster) dropStaleOwnRecords() {
+// dropStaleOwnRecords deletes the member records a previous run of this edge id left; it
+// reports whether it could (else the heartbeat tries again: a NATS just restarted may not
+// answer yet).
+func (c *Cluster) dropStaleOwnRecords() bool {
 	ctx, cancel := context.WithTimeout(c.ctx, c.cfg.Timeout)
 	defer cancel()
 	keys, err := c.ownKeys(ctx)
 	if err != nil {
-		return
+		return false
 	}
+	ok := true
 	for _, k := range keys {
 		if c.edge.Registry().Lookup(strings.TrimPrefix(k, c.cfg.EdgeID+".")) == nil {
-			_ = c.members.Delete(ctx, k)
+			if err := c.members.Delete(ctx, k); err != nil {
+				ok = false
+			}
 		}
 	}
+	return ok
 }
 
 // spawn runs f in a goroutine close waits for, unless the cluster is stopping.

@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"maps"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -147,4 +149,46 @@ func TestEdgeLeavesAHungNATSServerWithinTheLease(t *testing.T) {
 	require.NotEqual(t, "nats://"+p.addr, a.c.nc.ConnectedUrl(), "a is still on the hung server")
 	_, err = a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "later"}, hostPort(backend(t, "L").URL))
 	require.NoError(t, err, "a claims a new route")
+}
+
+// A member record names the incarnation of the edge that wrote it: the records a killed
+// edge left behind, until its next run deletes them, are not joined once the others see the
+// next run's lease (they would dispatch to members that are gone); a record of an older
+// version, which names none, is joined as before.
+func TestRecordsOfAPreviousIncarnationAreNotJoined(t *testing.T) {
+	first, second := time.Unix(100, 0), time.Unix(200, 0)
+	e := &remoteEdge{started: second}
+	require.False(t, e.current(memberRecord{Started: first}), "the previous run's record")
+	require.True(t, e.current(memberRecord{Started: second}))
+	require.True(t, e.current(memberRecord{}), "an older version's record")
+	e.started = time.Time{} // no lease seen yet
+	require.True(t, e.current(memberRecord{Started: first}))
+}
+
+// A member record deleted while this edge's members watch was down (or lost with a bucket
+// created anew) is delivered by no watch: once a restarted watch delivered the bucket's
+// records without it, it is dropped a lease later, unless it is delivered again meanwhile
+// (its edge writes it again after a NATS restart).
+func TestRecordsAWatchMissedLeaveALeaseLater(t *testing.T) {
+	const lease = time.Second
+	c := &Cluster{cfg: Config{LeaseTTL: lease, EdgeID: "a"}, log: zap.NewNop()}
+	c.remote.edges = map[string]*remoteEdge{}
+	rec := func(id string) []byte {
+		return []byte(`{"edge":"b","tunnel":"` + id + `","proto":"tcp"}`) // solo TCP: no route to settle
+	}
+	for _, id := range []string{"gone", "back", "kept"} {
+		c.onMemberRecord("b."+id, rec(id), false)
+	}
+	b := c.remote.edges["b"]
+	require.Len(t, b.records, 3)
+
+	c.membersSynced(map[string]bool{"b.kept": true}) // a restarted watch: "gone" and "back" missing
+	c.onMemberRecord("b.back", rec("back"), false)   // written again by its edge
+	now := time.Now()
+	c.remote.mu.Lock()
+	c.dropUnconfirmedLocked(b, now)
+	require.Len(t, b.records, 3, "within the lease: kept")
+	c.dropUnconfirmedLocked(b, now.Add(lease))
+	require.ElementsMatch(t, []string{"back", "kept"}, slices.Collect(maps.Keys(b.records)))
+	c.remote.mu.Unlock()
 }

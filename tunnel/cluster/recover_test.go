@@ -58,9 +58,18 @@ func TestClusterRecreatesMissingBuckets(t *testing.T) {
 	}
 	a.waitMembers(t, "pool", both)
 	b.waitMembers(t, "pool", both)
-	_, err = a.connect(tunnel.WithReconnect(false)).Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"},
-		hostPort(backend(t, "F").URL))
-	require.NoError(t, err)
+	// The edges found records they knew missing from the members bucket: NATS may have lost
+	// route writes too, so for a lease first claims of unknown routes are refused as
+	// unavailable (a connector tries again) while the edges write back what they remember.
+	sess := a.connect(tunnel.WithReconnect(false))
+	fresh := hostPort(backend(t, "F").URL)
+	require.Eventually(t, func() bool {
+		_, err = sess.Forward(ctxT(t), tunnel.TunnelSpec{Subdomain: "fresh", Group: "g", GroupKey: "k"}, fresh)
+		if err != nil && !errors.Is(err, tunnel.ErrUnavailable) {
+			t.Errorf("a new route refused for another reason: %v", err)
+		}
+		return err == nil
+	}, 3*lease, 50*time.Millisecond, "a new route was refused for more than the lease: %v", err)
 	b.waitMembers(t, "fresh", map[string]int{"a": 1})
 }
 

@@ -50,13 +50,16 @@ type remoteEdge struct {
 	// moved are the records whose connector has moved to this edge (movedHere): not joined,
 	// though the record stays until its edge deletes it or its lease lapses.
 	moved map[string]bool
+	// unconfirmed are the records a restarted watch did not deliver, since when
+	// (membersSynced): dropped a lease later unless delivered again.
+	unconfirmed map[string]time.Time
 }
 
 func (v *remoteView) edge(id string) *remoteEdge {
 	e := v.edges[id]
 	if e == nil {
 		e = &remoteEdge{id: id, records: map[string]memberRecord{}, joined: map[string]*group.Member{},
-			refused: map[string]string{}, moved: map[string]bool{}, expired: true}
+			refused: map[string]string{}, moved: map[string]bool{}, unconfirmed: map[string]time.Time{}, expired: true}
 		v.edges[id] = e
 	}
 	return e
@@ -64,45 +67,48 @@ func (v *remoteView) edge(id string) *remoteEdge {
 
 // watchLeases follows the leases bucket: every renewal of another edge's lease.
 func (c *Cluster) watchLeases() {
-	c.watch(c.leases, nil, func(key string, value []byte, deleted bool) {
-		if key == c.cfg.EdgeID {
-			if !deleted {
-				c.selfSeen.Store(time.Now().UnixNano())
-				c.checkOwnLease(value)
-			}
-			return
+	c.watch(c.leases, nil, c.onLease, nil)
+}
+
+// onLease handles a value of the leases bucket: a renewal of an edge's lease, or its deletion.
+func (c *Cluster) onLease(key string, value []byte, deleted bool) {
+	if key == c.cfg.EdgeID {
+		if !deleted {
+			c.selfSeen.Store(time.Now().UnixNano())
+			c.checkOwnLease(value)
 		}
-		c.remote.mu.Lock()
-		defer c.remote.mu.Unlock()
-		e := c.remote.edge(key)
-		if deleted {
-			// A graceful stop: its members leave now.
-			gone := routesOf(slices.Collect(maps.Values(e.records))...)
-			e.expired = true
-			e.records = map[string]memberRecord{}
-			c.reconcileLocked(e)
-			c.settleRoutes(gone)
-			return
-		}
-		var rec leaseRecord
-		if json.Unmarshal(value, &rec) != nil {
-			c.log.Warn("malformed lease record ignored", zap.String("edge", key))
-			return
-		}
-		restarted := !e.started.IsZero() && !rec.Started.Equal(e.started)
-		e.advertise, e.started, e.lastSeen = rec.Advertise, rec.Started, time.Now()
-		if e.expired {
-			c.log.Info("edge joined the cluster", zap.String("edge", key), zap.String("advertise", rec.Advertise))
-		}
-		e.expired = false
-		if restarted && e.link != nil {
-			e.link.close()
-		}
-		for id, m := range e.joined {
-			m.SetPeerLoad(rec.Loads[id])
-		}
+		return
+	}
+	c.remote.mu.Lock()
+	defer c.remote.mu.Unlock()
+	e := c.remote.edge(key)
+	if deleted {
+		// A graceful stop: its members leave now.
+		gone := routesOf(slices.Collect(maps.Values(e.records))...)
+		e.expired = true
+		e.records = map[string]memberRecord{}
 		c.reconcileLocked(e)
-	})
+		c.settleRoutes(gone)
+		return
+	}
+	var rec leaseRecord
+	if json.Unmarshal(value, &rec) != nil {
+		c.log.Warn("malformed lease record ignored", zap.String("edge", key))
+		return
+	}
+	restarted := !e.started.IsZero() && !rec.Started.Equal(e.started)
+	e.advertise, e.started, e.lastSeen = rec.Advertise, rec.Started, time.Now()
+	if e.expired {
+		c.log.Info("edge joined the cluster", zap.String("edge", key), zap.String("advertise", rec.Advertise))
+	}
+	e.expired = false
+	if restarted && e.link != nil {
+		e.link.close()
+	}
+	for id, m := range e.joined {
+		m.SetPeerLoad(rec.Loads[id])
+	}
+	c.reconcileLocked(e)
 }
 
 // checkOwnLease tells a second edge with this edge's edge_id: once this edge has seen its
@@ -144,45 +150,111 @@ func (c *Cluster) duplicateWarning() string {
 // watchMembers follows the members bucket: every other edge's member records.
 func (c *Cluster) watchMembers() {
 	c.watch(c.members, &c.membersRev, func(key string, value []byte, deleted bool) {
-		edgeID, tunnelID, ok := strings.Cut(key, ".")
-		if !ok {
+		c.onMemberRecord(key, value, deleted)
+	}, c.membersSynced)
+}
+
+// onMemberRecord handles a value of the members bucket: a member record written or deleted.
+func (c *Cluster) onMemberRecord(key string, value []byte, deleted bool) {
+	edgeID, tunnelID, ok := strings.Cut(key, ".")
+	if !ok {
+		return
+	}
+	if edgeID == c.cfg.EdgeID {
+		if deleted && c.edge.Registry().Lookup(tunnelID) != nil {
+			// Another edge dropped this edge's record (its lease seemed lapsed) while
+			// the member lives: write it again.
+			c.Observe(group.Event{Member: group.MemberInfo{ID: tunnelID}})
+		}
+		return
+	}
+	var moved memberRecord // runs after the unlock below
+	defer func() {
+		if p, ok := proofOf(moved.ResumesProof); ok && moved.Resumes != "" {
+			c.edge.EndMovedSession(moved.Resumes, moved.Tenant, p, moved.Edge)
+		}
+	}()
+	c.remote.mu.Lock()
+	defer c.remote.mu.Unlock()
+	e := c.remote.edge(edgeID)
+	delete(e.unconfirmed, tunnelID)
+	var gone [][2]string
+	if deleted {
+		if rec, ok := e.records[tunnelID]; ok {
+			gone = routesOf(rec)
+		}
+		delete(e.records, tunnelID)
+	} else {
+		var rec memberRecord
+		if json.Unmarshal(value, &rec) != nil || rec.Tunnel != tunnelID || rec.Edge != edgeID {
+			c.log.Warn("malformed member record ignored", zap.String("key", key))
 			return
 		}
-		if edgeID == c.cfg.EdgeID {
-			if deleted && c.edge.Registry().Lookup(tunnelID) != nil {
-				// Another edge dropped this edge's record (its lease seemed lapsed) while
-				// the member lives: write it again.
-				c.Observe(group.Event{Member: group.MemberInfo{ID: tunnelID}})
+		e.records[tunnelID] = rec
+		moved = rec
+	}
+	c.reconcileLocked(e)
+	c.settleRoutes(gone)
+}
+
+// routesMayBeLost is told, each time a members watch started and delivered the bucket's
+// records, whether records this edge knew were missing: NATS restarted as a whole (the
+// members bucket, in memory storage, lost them), and the route bucket may have lost writes
+// too (a store missing its last writes). Then first claims of routes the edge does not know
+// wait a lease, while the edges write back the routes they remember; else the hold the
+// reconnection set ends. (A record deleted while the watch was down also counts: a hold
+// for nothing, a lease long.)
+func (c *Cluster) routesMayBeLost(restarted bool) {
+	if restarted {
+		c.edge.HoldNewRoutes(c.cfg.LeaseTTL)
+		c.spawn(c.edge.RestoreLostRoutes)
+		return
+	}
+	c.edge.HoldNewRoutes(0)
+}
+
+// membersSynced runs when a members watch (re)started has delivered the bucket's current
+// records: the records of other edges it did not deliver were deleted while no watch ran,
+// or lost with a bucket created anew (whose edges write them again within a heartbeat).
+// They are marked unconfirmed; dropUnconfirmed drops those not delivered again within a
+// lease.
+func (c *Cluster) membersSynced(current map[string]bool) {
+	now := time.Now()
+	missing := false
+	c.remote.mu.Lock()
+	for _, e := range c.remote.edges {
+		for id := range e.records {
+			if !current[e.id+"."+id] {
+				missing = true
+				if _, marked := e.unconfirmed[id]; !marked {
+					e.unconfirmed[id] = now
+				}
 			}
-			return
 		}
-		var moved memberRecord // runs after the unlock below
-		defer func() {
-			if p, ok := proofOf(moved.ResumesProof); ok && moved.Resumes != "" {
-				c.edge.EndMovedSession(moved.Resumes, moved.Tenant, p, moved.Edge)
-			}
-		}()
-		c.remote.mu.Lock()
-		defer c.remote.mu.Unlock()
-		e := c.remote.edge(edgeID)
-		var gone [][2]string
-		if deleted {
-			if rec, ok := e.records[tunnelID]; ok {
-				gone = routesOf(rec)
-			}
-			delete(e.records, tunnelID)
-		} else {
-			var rec memberRecord
-			if json.Unmarshal(value, &rec) != nil || rec.Tunnel != tunnelID || rec.Edge != edgeID {
-				c.log.Warn("malformed member record ignored", zap.String("key", key))
-				return
-			}
-			e.records[tunnelID] = rec
-			moved = rec
+	}
+	c.remote.mu.Unlock()
+	c.routesMayBeLost(missing)
+}
+
+// dropUnconfirmedLocked drops e's records that no watch delivered again within a lease of
+// being found missing from the bucket (membersSynced); the caller holds c.remote.mu.
+func (c *Cluster) dropUnconfirmedLocked(e *remoteEdge, now time.Time) {
+	var gone []memberRecord
+	for id, since := range e.unconfirmed {
+		if now.Sub(since) < c.cfg.LeaseTTL {
+			continue
 		}
+		delete(e.unconfirmed, id)
+		if rec, ok := e.records[id]; ok {
+			gone = append(gone, rec)
+			delete(e.records, id)
+		}
+	}
+	if len(gone) > 0 {
+		c.log.Info("member records deleted while the watch was down: their members leave", zap.String("edge", e.id), zap.Int("members", len(gone)))
 		c.reconcileLocked(e)
-		c.settleRoutes(gone)
-	})
+		c.settleRoutes(routesOf(gone...))
+	}
 }
 
 // watch runs fn for every value of kv, the current ones first, until the cluster stops;
@@ -191,7 +263,11 @@ func (c *Cluster) watchMembers() {
 // exist (NATS restarted and lost it) creates the missing buckets again (recoverBuckets); one
 // that starts on a bucket created anew since it last started (by any edge) has every local
 // member's record written again, as the bucket lost them.
-func (c *Cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key string, value []byte, deleted bool)) {
+//
+// synced, when set, gets the keys the bucket holds each time a watch (re)started has
+// delivered the current values: what was deleted while no watch ran (or lost with a bucket
+// created anew) is delivered by no watch, and synced forgets it.
+func (c *Cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key string, value []byte, deleted bool), synced func(current map[string]bool)) {
 	var born time.Time // when kv's stream was created, as this watch last found it
 	for c.ctx.Err() == nil {
 		w, err := kv.WatchAll(c.ctx)
@@ -217,9 +293,17 @@ func (c *Cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key s
 			}
 			c.markAllDirty()
 		}
+		current := map[string]bool{} // the keys held when the watch started; nil once synced
 		for entry := range w.Updates() {
-			if entry == nil {
-				continue // the current values have all been delivered
+			if entry == nil { // the current values have all been delivered
+				if current != nil && synced != nil {
+					synced(current)
+				}
+				current = nil
+				continue
+			}
+			if current != nil && entry.Operation() == jetstream.KeyValuePut {
+				current[entry.Key()] = true
 			}
 			if rev != nil && entry.Revision() > rev.Load() {
 				rev.Store(entry.Revision()) // this goroutine alone writes it
@@ -321,6 +405,7 @@ func (c *Cluster) checkLeases() {
 		}
 		c.remote.mu.Lock()
 		for _, e := range c.remote.edges {
+			c.dropUnconfirmedLocked(e, now)
 			if c.lapsed(e, now, freshSince) {
 				e.expired = true
 				c.log.Warn("edge lease lapsed: its members leave", zap.String("edge", e.id), zap.Int("members", len(e.joined)))
@@ -357,7 +442,7 @@ func (c *Cluster) reconcileLocked(e *remoteEdge) {
 	up := !e.expired && e.link != nil
 	for id, m := range e.joined {
 		rec, ok := e.records[id]
-		if up && ok && !e.moved[id] && sameMember(rec, m) {
+		if up && ok && !e.moved[id] && e.current(rec) && sameMember(rec, m) {
 			continue
 		}
 		delete(e.joined, id)
@@ -373,11 +458,18 @@ func (c *Cluster) reconcileLocked(e *remoteEdge) {
 		return
 	}
 	for id, rec := range e.records {
-		if !e.moved[id] {
+		if !e.moved[id] && e.current(rec) {
 			c.applyRecordLocked(e, id, rec)
 		}
 	}
 	e.forgetDeletedRecords()
+}
+
+// current reports whether rec was written by the incarnation of e whose lease this edge saw
+// last (or says nothing of its incarnation): a previous run's record names members that
+// are gone.
+func (e *remoteEdge) current(rec memberRecord) bool {
+	return rec.Started.IsZero() || e.started.IsZero() || rec.Started.Equal(e.started)
 }
 
 // applyRecordLocked makes the registry's member for e's record rec (of tunnel id) match it:

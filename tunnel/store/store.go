@@ -7,8 +7,9 @@
 // The implementations that keep routes elsewhere live in packages of their own, so that an
 // edge links only the one it uses: boltstore keeps them in an embedded bbolt database file,
 // natsstore in a NATS JetStream key-value bucket that the edges of a cluster share.
-// storetest checks that an implementation behaves as Store says. The package knows nothing
-// of HTTP or the wire.
+// storetest checks that an implementation behaves as Store says. Recall wraps a store that
+// may lose acknowledged writes (an edge of a cluster keeps its routes through one). The
+// package knows nothing of HTTP or the wire.
 package store
 
 import (
