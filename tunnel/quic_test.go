@@ -15,6 +15,8 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -289,9 +291,8 @@ func TestListenAndServeQUIC(t *testing.T) {
 	require.NoError(t, again.Close())
 }
 
-// A QUIC connection holds a place among those not yet authenticated from its handshake to its
-// Hello: over MaxConnsPerIP the edge closes it at once, and HelloTimeout ends one that says
-// nothing.
+// A QUIC connection holds a place among those not yet authenticated until its Hello: over
+// MaxConnsPerIP the edge refuses it, and HelloTimeout ends one that says nothing.
 func TestQUICPreAuthCapsAndHelloTimeout(t *testing.T) {
 	e := startQUICEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: 2 * time.Second, MaxConnsPerIP: 2}})
 	q := mux.RegisteredQUIC()
@@ -308,12 +309,10 @@ func TestQUICPreAuthCapsAndHelloTimeout(t *testing.T) {
 		_, fromIP := e.preAuth.Held(throttle.KeyOfIP(netip.MustParseAddr("127.0.0.1")))
 		return fromIP == 2
 	}, 5*time.Second, 10*time.Millisecond)
-	over := raw()
-	select {
-	case <-over.CloseChan():
-	case <-time.After(5 * time.Second):
-		t.Fatal("a connection over the per-address cap was kept")
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := q.Dial(ctx, e.quicAddr, &tls.Config{RootCAs: e.quicPKI.pool, ServerName: "edge.test"})
+	require.ErrorContains(t, err, "CONNECTION_REFUSED", "a connection over the per-address cap is refused")
 	for _, s := range held {
 		select {
 		case <-s.CloseChan(): // HelloTimeout: no control stream came
@@ -323,4 +322,50 @@ func TestQUICPreAuthCapsAndHelloTimeout(t *testing.T) {
 	}
 	s := e.dialQUIC()
 	require.Equal(t, TransportQUIC, s.Transport(), "the places are free again")
+}
+
+// A QUIC connection holds its place among those not yet authenticated from its first packet,
+// not only once its handshake completed: handshakes under way from one address count toward
+// MaxConnsPerIP, and one over it is refused before the edge spends a handshake on it.
+func TestQUICHandshakesCountTowardThePreAuthCaps(t *testing.T) {
+	e := startQUICEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: 20 * time.Second, MaxConnsPerIP: 2}})
+	q := mux.RegisteredQUIC()
+	release := make(chan struct{})
+	var verified atomic.Int32
+	// The client stalls its side of the handshake once it has the edge's certificate: the
+	// edge's side stays under way.
+	stalling := &tls.Config{RootCAs: e.quicPKI.pool, ServerName: "edge.test",
+		VerifyPeerCertificate: func([][]byte, [][]*x509.Certificate) error {
+			verified.Add(1)
+			<-release
+			return errors.New("tunnel test: the handshake was stalled")
+		}}
+	var dials sync.WaitGroup
+	results := make(chan error, 3)
+	dial := func() {
+		dials.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			s, err := q.Dial(ctx, e.quicAddr, stalling)
+			if s != nil {
+				_ = s.Close()
+			}
+			results <- err
+		})
+	}
+	defer dials.Wait()
+	defer close(release)
+	dial()
+	dial()
+	require.Eventually(t, func() bool { return verified.Load() == 2 }, 5*time.Second, 10*time.Millisecond)
+	_, fromIP := e.preAuth.Held(throttle.KeyOfIP(netip.MustParseAddr("127.0.0.1")))
+	require.Equal(t, 2, fromIP, "the handshakes under way hold places")
+	dial()
+	select {
+	case err := <-results:
+		require.Error(t, err, "a handshake over the per-address cap was refused")
+	case <-time.After(5 * time.Second):
+		t.Fatal("a handshake over the per-address cap went on")
+	}
+	require.EqualValues(t, 2, verified.Load(), "the edge spent no handshake on the refused connection")
 }

@@ -128,11 +128,41 @@ func (transport) Listen(pc net.PacketConn, tlsConf *tls.Config, opts mux.ListenO
 		return nil, errors.New("quic: the edge needs a TLS certificate")
 	}
 	tr := &qgo.Transport{Conn: pc}
+	if opts.Admit != nil {
+		tr.VerifySourceAddress = validateEveryAddress
+		tr.ConnContext = func(ctx context.Context, info *qgo.ClientInfo) (context.Context, error) {
+			return admit(ctx, info, opts.Admit)
+		}
+	}
 	ln, err := tr.Listen(tlsFor(tlsConf, true), config(true, opts.HandshakeTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("quic: %w", err)
 	}
 	return &listener{tr: tr, ln: ln, pc: pc, openTimeout: opts.OpenTimeout}, nil
+}
+
+// validateEveryAddress makes every new connection prove its source address with a Retry
+// (one round trip) before Admit is asked: otherwise one spoofed packet per address would
+// hold the edge's places (pre-auth caps) for a handshake timeout, and shut the addresses'
+// real connectors out. A connector connects seldom; the round trip is cheap.
+func validateEveryAddress(net.Addr) bool { return true }
+
+// admissionKey is the context key of a connection's Admission.
+type admissionKey struct{}
+
+// admit asks the listener's Admit about a new connection, before its handshake: refused, the
+// connection gets CONNECTION_REFUSED and costs the edge no state; admitted, its Admission
+// rides the connection's context and is released when the connection ends.
+func admit(ctx context.Context, info *qgo.ClientInfo, admitFn func(net.Addr) mux.Admission) (context.Context, error) {
+	if !info.AddrVerified { // validateEveryAddress lets none through unverified
+		return nil, errors.New("quic: the client's address is not validated")
+	}
+	a := admitFn(info.RemoteAddr)
+	if a == nil {
+		return nil, errors.New("quic: refused by the edge's caps")
+	}
+	context.AfterFunc(ctx, a.Release)
+	return context.WithValue(ctx, admissionKey{}, a), nil
 }
 
 // listener is an edge's QUIC listener. Its sessions ride its UDP socket, so the socket is
@@ -149,11 +179,12 @@ type listener struct {
 	done   bool
 }
 
-func (l *listener) Accept(ctx context.Context) (mux.Session, error) {
+func (l *listener) Accept(ctx context.Context) (mux.Session, mux.Admission, error) {
 	conn, err := l.ln.Accept(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	a, _ := conn.Context().Value(admissionKey{}).(mux.Admission)
 	l.mu.Lock()
 	l.live++
 	l.mu.Unlock()
@@ -166,7 +197,7 @@ func (l *listener) Accept(ctx context.Context) (mux.Session, error) {
 		l.mu.Unlock()
 		l.maybeRelease()
 	}
-	return s, nil
+	return s, a, nil
 }
 
 func (l *listener) Close() error {

@@ -75,7 +75,7 @@ func newPair(t *testing.T, ownSocket bool) *pair {
 		p.conn, err = q.Dial(ctx, pc.LocalAddr().String(), clientTLS)
 		require.NoError(t, err)
 	}
-	p.edge, err = ln.Accept(ctx)
+	p.edge, _, err = ln.Accept(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = p.conn.Close()
@@ -297,7 +297,7 @@ func TestEdgeTLSFromGetConfigForClient(t *testing.T) {
 	defer cancel()
 	conn, err := mux.RegisteredQUIC().Dial(ctx, pc.LocalAddr().String(), &tls.Config{RootCAs: pool, ServerName: "edge.test"})
 	require.NoError(t, err)
-	edge, err := ln.Accept(ctx)
+	edge, _, err := ln.Accept(ctx)
 	require.NoError(t, err)
 	state := edge.(*session).conn.ConnectionState().TLS
 	require.Equal(t, ALPN, state.NegotiatedProtocol)
