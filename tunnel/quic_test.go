@@ -369,3 +369,16 @@ func TestQUICHandshakesCountTowardThePreAuthCaps(t *testing.T) {
 	}
 	require.EqualValues(t, 2, verified.Load(), "the edge spent no handshake on the refused connection")
 }
+
+// A connector over QUIC learns why the edge refused it, as over TCP: the edge's last word on
+// the control stream reaches it before the connection closes.
+func TestQUICConnectorLearnsWhyItWasRefused(t *testing.T) {
+	e := startQUICEdge(t, ServerConfig{Auth: mustStaticTokens(t, []string{"good-connector-token"}, nil), PreAuth: PreAuthLimits{AuthFailureDelay: -1}})
+	for range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := Dial(ctx, e.quicAddr, append(e.transportOptions(), WithToken("bad"))...)
+		cancel()
+		require.ErrorIs(t, err, ErrUnauthorized)
+		require.ErrorContains(t, err, "invalid auth token")
+	}
+}

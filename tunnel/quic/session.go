@@ -83,6 +83,17 @@ func (s *session) Close() error {
 	return err
 }
 
+// Linger waits up to d for the peer to close the connection (mux.Linger): Close would drop
+// the stream data not sent yet, and the peer closes once it has read the edge's last word.
+func (s *session) Linger(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.conn.Context().Done():
+	case <-t.C:
+	}
+}
+
 func (s *session) CloseChan() <-chan struct{} { return s.conn.Context().Done() }
 
 func (s *session) IsClosed() bool { return s.conn.Context().Err() != nil }
