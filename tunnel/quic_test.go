@@ -144,6 +144,7 @@ var quicSuite = []string{
 	// Cut and aborted bodies, unread notices, slow clients.
 	"TestAbortedDownloadsEndTheirBackendConnections", "TestAbortedPassthroughEndsItsBackendConnection",
 	"TestUnreadNoticeNeverInsideAResponseBody", "TestHTTP1ClientThatStopsReadingIsCut",
+	"TestStalledDownloadsLeaveTheConnectorsOtherRequestsAlone",
 }
 
 // TestOverQUIC runs quicSuite again with the connectors over QUIC: this test binary, with

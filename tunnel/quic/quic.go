@@ -58,6 +58,9 @@ const (
 // open timeout. yamux has no such limit; this one is far above what a connector serves.
 const maxEdgeStreams = 1 << 20
 
+// connectionWindow is a session's flow-control window as a whole: in effect none (see config).
+const connectionWindow = 1 << 60
+
 // idleTimeout ends a session that heard nothing from its peer this long (a variable for
 // tests).
 var idleTimeout = mux.DeadPeerTimeout
@@ -103,7 +106,14 @@ func config(edge bool, handshake time.Duration) *qgo.Config {
 		MaxIdleTimeout:         idleTimeout,
 		KeepAlivePeriod:        mux.KeepAliveInterval,
 		MaxStreamReceiveWindow: mux.StreamWindow,
-		MaxIncomingUniStreams:  -1,
+		// What a stream received and its reader has not taken yet (a response whose public
+		// client stopped reading, an upload to a slow backend) also holds the connection's
+		// window: with quic-go's default (15 MiB) four stalled downloads would stall every
+		// stream of the session. Each stream's window bounds it instead, as over yamux, which
+		// has no session-wide window; the edge's stalled-response budgets bound their sum.
+		InitialConnectionReceiveWindow: connectionWindow,
+		MaxConnectionReceiveWindow:     connectionWindow,
+		MaxIncomingUniStreams:          -1,
 		// The connector opens one stream, its control stream; the edge opens the others.
 		MaxIncomingStreams: maxEdgeStreams,
 	}
