@@ -354,8 +354,13 @@ func TestQUICHandshakesCountTowardThePreAuthCaps(t *testing.T) {
 			results <- err
 		})
 	}
-	defer dials.Wait()
-	defer close(release)
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+		dials.Wait()
+	}()
 	dial()
 	dial()
 	require.Eventually(t, func() bool { return verified.Load() == 2 }, 5*time.Second, 10*time.Millisecond)
@@ -369,6 +374,15 @@ func TestQUICHandshakesCountTowardThePreAuthCaps(t *testing.T) {
 		t.Fatal("a handshake over the per-address cap went on")
 	}
 	require.EqualValues(t, 2, verified.Load(), "the edge spent no handshake on the refused connection")
+
+	// Handshakes that fail give their places back.
+	released = true
+	close(release)
+	dials.Wait()
+	require.Eventually(t, func() bool {
+		_, fromIP := e.preAuth.Held(throttle.KeyOfIP(netip.MustParseAddr("127.0.0.1")))
+		return fromIP == 0
+	}, 10*time.Second, 10*time.Millisecond)
 }
 
 // A connector over QUIC learns why the edge refused it, as over TCP: the edge's last word on
