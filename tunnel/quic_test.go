@@ -323,6 +323,8 @@ func TestQUICPreAuthCapsAndHelloTimeout(t *testing.T) {
 	}
 	s := e.dialQUIC()
 	require.Equal(t, TransportQUIC, s.Transport(), "the places are free again")
+	total, fromIP := e.preAuth.Held(throttle.KeyOfIP(netip.MustParseAddr("127.0.0.1")))
+	require.Zero(t, total+fromIP, "a connector welcomed holds no pre-auth place")
 }
 
 // A QUIC connection holds its place among those not yet authenticated from its first packet,
