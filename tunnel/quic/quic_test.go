@@ -305,3 +305,40 @@ func TestEdgeTLSFromGetConfigForClient(t *testing.T) {
 	require.NoError(t, conn.Close())
 	require.NoError(t, edge.Close())
 }
+
+// A refused stream (mux.Refuse: the answer written, the rest of what came left unread) is
+// released as soon as the opener ends its side, as a yamux stream is, not after the close
+// timeout: a backend that is down refuses every request.
+func TestRefusedStreamIsReleasedWhenTheOpenerEndsItsSide(t *testing.T) {
+	p := newPair(t, false)
+	opener, err := p.conn.OpenStream()
+	require.NoError(t, err)
+	_, err = opener.Write([]byte("envelope and request"))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	refuser, err := p.edge.AcceptStream(ctx)
+	require.NoError(t, err)
+	_, err = io.ReadFull(refuser, make([]byte, 8))
+	require.NoError(t, err)
+	refused := make(chan struct{})
+	go func() {
+		defer close(refused)
+		mux.Refuse(refuser, 1)
+	}()
+	ack := make([]byte, 1)
+	_, err = io.ReadFull(opener, ack)
+	require.NoError(t, err)
+	require.Equal(t, byte(1), ack[0])
+	require.NoError(t, opener.Close())
+	<-refused
+	// The edge gives the connector one stream: it gets it back once that one is released.
+	require.Eventually(t, func() bool {
+		st, err := p.conn.OpenStream()
+		if err != nil {
+			return false
+		}
+		_ = st.Close()
+		return true
+	}, 5*time.Second, 20*time.Millisecond, "the refused stream still holds the edge's stream credit")
+}

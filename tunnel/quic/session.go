@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -197,6 +198,18 @@ func (s *stream) Close() error {
 		}
 	})
 	return err
+}
+
+// CloseAndDrain closes the stream for a caller that reads no more of it (mux.Refuse), and
+// reads and drops what the peer still sends until its end, for up to d: quic-go releases a
+// stream only once its receive side ended, which would otherwise wait for the close timeout.
+func (s *stream) CloseAndDrain(d time.Duration) {
+	_ = s.Close()
+	_ = s.Stream.SetReadDeadline(time.Now().Add(d))
+	if _, err := io.Copy(io.Discard, s.Stream); err != nil {
+		s.Stream.CancelRead(codeUnread)
+	}
+	s.readEnded.Store(true)
 }
 
 // Abort cuts the stream both ways: the peer's reads and writes fail with a reset.
