@@ -21,10 +21,14 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/throttle"
+	"github.com/warren-tunnel/warren/internal/wire"
 	_ "github.com/warren-tunnel/warren/tunnel/quic"
 )
 
@@ -398,4 +402,22 @@ func TestQUICConnectorLearnsWhyItWasRefused(t *testing.T) {
 		require.ErrorIs(t, err, ErrUnauthorized)
 		require.ErrorContains(t, err, "invalid auth token")
 	}
+}
+
+// An edge shutting down tells its connectors over QUIC why, before it closes their sessions.
+func TestQUICConnectorHearsTheShutdownGoodbye(t *testing.T) {
+	e := startQUICEdge(t, ServerConfig{})
+	core, logs := observer.New(zapcore.WarnLevel)
+	e.dialQUIC(WithLogger(zap.New(core)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, e.Shutdown(ctx))
+	require.Eventually(t, func() bool {
+		for _, l := range logs.FilterMessage("edge closed the session").All() {
+			if l.ContextMap()["code"] == wire.CodeShuttingDown {
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 10*time.Millisecond, "the connector did not hear the goodbye")
 }
