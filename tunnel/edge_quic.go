@@ -54,9 +54,11 @@ func (c ServerConfig) validateQUIC() []error {
 // be set, and the program must import package tunnel/quic (else the error says so). ServeQUIC
 // closes pc once it stopped accepting and the last session over it ended.
 //
-// A connection, once its QUIC handshake completed, counts toward PreAuth.MaxConns and
-// PreAuth.MaxConnsPerIP until its Hello is accepted (over either cap it is closed at once),
-// and PreAuth.HelloTimeout runs from then. The handshake itself is bounded by HelloTimeout.
+// A connection counts toward PreAuth.MaxConns and PreAuth.MaxConnsPerIP from its first packet
+// until its Hello is accepted: over either cap it is refused before its handshake. Every new
+// connection first proves its source address with a QUIC Retry (one round trip), so that
+// spoofed packets take no place. The handshake is bounded by PreAuth.HelloTimeout, and
+// HelloTimeout runs again from its end for the Hello.
 func ServeQUIC(s *Server, pc net.PacketConn) error {
 	q, err := quicTransport()
 	if err != nil {
@@ -67,7 +69,8 @@ func ServeQUIC(s *Server, pc net.PacketConn) error {
 		_ = pc.Close()
 		return fmt.Errorf("tunnel: ServeQUIC needs ServerConfig.TLSConfig: %w", ErrInvalid)
 	}
-	ql, err := q.Listen(pc, s.cfg.TLSConfig, mux.ListenOptions{OpenTimeout: s.cfg.Timeouts.Open, HandshakeTimeout: s.cfg.PreAuth.HelloTimeout})
+	ql, err := q.Listen(pc, s.cfg.TLSConfig, mux.ListenOptions{OpenTimeout: s.cfg.Timeouts.Open,
+		HandshakeTimeout: s.cfg.PreAuth.HelloTimeout, Admit: s.admitQUIC})
 	if err != nil {
 		_ = pc.Close()
 		return fmt.Errorf("tunnel: %w", err)
@@ -79,7 +82,7 @@ func ServeQUIC(s *Server, pc net.PacketConn) error {
 	}
 	defer s.untrack(l)
 	for {
-		sess, err := ql.Accept(context.Background())
+		sess, adm, err := ql.Accept(context.Background())
 		if err != nil {
 			_ = ql.Close()
 			if s.shuttingDown() {
@@ -87,11 +90,7 @@ func ServeQUIC(s *Server, pc net.PacketConn) error {
 			}
 			return fmt.Errorf("tunnel: accepting QUIC connections: %w", err)
 		}
-		slot := s.preAuth.Acquire(throttle.KeyOf(sess.RemoteAddr()))
-		if slot == nil {
-			_ = sess.Close()
-			continue
-		}
+		slot, _ := adm.(*throttle.Slot)
 		if !s.spawn(func() { _ = serveMuxSession(s, sess, slot, TransportQUIC) }) {
 			slot.Release()
 			_ = sess.Close()
@@ -99,6 +98,15 @@ func ServeQUIC(s *Server, pc net.PacketConn) error {
 			return ErrServerClosed
 		}
 	}
+}
+
+// admitQUIC gives a new QUIC connection its place among those not yet authenticated
+// (PreAuth.MaxConns, MaxConnsPerIP), before its handshake, or refuses it (nil).
+func (s *Server) admitQUIC(remote net.Addr) mux.Admission {
+	if slot := s.preAuth.Acquire(throttle.KeyOf(remote)); slot != nil {
+		return slot
+	}
+	return nil
 }
 
 // serveMuxSession serves a connector session over m, a multiplexer that runs already, as

@@ -284,7 +284,9 @@ func (e *edgeSession) fail(code, msg string) error {
 		lvl = zap.DebugLevel
 	}
 	e.log.Log(lvl, "closing connector session", zap.String("code", code), zap.String("reason", msg))
-	_ = e.send(&wire.Error{Code: code, Message: msg})
+	if e.send(&wire.Error{Code: code, Message: msg}) == nil {
+		mux.Linger(e.mux, goodbyeTimeout)
+	}
 	return &sessionError{code: code, msg: msg}
 }
 
@@ -309,10 +311,14 @@ func (e *edgeSession) goodbye(err *sessionError) {
 	if !e.wmu.TryLock() {
 		return
 	}
-	defer e.wmu.Unlock()
+	var werr error = ErrSessionClosed
 	if e.ctrl != nil {
 		_ = e.ctrl.SetWriteDeadline(time.Now().Add(goodbyeTimeout))
-		_ = wire.WriteFrame(e.ctrl, &wire.Error{Code: err.code, Message: err.msg})
+		werr = wire.WriteFrame(e.ctrl, &wire.Error{Code: err.code, Message: err.msg})
+	}
+	e.wmu.Unlock()
+	if werr == nil {
+		mux.Linger(e.mux, goodbyeTimeout)
 	}
 }
 

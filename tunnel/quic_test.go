@@ -15,14 +15,20 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/warren-tunnel/warren/internal/mux"
 	"github.com/warren-tunnel/warren/internal/throttle"
+	"github.com/warren-tunnel/warren/internal/wire"
 	_ "github.com/warren-tunnel/warren/tunnel/quic"
 )
 
@@ -142,6 +148,7 @@ var quicSuite = []string{
 	// Cut and aborted bodies, unread notices, slow clients.
 	"TestAbortedDownloadsEndTheirBackendConnections", "TestAbortedPassthroughEndsItsBackendConnection",
 	"TestUnreadNoticeNeverInsideAResponseBody", "TestHTTP1ClientThatStopsReadingIsCut",
+	"TestStalledDownloadsLeaveTheConnectorsOtherRequestsAlone",
 }
 
 // TestOverQUIC runs quicSuite again with the connectors over QUIC: this test binary, with
@@ -289,9 +296,8 @@ func TestListenAndServeQUIC(t *testing.T) {
 	require.NoError(t, again.Close())
 }
 
-// A QUIC connection holds a place among those not yet authenticated from its handshake to its
-// Hello: over MaxConnsPerIP the edge closes it at once, and HelloTimeout ends one that says
-// nothing.
+// A QUIC connection holds a place among those not yet authenticated until its Hello: over
+// MaxConnsPerIP the edge refuses it, and HelloTimeout ends one that says nothing.
 func TestQUICPreAuthCapsAndHelloTimeout(t *testing.T) {
 	e := startQUICEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: 2 * time.Second, MaxConnsPerIP: 2}})
 	q := mux.RegisteredQUIC()
@@ -308,12 +314,10 @@ func TestQUICPreAuthCapsAndHelloTimeout(t *testing.T) {
 		_, fromIP := e.preAuth.Held(throttle.KeyOfIP(netip.MustParseAddr("127.0.0.1")))
 		return fromIP == 2
 	}, 5*time.Second, 10*time.Millisecond)
-	over := raw()
-	select {
-	case <-over.CloseChan():
-	case <-time.After(5 * time.Second):
-		t.Fatal("a connection over the per-address cap was kept")
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := q.Dial(ctx, e.quicAddr, &tls.Config{RootCAs: e.quicPKI.pool, ServerName: "edge.test"})
+	require.ErrorContains(t, err, "CONNECTION_REFUSED", "a connection over the per-address cap is refused")
 	for _, s := range held {
 		select {
 		case <-s.CloseChan(): // HelloTimeout: no control stream came
@@ -323,4 +327,97 @@ func TestQUICPreAuthCapsAndHelloTimeout(t *testing.T) {
 	}
 	s := e.dialQUIC()
 	require.Equal(t, TransportQUIC, s.Transport(), "the places are free again")
+	total, fromIP := e.preAuth.Held(throttle.KeyOfIP(netip.MustParseAddr("127.0.0.1")))
+	require.Zero(t, total+fromIP, "a connector welcomed holds no pre-auth place")
+}
+
+// A QUIC connection holds its place among those not yet authenticated from its first packet,
+// not only once its handshake completed: handshakes under way from one address count toward
+// MaxConnsPerIP, and one over it is refused before the edge spends a handshake on it.
+func TestQUICHandshakesCountTowardThePreAuthCaps(t *testing.T) {
+	e := startQUICEdge(t, ServerConfig{PreAuth: PreAuthLimits{HelloTimeout: 20 * time.Second, MaxConnsPerIP: 2}})
+	q := mux.RegisteredQUIC()
+	release := make(chan struct{})
+	var verified atomic.Int32
+	// The client stalls its side of the handshake once it has the edge's certificate: the
+	// edge's side stays under way.
+	stalling := &tls.Config{RootCAs: e.quicPKI.pool, ServerName: "edge.test",
+		VerifyPeerCertificate: func([][]byte, [][]*x509.Certificate) error {
+			verified.Add(1)
+			<-release
+			return errors.New("tunnel test: the handshake was stalled")
+		}}
+	var dials sync.WaitGroup
+	results := make(chan error, 3)
+	dial := func() {
+		dials.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			s, err := q.Dial(ctx, e.quicAddr, stalling)
+			if s != nil {
+				_ = s.Close()
+			}
+			results <- err
+		})
+	}
+	released := false
+	defer func() {
+		if !released {
+			close(release)
+		}
+		dials.Wait()
+	}()
+	dial()
+	dial()
+	require.Eventually(t, func() bool { return verified.Load() == 2 }, 5*time.Second, 10*time.Millisecond)
+	_, fromIP := e.preAuth.Held(throttle.KeyOfIP(netip.MustParseAddr("127.0.0.1")))
+	require.Equal(t, 2, fromIP, "the handshakes under way hold places")
+	dial()
+	select {
+	case err := <-results:
+		require.Error(t, err, "a handshake over the per-address cap was refused")
+	case <-time.After(5 * time.Second):
+		t.Fatal("a handshake over the per-address cap went on")
+	}
+	require.EqualValues(t, 2, verified.Load(), "the edge spent no handshake on the refused connection")
+
+	// Handshakes that fail give their places back.
+	released = true
+	close(release)
+	dials.Wait()
+	require.Eventually(t, func() bool {
+		_, fromIP := e.preAuth.Held(throttle.KeyOfIP(netip.MustParseAddr("127.0.0.1")))
+		return fromIP == 0
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// A connector over QUIC learns why the edge refused it, as over TCP: the edge's last word on
+// the control stream reaches it before the connection closes.
+func TestQUICConnectorLearnsWhyItWasRefused(t *testing.T) {
+	e := startQUICEdge(t, ServerConfig{Auth: mustStaticTokens(t, []string{"good-connector-token"}, nil), PreAuth: PreAuthLimits{AuthFailureDelay: -1}})
+	for range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := Dial(ctx, e.quicAddr, append(e.transportOptions(), WithToken("bad"))...)
+		cancel()
+		require.ErrorIs(t, err, ErrUnauthorized)
+		require.ErrorContains(t, err, "invalid auth token")
+	}
+}
+
+// An edge shutting down tells its connectors over QUIC why, before it closes their sessions.
+func TestQUICConnectorHearsTheShutdownGoodbye(t *testing.T) {
+	e := startQUICEdge(t, ServerConfig{})
+	core, logs := observer.New(zapcore.WarnLevel)
+	e.dialQUIC(WithLogger(zap.New(core)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, e.Shutdown(ctx))
+	require.Eventually(t, func() bool {
+		for _, l := range logs.FilterMessage("edge closed the session").All() {
+			if l.ContextMap()["code"] == wire.CodeShuttingDown {
+				return true
+			}
+		}
+		return false
+	}, 5*time.Second, 10*time.Millisecond, "the connector did not hear the goodbye")
 }

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -311,4 +312,52 @@ func TestClientAddressOverItsBudgetIsCut(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return activeStreams(e, "dl") == 0 }, 10*time.Second, 5*time.Millisecond)
 	require.Zero(t, e.ingress.StalledBytes())
+}
+
+// Downloads whose clients stopped reading hold only their own streams: a connector's other
+// requests go on. (Over QUIC, the bytes a stalled stream holds at the edge also count against
+// the connection's flow-control window, which must not be what runs out first.)
+func TestStalledDownloadsLeaveTheConnectorsOtherRequestsAlone(t *testing.T) {
+	var sent atomic.Int64
+	chunk := bytes.Repeat([]byte("0123456789abcdef"), 4<<10) // 64 KiB
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/small" {
+			_, _ = io.WriteString(w, "small")
+			return
+		}
+		for r.Context().Err() == nil {
+			n, err := w.Write(chunk)
+			sent.Add(int64(n))
+			if err != nil {
+				return
+			}
+		}
+	}))
+	t.Cleanup(be.Close)
+	e := startEdge(t, ServerConfig{StalledResponses: StalledResponseLimits{Timeout: time.Minute, MaxBytesPerConn: -1, MaxBytesPerIP: -1, MaxBytes: -1}})
+	_, err := e.connect().Forward(ctxT(t), TunnelSpec{Subdomain: "dl"}, hostPort(be.URL))
+	require.NoError(t, err)
+
+	const stalled = 6 // 24 MiB of windows, above quic-go's default 15 MiB for a connection
+	for range stalled {
+		stalledGet(t, e, "", "dl", "/big")
+	}
+	require.Eventually(t, func() bool { return activeStreams(e, "dl") == stalled }, 10*time.Second, 5*time.Millisecond)
+	// Wait for the downloads to fill what they may hold: the backend stops getting writes out.
+	last := int64(-1)
+	require.Eventually(t, func() bool {
+		n := sent.Load()
+		settled := n == last
+		last = n
+		return settled
+	}, 20*time.Second, 500*time.Millisecond)
+
+	client := publicClient(e.publicAddr)
+	client.Timeout = 5 * time.Second
+	resp, err := client.Get(e.url("dl", "/small"))
+	require.NoError(t, err, "a request next to the stalled downloads")
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, "small", string(body))
 }

@@ -172,9 +172,20 @@ func Join(ctx context.Context, a, b net.Conn) {
 
 // Refuse answers a data stream's envelope with the one-byte refusal ack (wire.Ack) and closes
 // the stream; the write is bounded by a second, so that a peer that stopped reading cannot
-// hold the caller.
+// hold the caller. Over QUIC it then drops what the peer still sends until the peer ends its
+// side, for up to a second more (see drainer).
 func Refuse(st net.Conn, ack byte) {
 	_ = st.SetWriteDeadline(time.Now().Add(time.Second))
 	_, _ = st.Write([]byte{ack})
+	if d, ok := st.(drainer); ok {
+		d.CloseAndDrain(time.Second)
+		return
+	}
 	_ = st.Close()
 }
+
+// drainer is a Stream that holds its receive side until the peer's end has been read (QUIC),
+// where yamux lets a closed stream go once the peer's close arrives: CloseAndDrain closes it
+// for a caller that reads no more of it, and reads and drops what comes until that end, for
+// up to d; the peer of a refusal ends its side once it has read the answer.
+type drainer interface{ CloseAndDrain(d time.Duration) }

@@ -26,12 +26,22 @@ type ListenOptions struct {
 	OpenTimeout time.Duration
 	// HandshakeTimeout bounds the QUIC handshake of a new connection.
 	HandshakeTimeout time.Duration
+	// Admit, if set, is asked about each new connection before the edge spends anything on
+	// its handshake, with its source address, which a Retry has validated (so a spoofed
+	// address takes no place): nil refuses the connection (CONNECTION_REFUSED). An Admission
+	// is released when its connection ends, and Accept hands it to the caller, who may
+	// release it sooner.
+	Admit func(remote net.Addr) Admission
 }
+
+// Admission is a place a listener's Admit gave a new connection (the edge's pre-auth slot).
+type Admission interface{ Release() }
 
 // Listener accepts the sessions of connectors over QUIC.
 type Listener interface {
-	// Accept waits for the next session whose handshake completed.
-	Accept(ctx context.Context) (Session, error)
+	// Accept waits for the next session whose handshake completed, and returns it with
+	// the Admission Admit gave it (nil without Admit).
+	Accept(ctx context.Context) (Session, Admission, error)
 	// Close stops accepting; the sessions accepted go on.
 	Close() error
 	// Addr is the UDP address listened on.

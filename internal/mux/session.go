@@ -67,6 +67,19 @@ func Abort(st Stream) {
 	_ = st.Close()
 }
 
+// lingerer is a Session whose Close drops what its streams have not sent yet (QUIC: its
+// CONNECTION_CLOSE goes out at once), where a yamux stream's write has reached the connection
+// once it returns.
+type lingerer interface{ Linger(d time.Duration) }
+
+// Linger gives the peer of s up to d to receive what was written last (a refusal, a goodbye)
+// and close the session itself, before the caller closes it; it returns at once over yamux.
+func Linger(s Session, d time.Duration) {
+	if l, ok := s.(lingerer); ok {
+		l.Linger(d)
+	}
+}
+
 // pastTime is a deadline that has always passed.
 var pastTime = time.Unix(1, 0)
 

@@ -431,7 +431,9 @@ func (t *Tunnel) handshake(st mux.Stream, remoteAddr string) error {
 		return &openError{tunnel: t.id, err: fmt.Errorf("waiting for the acknowledgement: %w", err)}
 	}
 	if a := wire.Ack(ack[0]); a != wire.AckOK {
-		_ = st.Close()
+		// The connector is done with the stream: over QUIC a plain close would hold its
+		// receive side (the connector's end, unread) for the close timeout.
+		mux.Abort(st)
 		return &openError{tunnel: t.id, err: errors.New(a.String())}
 	}
 	mux.ClearDeadline(st)

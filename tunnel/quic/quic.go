@@ -58,6 +58,9 @@ const (
 // open timeout. yamux has no such limit; this one is far above what a connector serves.
 const maxEdgeStreams = 1 << 20
 
+// connectionWindow is a session's flow-control window as a whole: in effect none (see config).
+const connectionWindow = 1 << 60
+
 // idleTimeout ends a session that heard nothing from its peer this long (a variable for
 // tests).
 var idleTimeout = mux.DeadPeerTimeout
@@ -103,7 +106,14 @@ func config(edge bool, handshake time.Duration) *qgo.Config {
 		MaxIdleTimeout:         idleTimeout,
 		KeepAlivePeriod:        mux.KeepAliveInterval,
 		MaxStreamReceiveWindow: mux.StreamWindow,
-		MaxIncomingUniStreams:  -1,
+		// What a stream received and its reader has not taken yet (a response whose public
+		// client stopped reading, an upload to a slow backend) also holds the connection's
+		// window: with quic-go's default (15 MiB) four stalled downloads would stall every
+		// stream of the session. Each stream's window bounds it instead, as over yamux, which
+		// has no session-wide window; the edge's stalled-response budgets bound their sum.
+		InitialConnectionReceiveWindow: connectionWindow,
+		MaxConnectionReceiveWindow:     connectionWindow,
+		MaxIncomingUniStreams:          -1,
 		// The connector opens one stream, its control stream; the edge opens the others.
 		MaxIncomingStreams: maxEdgeStreams,
 	}
@@ -128,11 +138,41 @@ func (transport) Listen(pc net.PacketConn, tlsConf *tls.Config, opts mux.ListenO
 		return nil, errors.New("quic: the edge needs a TLS certificate")
 	}
 	tr := &qgo.Transport{Conn: pc}
+	if opts.Admit != nil {
+		tr.VerifySourceAddress = validateEveryAddress
+		tr.ConnContext = func(ctx context.Context, info *qgo.ClientInfo) (context.Context, error) {
+			return admit(ctx, info, opts.Admit)
+		}
+	}
 	ln, err := tr.Listen(tlsFor(tlsConf, true), config(true, opts.HandshakeTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("quic: %w", err)
 	}
 	return &listener{tr: tr, ln: ln, pc: pc, openTimeout: opts.OpenTimeout}, nil
+}
+
+// validateEveryAddress makes every new connection prove its source address with a Retry
+// (one round trip) before Admit is asked: otherwise one spoofed packet per address would
+// hold the edge's places (pre-auth caps) for a handshake timeout, and shut the addresses'
+// real connectors out. A connector connects seldom; the round trip is cheap.
+func validateEveryAddress(net.Addr) bool { return true }
+
+// admissionKey is the context key of a connection's Admission.
+type admissionKey struct{}
+
+// admit asks the listener's Admit about a new connection, before its handshake: refused, the
+// connection gets CONNECTION_REFUSED and costs the edge no state; admitted, its Admission
+// rides the connection's context and is released when the connection ends.
+func admit(ctx context.Context, info *qgo.ClientInfo, admitFn func(net.Addr) mux.Admission) (context.Context, error) {
+	if !info.AddrVerified { // validateEveryAddress lets none through unverified
+		return nil, errors.New("quic: the client's address is not validated")
+	}
+	a := admitFn(info.RemoteAddr)
+	if a == nil {
+		return nil, errors.New("quic: refused by the edge's caps")
+	}
+	context.AfterFunc(ctx, a.Release)
+	return context.WithValue(ctx, admissionKey{}, a), nil
 }
 
 // listener is an edge's QUIC listener. Its sessions ride its UDP socket, so the socket is
@@ -149,11 +189,12 @@ type listener struct {
 	done   bool
 }
 
-func (l *listener) Accept(ctx context.Context) (mux.Session, error) {
+func (l *listener) Accept(ctx context.Context) (mux.Session, mux.Admission, error) {
 	conn, err := l.ln.Accept(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	a, _ := conn.Context().Value(admissionKey{}).(mux.Admission)
 	l.mu.Lock()
 	l.live++
 	l.mu.Unlock()
@@ -166,7 +207,7 @@ func (l *listener) Accept(ctx context.Context) (mux.Session, error) {
 		l.mu.Unlock()
 		l.maybeRelease()
 	}
-	return s, nil
+	return s, a, nil
 }
 
 func (l *listener) Close() error {

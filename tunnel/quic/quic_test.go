@@ -75,7 +75,7 @@ func newPair(t *testing.T, ownSocket bool) *pair {
 		p.conn, err = q.Dial(ctx, pc.LocalAddr().String(), clientTLS)
 		require.NoError(t, err)
 	}
-	p.edge, err = ln.Accept(ctx)
+	p.edge, _, err = ln.Accept(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		_ = p.conn.Close()
@@ -297,11 +297,48 @@ func TestEdgeTLSFromGetConfigForClient(t *testing.T) {
 	defer cancel()
 	conn, err := mux.RegisteredQUIC().Dial(ctx, pc.LocalAddr().String(), &tls.Config{RootCAs: pool, ServerName: "edge.test"})
 	require.NoError(t, err)
-	edge, err := ln.Accept(ctx)
+	edge, _, err := ln.Accept(ctx)
 	require.NoError(t, err)
 	state := edge.(*session).conn.ConnectionState().TLS
 	require.Equal(t, ALPN, state.NegotiatedProtocol)
 	require.Equal(t, uint16(tls.VersionTLS13), state.Version)
 	require.NoError(t, conn.Close())
 	require.NoError(t, edge.Close())
+}
+
+// A refused stream (mux.Refuse: the answer written, the rest of what came left unread) is
+// released as soon as the opener ends its side, as a yamux stream is, not after the close
+// timeout: a backend that is down refuses every request.
+func TestRefusedStreamIsReleasedWhenTheOpenerEndsItsSide(t *testing.T) {
+	p := newPair(t, false)
+	opener, err := p.conn.OpenStream()
+	require.NoError(t, err)
+	_, err = opener.Write([]byte("envelope and request"))
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	refuser, err := p.edge.AcceptStream(ctx)
+	require.NoError(t, err)
+	_, err = io.ReadFull(refuser, make([]byte, 8))
+	require.NoError(t, err)
+	refused := make(chan struct{})
+	go func() {
+		defer close(refused)
+		mux.Refuse(refuser, 1)
+	}()
+	ack := make([]byte, 1)
+	_, err = io.ReadFull(opener, ack)
+	require.NoError(t, err)
+	require.Equal(t, byte(1), ack[0])
+	require.NoError(t, opener.Close())
+	<-refused
+	// The edge gives the connector one stream: it gets it back once that one is released.
+	require.Eventually(t, func() bool {
+		st, err := p.conn.OpenStream()
+		if err != nil {
+			return false
+		}
+		_ = st.Close()
+		return true
+	}, 5*time.Second, 20*time.Millisecond, "the refused stream still holds the edge's stream credit")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -81,6 +82,17 @@ func (s *session) Close() error {
 		s.closeOnce.Do(s.onClose)
 	}
 	return err
+}
+
+// Linger waits up to d for the peer to close the connection (mux.Linger): Close would drop
+// the stream data not sent yet, and the peer closes once it has read the edge's last word.
+func (s *session) Linger(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.conn.Context().Done():
+	case <-t.C:
+	}
 }
 
 func (s *session) CloseChan() <-chan struct{} { return s.conn.Context().Done() }
@@ -186,6 +198,18 @@ func (s *stream) Close() error {
 		}
 	})
 	return err
+}
+
+// CloseAndDrain closes the stream for a caller that reads no more of it (mux.Refuse), and
+// reads and drops what the peer still sends until its end, for up to d: quic-go releases a
+// stream only once its receive side ended, which would otherwise wait for the close timeout.
+func (s *stream) CloseAndDrain(d time.Duration) {
+	_ = s.Close()
+	_ = s.Stream.SetReadDeadline(time.Now().Add(d))
+	if _, err := io.Copy(io.Discard, s.Stream); err != nil {
+		s.Stream.CancelRead(codeUnread)
+	}
+	s.readEnded.Store(true)
 }
 
 // Abort cuts the stream both ways: the peer's reads and writes fail with a reset.
