@@ -162,6 +162,7 @@ type config struct {
 	wanJSON        string        // with -wan-rtt: also write the WAN figures as JSON to this file
 	wanLoss        []float64     // with -wan-rtt: the random loss levels (shares in [0,1)) measured side by side; nil: none
 	wanWebSocket   bool          // with -wan-rtt: also Warren with its connectors over WebSocket (wss)
+	wanQUIC        bool          // with -wan-rtt: also Warren with its connectors over QUIC
 	wanMTU         int           // with -wan-rtt: lo's MTU in the namespace (0: the kernel's, 65536)
 	wanFRP         string        // with -wan-loss: the directory of frps and frpc, measured over TCP and QUIC beside Warren ("": not)
 	markdown       string
@@ -216,6 +217,7 @@ func parseConfig(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.wanMTU, "wan-mtu", 0, "with -wan-rtt: the MTU of lo in the namespace, so the size of the packets the link delays and drops (0: the kernel's 65536; 1500: Ethernet-like, which a per-packet loss needs to treat TCP and QUIC alike)")
 	fs.StringVar(&c.wanFRP, "wan-frp", "", "with -wan-loss: also measure frp (frps in the edge's place, 2 frpc in the connectors') over its tcp and quic transports; the directory holding the frps and frpc binaries")
 	fs.BoolVar(&c.wanWebSocket, "wan-websocket", false, "with -wan-rtt: also measure Warren with its connectors over WebSocket (wss to the edge's HTTPS port, websocket_path), that port delayed as the link")
+	fs.BoolVar(&c.wanQUIC, "wan-quic", false, "with -wan-rtt: also measure Warren with its connectors over QUIC (transport: quic to the edge's quic_port, a UDP port delayed and lossy as the link)")
 	fs.StringVar(&c.wanJSON, "wan-json", "", "with -wan-rtt: also write the WAN figures (medians) as JSON to this file")
 	fs.IntVar(&c.noisyRetries, "noisy-retries", 3, "run a tunnel or direct run again, up to this many times, when other processes used more than 0.25 cores during it")
 	fs.StringVar(&c.markdown, "markdown", "", "also write the results as Markdown to this file")

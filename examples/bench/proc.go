@@ -79,6 +79,8 @@ func (p procPath) String() string {
 		return "plain TCP over the link"
 	case pathWarrenWS:
 		return "Warren, WebSocket"
+	case pathWarrenQUIC:
+		return "Warren, QUIC"
 	case pathFRPTCP:
 		return "frp, TCP (TLS)"
 	case pathFRPQUIC:
@@ -92,6 +94,7 @@ func (p procPath) String() string {
 type procEdgePorts struct {
 	Control, HTTP, Admin int
 	HTTPS                int             // -wan-websocket only: the HTTPS port serving websocket_path (0: none)
+	QUIC                 int             // -wan-quic only: the UDP port of quic_port (0: none)
 	TCP                  group.PortRange // the TCP groups' public ports
 }
 
@@ -101,8 +104,10 @@ func (p procEdgePorts) controlAddr() string {
 
 // procEdge is one running edge with its two connectors.
 type procEdge struct {
-	tls        bool
-	ws         bool // the connectors come over WebSocket (-wan-websocket)
+	tls bool
+	// transport is how the connectors reach the edge: "tcp" (the control port), "websocket"
+	// (-wan-websocket) or "quic" (-wan-quic), the connectors' `transport`.
+	transport  string
 	ports      procEdgePorts
 	child      *procChild
 	connectors []*procChild
@@ -148,6 +153,7 @@ type procLayout struct {
 	load     *procChild
 	edges    map[bool]*procEdge
 	wsEdge   *procEdge // -wan-websocket: the edge whose connectors come over WebSocket
+	quicEdge *procEdge // -wan-quic: the edge whose connectors come over QUIC
 	// frp holds, by path kind (pathFRPTCP, pathFRPQUIC), frps and its two frpc (-wan-frp).
 	frp    map[string]*frpSetup
 	rotate int // added to the round number when rotating the paths (-wan-loss)
@@ -226,7 +232,7 @@ func (l *procLayout) setUp(ctx context.Context) error {
 	if l.edgeBin, l.connBin, err = buildMains(ctx, l.dir); err != nil {
 		return err
 	}
-	if slices.Contains(l.b.cfg.controls, true) || l.b.cfg.wanWebSocket {
+	if slices.Contains(l.b.cfg.controls, true) || l.b.cfg.wanWebSocket || l.b.cfg.wanQUIC {
 		if l.cert, l.key, err = writeSelfSigned(l.dir); err != nil {
 			return fmt.Errorf("generating a self-signed certificate: %w", err)
 		}
@@ -247,7 +253,7 @@ func (l *procLayout) setUp(ctx context.Context) error {
 	}
 	var used []group.PortRange
 	for _, t := range l.b.cfg.controls {
-		e, err := l.startEdge(ctx, t, false, used)
+		e, err := l.startEdge(ctx, t, "tcp", used)
 		if err != nil {
 			return err
 		}
@@ -255,11 +261,19 @@ func (l *procLayout) setUp(ctx context.Context) error {
 		l.edges[t] = e
 	}
 	if l.b.wan != nil && l.b.cfg.wanWebSocket {
-		e, err := l.startEdge(ctx, true, true, used)
+		e, err := l.startEdge(ctx, true, "websocket", used)
 		if err != nil {
 			return err
 		}
+		used = append(used, e.ports.TCP)
 		l.wsEdge = e
+	}
+	if l.b.wan != nil && l.b.cfg.wanQUIC {
+		e, err := l.startEdge(ctx, true, "quic", used)
+		if err != nil {
+			return err
+		}
+		l.quicEdge = e
 	}
 	modes := []string{copySplice, copyBuf}
 	if l.b.wan != nil {
@@ -284,9 +298,9 @@ func (l *procLayout) setUp(ctx context.Context) error {
 		if kind == "warren" && l.wsEdge != nil {
 			l.paths = append(l.paths, procPath{kind: pathWarrenWS, tls: true})
 		}
-		// Warren over QUIC goes here once connectors have `transport: quic`: an edge with
-		// `[server] quic_port` (a UDP port, passed to l.callHook, which delays TCP and UDP),
-		// its connectors' YAML with `transport: quic` and that port, and its own path kind.
+		if kind == "warren" && l.quicEdge != nil {
+			l.paths = append(l.paths, procPath{kind: pathWarrenQUIC, tls: true})
+		}
 		if kind == "warren" && l.b.wan != nil && l.b.cfg.wanFRP != "" {
 			l.frp = map[string]*frpSetup{}
 			for _, k := range []string{pathFRPTCP, pathFRPQUIC} {
@@ -390,14 +404,16 @@ func pickEdgePorts(used []group.PortRange, taken map[int]bool) (procEdgePorts, e
 // startEdge starts an edge (examples/edge with a generated server.toml) and its two
 // connectors (examples/connector with generated YAML files), and waits until every group
 // has its two healthy members.
-// With ws (-wan-websocket) the edge also serves websocket_path on an HTTPS port, a port of
-// the link, and the connectors come over WebSocket to it.
-func (l *procLayout) startEdge(ctx context.Context, useTLS, ws bool, used []group.PortRange) (*procEdge, error) {
+// With transport "websocket" (-wan-websocket) the edge also serves websocket_path on an
+// HTTPS port, a port of the link, and the connectors come over WebSocket to it; with "quic"
+// (-wan-quic) it serves quic_port, a UDP port of the link, and the connectors come over
+// QUIC to it. Both need useTLS (the edge's certificate).
+func (l *procLayout) startEdge(ctx context.Context, useTLS bool, transport string, used []group.PortRange) (*procEdge, error) {
 	ports, err := pickEdgePorts(used, l.taken)
 	if err != nil {
 		return nil, err
 	}
-	e := &procEdge{tls: useTLS, ws: ws, ports: ports}
+	e := &procEdge{tls: useTLS, transport: transport, ports: ports}
 	if err := l.callHook(ctx, ports.Control); err != nil {
 		return nil, err
 	}
@@ -405,22 +421,28 @@ func (l *procLayout) startEdge(ctx context.Context, useTLS, ws bool, used []grou
 	if useTLS {
 		ctl = "tls"
 	}
-	if ws {
-		ctl = "ws"
+	if transport != "tcp" {
 		ps, err := freePorts(1, l.taken)
 		if err != nil {
 			return nil, err
 		}
-		e.ports.HTTPS = ps[0]
-		if err := l.callHook(ctx, e.ports.HTTPS); err != nil {
+		if err := l.callHook(ctx, ps[0]); err != nil { // delays and drops TCP and UDP alike
 			return nil, err
+		}
+		if transport == "websocket" {
+			ctl, e.ports.HTTPS = "ws", ps[0]
+		} else {
+			ctl, e.ports.QUIC = "quic", ps[0]
 		}
 	}
 	var toml strings.Builder
 	fmt.Fprintf(&toml, "# generated by examples/bench -layout processes\n[server]\ndomain = %q\nbind = \"127.0.0.1\"\nhttp_port = %d\nhttps_port = %d\ncontrol_port = %d\nadmin_port = %d\n",
 		benchDomain, ports.HTTP, e.ports.HTTPS, ports.Control, ports.Admin)
-	if ws {
+	switch transport {
+	case "websocket":
 		fmt.Fprintf(&toml, "websocket_path = %q\n", wanWSPath)
+	case "quic":
+		fmt.Fprintf(&toml, "quic_port = %d\n", e.ports.QUIC)
 	}
 	if n := l.b.cfg.dataReadBuffer; n > 0 {
 		fmt.Fprintf(&toml, "data_read_buffer = %d\n", n)
@@ -511,10 +533,14 @@ func (l *procLayout) startEdge(ctx context.Context, useTLS, ws bool, used []grou
 func (l *procLayout) startConnector(ctx context.Context, e *procEdge, ctl string, i int, be procBackendAddrs, echo io.Writer) (*procChild, error) {
 	port := func(addr string) string { _, p, _ := net.SplitHostPort(addr); return p }
 	var y strings.Builder
-	if e.ws {
+	switch e.transport {
+	case "websocket":
 		fmt.Fprintf(&y, "# generated by examples/bench -layout processes\ntransport: websocket\nserver: %q\nauth_token: %q\n",
 			"wss://"+net.JoinHostPort(benchDomain, strconv.Itoa(e.ports.HTTPS))+wanWSPath, procToken)
-	} else {
+	case "quic":
+		fmt.Fprintf(&y, "# generated by examples/bench -layout processes\ntransport: quic\nserver: %q\nauth_token: %q\n",
+			net.JoinHostPort("127.0.0.1", strconv.Itoa(e.ports.QUIC)), procToken)
+	default:
 		fmt.Fprintf(&y, "# generated by examples/bench -layout processes\nserver: %q\nauth_token: %q\n", e.ports.controlAddr(), procToken)
 	}
 	if e.tls {
@@ -614,7 +640,7 @@ func (l *procLayout) tcpAddrs(p procPath, route, n int) []string {
 	out := make([]string, n)
 	for i := range out {
 		switch p.kind {
-		case "warren", pathWarrenWS:
+		case "warren", pathWarrenWS, pathWarrenQUIC:
 			e := l.edgeOf(p)
 			port := e.bulkPort
 			if route == routeOneByte {
@@ -641,7 +667,7 @@ func (l *procLayout) tcpAddrs(p procPath, route, n int) []string {
 // connectors, or relay A and relay B.
 func (l *procLayout) pids(p procPath) []int {
 	switch p.kind {
-	case "warren", pathWarrenWS:
+	case "warren", pathWarrenWS, pathWarrenQUIC:
 		return l.edgeOf(p).pids()
 	case "direct", pathLink:
 		return nil
@@ -654,8 +680,11 @@ func (l *procLayout) pids(p procPath) []int {
 
 // edgeOf is the edge of a Warren path.
 func (l *procLayout) edgeOf(p procPath) *procEdge {
-	if p.kind == pathWarrenWS {
+	switch p.kind {
+	case pathWarrenWS:
 		return l.wsEdge
+	case pathWarrenQUIC:
+		return l.quicEdge
 	}
 	return l.edges[p.tls]
 }
@@ -911,7 +940,7 @@ func (l *procLayout) measureHTTPClients(ctx context.Context, clients int) (map[p
 	n, err := l.roundsOver(ctx, fmt.Sprintf("http tiny, %d clients", clients), l.httpPaths, func(p procPath) (func(), error) {
 		var targets []procTarget
 		switch p.kind {
-		case "warren", pathWarrenWS:
+		case "warren", pathWarrenWS, pathWarrenQUIC:
 			targets = []procTarget{{URL: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(l.edgeOf(p).ports.HTTP)) + "/tiny", Host: "pool." + benchDomain}}
 		case pathLink:
 			targets = []procTarget{{URL: "http://" + l.link.HTTP + "/tiny"}}

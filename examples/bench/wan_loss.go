@@ -17,10 +17,15 @@ import (
 // The layout starts once; in every round each loss level is set on every delaying process
 // in turn (wanLink.setLoss) and, at that level, the figures are measured on every path
 // (paths rotated from round to round, levels too). -wan-websocket adds Warren with its
-// connectors over WebSocket (wss to the edge's HTTPS port, which is then a port of the link).
+// connectors over WebSocket (wss to the edge's HTTPS port, which is then a port of the link);
+// -wan-quic adds Warren with its connectors over QUIC (transport: quic to the edge's
+// quic_port, a UDP port of the link).
 
 // pathWarrenWS is the kind of the path "Warren, connectors over WebSocket".
 const pathWarrenWS = "warren-ws"
+
+// pathWarrenQUIC is the kind of the path "Warren, connectors over QUIC".
+const pathWarrenQUIC = "warren-quic"
 
 // wanWSPath is the WebSocket path of the edge of pathWarrenWS ([server] websocket_path).
 const wanWSPath = "/_warren/connect"
@@ -62,16 +67,18 @@ func fmtLoss(share float64) string {
 	return strconv.FormatFloat(share*100, 'f', -1, 64) + " %"
 }
 
-// wanLossFlags checks -wan-loss and -wan-websocket against the other flags.
+// wanLossFlags checks -wan-loss, -wan-websocket and -wan-quic against the other flags.
 func (c *config) wanLossFlags(set map[string]bool) error {
-	if c.wanLoss == nil && !c.wanWebSocket {
+	if c.wanLoss == nil && !c.wanWebSocket && !c.wanQUIC {
 		return nil
 	}
 	switch {
 	case c.wanRTT == 0:
-		return errors.New("-wan-loss and -wan-websocket need -wan-rtt")
-	case c.wanLoss == nil:
+		return errors.New("-wan-loss, -wan-websocket and -wan-quic need -wan-rtt")
+	case c.wanLoss == nil && c.wanWebSocket:
 		return errors.New(`-wan-websocket needs -wan-loss (its paths are in the lossy-link table; "-wan-loss 0" for the link without loss)`)
+	case c.wanLoss == nil:
+		return errors.New(`-wan-quic needs -wan-loss (its paths are in the lossy-link table; "-wan-loss 0" for the link without loss)`)
 	case c.wanJSON != "":
 		return errors.New("-wan-json does not cover -wan-loss: the tables carry the figures")
 	}
@@ -325,9 +332,15 @@ func (w *wanLink) lossSection(cfg *config, runs int, paths []procPath, levels []
 		}
 		sec.note("HTTP %d clients, p99 ÷ the same path's p99 at %s loss (the issue's QUIC target is ≤ 1.5× at 1 %%): %s", cfg.clients, fmtLoss(levels[0]), strings.Join(parts, "; "))
 	}
+	if n := quicTargetNote(cfg.clients, paths, levels, figs); n != "" {
+		sec.note("%s", n)
+	}
 	sec.note("failed requests: %d of %d (all paths and levels); streams with matching count and checksum: %d of %d", failed, total, verified, want)
 	sec.note("the link: as in the WAN table's notes, and each delaying process also drops each packet of its port with the level's probability, independently, both directions (data and ACKs); client → edge and connector → backend lose nothing; the direct path does not cross the link")
 	sec.note("paths: Warren, plain/TLS: connectors over TCP (yamux control connection + TCP data connections for TCP tunnels); Warren, WebSocket: connectors over wss to the edge's HTTPS port (websocket_path %s), TCP tunnels inside the one WebSocket; relays: io.Copy relays A → B, one TCP connection per client connection; plain TCP over the link: the load generator straight to a backend whose ports cross the link", wanWSPath)
+	if cfg.wanQUIC {
+		sec.note("Warren, QUIC: connectors over QUIC (transport: quic) to the edge's quic_port, a UDP port of the link, delayed and lossy as the control port; the control channel and every request or TCP connection a QUIC stream of the one QUIC connection per connector (quic-go)")
+	}
 	if cfg.wanFRP != "" {
 		sec.note("frp (%s, run from %s): frps in the edge's place, 2 frpc in the connectors' (each an http proxy and a tcp proxy in a loadBalancer.group, to its backend, as Warren's 2-member groups); frp, TCP (TLS): frp's default transport, one TLS connection per frpc to bindPort with its streams multiplexed (tcpMux), work connections on that port too; frp, QUIC: transport.protocol quic to quicBindPort (UDP); the port between frpc and frps is a port of the link, delayed and lossy (TCP and UDP alike); the load reaches frps' vhostHTTPPort (Host pool.%s) and the group's remote port directly", frpVersion(cfg.wanFRP), cfg.wanFRP, benchDomain)
 	}
@@ -341,4 +354,45 @@ func (w *wanLink) lossSection(cfg *config, runs int, paths []procPath, levels []
 	w.sec = sec // the delaying processes' complaints, when they stop, go under this table
 	w.mu.Unlock()
 	return sec
+}
+
+// The issue's targets for Warren over QUIC on the lossy link.
+const (
+	wanQUICLoss        = 0.01 // the loss level the targets are judged at
+	wanQUICP99Increase = 1.5  // its many-client p99 ÷ the same path's p99 without loss
+)
+
+// quicTargetNote judges Warren over QUIC against the issue's targets when the run has the
+// path and the levels 0 and 1 %: its many-client p99 at 1 % loss at most 1.5× its own
+// without loss, and below frp over QUIC's at 1 % (when frp ran). "" when it cannot judge.
+func quicTargetNote(clients int, paths []procPath, levels []float64, figs []wanLossFigs) string {
+	q, fq := procPath{kind: pathWarrenQUIC, tls: true}, procPath{kind: pathFRPQUIC, tls: true}
+	zero, one := slices.Index(levels, 0), slices.Index(levels, wanQUICLoss)
+	if !slices.Contains(paths, q) || zero < 0 || one < 0 {
+		return ""
+	}
+	p99 := func(i int, p procPath) float64 {
+		if h := figs[i].httpN[p]; h != nil {
+			return h.p99.median()
+		}
+		return 0
+	}
+	base, lossy := p99(zero, q), p99(one, q)
+	if base == 0 || lossy == 0 {
+		return ""
+	}
+	r := lossy / base
+	s := fmt.Sprintf("the issue's QUIC targets, HTTP %d clients, medians: Warren, QUIC p99 %.1f ms at %s loss ÷ %.1f ms at 0 %% = %s (target ≤ %.1f×: %s)",
+		clients, lossy/1e6, fmtLoss(wanQUICLoss), base/1e6, fmtRatio(r), wanQUICP99Increase, passFail(r <= wanQUICP99Increase))
+	if f := p99(one, fq); slices.Contains(paths, fq) && f > 0 {
+		s += fmt.Sprintf("; against frp, QUIC at %s loss: %.1f ms vs %.1f ms (target: below frp's: %s)", fmtLoss(wanQUICLoss), lossy/1e6, f/1e6, passFail(lossy < f))
+	}
+	return s
+}
+
+func passFail(ok bool) string {
+	if ok {
+		return "pass"
+	}
+	return "FAIL"
 }
