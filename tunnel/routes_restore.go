@@ -47,6 +47,11 @@ func (s *sharedRules) holdNewRoutes(d time.Duration) {
 		s.b.restoring.Store(0)
 		return
 	}
+	// The store may have lost writes: what this edge remembers decides until it is written
+	// back (restoreLost).
+	if rc, ok := s.b.st.(*store.Recall); ok {
+		rc.Doubt()
+	}
 	s.b.restoring.Store(s.b.now().Add(d).UnixNano())
 }
 
@@ -61,8 +66,13 @@ func (s *sharedRules) restoreLost() {
 	}
 	deadline := time.Now().Add(s.lease)
 	for {
+		doubt := rc.Doubts()
 		err := s.restoreOnce(rc)
 		if err == nil {
+			// The store holds again what this edge remembers of it: a route it does not
+			// hold from now on was deleted (an operator released it, another edge swept
+			// it), not lost.
+			rc.Trust(doubt)
 			return
 		}
 		if time.Now().After(deadline) {
