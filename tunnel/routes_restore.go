@@ -1,8 +1,13 @@
 package tunnel
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -96,10 +101,26 @@ func (s *sharedRules) restoreOnce(rc *store.Recall) error {
 		return err
 	}
 	forgetLapsed(b, rc, lost)
+	// The routes first, then the port reservations (reserved: they never lapse) of those
+	// the store holds, back or not lost; one whose route's claim lapsed is left lost.
+	slices.SortStableFunc(lost, func(x, y *store.Route) int {
+		return cmp.Compare(boolInt(x.Kind == kindPort), boolInt(y.Kind == kindPort))
+	})
 	var errs []error
 	for _, r := range lost {
 		if b.lapsed(r, b.now(), func() bool { return b.live(r.Kind, r.Label) }) {
 			continue
+		}
+		if r.Kind == kindPort && !strings.HasPrefix(r.Group, "solo/") {
+			owner, err := rc.Get(b.ctx, r.Group)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("tunnel: write back port reservation %s: %w", r.Key(), err))
+				continue
+			}
+			if owner == nil || !slices.Contains(slices.Collect(maps.Values(owner.Ports)), reservedPort(r)) {
+				rc.Forget(r.Key())
+				continue
+			}
 		}
 		var wrote bool
 		var werr error
@@ -124,4 +145,17 @@ func forgetLapsed(b *routeBook, rc *store.Recall, lost []*store.Route) {
 			rc.Forget(r.Key())
 		}
 	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// reservedPort is the port a port reservation ("port/<n>") reserves (0 if its label is not one).
+func reservedPort(r *store.Route) int {
+	p, _ := strconv.Atoi(r.Label)
+	return p
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -36,4 +37,43 @@ func TestReleasedRouteIsFreeOnEveryEdge(t *testing.T) {
 
 	_, err = b.connect(tunnel.WithToken(globexToken), tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("g"), hostPort(backend(t, "G").URL))
 	require.NoError(t, err, "another tenant claims the released route on b")
+}
+
+// A TCP pool's route that NATS lost is written back with its port's reservation: without it
+// another pool could reserve the port the route still records, and one public port would
+// lead to two pools.
+func TestRestoredTCPRouteKeepsItsPort(t *testing.T) {
+	n := startRestartableNATS(t)
+	tenants := func(c *tunnel.ServerConfig) {
+		c.Auth = tenantAuth()
+		c.RouteTTL = time.Hour
+	}
+	lease := time.Second
+	a := startClusterEdge(t, n.nodes(), "a", clusterOpts{host: "127.0.0.2", lease: lease, edit: tenants})
+	b := startClusterEdge(t, n.nodes(), "b", clusterOpts{lease: lease, edit: tenants})
+	db, err := b.connect(tunnel.WithToken(acmeToken), tunnel.WithReconnect(false)).Forward(ctxT(t),
+		tunnel.TunnelSpec{Proto: tunnel.ProtoTCP, Group: "db", GroupKey: "k"}, tcpNamed(t, "db"))
+	require.NoError(t, err)
+	port := db.Port()
+	portKey := fmt.Sprintf("port/%d", port)
+	a.waitMembers(t, "db", map[string]int{"b": 1})
+	require.NoError(t, db.Close())
+	a.waitMembers(t, "db", map[string]int{})
+
+	// NATS loses the route and its port's reservation (restarted from an older copy of its
+	// store): emulated by deleting them behind the edges' backs just before a restart.
+	for _, k := range []string{"tcp/db", portKey} {
+		_, err := b.c.routes.Update(ctxT(t), k, func(*store.Route) (*store.Route, error) { return nil, nil })
+		require.NoError(t, err)
+	}
+	n.stop()
+	n.start()
+	require.Eventually(t, func() bool {
+		r, err := a.c.routes.Get(ctxT(t), "tcp/db")
+		return err == nil && r != nil
+	}, 10*time.Second, 50*time.Millisecond, "b writes the route back")
+	require.Eventually(t, func() bool {
+		r, err := a.c.routes.Get(ctxT(t), portKey)
+		return err == nil && r != nil && r.Group == "tcp/db"
+	}, 10*time.Second, 50*time.Millisecond, "b writes the route's port reservation back")
 }

@@ -23,7 +23,8 @@ import (
 // hold (Update, List) is forgotten, or it would be kept for its old tenant for ever.
 // A route deleted through Recall is forgotten; one deleted by another writer while the store
 // is doubted stays remembered until it is trusted again or its reader forgets it (Forget).
-// Reserved routes are not remembered: the configuration reserves them again. A route the
+// The routes reserved endpoints hold are not remembered: the configuration reserves them
+// again; other reserved records (a cluster's port reservations) are. A route the
 // store took back to an older version is not told from one another writer changed: Recall
 // remembers the version it read last.
 type Recall struct {
@@ -39,6 +40,8 @@ type Recall struct {
 // Doubt tells Recall that the store may have lost writes: from now on until Trust, a route
 // it does not hold is taken for lost, not deleted. It returns the doubt's number, for Trust.
 func (c *Recall) Doubt() uint64 {
+	c.mu.Lock() // a Trust of the doubt before does not undo this one
+	defer c.mu.Unlock()
 	c.doubt.Store(true)
 	return c.gen.Add(1)
 }
@@ -50,7 +53,7 @@ func (c *Recall) Doubts() uint64 { return c.gen.Load() }
 // (Doubts, read before what it lost was written back): a route it does not hold from now on
 // was deleted. A Doubt after n keeps the store doubted; Trust reports whether it trusts it.
 func (c *Recall) Trust(n uint64) bool {
-	c.mu.Lock() // orders Trusts with one another
+	c.mu.Lock() // orders it with Doubt
 	defer c.mu.Unlock()
 	if c.gen.Load() != n {
 		return false
@@ -76,7 +79,7 @@ func NewRecall(st Store) *Recall { return &Recall{Store: st, seen: map[string]*R
 func (c *Recall) remember(key string, r *Route) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if r == nil || r.Reserved {
+	if r == nil || r.Reserved && (r.Kind == KindHTTP || r.Kind == KindTCP) {
 		delete(c.seen, key)
 		return
 	}

@@ -40,7 +40,7 @@ func TestRecallRemembersWhatTheStoreLost(t *testing.T) {
 	put(rc, gone)
 	put(rc, resv)
 	drop(rc, gone.Key()) // deleted through Recall: forgotten
-	doubt := rc.Doubt() // the connection to the store was lost: it may lose writes
+	doubt := rc.Doubt()  // the connection to the store was lost: it may lose writes
 	for _, k := range []string{late.Key(), resv.Key()} {
 		drop(inner, k) // the store loses them
 	}
