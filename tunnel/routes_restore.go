@@ -24,14 +24,17 @@ import (
 // of every route the edge read, listed or wrote; a claim on a route the store lost decides
 // on the remembered route, and when the edge's NATS connection comes back it writes the
 // routes it remembers that the store no longer holds back (unless their claims lapsed).
-// When NATS restarted as a whole (its members bucket, in memory storage, lost records the
-// edge knew: the only way the route bucket can have lost writes too), the edge also refuses,
-// for a lease, the first claims of routes that neither the store nor its memory knows
-// (unavailable: connectors try again), so that the other edges, whose NATS connections come
-// back within that time, write back the routes they remember first. From the connection's
-// return until its members watch, started again, has delivered the bucket's records, it
-// holds them too. (A route whose emptiness or claim this edge was still to write when NATS
-// went away is written back by that write: it decides on the remembered route.)
+// When NATS restarted as a whole (its members bucket, in memory storage, was created anew or
+// lost records the edge knew: the only way the route bucket can have lost writes too), the
+// edge also refuses, for a lease, the first claims of routes that neither the store nor its
+// memory knows (unavailable: connectors try again), so that the other edges, whose NATS
+// connections come back within that time, write back the routes they remember first. From
+// the connection's loss until its members watch, started again, has delivered the bucket's
+// records, it holds them too. (A route whose emptiness or claim this edge was still to
+// write when NATS went away is written back by that write: it decides on the remembered
+// route.) The remembered routes decide only from the connection's loss until they are
+// written back (store.Recall's Doubt and Trust): otherwise a route the store does not hold
+// was deleted, and is forgotten.
 
 // errRestoring refuses a new route while the routes the store may have lost are written
 // back.

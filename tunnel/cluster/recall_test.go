@@ -1,10 +1,12 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/warren-tunnel/warren/tunnel"
@@ -76,4 +78,41 @@ func TestRestoredTCPRouteKeepsItsPort(t *testing.T) {
 		r, err := a.c.routes.Get(ctxT(t), portKey)
 		return err == nil && r != nil && r.Group == "tcp/db"
 	}, 10*time.Second, 50*time.Millisecond, "b writes the route's port reservation back")
+}
+
+// NATS restarted as a whole from a store missing a route (claimed on b, whose connector is
+// away): while b has not written it back yet, a, which never saw the route, does not give
+// it to another tenant, even in a cluster with no member anywhere (no member record went
+// missing to tell a that NATS lost writes: its members bucket, in memory storage, was
+// created anew).
+func TestLostRouteWaitsForTheEdgeThatRemembersIt(t *testing.T) {
+	n := startRestartableNATS(t)
+	const lease = 4 * time.Second
+	tenants := func(c *tunnel.ServerConfig) {
+		c.Auth = tenantAuth()
+		c.RouteTTL = time.Hour
+	}
+	reconnectAfter := func(d time.Duration) func(*Config) {
+		return func(c *Config) {
+			c.NATSOptions = append(c.NATSOptions, nats.ReconnectWait(d), nats.ReconnectJitter(0, 0))
+		}
+	}
+	a := startClusterEdge(t, n.nodes(), "a", clusterOpts{host: "127.0.0.2", lease: lease, edit: tenants, cluster: reconnectAfter(20 * time.Millisecond)})
+	b := startClusterEdge(t, n.nodes(), "b", clusterOpts{lease: lease, edit: tenants, cluster: reconnectAfter(lease / 2)})
+	s, err := b.connect(tunnel.WithToken(acmeToken), tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("k"), hostPort(backend(t, "A").URL))
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	a.waitMembers(t, "pool", map[string]int{})
+
+	// NATS loses the route: deleted behind the edges' backs just before NATS restarts.
+	_, err = b.c.routes.Update(ctxT(t), "http/pool", func(*store.Route) (*store.Route, error) { return nil, nil })
+	require.NoError(t, err)
+	n.stop()
+	n.start()
+	var got error
+	require.Eventually(t, func() bool {
+		_, got = a.connect(tunnel.WithToken(globexToken), tunnel.WithReconnect(false)).Forward(ctxT(t), clusterPool("g"), hostPort(backend(t, "G").URL))
+		return !errors.Is(got, tunnel.ErrUnavailable)
+	}, 20*time.Second, 50*time.Millisecond)
+	require.ErrorIs(t, got, tunnel.ErrOwned, "another tenant took the route b remembers before b wrote it back")
 }
