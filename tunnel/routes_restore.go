@@ -1,8 +1,13 @@
 package tunnel
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -19,14 +24,17 @@ import (
 // of every route the edge read, listed or wrote; a claim on a route the store lost decides
 // on the remembered route, and when the edge's NATS connection comes back it writes the
 // routes it remembers that the store no longer holds back (unless their claims lapsed).
-// When NATS restarted as a whole (its members bucket, in memory storage, lost records the
-// edge knew: the only way the route bucket can have lost writes too), the edge also refuses,
-// for a lease, the first claims of routes that neither the store nor its memory knows
-// (unavailable: connectors try again), so that the other edges, whose NATS connections come
-// back within that time, write back the routes they remember first. From the connection's
-// return until its members watch, started again, has delivered the bucket's records, it
-// holds them too. (A route whose emptiness or claim this edge was still to write when NATS
-// went away is written back by that write: it decides on the remembered route.)
+// When NATS restarted as a whole (its members bucket, in memory storage, was created anew or
+// lost records the edge knew: the only way the route bucket can have lost writes too), the
+// edge also refuses, for a lease, the first claims of routes that neither the store nor its
+// memory knows (unavailable: connectors try again), so that the other edges, whose NATS
+// connections come back within that time, write back the routes they remember first. From
+// the connection's loss until its members watch, started again, has delivered the bucket's
+// records, it holds them too. (A route whose emptiness or claim this edge was still to
+// write when NATS went away is written back by that write: it decides on the remembered
+// route.) The remembered routes decide only from the connection's loss until they are
+// written back (store.Recall's Doubt and Trust): otherwise a route the store does not hold
+// was deleted, and is forgotten.
 
 // errRestoring refuses a new route while the routes the store may have lost are written
 // back.
@@ -47,6 +55,11 @@ func (s *sharedRules) holdNewRoutes(d time.Duration) {
 		s.b.restoring.Store(0)
 		return
 	}
+	// The store may have lost writes: what this edge remembers decides until it is written
+	// back (restoreLost).
+	if rc, ok := s.b.st.(*store.Recall); ok {
+		rc.Doubt()
+	}
 	s.b.restoring.Store(s.b.now().Add(d).UnixNano())
 }
 
@@ -61,8 +74,13 @@ func (s *sharedRules) restoreLost() {
 	}
 	deadline := time.Now().Add(s.lease)
 	for {
+		doubt := rc.Doubts()
 		err := s.restoreOnce(rc)
 		if err == nil {
+			// The store holds again what this edge remembers of it: a route it does not
+			// hold from now on was deleted (an operator released it, another edge swept
+			// it), not lost.
+			rc.Trust(doubt)
 			return
 		}
 		if time.Now().After(deadline) {
@@ -86,10 +104,26 @@ func (s *sharedRules) restoreOnce(rc *store.Recall) error {
 		return err
 	}
 	forgetLapsed(b, rc, lost)
+	// The routes first, then the port reservations (reserved: they never lapse) of those
+	// the store holds, back or not lost; one whose route's claim lapsed is left lost.
+	slices.SortStableFunc(lost, func(x, y *store.Route) int {
+		return cmp.Compare(boolInt(x.Kind == kindPort), boolInt(y.Kind == kindPort))
+	})
 	var errs []error
 	for _, r := range lost {
 		if b.lapsed(r, b.now(), func() bool { return b.live(r.Kind, r.Label) }) {
 			continue
+		}
+		if r.Kind == kindPort && !strings.HasPrefix(r.Group, "solo/") {
+			owner, err := rc.Get(b.ctx, r.Group)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("tunnel: write back port reservation %s: %w", r.Key(), err))
+				continue
+			}
+			if owner == nil || !slices.Contains(slices.Collect(maps.Values(owner.Ports)), reservedPort(r)) {
+				rc.Forget(r.Key())
+				continue
+			}
 		}
 		var wrote bool
 		var werr error
@@ -114,4 +148,17 @@ func forgetLapsed(b *routeBook, rc *store.Recall, lost []*store.Route) {
 			rc.Forget(r.Key())
 		}
 	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// reservedPort is the port a port reservation ("port/<n>") reserves (0 if its label is not one).
+func reservedPort(r *store.Route) int {
+	p, _ := strconv.Atoi(r.Label)
+	return p
 }

@@ -265,6 +265,9 @@ func (c *Cluster) openBuckets() error {
 func (c *Cluster) Start() error {
 	c.nc.SetDisconnectErrHandler(func(_ *nats.Conn, err error) {
 		c.connected.Store(false)
+		// NATS may come back having lost writes (restarted as a whole): until what this edge
+		// remembers is written back, a route missing from the store is taken for lost.
+		c.edge.HoldNewRoutes(c.cfg.LeaseTTL)
 		c.log.Warn("NATS connection lost: serving the routes and members known; new routes are refused until it returns", zap.Error(err))
 	})
 	c.nc.SetReconnectHandler(func(*nats.Conn) {

@@ -182,8 +182,8 @@ func TestRecordsAWatchMissedLeaveALeaseLater(t *testing.T) {
 	b := c.remote.edges["b"]
 	require.Len(t, b.records, 3)
 
-	c.membersSynced(map[string]bool{"b.kept": true}) // a restarted watch: "gone" and "back" missing
-	c.onMemberRecord("b.back", rec("back"), false)   // written again by its edge
+	c.membersSynced(map[string]bool{"b.kept": true}, false) // a restarted watch: "gone" and "back" missing
+	c.onMemberRecord("b.back", rec("back"), false)          // written again by its edge
 	now := time.Now()
 	c.remote.mu.Lock()
 	c.dropUnconfirmedLocked(b, now)

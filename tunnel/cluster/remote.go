@@ -198,9 +198,10 @@ func (c *Cluster) onMemberRecord(key string, value []byte, deleted bool) {
 }
 
 // routesMayBeLost is told, each time a members watch started and delivered the bucket's
-// records, whether records this edge knew were missing: NATS restarted as a whole (the
-// members bucket, in memory storage, lost them), and the route bucket may have lost writes
-// too (a store missing its last writes). Then first claims of routes the edge does not know
+// records, whether the members bucket was created anew or records this edge knew were
+// missing: NATS restarted as a whole (the members bucket, in memory storage, lost them; in a
+// cluster with no member anywhere only its new creation tells), and the route bucket may
+// have lost writes too (a store missing its last writes). Then first claims of routes the edge does not know
 // wait a lease, while the edges write back the routes they remember; else the hold the
 // reconnection set ends. (A record deleted while the watch was down also counts: a hold
 // for nothing, a lease long.)
@@ -217,10 +218,10 @@ func (c *Cluster) routesMayBeLost(restarted bool) {
 // records: the records of other edges it did not deliver were deleted while no watch ran,
 // or lost with a bucket created anew (whose edges write them again within a heartbeat).
 // They are marked unconfirmed; dropUnconfirmed drops those not delivered again within a
-// lease.
-func (c *Cluster) membersSynced(current map[string]bool) {
+// lease. reborn reports that the watch found the bucket created anew since it last started.
+func (c *Cluster) membersSynced(current map[string]bool, reborn bool) {
 	now := time.Now()
-	missing := false
+	missing := reborn
 	c.remote.mu.Lock()
 	for _, e := range c.remote.edges {
 		for id := range e.records {
@@ -266,8 +267,10 @@ func (c *Cluster) dropUnconfirmedLocked(e *remoteEdge, now time.Time) {
 //
 // synced, when set, gets the keys the bucket holds each time a watch (re)started has
 // delivered the current values: what was deleted while no watch ran (or lost with a bucket
-// created anew) is delivered by no watch, and synced forgets it.
-func (c *Cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key string, value []byte, deleted bool), synced func(current map[string]bool)) {
+// created anew) is delivered by no watch, and synced forgets it; reborn tells it that the
+// bucket was created anew since the watch last started.
+func (c *Cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key string, value []byte, deleted bool),
+	synced func(current map[string]bool, reborn bool)) {
 	var born time.Time // when kv's stream was created, as this watch last found it
 	for c.ctx.Err() == nil {
 		w, err := kv.WatchAll(c.ctx)
@@ -285,7 +288,8 @@ func (c *Cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key s
 		c.wmu.Lock()
 		c.watchers[w] = struct{}{}
 		c.wmu.Unlock()
-		if c.bucketReborn(kv, &born) {
+		reborn := c.bucketReborn(kv, &born)
+		if reborn {
 			c.log.Warn("the NATS bucket was created anew: writing this edge's records again", zap.String("bucket", kv.Bucket()))
 			c.bucketsGen.Add(1) // first: heartbeat then forgets the old bucket's last sequence
 			if rev != nil {
@@ -297,7 +301,7 @@ func (c *Cluster) watch(kv jetstream.KeyValue, rev *atomic.Uint64, fn func(key s
 		for entry := range w.Updates() {
 			if entry == nil { // the current values have all been delivered
 				if current != nil && synced != nil {
-					synced(current)
+					synced(current, reborn)
 				}
 				current = nil
 				continue

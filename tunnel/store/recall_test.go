@@ -40,6 +40,7 @@ func TestRecallRemembersWhatTheStoreLost(t *testing.T) {
 	put(rc, gone)
 	put(rc, resv)
 	drop(rc, gone.Key()) // deleted through Recall: forgotten
+	doubt := rc.Doubt()  // the connection to the store was lost: it may lose writes
 	for _, k := range []string{late.Key(), resv.Key()} {
 		drop(inner, k) // the store loses them
 	}
@@ -87,6 +88,63 @@ func TestRecallRemembersWhatTheStoreLost(t *testing.T) {
 	wrote, err = rc.Restore(ctx, late.Key())
 	require.NoError(t, err)
 	require.False(t, wrote)
+	require.True(t, rc.Trust(doubt))
+	require.False(t, rc.Doubted())
+}
+
+// While the store is trusted (no Doubt, or Trust after it), a route it does not hold was
+// deleted by another writer (its claim lapsed, an operator released it): Update decides on
+// nothing, and Update and List forget it, so that it is neither kept for its old tenant nor
+// written back later. A Trust of an older doubt trusts nothing.
+func TestRecallForgetsWhatATrustedStoreDeleted(t *testing.T) {
+	ctx := context.Background()
+	inner := store.NewMemory()
+	rc := store.NewRecall(inner)
+	put := func(st store.Store, r *store.Route) {
+		t.Helper()
+		_, err := st.Update(ctx, r.Key(), func(*store.Route) (*store.Route, error) { return r, nil })
+		require.NoError(t, err)
+	}
+	drop := func(key string) {
+		t.Helper()
+		_, err := inner.Update(ctx, key, func(*store.Route) (*store.Route, error) { return nil, nil })
+		require.NoError(t, err)
+	}
+	a := &store.Route{Kind: store.KindHTTP, Label: "a", Tenant: "alpha"}
+	b := &store.Route{Kind: store.KindHTTP, Label: "b", Tenant: "alpha"}
+	put(rc, a)
+	put(rc, b)
+	drop(a.Key()) // released on another edge
+	drop(b.Key())
+
+	var seen *store.Route
+	_, err := rc.Update(ctx, a.Key(), func(cur *store.Route) (*store.Route, error) {
+		seen = cur
+		return nil, errNoChange
+	})
+	require.ErrorIs(t, err, errNoChange)
+	require.Nil(t, seen, "a deleted route is not decided on")
+	_, err = rc.List(ctx)
+	require.NoError(t, err)
+	first := rc.Doubt()
+	lost, err := rc.Lost(ctx)
+	require.NoError(t, err)
+	require.Empty(t, lost, "Update and List forgot the deleted routes")
+
+	put(rc, a)
+	second := rc.Doubt()
+	require.False(t, rc.Trust(first), "a later doubt stands")
+	require.True(t, rc.Doubted())
+	drop(a.Key())
+	lost, err = rc.Lost(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []*store.Route{a}, lost, "lost while doubted")
+	require.True(t, rc.Trust(second))
+	_, err = rc.List(ctx)
+	require.NoError(t, err)
+	lost, err = rc.Lost(ctx)
+	require.NoError(t, err)
+	require.Empty(t, lost)
 }
 
 var errNoChange = errorString("no change")
