@@ -70,7 +70,7 @@ func ServeQUIC(s *Server, pc net.PacketConn) error {
 		return fmt.Errorf("tunnel: ServeQUIC needs ServerConfig.TLSConfig: %w", ErrInvalid)
 	}
 	ql, err := q.Listen(pc, s.cfg.TLSConfig, mux.ListenOptions{OpenTimeout: s.cfg.Timeouts.Open,
-		HandshakeTimeout: s.cfg.PreAuth.HelloTimeout, Admit: s.admitQUIC})
+		HandshakeTimeout: s.cfg.PreAuth.HelloTimeout, Admit: admitQUIC(s)})
 	if err != nil {
 		_ = pc.Close()
 		return fmt.Errorf("tunnel: %w", err)
@@ -100,13 +100,16 @@ func ServeQUIC(s *Server, pc net.PacketConn) error {
 	}
 }
 
-// admitQUIC gives a new QUIC connection its place among those not yet authenticated
-// (PreAuth.MaxConns, MaxConnsPerIP), before its handshake, or refuses it (nil).
-func (s *Server) admitQUIC(remote net.Addr) mux.Admission {
-	if slot := s.preAuth.Acquire(throttle.KeyOf(remote)); slot != nil {
-		return slot
+// admitQUIC returns the admission of s's QUIC listener: it gives a new QUIC connection its
+// place among those not yet authenticated (PreAuth.MaxConns, MaxConnsPerIP), before its
+// handshake, or refuses it (nil).
+func admitQUIC(s *Server) func(remote net.Addr) mux.Admission {
+	return func(remote net.Addr) mux.Admission {
+		if slot := s.preAuth.Acquire(throttle.KeyOf(remote)); slot != nil {
+			return slot
+		}
+		return nil
 	}
-	return nil
 }
 
 // serveMuxSession serves a connector session over m, a multiplexer that runs already, as
