@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -171,6 +174,20 @@ func (l *countingListener) Accept() (net.Conn, error) {
 
 // selfSigned returns a self-signed certificate named cn for names (server and client use)
 // and a pool that trusts it.
+// localhostCertFiles writes a self-signed certificate for localhost and its key as PEM files
+// (an edge's [tls] cert_path and key_path; the certificate is also the connector's ca_path).
+func localhostCertFiles(t *testing.T) (certPath, keyPath string) {
+	t.Helper()
+	cert, _ := selfSigned(t, "localhost", "localhost")
+	dir := t.TempDir()
+	certPath, keyPath = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600))
+	require.NoError(t, os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600))
+	return certPath, keyPath
+}
+
 func selfSigned(t *testing.T, cn string, names ...string) (tls.Certificate, *x509.CertPool) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

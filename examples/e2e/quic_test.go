@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"net"
 	"os"
@@ -22,13 +20,7 @@ import (
 // tls.ca_path).
 func quicEdge(t *testing.T) (e *edge, quicPort int, caPath string) {
 	t.Helper()
-	cert, _ := selfSigned(t, "localhost", "localhost")
-	dir := t.TempDir()
-	certPath, keyPath := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600))
-	require.NoError(t, os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600))
+	certPath, keyPath := localhostCertFiles(t)
 	quicPort = freeUDPPort(t)
 	e = startEdgeWith(t, false, edgeExtra{server: []string{
 		fmt.Sprintf("quic_port = %d", quicPort),

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,13 +18,7 @@ import (
 // the path of the certificate (the connector's tls.ca_path).
 func wsEdge(t *testing.T) (e *edge, httpsPort int, caPath string) {
 	t.Helper()
-	cert, _ := selfSigned(t, "localhost", "localhost")
-	dir := t.TempDir()
-	certPath, keyPath := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	key, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600))
-	require.NoError(t, os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}), 0o600))
+	certPath, keyPath := localhostCertFiles(t)
 	httpsPort = freePorts(t, 1)[0]
 	e = startEdgeWith(t, false, edgeExtra{server: []string{
 		fmt.Sprintf("https_port = %d", httpsPort),
