@@ -94,6 +94,10 @@ type Cluster struct {
 	membersRev  atomic.Uint64
 	membersPrev uint64
 	membersBorn time.Time
+	// routesLostUntil is, when this edge last saw evidence that NATS lost writes (a bucket
+	// created anew, member records missing), plus a lease (unix nanoseconds): until then a
+	// members watch that finds nothing missing does not end the hold that evidence set.
+	routesLostUntil atomic.Int64
 	// wmu guards watchers, the watches running now, stopped to restart them.
 	wmu      sync.Mutex
 	watchers map[jetstream.KeyWatcher]struct{}
@@ -817,6 +821,10 @@ func (c *Cluster) reviveBuckets() bool {
 		c.log.Debug("cannot check the cluster's NATS buckets", zap.Error(err))
 	}
 	if created {
+		// NATS restarted as a whole (the buckets are in memory): its route bucket may have
+		// lost writes too. The edge that creates the buckets again may be the first to know,
+		// before any members watch can tell (it starts on the new bucket).
+		c.routesMayBeLost(true)
 		c.restartWatches() // they find the buckets new (watch)
 		c.markAllDirty()
 	}

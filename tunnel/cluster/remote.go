@@ -207,9 +207,16 @@ func (c *Cluster) onMemberRecord(key string, value []byte, deleted bool) {
 // for nothing, a lease long.)
 func (c *Cluster) routesMayBeLost(restarted bool) {
 	if restarted {
+		if time.Now().UnixNano() < c.routesLostUntil.Load() {
+			return // the same loss seen again (by the edge that created the buckets, then its watch): one hold
+		}
+		c.routesLostUntil.Store(time.Now().Add(c.cfg.LeaseTTL).UnixNano())
 		c.edge.HoldNewRoutes(c.cfg.LeaseTTL)
 		c.spawn(c.edge.RestoreLostRoutes)
 		return
+	}
+	if time.Now().UnixNano() < c.routesLostUntil.Load() {
+		return // evidence of lost writes within the last lease: the hold it set stands
 	}
 	c.edge.HoldNewRoutes(0)
 }
